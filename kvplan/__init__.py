@@ -1,0 +1,39 @@
+"""kvplan: what a KV-cache format buys on a given model, GPU and parallelism.
+
+The questions the CLI answers are functions of the package:
+
+    >>> import kvplan
+    >>> m = kvplan.load_model("llama3-8b")
+    >>> r = kvplan.crossover(m, "fp8", weight_read="all")
+    >>> round(r.crossover_tokens)
+    245064
+    >>> c = kvplan.capacity(m, kvplan.load_gpu("h100"), "fp8", gpu_memory_gib=79.65, max_model_len=8192)
+    >>> round(c.max_concurrency, 1)
+    104.6
+
+Names are imported on first use, so `import kvplan` stays cheap for the command line.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "crossover": "engine", "CrossoverResult": "engine", "OperatingPoint": "engine",
+    "capacity": "capacity", "CapacityResult": "capacity",
+    "kv_format": "formats", "KVFormat": "formats", "KV_FORMATS": "formats",
+    "ModelSpec": "specs", "GPUSpec": "specs", "load_model": "specs", "load_gpu": "specs",
+    "param_count": "weights", "weight_bytes": "weights",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kvplan' has no attribute {name!r}")
+    module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
+    value = getattr(module, "CATALOG" if name == "KV_FORMATS" else name)
+    globals()[name] = value
+    return value

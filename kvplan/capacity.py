@@ -1,0 +1,240 @@
+"""Capacity: the memory budget, pages, blocks, token slots and concurrency of one rank's KV pool, by vLLM's rules
+(v0.30 and later). Pure functions, no I/O."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Optional, Sequence
+
+from .engine import GiB, LayerKV, SkipLayers, check_tp, kv_bytes_per_token, kv_layers
+from .errors import KvplanError
+from .formats import KVFormat, kv_format
+from .specs import GPUSpec, ModelSpec
+from .weights import weight_bytes
+
+DEFAULT_ACTIVATION_GIB = 6.0  # allowance for activations, CUDA graphs, NCCL buffers and the CUDA context
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default (vllm/config/cache.py)
+DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
+
+
+
+def default_max_num_batched_tokens(total_bytes: int, gpu: Optional[GPUSpec]) -> int:
+    """`vllm serve` defaults (engine/arg_utils.py): 16384 from 160 GiB, 8192 from 70 GiB except on A100, else 2048."""
+    gib = total_bytes / GiB
+    if gib >= 160:
+        return 16384
+    if gib >= 70 and not (gpu and gpu.name.upper().startswith("A100")):
+        return 8192
+    return 2048
+
+
+@dataclass(frozen=True)
+class _LayerSpec:
+    """A layer as vLLM's KV-cache manager sees it: its attention type and the bytes of one page (block_size tokens)."""
+
+    kind: Literal["full", "sliding"]
+    window: Optional[int]
+    page_bytes: int
+
+
+def _blocks_per_request(spec: _LayerSpec, max_model_len: int, block_size: int, in_flight: int) -> int:
+    if spec.kind == "full":
+        return math.ceil(max_model_len / block_size)
+    # SlidingWindowSpec: the window, plus the tokens in flight, plus one block because the window may start mid-block
+    tokens = min(spec.window - 1 + in_flight, max_model_len)
+    return math.ceil(tokens / block_size) + 1
+
+
+@dataclass(frozen=True)
+class KVCacheGroups:
+    bytes_per_block: int
+    num_groups: int
+    padding_layers: int
+    groups: tuple[tuple[_LayerSpec, int], ...]  # (spec, number of groups of this spec)
+    group_size: int
+    uniform_type: bool  # one group over all layers (full attention, possibly with skip layers of other sizes)
+    layer_specs: tuple[_LayerSpec, ...]
+
+    def blocks_per_request(self, max_model_len: int, block_size: int, in_flight: int) -> int:
+        if self.uniform_type:
+            return max(_blocks_per_request(s, max_model_len, block_size, in_flight) for s in self.layer_specs)
+        return sum(n * _blocks_per_request(s, max_model_len, block_size, in_flight) for s, n in self.groups)
+
+
+def kv_cache_groups(layers: Sequence[LayerKV], block_size: int) -> KVCacheGroups:
+    """vLLM's grouping of layers into KV-cache groups (kv_cache_utils / kv_cache_planning.get_kv_cache_groups).
+
+    Chunked-local layers are planned as full attention: vLLM turns its hybrid manager off for them by default.
+    One attention type: a single group, a block spans every layer. Several types (sliding + full): layers are split
+    into groups of `group_size` layers each; every block of the shared pool holds one page of each layer of a group,
+    short groups are padded, and each group's pages are allocated separately.
+    """
+    specs = []
+    for lay in layers:
+        kind = "sliding" if lay.kind == "sliding" else "full"
+        page = math.ceil(block_size * lay.bytes_per_token)
+        specs.append(_LayerSpec(kind, lay.window if kind == "sliding" else None, page))
+    kinds = {(s.kind, s.window) for s in specs}
+    if len(kinds) == 1:
+        return KVCacheGroups(sum(s.page_bytes for s in specs), 1, 0, ((specs[0], 1),), len(specs), True, tuple(specs))
+    # Hybrid: vLLM needs one page size across groups; pad smaller pages to the largest (page_size_padded).
+    max_page = max(s.page_bytes for s in specs)
+    specs = [_LayerSpec(s.kind, s.window, max_page) for s in specs]
+    counts: dict[_LayerSpec, int] = {}
+    for s in specs:
+        counts[s] = counts.get(s, 0) + 1
+    lo, hi = min(counts.values()), max(counts.values())
+    group_size = hi if hi < 1.5 * lo else lo
+    groups = tuple((s, math.ceil(n / group_size)) for s, n in counts.items())
+    num_groups = sum(n for _, n in groups)
+    return KVCacheGroups(group_size * max_page, num_groups, num_groups * group_size - len(specs), groups, group_size,
+                         False, tuple(specs))
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    model: str
+    gpu: Optional[str]
+    dtype: str
+    tp: int
+    weight_dtype: str
+    total_bytes: int  # device memory the budget is a fraction of
+    memory_source: str
+    gpu_memory_utilization: float
+    requested_bytes: int  # ceil(total x utilization)
+    weight_bytes: int  # held on this rank
+    activation_bytes: int
+    available_kv_bytes: int
+    kv_bytes_per_token: float  # this rank, all layers
+    page_bytes: int  # one block of one layer (the largest layer page)
+    bytes_per_block: int  # one block across the layers of a KV-cache group
+    block_size: int
+    num_kv_cache_groups: int
+    padding_layers: int
+    num_blocks: int
+    token_slots: int  # num_blocks x block_size
+    kv_tokens: int  # as vLLM reports "GPU KV cache size: N tokens" (concurrency x max_model_len)
+    max_model_len: int
+    blocks_per_request: int
+    max_concurrency: float  # sequences of max_model_len the pool holds at once
+    max_num_batched_tokens: int
+    fits: bool
+    problem: Optional[str] = None  # why it does not fit, and what to change
+    longest_fitting_len: Optional[int] = None
+    skip_layers: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
+             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
+             block_size: int = DEFAULT_BLOCK_SIZE, activation_gib: float = DEFAULT_ACTIVATION_GIB,
+             gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
+             weight_dtype: Optional[str] = None, skip: SkipLayers = None,
+             max_num_batched_tokens: Optional[int] = None) -> CapacityResult:
+    """How many tokens and sequences one rank's KV pool holds (vLLM's budget, pages and blocks).
+
+    A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
+    can show it; raise on it where a single answer was asked for."""
+    check_tp(model, tp)
+    if not 0 < gpu_memory_utilization <= 1:
+        raise KvplanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if block_size < 1:
+        raise KvplanError(f"--block-size must be positive, got {block_size}")
+    if activation_gib < 0:
+        raise KvplanError(f"--activation-gib must not be negative, got {activation_gib}")
+    fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
+    if gpu_memory_gib is not None:
+        if gpu_memory_gib <= 0:
+            raise KvplanError(f"--gpu-memory-gib must be positive, got {gpu_memory_gib}")
+        total, source = int(round(gpu_memory_gib * GiB)), "--gpu-memory-gib"
+    elif gpu is not None:
+        total, source = gpu.memory_total_bytes, f"{gpu.name}: {gpu.memory_source}"
+    elif kv_cache_memory_gib is None:
+        raise KvplanError("capacity needs --gpu (or --gpu-memory-gib, or --kv-cache-memory)")
+    else:
+        total, source = 0, "not used (--kv-cache-memory)"
+    mlen = max_model_len or model.max_position_embeddings
+    if mlen < 1:
+        raise KvplanError(f"--max-model-len must be positive, got {mlen}")
+    if mlen > model.max_position_embeddings:
+        raise KvplanError(
+            f"--max-model-len {mlen} exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings}; vLLM refuses it (lower it, or use a spec with a longer context)"
+        )
+    t_batched = max_num_batched_tokens or default_max_num_batched_tokens(total, gpu)
+    in_flight = 2 * t_batched  # async scheduling keeps two batches in flight (vLLM 0.30+)
+
+    wdtype = weight_dtype or model.weight_dtype
+    wb = weight_bytes(model, tp, weight_dtype)
+    requested = math.ceil(total * gpu_memory_utilization)
+    activation = int(round(activation_gib * GiB))
+    if kv_cache_memory_gib is not None:
+        if kv_cache_memory_gib <= 0:
+            raise KvplanError(f"--kv-cache-memory must be positive, got {kv_cache_memory_gib}")
+        available = int(round(kv_cache_memory_gib * GiB))
+    else:
+        available = requested - wb.total - activation
+
+    layers = kv_layers(model, fmt, tp, skip)
+    groups = kv_cache_groups(layers, block_size)
+    residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
+    residual_blocks = math.ceil(residual / groups.bytes_per_block) if residual else 0
+
+    def bpr(length: int) -> int:
+        return groups.blocks_per_request(length, block_size, in_flight) + residual_blocks
+
+    num_blocks = max(0, available // groups.bytes_per_block)
+    per_request = bpr(mlen)
+    concurrency = num_blocks / per_request
+    problem = longest = None
+    if available <= 0:
+        problem = (
+            f"{model.name}'s weights ({wb.total / GiB:.2f} GiB per rank) and the {activation_gib:g} GiB activation "
+            f"allowance exceed the {requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or "
+            f"raise --gpu-memory-utilization"
+        )
+    elif per_request > num_blocks - 1:  # block 0 is vLLM's null block
+        longest = _longest_fitting(bpr, num_blocks - 1, mlen)
+        fix = f"the longest that fits is {longest:,} tokens" if longest else "not even one block fits"
+        problem = (
+            f"the {available / GiB:.2f} GiB pool holds not one sequence of --max-model-len {mlen:,} "
+            f"({per_request:,} blocks needed, {max(0, num_blocks - 1):,} usable); {fix}: lower --max-model-len, "
+            f"raise --tp, or quantize the KV cache"
+        )
+    notes = []
+    skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
+    if groups.padding_layers:
+        notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
+                     f"{groups.padding_layers} padding layers")
+    if any(lay.kind == "chunked" for lay in layers):
+        notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
+    return CapacityResult(
+        model=model.name, gpu=gpu.name if gpu else None, dtype=fmt.name, tp=tp, weight_dtype=wdtype,
+        total_bytes=total, memory_source=source, gpu_memory_utilization=gpu_memory_utilization,
+        requested_bytes=requested, weight_bytes=wb.total, activation_bytes=activation,
+        available_kv_bytes=available, kv_bytes_per_token=kv_bytes_per_token(layers),
+        page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,
+        block_size=block_size, num_kv_cache_groups=groups.num_groups, padding_layers=groups.padding_layers,
+        num_blocks=num_blocks, token_slots=num_blocks * block_size, kv_tokens=int(concurrency * mlen),
+        max_model_len=mlen, blocks_per_request=per_request, max_concurrency=concurrency,
+        max_num_batched_tokens=t_batched, fits=problem is None, problem=problem, longest_fitting_len=longest,
+        skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
+    )
+
+
+def _longest_fitting(bpr, usable_blocks: int, upper: int) -> Optional[int]:
+    """Largest max_model_len whose per-request blocks fit in `usable_blocks` (binary search; bpr is monotone)."""
+    if usable_blocks < 1 or bpr(1) > usable_blocks:
+        return None
+    lo, hi = 1, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if bpr(mid) <= usable_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

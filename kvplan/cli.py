@@ -1,0 +1,387 @@
+"""The `kvplan` command line: parse, call the library, render. No arithmetic here."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(
+    name="kvplan",
+    help="What a KV-cache format buys on a given model, GPU and parallelism: crossover, capacity, formats.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+models_app = typer.Typer(help="The model catalog: `kvplan models` lists it, `kvplan models show NAME` shows one.",
+                         invoke_without_command=True, no_args_is_help=False)
+gpus_app = typer.Typer(help="The GPU catalog: `kvplan gpus` lists it, `kvplan gpus show NAME` shows one.",
+                       invoke_without_command=True, no_args_is_help=False)
+app.add_typer(models_app, name="models")
+app.add_typer(gpus_app, name="gpus")
+
+# Options shared by several commands
+DTYPE_HELP = ("KV cache dtype: a name from `kvplan formats`, several (repeat the option or separate with commas), "
+              "'all', or custom:bits=4,group=32,...")
+SKIP_HELP = ("layers kept in the model dtype: indices (0,1,30,31), 'sliding_window', or 'none'; "
+             "default: the format's own (the turboquant presets keep the first and last two layers)")
+JSON_HELP = "print machine-readable JSON instead of tables"
+
+
+def _sizes(values: Optional[List[str]], option: str) -> list[int]:
+    """Token counts from the command line: 131072, 128k (x1024), 2m (x1024^2), comma-separated or repeated."""
+    from .errors import KvplanError
+
+    out: list[int] = []
+    for v in values or []:
+        for part in filter(None, (p.strip().lower() for p in v.split(","))):
+            mult = {"k": 1024, "m": 1024**2}.get(part[-1], 1)
+            digits = part[:-1] if mult > 1 else part
+            try:
+                n = int(float(digits) * mult)
+            except ValueError:
+                raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k") from None
+            if n < 1:
+                raise KvplanError(f"{option} must be at least 1, got {part}")
+            out.append(n)
+    return out
+
+
+@app.command()
+def crossover(
+    model: str = typer.Argument(..., help="catalog name (e.g. llama3-8b), a YAML spec path, or a config.json path"),
+    dtype: Optional[List[str]] = typer.Option(None, "--dtype", "--kv-cache-dtype", "-d", help=DTYPE_HELP),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel size (figures are per rank)"),
+    weight_dtype: Optional[str] = typer.Option(
+        None, "--weight-dtype", help="store every decoder linear layer in this format (bf16, fp8, int8, int4_g128, "
+        "mxfp4, nvfp4, ...); default: the checkpoint's own"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="add roofline step times on this GPU"),
+    context: Optional[List[str]] = typer.Option(
+        None, "--context", "-c", help="cached tokens per sequence at an operating point (e.g. 2304, 128k); "
+        "default 2048,8192,32768,131072"),
+    batch: Optional[List[str]] = typer.Option(None, "--batch", "-b", help="sequences in the batch (default 1)"),
+    weight_read: str = typer.Option(
+        "streamed", "--weight-read", help="weights a step reads: 'streamed' (no untied input-embedding table, only "
+        "touched experts) or 'all' (every parameter, the back-of-envelope convention)"),
+    baseline: str = typer.Option("auto", "--baseline", help="KV dtype the saving is measured against"),
+    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
+    weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
+    from .engine import crossover as run, parse_skip_layers
+    from .errors import KvplanError
+    from .formats import parse_dtypes
+    from .specs import load_gpu, load_model
+
+    if weight_read not in ("streamed", "all"):
+        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
+    m = load_model(model)
+    g = load_gpu(gpu) if gpu else None
+    fmts = parse_dtypes(dtype)
+    skip = parse_skip_layers(skip_layers)
+    contexts = _sizes(context, "--context") or [2048, 8192, 32768, 131072]
+    batches = _sizes(batch, "--batch") or [1]
+    results = []
+    for f in fmts:
+        try:
+            results.append(run(m, f, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches, contexts=contexts,
+                               weight_read=weight_read, baseline=baseline, skip=skip))  # type: ignore[arg-type]
+        except KvplanError:
+            if len(fmts) == 1 or not _is_layout_mismatch(m, f):
+                raise
+    if not results:
+        raise KvplanError(f"none of the chosen KV dtypes applies to {m.name}")
+    if as_json:
+        from .render import print_json
+
+        print_json([r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict())
+        return
+    from .render import crossover_tables
+
+    crossover_tables(results, m, g)
+
+
+def _is_layout_mismatch(model, fmt) -> bool:
+    """With several dtypes (or 'all'), formats for the other attention layout (MLA vs heads) are left out."""
+    return (fmt.applies_to == "mla") != model.is_mla and fmt.applies_to != "both"
+
+
+@app.command()
+def capacity(
+    model: Optional[str] = typer.Argument(None, help="catalog name, YAML or config.json path; omit to list every "
+                                          "catalog model"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or YAML spec (memory total as CUDA reports it)"),
+    tp: int = typer.Option(1, "--tp", help="tensor-parallel size (figures are per rank)"),
+    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="fraction of TOTAL memory "
+                                                 "vLLM may use (its default 0.92)"),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="tokens per sequence (default: the "
+                                                "model's max_position_embeddings)"),
+    dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
+    block_size: int = typer.Option(16, "--block-size", help="tokens per KV block (vLLM's default 16)"),
+    activation_gib: float = typer.Option(6.0, "--activation-gib", help="allowance for activations, CUDA graphs, "
+                                         "NCCL and the CUDA context, GiB"),
+    gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="override the total memory, GiB"),
+    kv_cache_memory: Optional[float] = typer.Option(None, "--kv-cache-memory", help="KV pool size in GiB, given "
+                                                    "directly (skips the budget, like vLLM's option)"),
+    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="store every decoder linear layer in "
+                                               "this format; default: the checkpoint's own"),
+    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
+    max_num_batched_tokens: Optional[int] = typer.Option(
+        None, "--max-num-batched-tokens", help="caps sliding-window allocation (default: vLLM serve's for the GPU)"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency,
+    side by side per KV dtype. Without MODEL, one row per catalog model."""
+    from .capacity import capacity as run
+    from .engine import parse_skip_layers
+    from .errors import KvplanError
+    from .formats import parse_dtypes
+    from .specs import load_gpu
+
+    g = load_gpu(gpu) if gpu else None
+    fmts = parse_dtypes(dtype)
+    skip = parse_skip_layers(skip_layers)
+    opts = dict(tp=tp, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                block_size=block_size, activation_gib=activation_gib, gpu_memory_gib=gpu_memory_gib,
+                kv_cache_memory_gib=kv_cache_memory, weight_dtype=weight_dtype, skip=skip,
+                max_num_batched_tokens=max_num_batched_tokens)
+    if model is None:
+        _capacity_listing(g, fmts, opts, as_json)
+        return
+    from .specs import load_model
+
+    m = load_model(model)
+    results = []
+    for f in fmts:
+        try:
+            results.append(run(m, g, f, **opts))
+        except KvplanError:
+            if len(fmts) == 1 or not _is_layout_mismatch(m, f):
+                raise
+    if not results:
+        raise KvplanError(f"none of the chosen KV dtypes applies to {m.name}")
+    if all(not r.fits for r in results):
+        raise KvplanError(results[0].problem)
+    if as_json:
+        from .render import print_json
+
+        print_json([r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict())
+        return
+    from .render import capacity_table
+
+    capacity_table(results, m, g)
+
+
+def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
+    from .capacity import capacity as run
+    from .errors import KvplanError
+    from .specs import catalog_dir, load_catalog
+
+    if len(fmts) != 1:
+        raise KvplanError("without MODEL, capacity lists every model for one --kv-cache-dtype; pick one")
+    rows = []
+    stems = [p.stem for p in sorted(catalog_dir("models").glob("*.yaml"))]
+    for key, m in zip(stems, load_catalog("models")):
+        try:
+            per_model = dict(opts)
+            if per_model["max_model_len"] and per_model["max_model_len"] > m.max_position_embeddings:
+                rows.append((key, f"--max-model-len exceeds its {m.max_position_embeddings:,} context"))
+                continue
+            rows.append((key, run(m, g, fmts[0], **per_model)))
+        except KvplanError as e:
+            rows.append((key, str(e).split(";")[0]))
+    if as_json:
+        from .render import print_json
+
+        print_json([{"model_key": k, **(r.to_dict() if not isinstance(r, str) else {"fits": False, "problem": r})}
+                    for k, r in rows])
+        return
+    from .render import capacity_listing
+
+    capacity_listing(rows, g, opts["tp"], fmts[0].name)
+
+
+@app.command()
+def formats(
+    head_dim: int = typer.Option(128, "--head-dim", help="head dimension the byte figures are computed at"),
+    kv_lora_rank: int = typer.Option(512, "--kv-lora-rank", help="MLA latent width (no-RoPE part)"),
+    rope_dim: int = typer.Option(64, "--qk-rope-head-dim", help="MLA RoPE width"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """The KV-cache format catalog: bytes per token per KV head (K+V, every scale and pad included), honest bits
+    per element, the MLA latent size, and the layers each keeps in the model dtype by default."""
+    from .errors import KvplanError
+    from .formats import CATALOG
+
+    if head_dim < 1 or kv_lora_rank < 1 or rope_dim < 0:
+        raise KvplanError("--head-dim and --kv-lora-rank must be positive, --qk-rope-head-dim not negative")
+    rows = []
+    for f in CATALOG.values():
+        mha = f.applies_to != "mla"
+        row = {
+            "name": f.name,
+            "family": f.family,
+            "engines": list(f.engines),
+            "applies_to": f.applies_to,
+            "k_bytes": f.k_bytes(head_dim) if mha else None,
+            "v_bytes": f.v_bytes(head_dim) if mha else None,
+            "bytes_per_token_per_kv_head": f.bytes_per_token_per_kv_head(head_dim) if mha else None,
+            "bits_per_element": f.bits_per_element(head_dim) if mha else None,
+            "mla_bytes_per_token": f.mla_bytes_per_token(kv_lora_rank, rope_dim) if f.applies_to != "mha" else None,
+            "residual_tokens": f.residual_tokens,
+            "default_skip": "first and last 2 layers" if f.default_skip == "boundary" else "none",
+            "description": f.description,
+        }
+        rows.append(row)
+    if as_json:
+        from .render import print_json
+
+        print_json(rows)
+        return
+    from .render import formats_table
+
+    formats_table(rows, head_dim, (kv_lora_rank, rope_dim))
+
+
+def _model_row(key: str, m) -> dict:
+    from .engine import kv_bytes_per_token, kv_layers
+    from .formats import kv_format
+    from .weights import param_count
+
+    kinds = m.layer_kinds
+    if m.is_mla:
+        att = f"MLA {m.mla.latent_dim}"
+    elif not m.is_hybrid and kinds[0] == "full":
+        att = "full"
+    else:
+        parts = []
+        for k in ("sliding", "chunked", "full"):
+            n = kinds.count(k)
+            if n:
+                w = m.window_of(k)
+                parts.append(f"{n} {k}" + (f" {w}" if w else ""))
+        att = ", ".join(parts)
+    return {
+        "key": key, "name": m.name, "params": param_count(m), "layers": m.num_layers,
+        "heads": f"{m.num_heads}/{m.num_kv_heads if not m.is_mla else '-'}",
+        "head_dim": str(m.head_dim) if m.head_dim else "-",
+        "attention": att,
+        "moe": f"{m.moe.experts_per_token}/{m.moe.num_experts}" + (f"+{m.moe.shared_experts}" if m.moe.shared_experts else "") if m.moe else "-",
+        "weights": m.weight_dtype + ("" if m.weight_scope == "linear" else f" ({m.weight_scope})"),
+        "context": m.max_position_embeddings,
+        "kv_bytes_per_token": kv_bytes_per_token(kv_layers(m, kv_format("auto"))),
+    }
+
+
+@models_app.callback()
+def models_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """List the bundled models."""
+    if ctx.invoked_subcommand:
+        return
+    from .specs import catalog_dir, load_catalog
+
+    stems = [p.stem for p in sorted(catalog_dir("models").glob("*.yaml"))]
+    rows = [_model_row(k, m) for k, m in zip(stems, load_catalog("models"))]
+    if as_json:
+        from .render import print_json
+
+        print_json(rows)
+        return
+    from .render import models_table
+
+    models_table(rows)
+
+
+@models_app.command("show")
+def models_show(
+    name: str = typer.Argument(..., help="catalog name, YAML spec or config.json path"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Show one model spec, with its computed parameter count."""
+    from .specs import load_model
+    from .weights import active_param_count, param_count
+
+    m = load_model(name)
+    extra = {"computed_params": param_count(m)}
+    if m.moe:
+        extra["active_params"] = active_param_count(m)
+    if as_json:
+        from .render import print_json
+
+        print_json({**m.model_dump(), **extra})
+        return
+    from .render import spec_detail
+
+    spec_detail(m, extra)
+
+
+@gpus_app.callback()
+def gpus_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help=JSON_HELP)) -> None:
+    """List the bundled GPUs."""
+    if ctx.invoked_subcommand:
+        return
+    from .specs import load_catalog
+
+    gpus = load_catalog("hardware")
+    if as_json:
+        from .render import print_json
+
+        print_json([{**g.model_dump(), "memory_total_gib": g.memory_total_gib} for g in gpus])
+        return
+    from .render import gpus_table
+
+    gpus_table(gpus)
+
+
+@gpus_app.command("show")
+def gpus_show(
+    name: str = typer.Argument(..., help="GPU name, alias or YAML spec path"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Show one GPU spec."""
+    from .specs import load_gpu
+
+    g = load_gpu(name)
+    extra = {"memory_total_gib (used)": f"{g.memory_total_gib:.2f} ({g.memory_source})"}
+    if as_json:
+        from .render import print_json
+
+        print_json({**g.model_dump(), "memory_total_gib": g.memory_total_gib, "memory_source": g.memory_source})
+        return
+    from .render import spec_detail
+
+    spec_detail(g, extra)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+    from .errors import KvplanError
+
+    command = typer.main.get_command(app)
+    try:
+        rv = command.main(args=argv, prog_name="kvplan", standalone_mode=False)
+    except KvplanError as e:
+        print(f"kvplan: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # click's usage errors (vendored inside typer) and Ctrl-C
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            print(f"kvplan: error: {e.format_message()}", file=sys.stderr)
+            return 2
+        if type(e).__name__ == "Abort":
+            print("kvplan: interrupted", file=sys.stderr)
+            return 130
+        raise
+    return rv if isinstance(rv, int) else 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

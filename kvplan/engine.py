@@ -1,0 +1,371 @@
+"""The analytic engine: pure functions of specs and options. No I/O, no printing.
+
+Everything is per tensor-parallel rank: the weights one GPU holds and streams, the KV heads it stores, the pool it
+carves out of its own memory.
+
+Conventions
+-----------
+* Weight read per decode step (`weight_read`):
+  - "streamed" (default): what a step really streams: every decoder layer and the LM head in full, the routed
+    experts its tokens touch, and only the gathered rows of an untied input embedding (one row per sequence).
+    Weights that decode never reads (a vision tower) are held but not read.
+  - "all": every parameter once, the convention of the back-of-envelope crossover arithmetic.
+* MoE routing: each of the batch's tokens picks `experts_per_token` distinct experts uniformly and independently,
+  so a layer touches E * (1 - (1 - k/E)^B) experts in expectation. Real routers are skewed and touch fewer, so
+  this is an upper bound on expert traffic.
+* KV read per step: a full-attention layer reads every cached token of every sequence; a sliding-window layer at
+  most its window; a chunked-local layer at most its chunk (the last step of a chunk, the worst case).
+* Crossover N*: the number of cached tokens of one sequence (batch 1) at which the step's KV read equals its
+  weight read. With sliding-window layers the KV read grows more slowly past the window; when every layer slides,
+  the KV read stops growing at the window and N* may not exist: then `crossover_batch` says how many sequences of
+  at least one window each it takes for the KV pile to reach the weight pile.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Optional, Sequence
+
+from .errors import KvplanError
+from .formats import KVFormat, kv_format, whole
+from .specs import GPUSpec, LayerKind, ModelSpec
+from .weights import DTYPE_BYTES, WeightBytes, weight_bytes
+
+GiB = 2**30
+WeightRead = Literal["streamed", "all"]
+
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Parallelism
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """vLLM's rule: TP divides the attention heads, and the KV heads divide TP or TP divides them."""
+    if tp < 1:
+        raise KvplanError(f"--tp must be at least 1, got {tp}")
+    ok = [t for t in range(1, 65) if _tp_ok(model, t)]
+    if not _tp_ok(model, tp):
+        kv = "" if model.is_mla else f" and {model.num_kv_heads} KV heads"
+        raise KvplanError(
+            f"--tp {tp} does not split {model.name}'s {model.num_heads} attention heads{kv} the way vLLM requires "
+            f"(heads % tp == 0, and kv_heads % tp == 0 or tp % kv_heads == 0); valid: {', '.join(map(str, ok[:12]))}"
+        )
+
+
+def _tp_ok(model: ModelSpec, tp: int) -> bool:
+    if model.num_heads % tp:
+        return False
+    if model.is_mla:
+        return True
+    return model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0
+
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    """vLLM replicates KV heads when TP exceeds them; the MLA latent is one 'head', whole on every rank."""
+    return 1 if model.is_mla else max(1, model.num_kv_heads // tp)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# KV bytes per layer
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    index: int
+    kind: LayerKind
+    window: Optional[int]  # most tokens of a sequence this layer reads and keeps (None: all of them)
+    format: str
+    bytes_per_token: float  # this rank, K and V, all of its KV heads
+    residual_tokens: int = 0  # newest tokens held in the model dtype instead (KIVI)
+    residual_extra_bytes_per_token: float = 0.0  # model-dtype bytes minus format bytes, for those tokens
+
+
+SkipLayers = Optional[tuple]  # None: the format's default; ("none",); ("sliding_window",); or layer indices
+
+
+def parse_skip_layers(value: Optional[str]) -> SkipLayers:
+    """--kv-cache-dtype-skip-layers: layer indices ('0,1,30,31'), 'sliding_window', 'none', or None (default)."""
+    if value is None:
+        return None
+    v = value.strip().lower()
+    if v in ("none", "sliding_window"):
+        return (v,)
+    try:
+        idx = tuple(sorted({int(p) for p in v.replace(" ", ",").split(",") if p}))
+    except ValueError:
+        raise KvplanError(
+            f"--kv-cache-dtype-skip-layers '{value}': give layer indices (e.g. 0,1,30,31), 'sliding_window' or 'none'"
+        ) from None
+    return idx
+
+
+def skipped_layers(model: ModelSpec, fmt: KVFormat, skip: SkipLayers) -> frozenset[int]:
+    """Layers kept in the model dtype. vLLM adds the first and last min(2, L // 2) layers for the turboquant presets
+    on models without Mamba or linear-attention layers (TurboQuantConfig.get_boundary_skip_layers)."""
+    L = model.num_layers
+    if skip is None:
+        if fmt.default_skip == "boundary":
+            n = min(2, L // 2)
+            return frozenset(list(range(n)) + list(range(L - n, L)))
+        return frozenset()
+    if skip == ("none",):
+        return frozenset()
+    if skip == ("sliding_window",):
+        return frozenset(i for i, k in enumerate(model.layer_kinds) if k == "sliding")
+    bad = [i for i in skip if not 0 <= i < L]
+    if bad:
+        raise KvplanError(f"--kv-cache-dtype-skip-layers: layer {bad[0]} does not exist; {model.name} has layers 0-{L - 1}")
+    return frozenset(skip)
+
+
+def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
+    """One layer's KV bytes per token on one rank in `fmt`."""
+    bits = DTYPE_BYTES[model.dtype] * 8
+    if model.mla:
+        return fmt.mla_bytes_per_token(model.mla.kv_lora_rank, model.mla.qk_rope_head_dim, bits)
+    if fmt.applies_to == "mla":
+        raise KvplanError(f"KV cache dtype '{fmt.name}' applies only to MLA models; {model.name} uses "
+                          f"{'multi-query' if model.num_kv_heads == 1 else 'grouped-query'} attention")
+    assert model.head_dim is not None
+    return whole(kv_heads_per_rank(model, tp) * fmt.bytes_per_token_per_kv_head(model.head_dim, model_bits=bits))
+
+
+def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = None) -> tuple[LayerKV, ...]:
+    auto = kv_format("auto")
+    skipped = skipped_layers(model, fmt, skip)
+    fmt_bytes = format_bytes_per_token(model, fmt, tp)
+    auto_bytes = format_bytes_per_token(model, auto, tp)
+    out = []
+    for i, kind in enumerate(model.layer_kinds):
+        f, b = (auto, auto_bytes) if i in skipped else (fmt, fmt_bytes)
+        out.append(LayerKV(
+            i, kind, model.window_of(kind), f.name, b,
+            f.residual_tokens, (auto_bytes - b) if f.residual_tokens else 0.0,
+        ))
+    return tuple(out)
+
+
+def kv_bytes_per_token(layers: Sequence[LayerKV]) -> float:
+    """KV bytes one more cached token costs on this rank, summed over layers (windows not applied)."""
+    return whole(sum(lay.bytes_per_token for lay in layers))
+
+
+def _tokens_read(lay: LayerKV, context: int) -> int:
+    return context if lay.window is None else min(context, lay.window)
+
+
+def kv_read_bytes(layers: Sequence[LayerKV], batch: int, context: float) -> float:
+    """KV bytes one decode step reads on this rank: `batch` sequences of `context` cached tokens each."""
+    total = 0.0
+    for lay in layers:
+        n = context if lay.window is None else min(context, lay.window)
+        total += n * lay.bytes_per_token
+        if lay.residual_tokens:
+            total += min(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
+    return batch * total
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weight read
+
+
+def experts_touched(model: ModelSpec, batch: int) -> float:
+    """Expected distinct routed experts per MoE layer for `batch` tokens under uniform independent routing."""
+    if not model.moe:
+        return 0.0
+    e, k = model.moe.num_experts, model.moe.experts_per_token
+    return e * (1.0 - (1.0 - k / e) ** batch)
+
+
+def weight_read_bytes(model: ModelSpec, wb: WeightBytes, batch: int, mode: WeightRead = "streamed") -> float:
+    """Weight bytes one decode step reads on this rank."""
+    if mode == "all":
+        return float(wb.total)
+    read = float(wb.streamed_dense)
+    if wb.experts and model.moe:
+        read += wb.experts * experts_touched(model, batch) / model.moe.num_experts
+    if wb.embed:
+        read += min(batch * wb.embed_row, wb.embed)
+    return read
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Crossover and step
+
+
+def _solve_crossover(layers: Sequence[LayerKV], weight: float) -> Optional[float]:
+    """Smallest single-sequence context at which the KV read reaches `weight` (piecewise linear, exact)."""
+    f = lambda s: kv_read_bytes(layers, 1, s)  # noqa: E731
+    points = sorted({0, *(lay.window for lay in layers if lay.window), *(lay.residual_tokens for lay in layers if lay.residual_tokens)})
+    for lo, hi in zip(points, points[1:] + [None]):
+        f_lo = f(lo)
+        if hi is None:
+            slope = f(lo + 1) - f_lo
+            return None if slope <= 0 else lo + (weight - f_lo) / slope
+        f_hi = f(hi)
+        if f_hi >= weight:
+            return lo + (weight - f_lo) / (f_hi - f_lo) * (hi - lo)
+    return None
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    batch: int
+    context: int
+    resident_tokens: int
+    weight_bytes: float
+    kv_bytes: float
+    step_bytes: float
+    baseline_kv_bytes: float
+    baseline_step_bytes: float
+    saving: float  # fraction of step bytes saved against the baseline dtype
+    bound: Literal["weights", "kv"]
+    crossover_tokens: Optional[float]  # N* at this batch's weight read (differs from batch 1 for MoE)
+    step_ms: Optional[float] = None  # roofline: max(bytes / peak bandwidth, FLOPs / peak compute)
+    memory_ms: Optional[float] = None
+    compute_ms: Optional[float] = None
+    limiter: Optional[Literal["memory", "compute"]] = None
+
+
+@dataclass(frozen=True)
+class CrossoverResult:
+    model: str
+    dtype: str
+    baseline_dtype: str
+    tp: int
+    weight_dtype: str
+    weight_read: WeightRead
+    kv_bytes_per_token: float  # this rank, all layers, skip layers included
+    kv_bytes_per_token_per_kv_head_layer: float  # the format alone, one layer, one KV head (or one MLA latent)
+    bits_per_element: Optional[float]
+    skip_layers: list[int]
+    weight_bytes: float  # read per step at batch 1 under `weight_read`
+    weight_bytes_held: int
+    crossover_tokens: Optional[float]
+    crossover_batch: Optional[float]  # when N* does not exist: sequences at full window needed
+    kv_ratio: float  # baseline KV bytes per token / this format's
+    gpu: Optional[str] = None
+    operating_points: list[OperatingPoint] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _flops_per_step(model: ModelSpec, wb_read: float, layers: Sequence[LayerKV], batch: int, context: int,
+                    tp: int, params_read: float) -> float:
+    """Dense FLOPs of one decode step on this rank: 2 per weight per token, plus QK^T and PV over the cache."""
+    flops = 2.0 * params_read * batch
+    if model.mla:
+        a = model.mla
+        per_token_head = 2 * a.latent_dim + 2 * a.kv_lora_rank  # absorbed MLA: score over latent+rope, value over latent
+    else:
+        per_token_head = 4 * (model.head_dim or 0)
+    heads = model.num_heads // tp
+    for lay in layers:
+        flops += batch * _tokens_read(lay, context) * heads * per_token_head
+    return flops
+
+
+def _params_read_per_token(model: ModelSpec, tp: int, batch: int) -> float:
+    """Parameters one token multiplies on this rank (for the compute roofline)."""
+    from .weights import model_tensors
+
+    total = 0.0
+    for t in model_tensors(model):
+        if t.part in ("embed", "extra"):
+            continue
+        o, i = t.shape_per_rank(tp)
+        n = o * i * t.count
+        if t.part == "expert" and model.moe:
+            n = n * model.moe.experts_per_token / model.moe.num_experts
+        total += n
+    return total
+
+
+def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequence[LayerKV], wb: WeightBytes,
+               batch: int, context: int, mode: WeightRead, tp: int, gpu: Optional[GPUSpec],
+               weight_dtype: str) -> OperatingPoint:
+    if batch < 1 or context < 1:
+        raise KvplanError(f"operating points need batch >= 1 and context >= 1, got batch {batch}, context {context}")
+    w = weight_read_bytes(model, wb, batch, mode)
+    kv = kv_read_bytes(layers, batch, context)
+    kv_base = kv_read_bytes(base_layers, batch, context)
+    step, step_base = w + kv, w + kv_base
+    nstar = _solve_crossover(layers, w / batch) if batch else None
+    # N* at this batch: resident tokens (batch x context) where KV equals weights, sequences growing together
+    nstar_at_batch = nstar * batch if nstar is not None else None
+    pt = dict(
+        batch=batch, context=context, resident_tokens=batch * context, weight_bytes=w, kv_bytes=kv,
+        step_bytes=step, baseline_kv_bytes=kv_base, baseline_step_bytes=step_base,
+        saving=1.0 - step / step_base, bound="kv" if kv > w else "weights", crossover_tokens=nstar_at_batch,
+    )
+    if gpu is not None:
+        memory_s = step / gpu.peak_bandwidth_bytes_per_s
+        flops = _flops_per_step(model, w, layers, batch, context, tp, _params_read_per_token(model, tp, batch))
+        peak = _peak_flops(gpu, weight_dtype)
+        compute_s = flops / peak if peak else 0.0
+        pt.update(memory_ms=memory_s * 1e3, compute_ms=compute_s * 1e3, step_ms=max(memory_s, compute_s) * 1e3,
+                  limiter="memory" if memory_s >= compute_s else "compute")
+    return OperatingPoint(**pt)
+
+
+def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:
+    key = "fp8" if weight_dtype.startswith("fp8") and gpu.fp8_support and "fp8" in gpu.dense_tflops else "bf16"
+    return gpu.dense_tflops.get(key, 0.0) * 1e12
+
+
+def crossover(model: ModelSpec, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
+              gpu: Optional[GPUSpec] = None, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
+              weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None) -> CrossoverResult:
+    """Where the KV pile overtakes the weight pile, and the step bytes (and roofline time) at operating points."""
+    check_tp(model, tp)
+    fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
+    base_fmt = kv_format(baseline)
+    layers = kv_layers(model, fmt, tp, skip)
+    base_layers = kv_layers(model, base_fmt, tp, ("none",))
+    wdtype = weight_dtype or model.weight_dtype
+    wb = weight_bytes(model, tp, weight_dtype)
+    w1 = weight_read_bytes(model, wb, 1, weight_read)
+    nstar = _solve_crossover(layers, w1)
+    crossover_batch = None
+    if nstar is None:
+        saturated = kv_read_bytes(layers, 1, 10**12)
+        crossover_batch = w1 / saturated if saturated else None
+    per_token = kv_bytes_per_token(layers)
+    base_per_token = kv_bytes_per_token(base_layers)
+    bits = DTYPE_BYTES[model.dtype] * 8
+    if model.mla:
+        unit = fmt.mla_bytes_per_token(model.mla.kv_lora_rank, model.mla.qk_rope_head_dim, bits)
+        bpe = None
+    else:
+        unit = fmt.bytes_per_token_per_kv_head(model.head_dim, model_bits=bits)
+        bpe = fmt.bits_per_element(model.head_dim, bits)
+    points = [step_point(model, layers, base_layers, wb, b, c, weight_read, tp, gpu, wdtype)
+              for b in batches for c in contexts]
+    notes = []
+    skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
+    if skipped and fmt.name != "auto":
+        notes.append(f"layers {_ranges(skipped)} stay in {model.dtype} (--kv-cache-dtype-skip-layers)")
+    if fmt.residual_tokens:
+        notes.append(f"the newest {fmt.residual_tokens} tokens of each sequence stay in {model.dtype}")
+    return CrossoverResult(
+        model=model.name, dtype=fmt.name, baseline_dtype=base_fmt.name, tp=tp, weight_dtype=wdtype,
+        weight_read=weight_read, kv_bytes_per_token=per_token, kv_bytes_per_token_per_kv_head_layer=unit,
+        bits_per_element=bpe, skip_layers=skipped, weight_bytes=w1, weight_bytes_held=wb.total,
+        crossover_tokens=nstar, crossover_batch=crossover_batch, kv_ratio=base_per_token / per_token,
+        gpu=gpu.name if gpu else None, operating_points=points, notes=notes,
+    )
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    out, start = [], None
+    for i, x in enumerate(xs):
+        if start is None:
+            start = x
+        if i + 1 == len(xs) or xs[i + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ",".join(out)

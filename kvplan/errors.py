@@ -1,0 +1,19 @@
+"""The one exception kvplan raises for bad input: the CLI prints its message on one line and exits 2."""
+
+
+class KvplanError(Exception):
+    """A problem with what the user asked for: an unknown name, a malformed spec, an impossible configuration.
+
+    The message names what is wrong and what would fix it, in one line.
+    """
+
+
+def did_you_mean(name: str, choices: list[str]) -> str:
+    """A ' (did you mean X?)' suffix for an unknown name, or '' when nothing is close."""
+    import difflib
+
+    close = difflib.get_close_matches(name.lower(), [c.lower() for c in choices], n=3, cutoff=0.5)
+    if not close:
+        return ""
+    by_lower = {c.lower(): c for c in choices}
+    return " (did you mean " + ", ".join(by_lower[c] for c in close) + "?)"

@@ -1,0 +1,349 @@
+"""The KV-cache format catalog: one value per format, its byte layout, and the sizes derived from that layout.
+
+A format describes what one token of one KV head stores, side by side for K and V, as a list of components
+(data, scales, zero points, norms). Every byte figure kvplan uses is computed from these components, so adding a
+format means adding one entry here. MLA models cache one latent per token per layer instead of K and V per head;
+formats that apply to it describe that latent too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Literal, Optional
+
+from .errors import KvplanError, did_you_mean
+
+Per = Literal["element", "group", "vector", "token_group"]
+Over = Literal["all", "nope", "rope"]
+
+
+@dataclass(frozen=True)
+class Component:
+    """Part of one side (K or V) of one token of one KV head.
+
+    per="element": one value per element of the head (`bits` each);
+    per="group":   one value per `group` consecutive elements along the head dimension;
+    per="vector":  one value per token per head (a per-token-head scale or norm);
+    per="token_group": one value per channel shared by `group` consecutive tokens (KIVI's per-channel keys),
+                   so a token carries 1/group of it.
+    `bits=None` means the model's own dtype (the "auto" format).
+    `over` selects the part of an MLA latent it covers: the compressed no-RoPE part, the RoPE part, or both.
+    """
+
+    name: str
+    bits: Optional[int]
+    per: Per = "element"
+    group: int = 1
+    over: Over = "all"
+
+    def size_bytes(self, width: int, model_bits: int) -> float:
+        bits = model_bits if self.bits is None else self.bits
+        if self.per == "element":
+            return math.ceil(width * bits / 8)
+        if self.per == "group":
+            return math.ceil(math.ceil(width / self.group) * bits / 8)
+        if self.per == "vector":
+            return bits / 8
+        return width * bits / 8 / self.group  # token_group: amortized over the tokens of a group
+
+
+Side = tuple[Component, ...]
+
+
+def whole(x: float) -> float:
+    """An int when the byte count is whole (it nearly always is), so figures print as 264, not 264.0."""
+    return int(x) if float(x).is_integer() else x
+
+
+def _data(bits: Optional[int]) -> Component:
+    return Component("data", bits)
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    name: str
+    family: str
+    description: str
+    k: Side
+    v: Side
+    engines: tuple[str, ...] = ("vllm",)
+    applies_to: Literal["mha", "mla", "both"] = "both"
+    mla: Optional[Side] = None  # explicit layout of the MLA latent; None: derived from the K side (see mla_bytes)
+    align: int = 1  # K+V slot rounded up to a multiple of this many bytes
+    residual_tokens: int = 0  # newest tokens of each sequence kept in the model dtype (KIVI's residual window)
+    default_skip: Literal["none", "boundary"] = "none"
+    aliases: tuple[str, ...] = ()
+    params: dict = field(default_factory=dict, compare=False)
+
+    def side_bytes(self, side: Side, width: int, model_bits: int = 16) -> float:
+        return sum(c.size_bytes(width, model_bits) for c in side)
+
+    def bytes_per_token_per_kv_head(self, head_dim: int, head_dim_v: Optional[int] = None, model_bits: int = 16) -> float:
+        """K and V of one token of one KV head, every scale, zero point, norm and padding byte included."""
+        if self.applies_to == "mla":
+            raise KvplanError(f"KV cache dtype '{self.name}' applies only to MLA models (DeepSeek-V2/V3, Kimi-K2)")
+        dv = head_dim if head_dim_v is None else head_dim_v
+        total = self.side_bytes(self.k, head_dim, model_bits) + self.side_bytes(self.v, dv, model_bits)
+        if self.align > 1:
+            total = math.ceil(total / self.align) * self.align
+        return whole(total)
+
+    def k_bytes(self, head_dim: int, model_bits: int = 16) -> float:
+        return self.side_bytes(self.k, head_dim, model_bits)
+
+    def v_bytes(self, head_dim: int, model_bits: int = 16) -> float:
+        return self.side_bytes(self.v, head_dim, model_bits)
+
+    def mla_bytes_per_token(self, kv_lora_rank: int, rope_dim: int, model_bits: int = 16) -> float:
+        """One MLA latent (kv_lora_rank + rope dims) of one token of one layer.
+
+        Formats without an explicit MLA layout store the whole latent the way they store a K head, and keep their
+        per-token values for both sides: vLLM's per-token-head modes add a scale pair (8 bytes) to the single
+        latent (mla_attention.py, the "+2*4" of the MLA spec)."""
+        if self.applies_to == "mha":
+            raise KvplanError(f"KV cache dtype '{self.name}' does not apply to MLA models; {_mla_hint()}")
+        if self.mla is not None:
+            widths = {"all": kv_lora_rank + rope_dim, "nope": kv_lora_rank, "rope": rope_dim}
+            return whole(sum(c.size_bytes(widths[c.over], model_bits) for c in self.mla))
+        latent = kv_lora_rank + rope_dim
+        data = sum(c.size_bytes(latent, model_bits) for c in self.k if c.per != "vector")
+        scales = sum(c.size_bytes(latent, model_bits) for c in self.k + self.v if c.per == "vector")
+        return whole(data + scales)
+
+    def bits_per_element(self, head_dim: int = 128, model_bits: int = 16) -> float:
+        """Honest bits per stored K or V element, metadata included (the residual window excluded)."""
+        return self.bytes_per_token_per_kv_head(head_dim, model_bits=model_bits) * 8 / (2 * head_dim)
+
+    @property
+    def is_model_dtype(self) -> bool:
+        return all(c.bits is None for c in self.k + self.v)
+
+
+def _mla_hint() -> str:
+    return "MLA models take auto, bfloat16, float16, the fp8 family, fp8_ds_mla, nvfp4_ds_mla or a *_per_token_head dtype"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The catalog. Byte layouts follow vLLM's attention backends (customize_spec / page sizes) and SGLang's pools.
+
+
+def _same(*components: Component) -> dict:
+    return {"k": tuple(components), "v": tuple(components)}
+
+
+def _turboquant(name: str, key_bits: int, value_bits: int, norm_correction: bool, description: str) -> KVFormat:
+    # vLLM turboquant/config.py: keys are fp8 (key_bits 8, no norm) or Lloyd-Max codes plus an fp16 vector norm;
+    # values are uniform asymmetric codes with an fp16 scale and an fp16 zero per token per head; the K+V slot is
+    # rounded up to an even number of bytes.
+    if key_bits == 8:
+        k: Side = (Component("data_fp8", 8),)
+    else:
+        k = (Component("lloyd_max_codes", key_bits), Component("norm_fp16", 16, "vector"))
+    v: Side = (Component("codes", value_bits), Component("scale_fp16", 16, "vector"), Component("zero_fp16", 16, "vector"))
+    return KVFormat(
+        name, "turboquant", description, k, v, applies_to="mha", align=2, default_skip="boundary",
+        params={"key_bits": key_bits, "value_bits": value_bits, "norm_correction": norm_correction},
+    )
+
+
+def _kivi(bits: int, group: int = 32, residual: int = 128) -> KVFormat:
+    # KIVI (arXiv:2402.02750): keys quantized per channel over groups of `group` tokens, values per token over
+    # groups of `group` channels, fp16 scale and zero per group; the newest `residual` tokens stay in full precision.
+    return KVFormat(
+        f"kivi{bits}", "kivi",
+        f"KIVI {bits}-bit: keys per channel (groups of {group} tokens), values per token (groups of {group} "
+        f"channels), fp16 scale+zero, {residual}-token full-precision residual",
+        k=(Component("codes", bits), Component("scale_fp16", 16, "token_group", group),
+           Component("zero_fp16", 16, "token_group", group)),
+        v=(Component("codes", bits), Component("scale_fp16", 16, "group", group),
+           Component("zero_fp16", 16, "group", group)),
+        engines=("paper",), applies_to="mha", residual_tokens=residual,
+        params={"bits": bits, "group": group, "residual": residual},
+    )
+
+
+_SCALE_PAIR = (Component("scale_fp32", 32, "vector"),)
+
+CATALOG: dict[str, KVFormat] = {}
+
+
+def _register(*formats: KVFormat) -> None:
+    for f in formats:
+        CATALOG[f.name] = f
+
+
+_register(
+    KVFormat("auto", "float", "the model's dtype (bf16 for most checkpoints)", **_same(_data(None)),
+             engines=("vllm", "sglang")),
+    KVFormat("float16", "float", "fp16", **_same(_data(16)), aliases=("fp16",)),
+    KVFormat("bfloat16", "float", "bf16", **_same(_data(16)), engines=("vllm", "sglang"), aliases=("bf16",)),
+    KVFormat("fp8", "fp8", "fp8 e4m3, per-tensor k/v scales held as layer parameters (not in the pool)",
+             **_same(_data(8)), engines=("vllm",)),
+    KVFormat("fp8_e4m3", "fp8", "fp8 e4m3, per-tensor scales", **_same(_data(8)), engines=("vllm", "sglang")),
+    KVFormat("fp8_e5m2", "fp8", "fp8 e5m2 (wider range, less precision), per-tensor scales", **_same(_data(8)),
+             engines=("vllm", "sglang")),
+    KVFormat("fp8_inc", "fp8", "fp8 e4m3 for Intel Gaudi (INC)", **_same(_data(8))),
+    KVFormat("fp8_per_token_head", "per_token_head",
+             "fp8 e4m3 with one fp32 scale per token per head, inline after the head (Triton backend)",
+             **_same(_data(8), *_SCALE_PAIR)),
+    KVFormat("int8_per_token_head", "per_token_head",
+             "int8 with one fp32 scale per token per head, inline after the head (Triton backend)",
+             **_same(_data(8), *_SCALE_PAIR)),
+    KVFormat("int4_per_token_head", "per_token_head",
+             "int4, two per byte, randomized-Hadamard rotated, one fp32 scale per token per head with the 4-bit "
+             "zero point in its low mantissa bits",
+             **_same(_data(4), *_SCALE_PAIR)),
+    KVFormat("nvfp4", "nvfp4", "e2m1 pairs, one fp8 e4m3 scale per 16 values, fp32 global scale per layer "
+             "(FlashInfer backend)", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)), applies_to="mha",
+             engines=("vllm", "sglang")),
+    KVFormat("nvfp4_4over6", "nvfp4", "the NVFP4 layout; each block of 16 picks max/6 or max/4 scaling at write "
+             "time, whichever reconstructs better", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)),
+             applies_to="mha"),
+    KVFormat("fp8_ds_mla", "mla", "DeepSeek MLA latent: 512 fp8 no-RoPE values, 4 fp32 scales (one per 128), "
+             "64 bf16 RoPE values", k=(), v=(), applies_to="mla",
+             mla=(Component("nope_fp8", 8, over="nope"), Component("scale_fp32", 32, "group", 128, over="nope"),
+                  Component("rope_bf16", 16, over="rope"))),
+    KVFormat("nvfp4_ds_mla", "mla", "DeepSeek MLA latent: 512 e2m1 no-RoPE values with an fp8 scale per 16, "
+             "64 fp8 RoPE values", k=(), v=(), applies_to="mla",
+             mla=(Component("nope_e2m1", 4, over="nope"), Component("scale_e4m3", 8, "group", 16, over="nope"),
+                  Component("rope_fp8", 8, over="rope"))),
+    _turboquant("turboquant_k8v4", 8, 4, False, "TurboQuant: fp8 keys, 4-bit uniform values (fp16 scale+zero)"),
+    _turboquant("turboquant_4bit_nc", 4, 4, True,
+                "TurboQuant: Hadamard-rotated 4-bit Lloyd-Max keys with fp16 norm (norm-corrected), 4-bit values"),
+    _turboquant("turboquant_k3v4_nc", 3, 4, True,
+                "TurboQuant: rotated 3-bit Lloyd-Max keys with fp16 norm (norm-corrected), 4-bit values"),
+    _turboquant("turboquant_3bit_nc", 3, 3, True,
+                "TurboQuant: rotated 3-bit Lloyd-Max keys with fp16 norm (norm-corrected), 3-bit values"),
+    KVFormat("mxfp8", "mx", "SGLang: fp8 e4m3 with one e8m0 scale byte per 32 values",
+             **_same(_data(8), Component("scale_e8m0", 8, "group", 32)), engines=("sglang",), applies_to="mha"),
+    KVFormat("fp4_mx_block16", "mx", "SGLang: e2m1 pairs with one scale byte per 16 values",
+             **_same(_data(4), Component("scale_e8m0", 8, "group", 16)), engines=("sglang",), applies_to="mha"),
+    _kivi(2),
+    _kivi(4),
+)
+
+VLLM_CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head",
+    "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+)
+
+_BITS = {"none": 0, "int4": 4, "fp8": 8, "e4m3": 8, "e8m0": 8, "int8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
+
+
+def custom_format(spec: str) -> KVFormat:
+    """A parametric format from 'custom:bits=4,group=32,axis=token,scale=fp16,zero=fp16'.
+
+    Keys: bits (or k_bits / v_bits), group (elements sharing a scale), axis (token: groups along the head
+    dimension of one token; channel: one scale per channel over `group` tokens; kivi: keys by channel, values by
+    token; k_axis / v_axis set one side), scale and zero (none, int4, fp8, e8m0, int8, fp16, bf16, fp32),
+    residual (newest tokens kept in the model dtype)."""
+    body = spec.split(":", 1)[1] if ":" in spec else ""
+    opts: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in body.split(","))):
+        if "=" not in part:
+            raise KvplanError(f"custom KV format: '{part}' is not key=value (e.g. custom:bits=4,group=32,scale=fp16)")
+        k, v = part.split("=", 1)
+        opts[k.strip().lower()] = v.strip().lower()
+    known = {"bits", "k_bits", "v_bits", "group", "axis", "k_axis", "v_axis", "scale", "zero", "residual"}
+    unknown = set(opts) - known
+    if unknown:
+        raise KvplanError(f"custom KV format: unknown key '{sorted(unknown)[0]}'; keys are {', '.join(sorted(known))}")
+
+    def integer(key: str, default: Optional[int]) -> Optional[int]:
+        if key not in opts:
+            return default
+        try:
+            val = int(opts[key])
+        except ValueError:
+            raise KvplanError(f"custom KV format: {key}={opts[key]} is not an integer") from None
+        if val < 0 or (key != "residual" and val == 0):
+            raise KvplanError(f"custom KV format: {key} must be positive")
+        return val
+
+    bits = integer("bits", None)
+    k_bits, v_bits = integer("k_bits", bits), integer("v_bits", bits)
+    if k_bits is None or v_bits is None:
+        raise KvplanError("custom KV format needs bits (or k_bits and v_bits), e.g. custom:bits=4,group=32")
+    if max(k_bits, v_bits) > 32:
+        raise KvplanError("custom KV format: bits must be at most 32")
+    group = integer("group", 0) or 0
+    axis = opts.get("axis", "token")
+    axes = {"token": ("token", "token"), "channel": ("channel", "channel"), "kivi": ("channel", "token")}
+    if axis not in axes:
+        raise KvplanError(f"custom KV format: axis={axis}; choose token, channel or kivi")
+    k_axis, v_axis = opts.get("k_axis", axes[axis][0]), opts.get("v_axis", axes[axis][1])
+    for a in (k_axis, v_axis):
+        if a not in ("token", "channel"):
+            raise KvplanError(f"custom KV format: axis {a}; choose token or channel")
+    meta_bits = []
+    for key in ("scale", "zero"):
+        name = opts.get(key, "fp16" if key == "scale" and group else "none")
+        if name not in _BITS:
+            raise KvplanError(f"custom KV format: {key}={name}; choose one of {', '.join(_BITS)}")
+        meta_bits.append((key, name, _BITS[name]))
+
+    def side(bits_: int, axis_: str) -> Side:
+        comps = [Component("codes", bits_)]
+        for key, name, mb in meta_bits:
+            if mb == 0:
+                continue
+            if not group:
+                comps.append(Component(f"{key}_{name}", mb, "vector"))
+            elif axis_ == "token":
+                comps.append(Component(f"{key}_{name}", mb, "group", group))
+            else:
+                comps.append(Component(f"{key}_{name}", mb, "token_group", group))
+        return tuple(comps)
+
+    residual = integer("residual", 0) or 0
+    canonical = "custom:" + ",".join(f"{k}={v}" for k, v in sorted(opts.items()))
+    return KVFormat(
+        canonical, "custom", f"custom: K {k_bits}-bit by {k_axis}, V {v_bits}-bit by {v_axis}, group {group or 'none'}, "
+        f"scale {meta_bits[0][1]}, zero {meta_bits[1][1]}" + (f", {residual}-token residual" if residual else ""),
+        side(k_bits, k_axis), side(v_bits, v_axis), engines=("custom",), applies_to="mha", residual_tokens=residual,
+    )
+
+
+def _alias_index() -> dict[str, str]:
+    idx = {}
+    for f in CATALOG.values():
+        idx[f.name] = f.name
+        for a in f.aliases:
+            idx[a] = f.name
+    return idx
+
+
+def kv_format(name: str) -> KVFormat:
+    """A catalog format by name or alias, or a parametric 'custom:...' format."""
+    key = name.strip().lower()
+    if key.startswith("custom"):
+        return custom_format(key)
+    idx = _alias_index()
+    if key in idx:
+        return CATALOG[idx[key]]
+    raise KvplanError(
+        f"unknown KV cache dtype '{name}'{did_you_mean(key, list(idx))}; `kvplan formats` lists them "
+        "(or use custom:bits=4,group=32,...)"
+    )
+
+
+def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "auto") -> list[KVFormat]:
+    """Formats named on the command line: repeated options, comma-separated lists, or 'all'."""
+    names: list[str] = []
+    for v in values or [default]:
+        # custom formats contain commas of their own: split only on commas that start a new dtype
+        parts = [v] if v.strip().lower().startswith("custom") else v.split(",")
+        names += [p.strip() for p in parts if p.strip()]
+    out: list[KVFormat] = []
+    for n in names:
+        fmts = list(CATALOG.values()) if n.lower() == "all" else [kv_format(n)]
+        for f in fmts:
+            if f not in out:
+                out.append(f)
+    return out
+
+
+def with_residual(fmt: KVFormat, residual: int) -> KVFormat:
+    return replace(fmt, residual_tokens=residual)

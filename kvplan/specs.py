@@ -1,0 +1,329 @@
+"""Model and GPU specs: immutable pydantic models, loaded from the bundled YAML catalogs, a YAML path, or a
+Hugging Face config.json.
+
+A model spec holds the architecture only; everything derived from it (parameter count, weight bytes, KV bytes)
+lives in `weights` and `engine`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import ClassVar, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import KvplanError, did_you_mean
+
+LayerKind = Literal["full", "sliding", "chunked"]
+
+
+class _Frozen(BaseModel):
+    # Validators are built on first use, so a command pays only for the spec kinds it loads.
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+
+class AttentionLayout(_Frozen):
+    """Which attention each layer uses. `pattern` repeats over the layers: ["sliding", "full"] alternates starting
+    with a sliding layer; ["full"] is a plain decoder."""
+
+    pattern: tuple[LayerKind, ...] = ("full",)
+    sliding_window: Optional[int] = Field(None, gt=0, description="tokens a sliding layer attends to")
+    chunk_size: Optional[int] = Field(None, gt=0, description="chunk of a chunked-local layer")
+
+    @model_validator(mode="after")
+    def _sizes_present(self) -> "AttentionLayout":
+        if "sliding" in self.pattern and self.sliding_window is None:
+            raise ValueError("a 'sliding' layer needs sliding_window")
+        if "chunked" in self.pattern and self.chunk_size is None:
+            raise ValueError("a 'chunked' layer needs chunk_size")
+        return self
+
+
+class MLASpec(_Frozen):
+    """Multi-head latent attention (DeepSeek-V2/V3): the cache holds one latent of kv_lora_rank + qk_rope_head_dim
+    per token per layer, shared by all heads."""
+
+    kv_lora_rank: int = Field(gt=0)
+    q_lora_rank: Optional[int] = Field(None, gt=0)
+    qk_rope_head_dim: int = Field(gt=0)
+    qk_nope_head_dim: int = Field(gt=0)
+    v_head_dim: int = Field(gt=0)
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+class MoESpec(_Frozen):
+    num_experts: int = Field(gt=0)
+    experts_per_token: int = Field(gt=0)
+    expert_intermediate_size: int = Field(gt=0)
+    shared_experts: int = Field(0, ge=0)
+    shared_expert_intermediate_size: Optional[int] = Field(
+        None, gt=0, description="per shared expert; defaults to expert_intermediate_size"
+    )
+    first_dense_layers: int = Field(0, ge=0, description="leading layers with a dense MLP (first_k_dense_replace)")
+    router_bias: bool = False
+    expert_bias: bool = Field(False, description="experts' projections carry biases (gpt-oss)")
+    score_correction_bias: bool = Field(False, description="router has e_score_correction_bias (noaux_tc routing)")
+
+    @model_validator(mode="after")
+    def _k_le_e(self) -> "MoESpec":
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token exceeds num_experts")
+        return self
+
+    @property
+    def shared_intermediate(self) -> int:
+        return self.shared_expert_intermediate_size or self.expert_intermediate_size
+
+
+class ModelSpec(_Frozen):
+    name: str
+    aliases: tuple[str, ...] = ()
+    hf_repo: Optional[str] = None
+    family: str = "llama"
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0, description="dense MLP width")
+    num_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: Optional[int] = Field(None, gt=0, description="explicit; never derived from hidden_size/num_heads")
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool
+    max_position_embeddings: int = Field(gt=0)
+    dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="dtype of unquantized tensors and of 'auto' KV")
+    weight_dtype: str = Field("bf16", description="checkpoint format of the quantized tensors (weight catalog name)")
+    weight_scope: Literal["linear", "experts"] = Field(
+        "linear", description="which tensors weight_dtype covers: every decoder linear layer, or MoE experts only"
+    )
+    declared_params: Optional[int] = Field(None, gt=0)
+    attention: AttentionLayout = AttentionLayout()
+    mla: Optional[MLASpec] = None
+    moe: Optional[MoESpec] = None
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (weights of head_dim)")
+    norms_per_layer: int = Field(2, ge=0)
+    norm_bias: bool = Field(False, description="LayerNorm with bias (Falcon) rather than RMSNorm")
+    gated_mlp: bool = Field(True, description="SwiGLU-style gate+up+down; False: up+down only")
+    attention_sinks: bool = Field(False, description="one learned sink logit per head (gpt-oss); no KV storage")
+    extra_params: dict[str, int] = Field(
+        default_factory=dict, description="held in memory, never read by a decode step (vision tower, projector)"
+    )
+    notes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelSpec":
+        if self.mla is None and self.head_dim is None:
+            raise ValueError("head_dim is required (it is never assumed to be hidden_size / num_heads)")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.moe and self.moe.first_dense_layers > self.num_layers:
+            raise ValueError("moe.first_dense_layers exceeds num_layers")
+        return self
+
+    @property
+    def is_mla(self) -> bool:
+        return self.mla is not None
+
+    @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        p = self.attention.pattern
+        return tuple(p[i % len(p)] for i in range(self.num_layers))
+
+    @property
+    def is_hybrid(self) -> bool:
+        return len(set(self.layer_kinds)) > 1
+
+    def window_of(self, kind: LayerKind) -> Optional[int]:
+        return {"full": None, "sliding": self.attention.sliding_window, "chunked": self.attention.chunk_size}[kind]
+
+
+class GPUSpec(_Frozen):
+    name: str
+    aliases: tuple[str, ...] = ()
+    vendor: Literal["nvidia", "amd", "other"] = "nvidia"
+    arch: str
+    compute_capability: Optional[str] = None
+    smi_name: Optional[str] = None
+    memory_gb: float = Field(gt=0, description="marketed capacity")
+    smi_total_mib: Optional[int] = Field(None, gt=0, description="total as nvidia-smi (or rocm-smi) prints it")
+    cuda_total_gib: Optional[float] = Field(None, gt=0, description="total as cudaMemGetInfo reports it")
+    memory_type: Optional[str] = None
+    peak_bandwidth_tbps: float = Field(gt=0, description="datasheet peak, 1e12 B/s")
+    measured_bandwidth_tbps: Optional[float] = Field(None, gt=0, description="a published stream benchmark")
+    dense_tflops: dict[str, float] = Field(default_factory=dict, description="dense tensor-core TFLOP/s per dtype")
+    fp8_support: bool = False
+    fp4_support: bool = False
+    l2_mb: Optional[float] = None
+    sm_count: Optional[int] = None
+    nvlink_gbps: Optional[float] = None
+    pcie_gen: Optional[int] = None
+    tdp_w: Optional[float] = None
+    notes: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    # GPUs lose a little memory to the driver between the nvidia-smi total and what CUDA reports
+    # (0.3-0.7 GiB across the GPUs whose both figures are known); used only when CUDA's figure is unknown.
+    DRIVER_RESERVE_GIB: ClassVar[float] = 0.5
+
+    @property
+    def memory_total_bytes(self) -> int:
+        """Total device memory as vLLM sees it (cudaMemGetInfo), the base of gpu_memory_utilization."""
+        return int(round(self.memory_total_gib * 2**30))
+
+    @property
+    def memory_total_gib(self) -> float:
+        if self.cuda_total_gib is not None:
+            return self.cuda_total_gib
+        if self.smi_total_mib is not None:
+            return self.smi_total_mib / 1024 - self.DRIVER_RESERVE_GIB
+        return self.memory_gb - self.DRIVER_RESERVE_GIB
+
+    @property
+    def memory_source(self) -> str:
+        if self.cuda_total_gib is not None:
+            return "CUDA total"
+        if self.smi_total_mib is not None:
+            return "nvidia-smi total - 0.5 GiB (estimate)"
+        return "marketed capacity - 0.5 GiB (estimate)"
+
+    @property
+    def peak_bandwidth_bytes_per_s(self) -> float:
+        return self.peak_bandwidth_tbps * 1e12
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _package_root() -> Path:
+    return Path(__file__).resolve().parent
+
+
+def catalog_dir(kind: Literal["models", "hardware"]) -> Path:
+    """The bundled catalog: inside the installed package, or beside it in a source checkout."""
+    override = os.environ.get(f"KVPLAN_{kind.upper()}_DIR")
+    if override:
+        return Path(override)
+    bundled = _package_root() / "_bundled" / kind
+    if bundled.is_dir():
+        return bundled
+    return _package_root().parent / kind
+
+
+def _load_yaml(path: Path):
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.load(f, Loader=loader)
+    except OSError as e:
+        raise KvplanError(f"cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise KvplanError(f"{path}:{where} is not valid YAML: {problem}") from None
+
+
+def _validation_message(path: Path | str, e: ValidationError) -> str:
+    err = e.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = err["msg"].removeprefix("Value error, ")
+    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"{path}: field '{field}': {msg}{more}"
+
+
+def _build(cls, data, path):
+    if not isinstance(data, dict):
+        raise KvplanError(f"{path}: expected a mapping of fields at the top level, found {type(data).__name__}")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise KvplanError(_validation_message(path, e)) from None
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def _catalog_files(kind: str) -> list[Path]:
+    d = catalog_dir(kind)  # type: ignore[arg-type]
+    return sorted(d.glob("*.yaml")) if d.is_dir() else []
+
+
+@lru_cache(maxsize=None)
+def _load_catalog_file(kind: str, path: Path):
+    cls = ModelSpec if kind == "models" else GPUSpec
+    return _build(cls, _load_yaml(path), path)
+
+
+def load_catalog(kind: Literal["models", "hardware"]) -> list:
+    return [_load_catalog_file(kind, p) for p in _catalog_files(kind)]
+
+
+def _resolve(kind: Literal["models", "hardware"], name: str):
+    """A catalog entry by file stem, name or alias (case, dashes and dots ignored). Reads one file when the name
+    matches a file stem; scans the aliases otherwise."""
+    key = _norm(name)
+    for p in _catalog_files(kind):
+        if _norm(p.stem) == key:
+            return _load_catalog_file(kind, p)
+    entries = load_catalog(kind)
+    for spec in entries:
+        if key in {_norm(spec.name), *(_norm(a) for a in spec.aliases)}:
+            return spec
+    names = [p.stem for p in _catalog_files(kind)] + [a for s in entries for a in s.aliases]
+    what = "model" if kind == "models" else "GPU"
+    listing = "kvplan models" if kind == "models" else "kvplan gpus"
+    raise KvplanError(
+        f"unknown {what} '{name}'{did_you_mean(name, names)}; `{listing}` lists the catalog, "
+        f"or pass a path to a YAML spec{' or a config.json' if kind == 'models' else ''}"
+    )
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.endswith((".yaml", ".yml", ".json")) or os.sep in name or name.startswith(".")
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A model by catalog name or alias, a path to a YAML spec, or a path to a Hugging Face config.json."""
+    if _looks_like_path(name_or_path):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise KvplanError(f"no such file: {path}")
+        if path.suffix == ".json":
+            from .hf_config import model_from_hf_config
+
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise KvplanError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from None
+            except OSError as e:
+                raise KvplanError(f"cannot read {path}: {e.strerror}") from None
+            fields = model_from_hf_config(data, path)
+            return _build(ModelSpec, fields, path)
+        return _build(ModelSpec, _load_yaml(path), path)
+    return _resolve("models", name_or_path)
+
+
+def load_gpu(name_or_path: str) -> GPUSpec:
+    """A GPU by catalog name or alias, or a path to a YAML spec."""
+    if _looks_like_path(name_or_path):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise KvplanError(f"no such file: {path}")
+        return _build(GPUSpec, _load_yaml(path), path)
+    return _resolve("hardware", name_or_path)
+
+
+def catalog_key(spec) -> str:
+    """The short name a spec is listed under (its file stem, or its name when it came from elsewhere)."""
+    return spec.aliases[0] if spec.aliases else spec.name

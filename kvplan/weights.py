@@ -1,0 +1,271 @@
+"""Every tensor of a model, its parameter count, and its bytes per tensor-parallel rank in a checkpoint format.
+
+The architecture is expanded into a list of `Tensor` records once; the parameter count, the bytes held per rank,
+and the bytes a decode step reads (with MoE experts touched) are all sums over that one list.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from .errors import KvplanError, did_you_mean
+from .specs import ModelSpec
+
+Shard = Literal["col", "row", "rep", "kv", "vocab"]
+Part = Literal["embed", "lm_head", "attention", "mlp", "expert", "shared_expert", "router", "norm", "extra"]
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+# vLLM pads the vocabulary of VocabParallelEmbedding / ParallelLMHead to a multiple of 64 (DEFAULT_VOCAB_PADDING_SIZE).
+VOCAB_PADDING = 64
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """`count` identical tensors of shape [out_dim, in_dim] (1-D tensors have in_dim 1)."""
+
+    name: str
+    out_dim: int
+    in_dim: int
+    count: int
+    shard: Shard
+    part: Part
+    is_matrix: bool = True  # a linear layer's weight (quantizable); False for biases, norms, sinks
+    kv_heads: int = 0  # for shard "kv": the heads out_dim spans
+
+    @property
+    def numel(self) -> int:
+        return self.out_dim * self.in_dim * self.count
+
+    def shape_per_rank(self, tp: int) -> tuple[int, int]:
+        if self.shard == "col":
+            return self.out_dim // tp, self.in_dim
+        if self.shard == "row":
+            return self.out_dim, self.in_dim // tp
+        if self.shard == "kv":
+            # vLLM keeps max(1, kv_heads // tp) KV heads per rank, replicating them when TP exceeds them.
+            per_head = self.out_dim // self.kv_heads
+            return max(1, self.kv_heads // tp) * per_head, self.in_dim
+        if self.shard == "vocab":
+            padded = math.ceil(self.out_dim / VOCAB_PADDING) * VOCAB_PADDING
+            return math.ceil(padded / tp), self.in_dim
+        return self.out_dim, self.in_dim
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Weight formats
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a checkpoint stores a linear layer's weight: bits per element plus its scales and zero points."""
+
+    name: str
+    bits: int
+    description: str
+    scale_group: Optional[int] = None  # elements along the input dim sharing one scale
+    scale_bytes: float = 0.0
+    zero_bits: int = 0  # packed zero point per group
+    block: Optional[int] = None  # square block sharing one scale (DeepSeek's 128x128)
+    per_channel_scale_bytes: int = 0
+    per_tensor_scale_bytes: int = 0
+
+    def matrix_bytes(self, out_dim: int, in_dim: int) -> int:
+        n = out_dim * in_dim
+        total = math.ceil(n * self.bits / 8) + self.per_tensor_scale_bytes + out_dim * self.per_channel_scale_bytes
+        if self.scale_group:
+            groups = out_dim * math.ceil(in_dim / self.scale_group)
+            total += math.ceil(groups * self.scale_bytes) + math.ceil(groups * self.zero_bits / 8)
+        if self.block:
+            total += math.ceil(out_dim / self.block) * math.ceil(in_dim / self.block) * 4
+        return total
+
+
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    f.name: f
+    for f in [
+        WeightFormat("bf16", 16, "bfloat16"),
+        WeightFormat("fp16", 16, "float16"),
+        WeightFormat("fp32", 32, "float32"),
+        WeightFormat("fp8", 8, "fp8 e4m3, one fp32 scale per tensor (vLLM --quantization fp8)", per_tensor_scale_bytes=4),
+        WeightFormat("fp8_block128", 8, "fp8 e4m3, one fp32 scale per 128x128 block (DeepSeek-V3, Kimi-K2)", block=128),
+        WeightFormat("fp8_channel", 8, "fp8 e4m3, one fp32 scale per output channel", per_channel_scale_bytes=4),
+        WeightFormat("int8", 8, "int8, one fp32 scale per output channel (W8A8)", per_channel_scale_bytes=4),
+        WeightFormat(
+            "int4_g128", 4, "int4, fp16 scale and 4-bit zero point per 128 inputs (AWQ/GPTQ)",
+            scale_group=128, scale_bytes=2, zero_bits=4,
+        ),
+        WeightFormat("mxfp4", 4, "e2m1, one e8m0 scale byte per 32 (OCP MX; gpt-oss experts)", scale_group=32, scale_bytes=1),
+        WeightFormat(
+            "nvfp4", 4, "e2m1, one fp8 e4m3 scale per 16, fp32 global scale per tensor",
+            scale_group=16, scale_bytes=1, per_tensor_scale_bytes=4,
+        ),
+    ]
+}
+
+
+def weight_format(name: str) -> WeightFormat:
+    key = name.lower()
+    if key not in WEIGHT_FORMATS:
+        raise KvplanError(
+            f"unknown weight dtype '{name}'{did_you_mean(name, list(WEIGHT_FORMATS))}; "
+            f"choose one of: {', '.join(WEIGHT_FORMATS)}"
+        )
+    return WEIGHT_FORMATS[key]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The tensor list
+
+
+def _linear(name, out_dim, in_dim, count, shard, part, bias=False, bias_shard=None, kv_heads=0) -> list[Tensor]:
+    ts = [Tensor(name, out_dim, in_dim, count, shard, part, True, kv_heads)]
+    if bias:
+        # A column-parallel bias is split with its outputs; a row-parallel bias is added once, so every rank holds it.
+        bshard = bias_shard or (shard if shard in ("col", "kv") else "rep")
+        ts.append(Tensor(name + ".bias", out_dim, 1, count, bshard, part, False, kv_heads))
+    return ts
+
+
+def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = False) -> list[Tensor]:
+    h = m.hidden_size
+    ts: list[Tensor] = []
+    if m.gated_mlp:
+        if bias:  # gpt-oss stores gate and up fused, with one bias of 2*width
+            ts += _linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True)
+        else:
+            ts += _linear(f"{prefix}.gate_proj", width, h, count, "col", part)
+            ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part)
+    else:
+        ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias)
+    ts += _linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias)
+    return ts
+
+
+def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
+    """Every parameter tensor of the model (main model only: no MTP/draft layers)."""
+    h, L = m.hidden_size, m.num_layers
+    ts: list[Tensor] = [Tensor("embed_tokens", m.vocab_size, h, 1, "vocab", "embed", False)]
+
+    # Attention
+    if m.mla:
+        a = m.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if a.q_lora_rank:
+            ts += _linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
+            ts.append(Tensor("attn.q_a_layernorm", a.q_lora_rank, 1, L, "rep", "norm", False))
+            ts += _linear("attn.q_b_proj", m.num_heads * qk, a.q_lora_rank, L, "col", "attention")
+        else:
+            ts += _linear("attn.q_proj", m.num_heads * qk, h, L, "col", "attention")
+        ts += _linear("attn.kv_a_proj_with_mqa", a.latent_dim, h, L, "rep", "attention")
+        ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
+        ts += _linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
+        ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
+    else:
+        d = m.head_dim
+        assert d is not None
+        ts += _linear("attn.q_proj", m.num_heads * d, h, L, "col", "attention", bias=m.qkv_bias)
+        for n in ("k_proj", "v_proj"):
+            ts += _linear(f"attn.{n}", m.num_kv_heads * d, h, L, "kv", "attention", bias=m.qkv_bias, kv_heads=m.num_kv_heads)
+        ts += _linear("attn.o_proj", h, m.num_heads * d, L, "row", "attention", bias=m.o_bias)
+        if m.qk_norm:
+            ts.append(Tensor("attn.q_norm", d, 1, L, "rep", "norm", False))
+            ts.append(Tensor("attn.k_norm", d, 1, L, "rep", "norm", False))
+    if m.attention_sinks:
+        ts.append(Tensor("attn.sinks", m.num_heads, 1, L, "col", "attention", False))
+
+    # MLP / MoE
+    moe = m.moe
+    dense_layers = L if moe is None else moe.first_dense_layers
+    if dense_layers:
+        ts += _mlp("mlp", m, m.intermediate_size, dense_layers, "mlp")
+    if moe:
+        n = L - moe.first_dense_layers
+        e = moe.num_experts
+        ts += _linear("moe.router", e, h, n, "rep", "router", bias=moe.router_bias)
+        if moe.score_correction_bias:
+            ts.append(Tensor("moe.e_score_correction_bias", e, 1, n, "rep", "router", False))
+        ts += _mlp("moe.experts", m, moe.expert_intermediate_size, n * e, "expert", bias=moe.expert_bias)
+        if moe.shared_experts:
+            ts += _mlp("moe.shared_experts", m, moe.shared_intermediate, n * moe.shared_experts, "shared_expert")
+
+    # Norms
+    per_norm = h * (2 if m.norm_bias else 1)
+    if m.norms_per_layer:
+        ts.append(Tensor("layer_norms", per_norm, 1, L * m.norms_per_layer, "rep", "norm", False))
+    ts.append(Tensor("final_norm", per_norm, 1, 1, "rep", "norm", False))
+
+    if not m.tie_word_embeddings:
+        ts.append(Tensor("lm_head", m.vocab_size, h, 1, "vocab", "lm_head", False))
+    for name, count in m.extra_params.items():
+        ts.append(Tensor(f"extra.{name}", count, 1, 1, "col", "extra", False))
+    return tuple(ts)
+
+
+def param_count(m: ModelSpec) -> int:
+    """Unique parameters of the main model (tied embeddings counted once), computed from the architecture."""
+    return sum(t.numel for t in model_tensors(m))
+
+
+def active_param_count(m: ModelSpec) -> int:
+    """Parameters one token uses: all but the routed experts not chosen."""
+    total = 0
+    for t in model_tensors(m):
+        if t.part == "expert" and m.moe:
+            total += t.numel * m.moe.experts_per_token // m.moe.num_experts
+        elif t.part != "extra":
+            total += t.numel
+    return total
+
+
+def _quantized(m: ModelSpec, t: Tensor, scope: str) -> bool:
+    if not t.is_matrix or t.part in ("embed", "lm_head", "router", "extra"):
+        return False
+    return scope == "linear" or t.part == "expert"
+
+
+def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: int, fmt: WeightFormat, scope: str) -> int:
+    out_dim, in_dim = t.shape_per_rank(tp)
+    if _quantized(m, t, scope):
+        return fmt.matrix_bytes(out_dim, in_dim) * t.count
+    return out_dim * in_dim * t.count * DTYPE_BYTES[m.dtype]
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Bytes of one rank's weights, split the way a decode step touches them."""
+
+    total: int  # held in memory
+    embed: int  # the input embedding table (gathered, not streamed, unless tied to the LM head)
+    experts: int  # routed experts (a step reads only the experts its tokens touch)
+    extra: int  # held, never read by a decode step (vision tower, projector)
+    embed_row: int  # one embedding row: what a token gathers
+
+    @property
+    def streamed_dense(self) -> int:
+        """Read in full every step: everything but the input embedding, routed experts and extras."""
+        return self.total - self.embed - self.experts - self.extra
+
+
+def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None) -> WeightBytes:
+    """One rank's weights in the model's checkpoint format, or with every quantizable layer in `weight_dtype`."""
+    if weight_dtype is None:
+        fmt, scope = weight_format(m.weight_dtype), m.weight_scope
+    else:
+        fmt, scope = weight_format(weight_dtype), "linear"
+    sums = {"total": 0, "embed": 0, "experts": 0, "extra": 0}
+    embed_row = 0
+    for t in model_tensors(m):
+        b = tensor_bytes_per_rank(m, t, tp, fmt, scope)
+        sums["total"] += b
+        if t.part == "embed" and not m.tie_word_embeddings:
+            sums["embed"] += b
+        if t.part == "embed":
+            embed_row = m.hidden_size * DTYPE_BYTES[m.dtype]
+        if t.part == "expert":
+            sums["experts"] += b
+        if t.part == "extra":
+            sums["extra"] += b
+    return WeightBytes(embed_row=embed_row, **sums)
