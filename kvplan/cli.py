@@ -101,6 +101,9 @@ def crossover(
         return
     from .render import crossover_tables
 
+    if not any(r.dtype == results[0].baseline_dtype for r in results):  # show the pile being compared against
+        results.insert(0, run(m, baseline, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches,
+                              contexts=contexts, weight_read=weight_read, baseline=baseline, skip=skip))
     crossover_tables(results, m, g)
 
 
@@ -185,14 +188,13 @@ def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
     rows = []
     stems = [p.stem for p in sorted(catalog_dir("models").glob("*.yaml"))]
     for key, m in zip(stems, load_catalog("models")):
+        per_model = dict(opts)
+        if per_model["max_model_len"] and per_model["max_model_len"] > m.max_position_embeddings:
+            per_model["max_model_len"] = m.max_position_embeddings  # the model's own limit; the row says so
         try:
-            per_model = dict(opts)
-            if per_model["max_model_len"] and per_model["max_model_len"] > m.max_position_embeddings:
-                rows.append((key, f"--max-model-len exceeds its {m.max_position_embeddings:,} context"))
-                continue
             rows.append((key, run(m, g, fmts[0], **per_model)))
         except KvplanError as e:
-            rows.append((key, str(e).split(";")[0]))
+            rows.append((key, _short_reason(m, opts["tp"], str(e))))
     if as_json:
         from .render import print_json
 
@@ -201,7 +203,18 @@ def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
         return
     from .render import capacity_listing
 
-    capacity_listing(rows, g, opts["tp"], fmts[0].name)
+    capacity_listing(rows, g, opts["tp"], fmts[0].name, opts["max_model_len"])
+
+
+def _short_reason(model, tp: int, message: str) -> str:
+    from .engine import check_tp
+    from .errors import KvplanError
+
+    try:
+        check_tp(model, tp)
+    except KvplanError:
+        return f"--tp {tp} splits {model.num_heads} heads unevenly"
+    return message.split(";")[0]
 
 
 @app.command()

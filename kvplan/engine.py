@@ -245,6 +245,7 @@ class CrossoverResult:
     weight_bytes_held: int
     crossover_tokens: Optional[float]
     crossover_batch: Optional[float]  # when N* does not exist: sequences at full window needed
+    crossover_tokens_without_skip: Optional[float]  # N* had every layer used this format (skip layers 'none')
     kv_ratio: float  # baseline KV bytes per token / this format's
     gpu: Optional[str] = None
     operating_points: list[OperatingPoint] = field(default_factory=list)
@@ -347,15 +348,17 @@ def crossover(model: ModelSpec, dtype: str | KVFormat = "auto", *, tp: int = 1, 
               for b in batches for c in contexts]
     notes = []
     skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
+    nstar_all = nstar
     if skipped and fmt.name != "auto":
-        notes.append(f"layers {_ranges(skipped)} stay in {model.dtype} (--kv-cache-dtype-skip-layers)")
+        notes.append(f"{fmt.name}: layers {_ranges(skipped)} stay in {model.dtype} (--kv-cache-dtype-skip-layers)")
+        nstar_all = _solve_crossover(kv_layers(model, fmt, tp, ("none",)), w1)
     if fmt.residual_tokens:
         notes.append(f"the newest {fmt.residual_tokens} tokens of each sequence stay in {model.dtype}")
     return CrossoverResult(
         model=model.name, dtype=fmt.name, baseline_dtype=base_fmt.name, tp=tp, weight_dtype=wdtype,
         weight_read=weight_read, kv_bytes_per_token=per_token, kv_bytes_per_token_per_kv_head_layer=unit,
         bits_per_element=bpe, skip_layers=skipped, weight_bytes=w1, weight_bytes_held=wb.total,
-        crossover_tokens=nstar, crossover_batch=crossover_batch, kv_ratio=base_per_token / per_token,
+        crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all, kv_ratio=base_per_token / per_token,
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes,
     )
 

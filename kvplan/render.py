@@ -42,8 +42,8 @@ def sci(x: Optional[float], digits: int = 3) -> str:
 
 
 def gb(x: float) -> str:
-    """Decimal gigabytes: how bandwidth is quoted (1 GB/s = 1e9 B/s)."""
-    return f"{x / 1e9:,.3g} GB" if x < 1e12 else f"{x / 1e9:,.0f} GB"
+    """Decimal gigabytes, 4 significant digits: how bandwidth is quoted (1 GB/s = 1e9 B/s)."""
+    return f"{x / 1e9:,.4g} GB" if x < 1e13 else f"{x / 1e9:,.0f} GB"
 
 
 def gib(x: float) -> str:
@@ -80,20 +80,26 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
 
     t = Table(title="Crossover: where the KV read overtakes the weight read (one sequence, batch 1)",
               title_justify="left")
-    t.add_column("KV dtype")
+    t.add_column("KV dtype", no_wrap=True)
     t.add_column("B/token/KV head" if not model.is_mla else "B/token/layer (latent)", justify="right")
     t.add_column("bits/elem", justify="right")
     t.add_column("KV B/token (rank)", justify="right")
     t.add_column(f"vs {r0.baseline_dtype}", justify="right")
     t.add_column("N* tokens", justify="right")
-    t.add_column("kept in model dtype", justify="left")
+    t.add_column("skip layers", justify="left")
+    any_skip = any(r.skip_layers for r in results)
+    if any_skip:
+        t.add_column("N* if no layer skipped", justify="right")
     for r in results:
         nstar = tokens(r.crossover_tokens)
         if r.crossover_tokens is None and r.crossover_batch:
             nstar = f"never at batch 1 (≥{r.crossover_batch:,.1f} full-window seqs)"
-        t.add_row(r.dtype, num(r.kv_bytes_per_token_per_kv_head_layer),
-                  "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}", num(r.kv_bytes_per_token),
-                  f"{r.kv_ratio:.2f}x", nstar, _layer_list(r.skip_layers))
+        row = [r.dtype, num(r.kv_bytes_per_token_per_kv_head_layer),
+               "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}", num(r.kv_bytes_per_token),
+               f"{r.kv_ratio:.2f}x", nstar, _layer_list(r.skip_layers)]
+        if any_skip:
+            row.append(tokens(r.crossover_tokens_without_skip) if r.skip_layers else "")
+        t.add_row(*row)
     con.print(t)
 
     if not r0.operating_points:
@@ -104,7 +110,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
               title_justify="left")
     for col, just in [("batch x context", "left"), ("KV dtype", "left"), ("weights", "right"), ("KV", "right"),
                       ("step", "right"), (f"saving vs {r0.baseline_dtype}", "right"), ("bound", "left")]:
-        t.add_column(col, justify=just)
+        t.add_column(col, justify=just, no_wrap=col in ("batch x context", "KV dtype"))
     moe = model.moe is not None
     if moe:
         t.add_column("N* at batch", justify="right")
@@ -145,21 +151,21 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     r0 = results[0]
     con.print(f"[bold]{model.name}[/bold] on {gpu.name if gpu else 'a GPU'}  TP {r0.tp}  "
               f"weights {r0.weight_dtype}  max_model_len {r0.max_model_len:,}  block_size {r0.block_size}")
-    t = Table(title="Budget per rank (vLLM): ceil(total x utilization) - weights - activation allowance",
-              title_justify="left")
-    t.add_column("")
-    t.add_column("", justify="right")
+    t = Table(title="KV pool per rank", title_justify="left", show_header=False)
+    t.add_column("", no_wrap=True)
+    t.add_column("", justify="right", no_wrap=True)
     t.add_row("total memory", f"{gib(r0.total_bytes)}  ({r0.memory_source})")
-    t.add_row(f"x gpu_memory_utilization {r0.gpu_memory_utilization:g}", gib(r0.requested_bytes))
+    t.add_row(f"ceil(x gpu_memory_utilization {r0.gpu_memory_utilization:g})", gib(r0.requested_bytes))
     t.add_row("- weights", gib(r0.weight_bytes))
     t.add_row("- activation allowance", gib(r0.activation_bytes))
     t.add_row("= KV cache pool", gib(r0.available_kv_bytes))
     con.print(t)
 
     t = Table(title=f"KV cache per dtype, sequences of {r0.max_model_len:,} tokens", title_justify="left")
-    for col in ["KV dtype", "B/token (rank)", "page B", "blocks", "token slots", "GPU KV cache size (tokens)",
-                "max concurrency", "kept in model dtype"]:
-        t.add_column(col, justify="left" if col in ("KV dtype", "kept in model dtype") else "right")
+    for col in ["KV dtype", "B/token", "block B", "blocks", "token slots", "KV tokens", "concurrency",
+                "skip layers"]:
+        t.add_column(col, justify="left" if col in ("KV dtype", "skip layers") else "right",
+                     no_wrap=col != "skip layers")
     for r in results:
         if not r.fits:
             t.add_row(r.dtype, num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
@@ -168,7 +174,9 @@ def capacity_table(results: Sequence, model, gpu) -> None:
         t.add_row(r.dtype, num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
                   f"{r.token_slots:,}", f"{r.kv_tokens:,}", f"{r.max_concurrency:.2f}x", _layer_list(r.skip_layers))
     con.print(t)
-    con.print("page B: bytes of one block across the layers of a KV-cache group; blocks include vLLM's null block")
+    con.print("B/token: this rank, all layers. block B: one block across the layers of a KV-cache group. blocks: "
+              "vLLM's '# GPU blocks' (null block included). KV tokens and concurrency: as vLLM's startup log "
+              "prints them ('GPU KV cache size', 'Maximum concurrency')")
     for note in dict.fromkeys(n for r in results for n in r.notes):
         con.print(f"note: {note}")
     for r in results:
@@ -176,20 +184,26 @@ def capacity_table(results: Sequence, model, gpu) -> None:
             con.print(f"[yellow]{r.dtype}: {r.problem}[/yellow]")
 
 
-def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str) -> None:
+def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, max_model_len) -> None:
     con = console()
-    t = Table(title=f"KV capacity on {gpu.name if gpu else 'the given memory'}, TP {tp}, KV dtype {dtype}",
+    t = Table(title=f"KV capacity on {gpu.name if gpu else 'the given memory'}, TP {tp}, KV dtype {dtype}"
+              + (f", max_model_len {max_model_len:,}" if max_model_len else ", each model's own context"),
               title_justify="left")
-    for col in ["model", "weights/rank", "KV pool", "B/token", "max_model_len", "blocks", "max concurrency", "fits"]:
-        t.add_column(col, justify="left" if col in ("model", "fits") else "right")
+    for col in ["model", "weights/rank", "KV pool", "B/token", "context", "concurrency", "fits"]:
+        t.add_column(col, justify="left" if col in ("model", "fits") else "right", no_wrap=col == "model",
+                     min_width=12 if col == "fits" else None)
     for key, r in rows:
         if isinstance(r, str):
-            t.add_row(key, "-", "-", "-", "-", "-", "-", f"[red]no[/red]: {r}")
+            t.add_row(key, "-", "-", "-", "-", "-", f"[red]no[/red]: {r}")
             continue
-        fits = "yes" if r.fits else (
-            f"[red]no[/red]: longest {r.longest_fitting_len:,}" if r.longest_fitting_len else "[red]no[/red]: weights")
+        if r.fits:
+            fits = "yes" if not max_model_len or r.max_model_len == max_model_len else "yes (its max context)"
+        elif r.longest_fitting_len:
+            fits = f"[red]no[/red]: {r.longest_fitting_len:,} tokens fit"
+        else:
+            fits = "[red]no[/red]: weights > budget"
         t.add_row(key, gib(r.weight_bytes), gib(r.available_kv_bytes) if r.available_kv_bytes > 0 else "-",
-                  num(r.kv_bytes_per_token), f"{r.max_model_len:,}", f"{r.num_blocks:,}",
+                  num(r.kv_bytes_per_token), f"{r.max_model_len:,}",
                   f"{r.max_concurrency:.2f}x" if r.fits else "-", fits)
     con.print(t)
 
@@ -202,15 +216,15 @@ def formats_table(rows: Iterable[dict], head_dim: int, mla_dims: tuple[int, int]
     con = console()
     t = Table(title=f"KV cache formats: bytes per token per KV head (K+V) at head_dim {head_dim}; "
               f"MLA latent {mla_dims[0]}+{mla_dims[1]} per token per layer", title_justify="left")
-    for col in ["name", "family", "engines", "K B", "V B", "K+V B", "bits/elem", "MLA B", "default skip",
-                "layout"]:
-        t.add_column(col, justify="right" if col.endswith("B") or col == "bits/elem" else "left",
-                     overflow="fold")
+    for col in ["name", "engines", "K B", "V B", "K+V B", "bits/elem", "MLA B", "default skip layers"]:
+        t.add_column(col, justify="right" if col.endswith("B") or col == "bits/elem" else "left", no_wrap=True)
     for r in rows:
-        t.add_row(r["name"], r["family"], ",".join(r["engines"]), _opt(r["k_bytes"]), _opt(r["v_bytes"]),
+        t.add_row(r["name"], ",".join(r["engines"]), _opt(r["k_bytes"]), _opt(r["v_bytes"]),
                   _opt(r["bytes_per_token_per_kv_head"]), _opt(r["bits_per_element"], ".3g"),
-                  _opt(r["mla_bytes_per_token"]), r["default_skip"], r["description"])
+                  _opt(r["mla_bytes_per_token"]), r["default_skip"])
     con.print(t)
+    con.print("K+V B: one token of one KV head, every scale, zero point, norm and pad byte included. MLA B: one "
+              "token's latent in one layer. `kvplan formats --json` adds each layout's description.")
 
 
 def _opt(x, fmt: str = ",") -> str:

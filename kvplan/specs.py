@@ -233,11 +233,21 @@ def _load_yaml(path: Path):
         raise KvplanError(f"{path}:{where} is not valid YAML: {problem}") from None
 
 
-def _validation_message(path: Path | str, e: ValidationError) -> str:
-    err = e.errors()[0]
+def _validation_message(path: Path | str, e: ValidationError, cls) -> str:
+    errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")  # a typo shows as extra + missing
+    err = errors[0]
     field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if err["type"] == "extra_forbidden":
+        fields = list(cls.model_fields)
+        for part in err["loc"][:-1]:  # nested: suggest among the nested model's fields
+            sub = cls.model_fields.get(str(part))
+            ann = getattr(sub, "annotation", None)
+            for cand in getattr(ann, "__args__", (ann,)):
+                if isinstance(cand, type) and issubclass(cand, BaseModel):
+                    fields, cls = list(cand.model_fields), cand
+        return f"{path}: field '{field}' is not a spec field{did_you_mean(str(err['loc'][-1]), fields)}{more}"
     msg = err["msg"].removeprefix("Value error, ")
-    more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
     return f"{path}: field '{field}': {msg}{more}"
 
 
@@ -247,7 +257,7 @@ def _build(cls, data, path):
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise KvplanError(_validation_message(path, e)) from None
+        raise KvplanError(_validation_message(path, e, cls)) from None
 
 
 def _norm(name: str) -> str:

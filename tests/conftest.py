@@ -1,0 +1,33 @@
+import io
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+class Run:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+
+@pytest.fixture
+def cli(monkeypatch):
+    """Run the kvplan CLI in-process; returns exit code, stdout and stderr."""
+    from kvplan.cli import main
+
+    def run(*args: str) -> Run:
+        monkeypatch.setenv("COLUMNS", "200")
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(list(args))
+        return Run(code, out.getvalue(), err.getvalue())
+
+    return run
+
+
+@pytest.fixture
+def fixtures() -> Path:
+    return FIXTURES

@@ -1,0 +1,84 @@
+"""The command line as a user meets it: help on every command, and one clear line with exit code 2 for bad input."""
+
+import json
+
+import pytest
+
+COMMANDS = [[], ["crossover"], ["capacity"], ["formats"], ["models"], ["models", "show"], ["gpus"], ["gpus", "show"]]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "kvplan")
+def test_help(cli, cmd):
+    r = cli(*cmd, "--help")
+    assert r.code == 0
+    assert "Usage" in r.out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["crossover", "llama3-8bb"], "unknown model 'llama3-8bb' (did you mean llama3-8b"),
+    (["crossover", "llama3-8b", "--gpu", "h1000"], "unknown GPU 'h1000'"),
+    (["crossover", "llama3-8b", "--dtype", "fp9"], "unknown KV cache dtype 'fp9'"),
+    (["crossover", "llama3-8b", "--tp", "3"], "--tp 3 does not split"),
+    (["crossover", "llama3-8b", "--context", "lots"], "--context 'lots'"),
+    (["crossover", "llama3-8b", "--weight-read", "some"], "--weight-read 'some'"),
+    (["crossover", "llama3-8b", "--weight-dtype", "int3"], "unknown weight dtype 'int3'"),
+    (["crossover", "llama3-8b", "--dtype", "fp8_ds_mla"], "applies only to MLA models"),
+    (["crossover", "deepseek-v3", "--dtype", "turboquant_k8v4"], "does not apply to MLA models"),
+    (["crossover", "llama3-8b", "--kv-cache-dtype-skip-layers", "40"], "layer 40 does not exist"),
+    (["crossover", "llama3-8b", "--tp", "abc"], "Invalid value for '--tp'"),
+    (["crossover"], "Missing argument"),
+    (["capacity", "llama3-8b"], "capacity needs --gpu"),
+    (["capacity", "llama3-8b", "--gpu", "h100", "--gpu-memory-utilization", "1.2"], "must be in (0, 1]"),
+    (["capacity", "llama3-70b", "--gpu", "h100"], "weights (131.42 GiB per rank)"),
+    (["capacity", "llama3-8b", "--gpu", "h100", "--max-model-len", "65536"], "exceeds Llama-3-8B's"),
+    (["capacity", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "131072", "--activation-gib", "48"],
+     "the longest that fits is"),
+    (["models", "show", "nope-7b"], "unknown model 'nope-7b'"),
+    (["frobnicate"], "No such command"),
+])
+def test_bad_input_is_one_line_exit_2(cli, args, says):
+    r = cli(*args)
+    assert r.code == 2, r.out
+    assert says in r.err
+    assert r.err.count("\n") == 1 and r.err.startswith("kvplan: error: ")
+    assert "Traceback" not in r.err and r.out == ""
+
+
+def test_malformed_spec_file(cli, tmp_path):
+    p = tmp_path / "m.yaml"
+    p.write_text("name: [unclosed\n")
+    r = cli("crossover", str(p))
+    assert r.code == 2 and "m.yaml" in r.err and "not valid YAML" in r.err
+
+
+def test_models_and_gpus_listings(cli):
+    r = cli("models")
+    assert r.code == 0 and "llama-3-8b" in r.out and "deepseek-v3" in r.out and "MLA 576" in r.out
+    rows = json.loads(cli("models", "--json").out)
+    assert len(rows) >= 25
+    assert {r["key"]: r["params"] for r in rows}["llama-3-70b"] == 70_553_706_496
+    r = cli("gpus")
+    assert r.code == 0 and "H100-SXM5-80GB" in r.out
+    assert len(json.loads(cli("gpus", "--json").out)) >= 15
+
+
+def test_models_show(cli):
+    r = cli("models", "show", "deepseek-v3", "--json")
+    d = json.loads(r.out)
+    assert d["computed_params"] == 671_026_419_200 and d["mla"]["kv_lora_rank"] == 512
+    r = cli("models", "show", "llama3-8b")
+    assert r.code == 0 and "8,030,261,248" in r.out
+    r = cli("gpus", "show", "h200")
+    assert r.code == 0 and "139.8" in r.out
+
+
+def test_planning_imports_no_torch_triton_pandas():
+    import subprocess
+    import sys
+
+    code = ("import sys, kvplan.cli as c; c.main(['crossover','llama3-8b','--dtype','fp8']); "
+            "c.main(['capacity','llama3-8b','--gpu','h100']); "
+            "bad = [m for m in ('torch', 'triton', 'pandas', 'numpy') if m in sys.modules]; "
+            "sys.stderr.write(repr(bad))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "[]"

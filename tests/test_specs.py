@@ -1,0 +1,108 @@
+"""Loading specs: catalog names and aliases, YAML paths, Hugging Face config.json, and bad input."""
+
+import json
+import shutil
+
+import pytest
+
+from kvplan.errors import KvplanError
+from kvplan.specs import load_gpu, load_model
+from kvplan.weights import param_count
+
+
+@pytest.mark.parametrize("name, full", [
+    ("llama3-8b", "Llama-3-8B"), ("llama-3-8b", "Llama-3-8B"), ("Llama3-70B", "Llama-3-70B"),
+    ("llama3.1-8b", "Llama-3.1-8B"), ("llama-4-scout", "Llama-4-Scout-17B-16E"), ("dsv3", "DeepSeek-V3"),
+])
+def test_model_names(name, full):
+    assert load_model(name).name == full
+
+
+@pytest.mark.parametrize("name, full", [("h100", "H100-SXM5-80GB"), ("h200", "H200-SXM-141GB"),
+                                        ("A100", "A100-SXM4-80GB"), ("mi300x", "MI300X")])
+def test_gpu_names(name, full):
+    assert load_gpu(name).name == full
+
+
+def test_gpu_memory_as_cuda_reports_it():
+    h100 = load_gpu("h100")
+    assert h100.cuda_total_gib == 79.11 and h100.smi_total_mib == 81559
+    assert h100.memory_total_bytes == round(79.11 * 2**30)
+    assert h100.peak_bandwidth_tbps == 3.35
+
+
+def test_specs_are_immutable():
+    m = load_model("llama3-8b")
+    with pytest.raises(Exception):
+        m.num_layers = 1
+
+
+def test_unknown_model_suggests():
+    with pytest.raises(KvplanError, match="did you mean.*llama-3-8b"):
+        load_model("llama3-8bb")
+    with pytest.raises(KvplanError, match="unknown GPU 'h1000'.*did you mean"):
+        load_gpu("h1000")
+
+
+@pytest.mark.parametrize("fixture, name, expected", [
+    ("llama3-8b", "llama3-8b", 8_030_261_248),
+    ("deepseek-v3", "deepseek-v3", 671_026_419_200),
+    ("gpt-oss-120b", "gpt-oss-120b", 116_829_156_672),
+    ("qwen3-30b-a3b", "qwen3-30b-a3b", 30_532_122_624),
+    ("gemma-3-27b", "gemma-3-27b", 27_009_346_304),  # text model only: the config carries no vision weights' count
+    ("falcon-7b", "falcon-7b", 6_921_720_704),
+])
+def test_hf_config_json(fixtures, fixture, name, expected):
+    m = load_model(str(fixtures / f"{fixture}.config.json"))
+    assert m.declared_params is None  # optional for config.json
+    assert param_count(m) == expected
+    catalog = load_model(name)
+    assert m.layer_kinds == catalog.layer_kinds
+    assert m.weight_dtype == catalog.weight_dtype
+    assert (m.mla, m.moe) == (catalog.mla, catalog.moe)
+
+
+def test_yaml_path_roundtrip(tmp_path):
+    from kvplan.specs import catalog_dir
+
+    p = tmp_path / "mine.yaml"
+    shutil.copy(catalog_dir("models") / "llama-3-8b.yaml", p)
+    assert load_model(str(p)).name == "Llama-3-8B"
+
+
+def test_malformed_yaml_names_file_and_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("name: x\nnum_layers: [1, 2\n")
+    with pytest.raises(KvplanError, match=r"bad.yaml: line \d+ is not valid YAML"):
+        load_model(str(p))
+
+
+def test_wrong_field_names_field(tmp_path):
+    from kvplan.specs import catalog_dir
+
+    text = (catalog_dir("models") / "llama-3-8b.yaml").read_text()
+    p = tmp_path / "typo.yaml"
+    p.write_text(text.replace("num_kv_heads: 8", "num_kv_head: 8"))
+    with pytest.raises(KvplanError, match="field 'num_kv_head' is not a spec field \\(did you mean num_kv_heads"):
+        load_model(str(p))
+    p.write_text(text.replace("num_layers: 32", "num_layers: -3"))
+    with pytest.raises(KvplanError, match="field 'num_layers'"):
+        load_model(str(p))
+    p.write_text(text.replace("head_dim: 128\n", ""))
+    with pytest.raises(KvplanError, match="head_dim is required"):
+        load_model(str(p))
+
+
+def test_malformed_config_json(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text('{"hidden_size": 4096,')
+    with pytest.raises(KvplanError, match="config.json: line 1: not valid JSON"):
+        load_model(str(p))
+    p.write_text(json.dumps({"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 100}))
+    with pytest.raises(KvplanError, match="field 'num_hidden_layers' is missing"):
+        load_model(str(p))
+
+
+def test_missing_file():
+    with pytest.raises(KvplanError, match="no such file"):
+        load_model("./nope/model.yaml")
