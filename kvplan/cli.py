@@ -245,7 +245,7 @@ def formats(
             "bits_per_element": f.bits_per_element(head_dim) if mha else None,
             "mla_bytes_per_token": f.mla_bytes_per_token(kv_lora_rank, rope_dim) if f.applies_to != "mha" else None,
             "residual_tokens": f.residual_tokens,
-            "default_skip": "first and last 2 layers" if f.default_skip == "boundary" else "none",
+            "default_skip": "first 2 + last 2" if f.default_skip == "boundary" else "none",
             "description": f.description,
         }
         rows.append(row)
@@ -270,20 +270,21 @@ def _model_row(key: str, m) -> dict:
     elif not m.is_hybrid and kinds[0] == "full":
         att = "full"
     else:
+        short = {"sliding": "SW", "chunked": "chunk", "full": "full"}
         parts = []
         for k in ("sliding", "chunked", "full"):
             n = kinds.count(k)
             if n:
                 w = m.window_of(k)
-                parts.append(f"{n} {k}" + (f" {w}" if w else ""))
-        att = ", ".join(parts)
+                parts.append(f"{n} {short[k]}" + (f"{w}" if w else ""))
+        att = " + ".join(parts)
     return {
         "key": key, "name": m.name, "params": param_count(m), "layers": m.num_layers,
         "heads": f"{m.num_heads}/{m.num_kv_heads if not m.is_mla else '-'}",
         "head_dim": str(m.head_dim) if m.head_dim else "-",
         "attention": att,
         "moe": f"{m.moe.experts_per_token}/{m.moe.num_experts}" + (f"+{m.moe.shared_experts}" if m.moe.shared_experts else "") if m.moe else "-",
-        "weights": m.weight_dtype + ("" if m.weight_scope == "linear" else f" ({m.weight_scope})"),
+        "weights": m.weight_dtype + ("" if m.weight_scope == "linear" else f" {m.weight_scope}"),
         "context": m.max_position_embeddings,
         "kv_bytes_per_token": kv_bytes_per_token(kv_layers(m, kv_format("auto"))),
     }
@@ -336,13 +337,14 @@ def gpus_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
     """List the bundled GPUs."""
     if ctx.invoked_subcommand:
         return
-    from .specs import load_catalog
+    from .specs import catalog_dir, load_catalog
 
-    gpus = load_catalog("hardware")
+    stems = [p.stem for p in sorted(catalog_dir("hardware").glob("*.yaml"))]
+    gpus = list(zip(stems, load_catalog("hardware")))
     if as_json:
         from .render import print_json
 
-        print_json([{**g.model_dump(), "memory_total_gib": g.memory_total_gib} for g in gpus])
+        print_json([{"key": k, **g.model_dump(), "memory_total_gib": g.memory_total_gib} for k, g in gpus])
         return
     from .render import gpus_table
 

@@ -8,10 +8,17 @@ import sys
 from dataclasses import asdict, is_dataclass
 from typing import Any, Iterable, Optional, Sequence
 
+from rich import box
 from rich.console import Console
-from rich.table import Table
+from rich.table import Table as _RichTable
 
 GiB = 2**30
+
+
+def Table(**kwargs) -> _RichTable:  # noqa: N802 - one look for every table
+    kwargs.setdefault("box", box.SIMPLE_HEAD)
+    kwargs.setdefault("pad_edge", False)
+    return _RichTable(**kwargs)
 
 
 def console() -> Console:
@@ -26,7 +33,20 @@ def print_json(obj: Any) -> None:
             return o.model_dump()
         raise TypeError(type(o).__name__)
 
-    sys.stdout.write(json.dumps(obj, indent=2, default=default) + "\n")
+    sys.stdout.write(json.dumps(_whole_numbers(obj), indent=2, default=default) + "\n")
+
+
+def _whole_numbers(obj: Any) -> Any:
+    """Byte counts computed in floating point print as integers when they are whole."""
+    if is_dataclass(obj):
+        obj = asdict(obj)
+    if isinstance(obj, float) and obj.is_integer():
+        return int(obj)
+    if isinstance(obj, dict):
+        return {k: _whole_numbers(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_whole_numbers(v) for v in obj]
+    return obj
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -41,9 +61,10 @@ def sci(x: Optional[float], digits: int = 3) -> str:
     return f"{x:.{digits - 1}e}".replace("e+0", "e").replace("e+", "e")
 
 
-def gb(x: float) -> str:
+def gb(x: float, unit: bool = True) -> str:
     """Decimal gigabytes, 4 significant digits: how bandwidth is quoted (1 GB/s = 1e9 B/s)."""
-    return f"{x / 1e9:,.4g} GB" if x < 1e13 else f"{x / 1e9:,.0f} GB"
+    s = f"{x / 1e9:,.4g}" if x < 1e13 else f"{x / 1e9:,.0f}"
+    return s + " GB" if unit else s
 
 
 def gib(x: float) -> str:
@@ -61,7 +82,7 @@ def pct(x: float) -> str:
 def tokens(x: Optional[float]) -> str:
     if x is None:
         return "never"
-    return f"{x:,.0f} ({sci(x)})"
+    return f"{x:,.0f}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -78,50 +99,50 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     con.print(f"weights held per rank: {gib(r0.weight_bytes_held)}   read per step at batch 1: "
               f"{gb(r0.weight_bytes)} ({sci(r0.weight_bytes, 4)} B)")
 
-    t = Table(title="Crossover: where the KV read overtakes the weight read (one sequence, batch 1)",
+    t = Table(title="Crossover N*: cached tokens of one sequence at which the KV read equals the weight read",
               title_justify="left")
     t.add_column("KV dtype", no_wrap=True)
-    t.add_column("B/token/KV head" if not model.is_mla else "B/token/layer (latent)", justify="right")
-    t.add_column("bits/elem", justify="right")
-    t.add_column("KV B/token (rank)", justify="right")
-    t.add_column(f"vs {r0.baseline_dtype}", justify="right")
-    t.add_column("N* tokens", justify="right")
-    t.add_column("skip layers", justify="left")
+    t.add_column("bits/elem", justify="right", no_wrap=True)
+    t.add_column("KV B/token", justify="right", no_wrap=True)
+    t.add_column(f"vs {r0.baseline_dtype}", justify="right", no_wrap=True)
+    t.add_column("N*", justify="right", no_wrap=True)
     any_skip = any(r.skip_layers for r in results)
     if any_skip:
-        t.add_column("N* if no layer skipped", justify="right")
+        t.add_column("skip layers", justify="left")
+        t.add_column("N* if none skipped", justify="right", no_wrap=True)
     for r in results:
         nstar = tokens(r.crossover_tokens)
         if r.crossover_tokens is None and r.crossover_batch:
-            nstar = f"never at batch 1 (≥{r.crossover_batch:,.1f} full-window seqs)"
-        row = [r.dtype, num(r.kv_bytes_per_token_per_kv_head_layer),
-               "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}", num(r.kv_bytes_per_token),
-               f"{r.kv_ratio:.2f}x", nstar, _layer_list(r.skip_layers)]
+            nstar = f"never at batch 1 (>= {r.crossover_batch:,.1f} full-window sequences)"
+        row = [r.dtype, "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}",
+               num(r.kv_bytes_per_token), f"{r.kv_ratio:.2f}x", nstar]
         if any_skip:
-            row.append(tokens(r.crossover_tokens_without_skip) if r.skip_layers else "")
+            row += [_layer_list(r.skip_layers), tokens(r.crossover_tokens_without_skip) if r.skip_layers else ""]
         t.add_row(*row)
     con.print(t)
+    con.print("KV B/token: this rank, all layers, skip layers included. `kvplan formats` has the byte layouts.")
 
     if not r0.operating_points:
         return
     timed = r0.operating_points[0].step_ms is not None
-    t = Table(title="Operating points: bytes one decode step moves on one rank"
+    t = Table(title=f"Operating points: bytes one decode step moves on one rank; saving against {r0.baseline_dtype}"
               + (f", roofline on {gpu.name} ({gpu.peak_bandwidth_tbps} TB/s peak)" if timed else ""),
               title_justify="left")
-    for col, just in [("batch x context", "left"), ("KV dtype", "left"), ("weights", "right"), ("KV", "right"),
-                      ("step", "right"), (f"saving vs {r0.baseline_dtype}", "right"), ("bound", "left")]:
-        t.add_column(col, justify=just, no_wrap=col in ("batch x context", "KV dtype"))
+    for col, just in [("batch x ctx", "left"), ("KV dtype", "left"), ("weights GB", "right"), ("KV GB", "right"),
+                      ("step GB", "right"), ("saving", "right"), ("bound", "left")]:
+        t.add_column(col, justify=just, no_wrap=True)
     moe = model.moe is not None
     if moe:
-        t.add_column("N* at batch", justify="right")
+        t.add_column("N* at batch", justify="right", no_wrap=True)
     if timed:
-        t.add_column("step ms", justify="right")
+        t.add_column("step ms", justify="right", no_wrap=True)
     n_points = len(r0.operating_points)
     for i in range(n_points):
         for j, r in enumerate(results):
             p = r.operating_points[i]
-            row = [f"{p.batch} x {p.context:,}" if j == 0 else "", r.dtype, gb(p.weight_bytes), gb(p.kv_bytes),
-                   gb(p.step_bytes), pct(p.saving), "KV" if p.bound == "kv" else "weights"]
+            row = [f"{p.batch} x {p.context:,}" if j == 0 else "", r.dtype, gb(p.weight_bytes, unit=False),
+                   gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False), pct(p.saving),
+                   "KV" if p.bound == "kv" else "weights"]
             if moe:
                 row.append(tokens(p.crossover_tokens))
             if timed:
@@ -139,7 +160,7 @@ def _layer_list(xs: Sequence[int]) -> str:
         return "-"
     from .engine import _ranges
 
-    return f"layers {_ranges(xs)}"
+    return _ranges(xs)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -235,29 +256,28 @@ def _opt(x, fmt: str = ",") -> str:
 
 def models_table(rows: Iterable[dict]) -> None:
     con = console()
-    t = Table(title="Models", title_justify="left")
-    for col in ["name", "params", "layers", "heads q/kv", "head dim", "attention", "MoE", "weights", "context",
-                "KV B/token (model dtype)"]:
-        t.add_column(col, justify="right" if col in ("params", "layers", "head dim", "context",
-                                                      "KV B/token (model dtype)") else "left")
+    t = Table(title="Models (name: what to type; heads: query/KV x head dim; KV B/token: all layers, model dtype)", title_justify="left")
+    for col in ["name", "params", "layers", "heads", "attention", "MoE k/E", "weights", "context", "KV B/token"]:
+        t.add_column(col, justify="right" if col in ("params", "layers", "context", "KV B/token") else "left",
+                     no_wrap=col in ("name", "params"))
     for r in rows:
-        t.add_row(r["key"], f"{r['params'] / 1e9:,.2f}B", str(r["layers"]), r["heads"], r["head_dim"],
-                  r["attention"], r["moe"], r["weights"], f"{r['context']:,}", num(r["kv_bytes_per_token"]))
+        heads = r["heads"] + (f" x{r['head_dim']}" if r["head_dim"] != "-" else "")
+        t.add_row(r["key"], f"{r['params'] / 1e9:,.1f}B", str(r["layers"]), heads, r["attention"], r["moe"],
+                  r["weights"], f"{r['context']:,}", num(r["kv_bytes_per_token"]))
     con.print(t)
 
 
-def gpus_table(gpus: Iterable) -> None:
+def gpus_table(rows: Iterable[tuple[str, Any]]) -> None:
     con = console()
-    t = Table(title="GPUs", title_justify="left")
-    for col in ["name", "aliases", "memory (CUDA)", "nvidia-smi MiB", "TB/s", "bf16 TF", "fp8 TF", "fp4 TF",
-                "L2 MB", "SMs"]:
-        t.add_column(col, justify="left" if col in ("name", "aliases") else "right")
-    for g in gpus:
+    t = Table(title="GPUs (name: what to type; memory: the total vLLM budgets against, est. where CUDA's figure "
+              "is unknown)", title_justify="left")
+    for col in ["name", "GPU", "memory", "TB/s", "bf16 TF", "fp8 TF", "fp4 TF", "L2 MB", "SMs"]:
+        t.add_column(col, justify="left" if col in ("name", "GPU") else "right", no_wrap=col in ("name", "memory"))
+    for key, g in rows:
         mem = f"{g.memory_total_gib:.2f} GiB" + ("" if g.cuda_total_gib else " est.")
         tf = g.dense_tflops
-        t.add_row(g.name, ", ".join(g.aliases), mem, _opt(g.smi_total_mib), f"{g.peak_bandwidth_tbps:g}",
-                  _opt(tf.get("bf16"), "g"), _opt(tf.get("fp8"), "g"), _opt(tf.get("fp4"), "g"),
-                  _opt(g.l2_mb, "g"), _opt(g.sm_count))
+        t.add_row(key, g.name, mem, f"{g.peak_bandwidth_tbps:g}", _opt(tf.get("bf16"), "g"),
+                  _opt(tf.get("fp8"), "g"), _opt(tf.get("fp4"), "g"), _opt(g.l2_mb, "g"), _opt(g.sm_count))
     con.print(t)
 
 
