@@ -138,7 +138,7 @@ def capacity(
 ) -> None:
     """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency,
     side by side per KV dtype. Without MODEL, one row per catalog model."""
-    from .capacity import capacity as run
+    from .pool import capacity as run
     from .engine import parse_skip_layers
     from .errors import KvplanError
     from .formats import parse_dtypes
@@ -179,7 +179,7 @@ def capacity(
 
 
 def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
-    from .capacity import capacity as run
+    from .pool import capacity as run
     from .errors import KvplanError
     from .specs import catalog_dir, load_catalog
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from kvplan.capacity import capacity, kv_cache_groups
+from kvplan.pool import capacity, kv_cache_groups
 from kvplan.engine import kv_layers
 from kvplan.errors import KvplanError
 from kvplan.formats import kv_format
