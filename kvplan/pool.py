@@ -157,7 +157,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         raise KvplanError("capacity needs --gpu (or --gpu-memory-gib, or --kv-cache-memory)")
     else:
         total, source = 0, "not used (--kv-cache-memory)"
-    mlen = max_model_len or model.max_position_embeddings
+    mlen = model.max_position_embeddings if max_model_len is None else max_model_len
     if mlen < 1:
         raise KvplanError(f"--max-model-len must be positive, got {mlen}")
     if mlen > model.max_position_embeddings:

@@ -183,17 +183,16 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     con.print(t)
 
     t = Table(title=f"KV cache per dtype, sequences of {r0.max_model_len:,} tokens", title_justify="left")
-    for col in ["KV dtype", "B/token", "block B", "blocks", "token slots", "KV tokens", "concurrency",
-                "skip layers"]:
+    any_skip = any(r.skip_layers for r in results)
+    cols = ["KV dtype", "B/token", "block B", "blocks", "token slots", "KV tokens", "concurrency"]
+    for col in cols + (["skip layers"] if any_skip else []):
         t.add_column(col, justify="left" if col in ("KV dtype", "skip layers") else "right",
                      no_wrap=col != "skip layers")
     for r in results:
-        if not r.fits:
-            t.add_row(r.dtype, num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
-                      f"{r.token_slots:,}", "-", "does not fit", _layer_list(r.skip_layers))
-            continue
-        t.add_row(r.dtype, num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
-                  f"{r.token_slots:,}", f"{r.kv_tokens:,}", f"{r.max_concurrency:.2f}x", _layer_list(r.skip_layers))
+        row = [r.dtype, num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
+               f"{r.token_slots:,}", f"{r.kv_tokens:,}" if r.fits else "-",
+               f"{r.max_concurrency:.2f}x" if r.fits else "does not fit"]
+        t.add_row(*row, *([_layer_list(r.skip_layers)] if any_skip else []))
     con.print(t)
     con.print("B/token: this rank, all layers. block B: one block across the layers of a KV-cache group. blocks: "
               "vLLM's '# GPU blocks' (null block included). KV tokens and concurrency: as vLLM's startup log "

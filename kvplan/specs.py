@@ -308,7 +308,7 @@ def load_model(name_or_path: str) -> ModelSpec:
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         if not path.is_file():
-            raise KvplanError(f"no such file: {path}")
+            raise KvplanError(f"no such file: {path} (name a catalog model, a YAML spec or a config.json)")
         if path.suffix == ".json":
             from .hf_config import model_from_hf_config
 
@@ -329,7 +329,7 @@ def load_gpu(name_or_path: str) -> GPUSpec:
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         if not path.is_file():
-            raise KvplanError(f"no such file: {path}")
+            raise KvplanError(f"no such file: {path} (name a catalog GPU or a YAML spec)")
         return _build(GPUSpec, _load_yaml(path), path)
     return _resolve("hardware", name_or_path)
 

@@ -82,3 +82,23 @@ def test_planning_imports_no_torch_triton_pandas():
             "sys.stderr.write(repr(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "[]"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["capacity", "llama3-8b", "--gpu", "h100", "--max-model-len", "0"], "--max-model-len must be positive"),
+    (["capacity", "llama3-8b", "--gpu", "h100", "--block-size", "0"], "--block-size must be positive"),
+    (["crossover", "llama3-8b", "--batch", "0"], "--batch must be at least 1"),
+    (["crossover", "./missing/config.json"], "no such file"),
+    (["formats", "--head-dim", "0"], "--head-dim"),
+])
+def test_more_bad_input(cli, args, says):
+    r = cli(*args)
+    assert r.code == 2 and says in r.err and r.err.count("\n") == 1
+
+
+def test_python_dash_m(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "kvplan", "formats", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["name"] == "auto"
