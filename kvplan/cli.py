@@ -30,6 +30,16 @@ SKIP_HELP = ("layers kept in the model dtype: indices (0,1,30,31), 'sliding_wind
 JSON_HELP = "print machine-readable JSON instead of tables"
 
 
+def _show(as_json: bool, data, table: str, *args) -> None:
+    """Print `data` as JSON, or call the named table renderer with `args`."""
+    from . import render
+
+    if as_json:
+        render.print_json(data)
+    else:
+        getattr(render, table)(*args)
+
+
 def _sizes(values: Optional[List[str]], option: str) -> list[int]:
     """Token counts from the command line: 131072, 128k (x1024), 2m (x1024^2), comma-separated or repeated."""
     from .errors import KvplanError
@@ -94,17 +104,12 @@ def crossover(
                 raise
     if not results:
         raise KvplanError(f"none of the chosen KV dtypes applies to {m.name}")
-    if as_json:
-        from .render import print_json
-
-        print_json([r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict())
-        return
-    from .render import crossover_tables
-
-    if not any(r.dtype == results[0].baseline_dtype for r in results):  # show the pile being compared against
+    data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
+    if not as_json and not any(r.dtype == results[0].baseline_dtype for r in results):
+        # the table shows the pile being compared against as well
         results.insert(0, run(m, baseline, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches,
                               contexts=contexts, weight_read=weight_read, baseline=baseline, skip=skip))
-    crossover_tables(results, m, g)
+    _show(as_json, data, "crossover_tables", results, m, g)
 
 
 def _is_layout_mismatch(model, fmt) -> bool:
@@ -168,26 +173,19 @@ def capacity(
         raise KvplanError(f"none of the chosen KV dtypes applies to {m.name}")
     if all(not r.fits for r in results):
         raise KvplanError(results[0].problem)
-    if as_json:
-        from .render import print_json
-
-        print_json([r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict())
-        return
-    from .render import capacity_table
-
-    capacity_table(results, m, g)
+    data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
+    _show(as_json, data, "capacity_table", results, m, g)
 
 
 def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
-    from .pool import capacity as run
     from .errors import KvplanError
-    from .specs import catalog_dir, load_catalog
+    from .pool import capacity as run
+    from .specs import catalog_entries
 
     if len(fmts) != 1:
         raise KvplanError("without MODEL, capacity lists every model for one --kv-cache-dtype; pick one")
     rows = []
-    stems = [p.stem for p in sorted(catalog_dir("models").glob("*.yaml"))]
-    for key, m in zip(stems, load_catalog("models")):
+    for key, m in catalog_entries("models"):
         per_model = dict(opts)
         if per_model["max_model_len"] and per_model["max_model_len"] > m.max_position_embeddings:
             per_model["max_model_len"] = m.max_position_embeddings  # the model's own limit; the row says so
@@ -195,15 +193,9 @@ def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
             rows.append((key, run(m, g, fmts[0], **per_model)))
         except KvplanError as e:
             rows.append((key, _short_reason(m, opts["tp"], str(e))))
-    if as_json:
-        from .render import print_json
-
-        print_json([{"model_key": k, **(r.to_dict() if not isinstance(r, str) else {"fits": False, "problem": r})}
-                    for k, r in rows])
-        return
-    from .render import capacity_listing
-
-    capacity_listing(rows, g, opts["tp"], fmts[0].name, opts["max_model_len"])
+    data = [{"model_key": k, **(r.to_dict() if not isinstance(r, str) else {"fits": False, "problem": r})}
+            for k, r in rows]
+    _show(as_json, data, "capacity_listing", rows, g, opts["tp"], fmts[0].name, opts["max_model_len"])
 
 
 def _short_reason(model, tp: int, message: str) -> str:
@@ -249,14 +241,7 @@ def formats(
             "description": f.description,
         }
         rows.append(row)
-    if as_json:
-        from .render import print_json
-
-        print_json(rows)
-        return
-    from .render import formats_table
-
-    formats_table(rows, head_dim, (kv_lora_rank, rope_dim))
+    _show(as_json, rows, "formats_table", rows, head_dim, (kv_lora_rank, rope_dim))
 
 
 def _model_row(key: str, m) -> dict:
@@ -295,18 +280,10 @@ def models_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"
     """List the bundled models."""
     if ctx.invoked_subcommand:
         return
-    from .specs import catalog_dir, load_catalog
+    from .specs import catalog_entries
 
-    stems = [p.stem for p in sorted(catalog_dir("models").glob("*.yaml"))]
-    rows = [_model_row(k, m) for k, m in zip(stems, load_catalog("models"))]
-    if as_json:
-        from .render import print_json
-
-        print_json(rows)
-        return
-    from .render import models_table
-
-    models_table(rows)
+    rows = [_model_row(k, m) for k, m in catalog_entries("models")]
+    _show(as_json, rows, "models_table", rows)
 
 
 @models_app.command("show")
@@ -322,14 +299,7 @@ def models_show(
     extra = {"computed_params": param_count(m)}
     if m.moe:
         extra["active_params"] = active_param_count(m)
-    if as_json:
-        from .render import print_json
-
-        print_json({**m.model_dump(), **extra})
-        return
-    from .render import spec_detail
-
-    spec_detail(m, extra)
+    _show(as_json, {**m.model_dump(), **extra}, "spec_detail", m, extra)
 
 
 @gpus_app.callback()
@@ -337,18 +307,11 @@ def gpus_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
     """List the bundled GPUs."""
     if ctx.invoked_subcommand:
         return
-    from .specs import catalog_dir, load_catalog
+    from .specs import catalog_entries
 
-    stems = [p.stem for p in sorted(catalog_dir("hardware").glob("*.yaml"))]
-    gpus = list(zip(stems, load_catalog("hardware")))
-    if as_json:
-        from .render import print_json
-
-        print_json([{"key": k, **g.model_dump(), "memory_total_gib": g.memory_total_gib} for k, g in gpus])
-        return
-    from .render import gpus_table
-
-    gpus_table(gpus)
+    gpus = catalog_entries("hardware")
+    data = [{"key": k, **g.model_dump(), "memory_total_gib": g.memory_total_gib} for k, g in gpus]
+    _show(as_json, data, "gpus_table", gpus)
 
 
 @gpus_app.command("show")
@@ -361,14 +324,8 @@ def gpus_show(
 
     g = load_gpu(name)
     extra = {"memory_total_gib (used)": f"{g.memory_total_gib:.2f} ({g.memory_source})"}
-    if as_json:
-        from .render import print_json
-
-        print_json({**g.model_dump(), "memory_total_gib": g.memory_total_gib, "memory_source": g.memory_source})
-        return
-    from .render import spec_detail
-
-    spec_detail(g, extra)
+    data = {**g.model_dump(), "memory_total_gib": g.memory_total_gib, "memory_source": g.memory_source}
+    _show(as_json, data, "spec_detail", g, extra)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -23,7 +23,6 @@ Conventions
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional, Sequence
 
@@ -198,8 +197,9 @@ def weight_read_bytes(model: ModelSpec, wb: WeightBytes, batch: int, mode: Weigh
 def _solve_crossover(layers: Sequence[LayerKV], weight: float) -> Optional[float]:
     """Smallest single-sequence context at which the KV read reaches `weight` (piecewise linear, exact)."""
     f = lambda s: kv_read_bytes(layers, 1, s)  # noqa: E731
-    points = sorted({0, *(lay.window for lay in layers if lay.window), *(lay.residual_tokens for lay in layers if lay.residual_tokens)})
-    for lo, hi in zip(points, points[1:] + [None]):
+    points = sorted({0, *(lay.window for lay in layers if lay.window),
+                     *(lay.residual_tokens for lay in layers if lay.residual_tokens)})
+    for lo, hi in zip(points, points[1:] + [None], strict=True):
         f_lo = f(lo)
         if hi is None:
             slope = f(lo + 1) - f_lo
@@ -255,8 +255,8 @@ class CrossoverResult:
         return asdict(self)
 
 
-def _flops_per_step(model: ModelSpec, wb_read: float, layers: Sequence[LayerKV], batch: int, context: int,
-                    tp: int, params_read: float) -> float:
+def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch: int, context: int, tp: int,
+                    params_read: float) -> float:
     """Dense FLOPs of one decode step on this rank: 2 per weight per token, plus QK^T and PV over the cache."""
     flops = 2.0 * params_read * batch
     if model.mla:
@@ -270,7 +270,7 @@ def _flops_per_step(model: ModelSpec, wb_read: float, layers: Sequence[LayerKV],
     return flops
 
 
-def _params_read_per_token(model: ModelSpec, tp: int, batch: int) -> float:
+def _params_read_per_token(model: ModelSpec, tp: int) -> float:
     """Parameters one token multiplies on this rank (for the compute roofline)."""
     from .weights import model_tensors
 
@@ -305,7 +305,7 @@ def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequenc
     )
     if gpu is not None:
         memory_s = step / gpu.peak_bandwidth_bytes_per_s
-        flops = _flops_per_step(model, w, layers, batch, context, tp, _params_read_per_token(model, tp, batch))
+        flops = _flops_per_step(model, layers, batch, context, tp, _params_read_per_token(model, tp))
         peak = _peak_flops(gpu, weight_dtype)
         compute_s = flops / peak if peak else 0.0
         pt.update(memory_ms=memory_s * 1e3, compute_ms=compute_s * 1e3, step_ms=max(memory_s, compute_s) * 1e3,

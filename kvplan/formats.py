@@ -9,7 +9,7 @@ formats that apply to it describe that latent too.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from .errors import KvplanError, did_you_mean
@@ -343,7 +343,3 @@ def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "aut
             if f not in out:
                 out.append(f)
     return out
-
-
-def with_residual(fmt: KVFormat, residual: int) -> KVFormat:
-    return replace(fmt, residual_tokens=residual)

@@ -275,8 +275,13 @@ def _load_catalog_file(kind: str, path: Path):
     return _build(cls, _load_yaml(path), path)
 
 
+def catalog_entries(kind: Literal["models", "hardware"]) -> list[tuple[str, ModelSpec | GPUSpec]]:
+    """(short name, spec) for every bundled spec; the short name is the file stem, what a user types."""
+    return [(p.stem, _load_catalog_file(kind, p)) for p in _catalog_files(kind)]
+
+
 def load_catalog(kind: Literal["models", "hardware"]) -> list:
-    return [_load_catalog_file(kind, p) for p in _catalog_files(kind)]
+    return [spec for _, spec in catalog_entries(kind)]
 
 
 def _resolve(kind: Literal["models", "hardware"], name: str):
@@ -332,8 +337,3 @@ def load_gpu(name_or_path: str) -> GPUSpec:
             raise KvplanError(f"no such file: {path} (name a catalog GPU or a YAML spec)")
         return _build(GPUSpec, _load_yaml(path), path)
     return _resolve("hardware", name_or_path)
-
-
-def catalog_key(spec) -> str:
-    """The short name a spec is listed under (its file stem, or its name when it came from elsewhere)."""
-    return spec.aliases[0] if spec.aliases else spec.name

@@ -33,7 +33,9 @@ def test_gpu_memory_as_cuda_reports_it():
 
 def test_specs_are_immutable():
     m = load_model("llama3-8b")
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="frozen"):
         m.num_layers = 1
 
 
