@@ -63,7 +63,7 @@ def sci(x: Optional[float], digits: int = 3) -> str:
 
 def gb(x: float, unit: bool = True) -> str:
     """Decimal gigabytes, 4 significant digits: how bandwidth is quoted (1 GB/s = 1e9 B/s)."""
-    s = f"{x / 1e9:,.4g}" if x < 1e13 else f"{x / 1e9:,.0f}"
+    s = f"{x / 1e9:#,.4g}".rstrip(".") if x < 1e13 else f"{x / 1e9:,.0f}"
     return s + " GB" if unit else s
 
 
@@ -104,7 +104,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     t.add_column("KV dtype", no_wrap=True)
     t.add_column("bits/elem", justify="right", no_wrap=True)
     t.add_column("KV B/token", justify="right", no_wrap=True)
-    t.add_column(f"vs {r0.baseline_dtype}", justify="right", no_wrap=True)
+    t.add_column(f"vs {_dname(r0.baseline_dtype, model)}", justify="right", no_wrap=True)
     t.add_column("N*", justify="right", no_wrap=True)
     any_skip = any(r.skip_layers for r in results)
     if any_skip:
@@ -114,7 +114,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
         nstar = tokens(r.crossover_tokens)
         if r.crossover_tokens is None and r.crossover_batch:
             nstar = f"never at batch 1 (>= {r.crossover_batch:,.1f} full-window sequences)"
-        row = [r.dtype, "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}",
+        row = [_dname(r.dtype, model), "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}",
                num(r.kv_bytes_per_token), f"{r.kv_ratio:.2f}x", nstar]
         if any_skip:
             row += [_layer_list(r.skip_layers), tokens(r.crossover_tokens_without_skip) if r.skip_layers else ""]
@@ -125,7 +125,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     if not r0.operating_points:
         return
     timed = r0.operating_points[0].step_ms is not None
-    t = Table(title=f"Operating points: bytes one decode step moves on one rank; saving against {r0.baseline_dtype}"
+    t = Table(title="Operating points: bytes one decode step moves per rank"
               + (f", roofline on {gpu.name} ({gpu.peak_bandwidth_tbps} TB/s peak)" if timed else ""),
               title_justify="left")
     for col, just in [("batch x ctx", "left"), ("KV dtype", "left"), ("weights GB", "right"), ("KV GB", "right"),
@@ -140,7 +140,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     for i in range(n_points):
         for j, r in enumerate(results):
             p = r.operating_points[i]
-            row = [f"{p.batch} x {p.context:,}" if j == 0 else "", r.dtype, gb(p.weight_bytes, unit=False),
+            row = [f"{p.batch} x {p.context:,}" if j == 0 else "", _dname(r.dtype, model), gb(p.weight_bytes, unit=False),
                    gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False), pct(p.saving),
                    "KV" if p.bound == "kv" else "weights"]
             if moe:
@@ -151,8 +151,15 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     con.print(t)
     for note in dict.fromkeys(n for r in results for n in r.notes):
         con.print(f"note: {note}")
+    note = f"saving: step bytes saved against {_dname(r0.baseline_dtype, model)}."
     if timed:
-        con.print("step ms: roofline max(bytes / peak bandwidth, FLOPs / peak dense compute); uncalibrated")
+        note += " step ms: roofline max(bytes / peak bandwidth, FLOPs / peak dense compute), uncalibrated."
+    con.print(note)
+
+
+def _dname(dtype: str, model) -> str:
+    """'auto' is the model's dtype: say which."""
+    return f"auto ({model.dtype})" if dtype == "auto" else dtype
 
 
 def _layer_list(xs: Sequence[int]) -> str:
@@ -189,7 +196,7 @@ def capacity_table(results: Sequence, model, gpu) -> None:
         t.add_column(col, justify="left" if col in ("KV dtype", "skip layers") else "right",
                      no_wrap=col != "skip layers")
     for r in results:
-        row = [r.dtype, num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
+        row = [_dname(r.dtype, model), num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
                f"{r.token_slots:,}", f"{r.kv_tokens:,}" if r.fits else "-",
                f"{r.max_concurrency:.2f}x" if r.fits else "does not fit"]
         t.add_row(*row, *([_layer_list(r.skip_layers)] if any_skip else []))
