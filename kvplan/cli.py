@@ -81,7 +81,8 @@ def crossover(
 ) -> None:
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
     weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
-    from .engine import crossover as run, parse_skip_layers
+    from .engine import crossover as run
+    from .engine import parse_skip_layers
     from .errors import KvplanError
     from .formats import parse_dtypes
     from .specs import load_gpu, load_model
@@ -143,10 +144,10 @@ def capacity(
 ) -> None:
     """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency,
     side by side per KV dtype. Without MODEL, one row per catalog model."""
-    from .pool import capacity as run
     from .engine import parse_skip_layers
     from .errors import KvplanError
     from .formats import parse_dtypes
+    from .pool import capacity as run
     from .specs import load_gpu
 
     g = load_gpu(gpu) if gpu else None

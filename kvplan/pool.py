@@ -18,7 +18,6 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default (vllm/config/cache.py)
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 
 
-
 def default_max_num_batched_tokens(total_bytes: int, gpu: Optional[GPUSpec]) -> int:
     """`vllm serve` defaults (engine/arg_utils.py): 16384 from 160 GiB, 8192 from 70 GiB except on A100, else 2048."""
     gib = total_bytes / GiB
