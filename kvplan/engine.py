@@ -30,6 +30,7 @@ from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
 from .specs import GPUSpec, LayerKind, ModelSpec
 from .weights import DTYPE_BYTES, WeightBytes, weight_bytes
+from .xp import SCALAR
 
 GiB = 2**30
 WeightRead = Literal["streamed", "all"]
@@ -151,18 +152,19 @@ def kv_bytes_per_token(layers: Sequence[LayerKV]) -> float:
     return whole(sum(lay.bytes_per_token for lay in layers))
 
 
-def _tokens_read(lay: LayerKV, context: int) -> int:
-    return context if lay.window is None else min(context, lay.window)
+def _tokens_read(lay: LayerKV, context, xp=SCALAR):
+    return context if lay.window is None else xp.minimum(context, lay.window)
 
 
-def kv_read_bytes(layers: Sequence[LayerKV], batch: int, context: float) -> float:
-    """KV bytes one decode step reads on this rank: `batch` sequences of `context` cached tokens each."""
+def kv_read_bytes(layers: Sequence[LayerKV], batch, context, xp=SCALAR):
+    """KV bytes one decode step reads on this rank: `batch` sequences of `context` cached tokens each.
+    (`batch` and `context` may be numpy arrays, with xp=numpy.)"""
     total = 0.0
     for lay in layers:
-        n = context if lay.window is None else min(context, lay.window)
-        total += n * lay.bytes_per_token
+        n = _tokens_read(lay, context, xp)
+        total = total + n * lay.bytes_per_token
         if lay.residual_tokens:
-            total += min(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
+            total = total + xp.minimum(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
     return batch * total
 
 
@@ -170,7 +172,7 @@ def kv_read_bytes(layers: Sequence[LayerKV], batch: int, context: float) -> floa
 # Weight read
 
 
-def experts_touched(model: ModelSpec, batch: int) -> float:
+def experts_touched(model: ModelSpec, batch):
     """Expected distinct routed experts per MoE layer for `batch` tokens under uniform independent routing."""
     if not model.moe:
         return 0.0
@@ -178,15 +180,15 @@ def experts_touched(model: ModelSpec, batch: int) -> float:
     return e * (1.0 - (1.0 - k / e) ** batch)
 
 
-def weight_read_bytes(model: ModelSpec, wb: WeightBytes, batch: int, mode: WeightRead = "streamed") -> float:
+def weight_read_bytes(model: ModelSpec, wb: WeightBytes, batch, mode: WeightRead = "streamed", xp=SCALAR):
     """Weight bytes one decode step reads on this rank."""
     if mode == "all":
-        return float(wb.total)
-    read = float(wb.streamed_dense)
+        return float(wb.total) + 0.0 * batch
+    read = float(wb.streamed_dense) + 0.0 * batch
     if wb.experts and model.moe:
-        read += wb.experts * experts_touched(model, batch) / model.moe.num_experts
+        read = read + wb.experts * experts_touched(model, batch) / model.moe.num_experts
     if wb.embed:
-        read += min(batch * wb.embed_row, wb.embed)
+        read = read + xp.minimum(batch * wb.embed_row, wb.embed)
     return read
 
 
@@ -255,8 +257,8 @@ class CrossoverResult:
         return asdict(self)
 
 
-def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch: int, context: int, tp: int,
-                    params_read: float) -> float:
+def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context, tp: int, params_read: float,
+                    xp=SCALAR):
     """Dense FLOPs of one decode step on this rank: 2 per weight per token, plus QK^T and PV over the cache."""
     flops = 2.0 * params_read * batch
     if model.mla:
@@ -266,11 +268,11 @@ def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch: int, con
         per_token_head = 4 * (model.head_dim or 0)
     heads = model.num_heads // tp
     for lay in layers:
-        flops += batch * _tokens_read(lay, context) * heads * per_token_head
+        flops = flops + batch * _tokens_read(lay, context, xp) * heads * per_token_head
     return flops
 
 
-def _params_read_per_token(model: ModelSpec, tp: int) -> float:
+def params_read_per_token(model: ModelSpec, tp: int) -> float:
     """Parameters one token multiplies on this rank (for the compute roofline)."""
     from .weights import model_tensors
 
@@ -286,31 +288,38 @@ def _params_read_per_token(model: ModelSpec, tp: int) -> float:
     return total
 
 
+def step_figures(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequence[LayerKV], wb: WeightBytes,
+                 batch, context, mode: WeightRead, tp: int, gpu: Optional[GPUSpec], weight_dtype: str,
+                 xp=SCALAR, params_read: Optional[float] = None) -> dict:
+    """The figures of one decode step at (batch, context): plain numbers, or numpy arrays with xp=numpy."""
+    w = weight_read_bytes(model, wb, batch, mode, xp)
+    kv = kv_read_bytes(layers, batch, context, xp)
+    kv_base = kv_read_bytes(base_layers, batch, context, xp)
+    step, step_base = w + kv, w + kv_base
+    out = dict(weight_bytes=w, kv_bytes=kv, step_bytes=step, baseline_kv_bytes=kv_base,
+               baseline_step_bytes=step_base, saving=1.0 - step / step_base, bound=xp.where(kv > w, "kv", "weights"))
+    if gpu is not None:
+        memory_s = step / gpu.peak_bandwidth_bytes_per_s
+        if params_read is None:
+            params_read = params_read_per_token(model, tp)
+        peak = _peak_flops(gpu, weight_dtype)
+        compute_s = _flops_per_step(model, layers, batch, context, tp, params_read, xp) / peak if peak else 0.0 * step
+        out.update(memory_ms=memory_s * 1e3, compute_ms=compute_s * 1e3,
+                   step_ms=xp.maximum(memory_s, compute_s) * 1e3,
+                   limiter=xp.where(memory_s >= compute_s, "memory", "compute"))
+    return out
+
+
 def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequence[LayerKV], wb: WeightBytes,
                batch: int, context: int, mode: WeightRead, tp: int, gpu: Optional[GPUSpec],
                weight_dtype: str) -> OperatingPoint:
     if batch < 1 or context < 1:
         raise KvplanError(f"operating points need batch >= 1 and context >= 1, got batch {batch}, context {context}")
-    w = weight_read_bytes(model, wb, batch, mode)
-    kv = kv_read_bytes(layers, batch, context)
-    kv_base = kv_read_bytes(base_layers, batch, context)
-    step, step_base = w + kv, w + kv_base
-    nstar = _solve_crossover(layers, w / batch) if batch else None
+    fig = step_figures(model, layers, base_layers, wb, batch, context, mode, tp, gpu, weight_dtype)
     # N* at this batch: resident tokens (batch x context) where KV equals weights, sequences growing together
-    nstar_at_batch = nstar * batch if nstar is not None else None
-    pt = dict(
-        batch=batch, context=context, resident_tokens=batch * context, weight_bytes=w, kv_bytes=kv,
-        step_bytes=step, baseline_kv_bytes=kv_base, baseline_step_bytes=step_base,
-        saving=1.0 - step / step_base, bound="kv" if kv > w else "weights", crossover_tokens=nstar_at_batch,
-    )
-    if gpu is not None:
-        memory_s = step / gpu.peak_bandwidth_bytes_per_s
-        flops = _flops_per_step(model, layers, batch, context, tp, _params_read_per_token(model, tp))
-        peak = _peak_flops(gpu, weight_dtype)
-        compute_s = flops / peak if peak else 0.0
-        pt.update(memory_ms=memory_s * 1e3, compute_ms=compute_s * 1e3, step_ms=max(memory_s, compute_s) * 1e3,
-                  limiter="memory" if memory_s >= compute_s else "compute")
-    return OperatingPoint(**pt)
+    nstar = _solve_crossover(layers, fig["weight_bytes"] / batch)
+    return OperatingPoint(batch=batch, context=context, resident_tokens=batch * context,
+                          crossover_tokens=nstar * batch if nstar is not None else None, **fig)
 
 
 def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:

@@ -12,6 +12,7 @@ from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .specs import GPUSpec, ModelSpec
 from .weights import weight_bytes
+from .xp import SCALAR
 
 DEFAULT_ACTIVATION_GIB = 6.0  # allowance for activations, CUDA graphs, NCCL buffers and the CUDA context
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default (vllm/config/cache.py)
@@ -37,12 +38,12 @@ class _LayerSpec:
     page_bytes: int
 
 
-def _blocks_per_request(spec: _LayerSpec, max_model_len: int, block_size: int, in_flight: int) -> int:
+def _blocks_per_request(spec: _LayerSpec, max_model_len, block_size: int, in_flight: int, xp=SCALAR):
     if spec.kind == "full":
-        return math.ceil(max_model_len / block_size)
+        return xp.ceil(max_model_len / block_size)
     # SlidingWindowSpec: the window, plus the tokens in flight, plus one block because the window may start mid-block
-    tokens = min(spec.window - 1 + in_flight, max_model_len)
-    return math.ceil(tokens / block_size) + 1
+    tokens = xp.minimum(spec.window - 1 + in_flight, max_model_len)
+    return xp.ceil(tokens / block_size) + 1
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,9 @@ class KVCacheGroups:
     uniform_type: bool  # one group over all layers (full attention, possibly with skip layers of other sizes)
     layer_specs: tuple[_LayerSpec, ...]
 
-    def blocks_per_request(self, max_model_len: int, block_size: int, in_flight: int) -> int:
-        if self.uniform_type:
-            return max(_blocks_per_request(s, max_model_len, block_size, in_flight) for s in self.layer_specs)
-        return sum(n * _blocks_per_request(s, max_model_len, block_size, in_flight) for s, n in self.groups)
+    def blocks_per_request(self, max_model_len, block_size: int, in_flight: int, xp=SCALAR):
+        # one group: every layer has the same attention type, so any layer's count is the group's
+        return sum(n * _blocks_per_request(s, max_model_len, block_size, in_flight, xp) for s, n in self.groups)
 
 
 def kv_cache_groups(layers: Sequence[LayerKV], block_size: int) -> KVCacheGroups:
@@ -128,16 +128,53 @@ class CapacityResult:
         return asdict(self)
 
 
-def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
-             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
-             block_size: int = DEFAULT_BLOCK_SIZE, activation_gib: float = DEFAULT_ACTIVATION_GIB,
-             gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
-             weight_dtype: Optional[str] = None, skip: SkipLayers = None,
-             max_num_batched_tokens: Optional[int] = None) -> CapacityResult:
-    """How many tokens and sequences one rank's KV pool holds (vLLM's budget, pages and blocks).
+@dataclass(frozen=True)
+class PoolPlan:
+    """One rank's KV pool, everything that does not depend on max_model_len."""
 
-    A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
-    can show it; raise on it where a single answer was asked for."""
+    model: ModelSpec
+    fmt: KVFormat
+    gpu: Optional[GPUSpec]
+    tp: int
+    weight_dtype: str
+    total: int
+    memory_source: str
+    gpu_memory_utilization: float
+    requested: int
+    weights: int
+    activation: int
+    available: int
+    layers: tuple[LayerKV, ...]
+    groups: KVCacheGroups
+    residual_blocks: int  # blocks a request needs for a full-precision residual window (KIVI)
+    num_blocks: int
+    block_size: int
+    max_num_batched_tokens: int
+
+    @property
+    def in_flight(self) -> int:
+        return 2 * self.max_num_batched_tokens  # async scheduling keeps two batches in flight (vLLM 0.30+)
+
+    def blocks_per_request(self, max_model_len, xp=SCALAR):
+        return self.groups.blocks_per_request(max_model_len, self.block_size, self.in_flight, xp) + self.residual_blocks
+
+    def per_length(self, max_model_len, xp=SCALAR) -> dict:
+        """Blocks per request, concurrency and vLLM's reported tokens at `max_model_len` (numbers or arrays)."""
+        bpr = self.blocks_per_request(max_model_len, xp)
+        concurrency = self.num_blocks / bpr
+        return dict(blocks_per_request=bpr, max_concurrency=concurrency,
+                    kv_tokens=xp.floor(concurrency * max_model_len),
+                    # block 0 is vLLM's null block; vLLM refuses a max_model_len beyond the model's own
+                    fits=(bpr <= self.num_blocks - 1) & (self.available > 0)
+                    & (max_model_len <= self.model.max_position_embeddings))
+
+
+def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
+              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: int = DEFAULT_BLOCK_SIZE,
+              activation_gib: float = DEFAULT_ACTIVATION_GIB, gpu_memory_gib: Optional[float] = None,
+              kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
+              skip: SkipLayers = None, max_num_batched_tokens: Optional[int] = None) -> PoolPlan:
+    """The budget, pages, groups and blocks of one rank's KV pool (vLLM's rules); checks the options."""
     check_tp(model, tp)
     if not 0 < gpu_memory_utilization <= 1:
         raise KvplanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -156,18 +193,10 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         raise KvplanError("capacity needs --gpu (or --gpu-memory-gib, or --kv-cache-memory)")
     else:
         total, source = 0, "not used (--kv-cache-memory)"
-    mlen = model.max_position_embeddings if max_model_len is None else max_model_len
-    if mlen < 1:
-        raise KvplanError(f"--max-model-len must be positive, got {mlen}")
-    if mlen > model.max_position_embeddings:
-        raise KvplanError(
-            f"--max-model-len {mlen} exceeds {model.name}'s max_position_embeddings "
-            f"{model.max_position_embeddings}; vLLM refuses it (lower it, or use a spec with a longer context)"
-        )
+    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
+        raise KvplanError(f"--max-num-batched-tokens must be positive, got {max_num_batched_tokens}")
     t_batched = max_num_batched_tokens or default_max_num_batched_tokens(total, gpu)
-    in_flight = 2 * t_batched  # async scheduling keeps two batches in flight (vLLM 0.30+)
 
-    wdtype = weight_dtype or model.weight_dtype
     wb = weight_bytes(model, tp, weight_dtype)
     requested = math.ceil(total * gpu_memory_utilization)
     activation = int(round(activation_gib * GiB))
@@ -181,30 +210,57 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     layers = kv_layers(model, fmt, tp, skip)
     groups = kv_cache_groups(layers, block_size)
     residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
-    residual_blocks = math.ceil(residual / groups.bytes_per_block) if residual else 0
+    return PoolPlan(
+        model=model, fmt=fmt, gpu=gpu, tp=tp, weight_dtype=weight_dtype or model.weight_dtype, total=total,
+        memory_source=source, gpu_memory_utilization=gpu_memory_utilization, requested=requested,
+        weights=wb.total, activation=activation, available=available, layers=layers, groups=groups,
+        residual_blocks=math.ceil(residual / groups.bytes_per_block) if residual else 0,
+        num_blocks=max(0, available // groups.bytes_per_block), block_size=block_size,
+        max_num_batched_tokens=t_batched,
+    )
 
-    def bpr(length: int) -> int:
-        return groups.blocks_per_request(length, block_size, in_flight) + residual_blocks
 
-    num_blocks = max(0, available // groups.bytes_per_block)
-    per_request = bpr(mlen)
-    concurrency = num_blocks / per_request
+def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
+             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
+             block_size: int = DEFAULT_BLOCK_SIZE, activation_gib: float = DEFAULT_ACTIVATION_GIB,
+             gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
+             weight_dtype: Optional[str] = None, skip: SkipLayers = None,
+             max_num_batched_tokens: Optional[int] = None) -> CapacityResult:
+    """How many tokens and sequences one rank's KV pool holds (vLLM's budget, pages and blocks).
+
+    A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
+    can show it; raise on it where a single answer was asked for."""
+    plan = pool_plan(model, gpu, dtype, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
+                     block_size=block_size, activation_gib=activation_gib, gpu_memory_gib=gpu_memory_gib,
+                     kv_cache_memory_gib=kv_cache_memory_gib, weight_dtype=weight_dtype, skip=skip,
+                     max_num_batched_tokens=max_num_batched_tokens)
+    mlen = model.max_position_embeddings if max_model_len is None else max_model_len
+    if mlen < 1:
+        raise KvplanError(f"--max-model-len must be positive, got {mlen}")
+    if mlen > model.max_position_embeddings:
+        raise KvplanError(
+            f"--max-model-len {mlen} exceeds {model.name}'s max_position_embeddings "
+            f"{model.max_position_embeddings}; vLLM refuses it (lower it, or use a spec with a longer context)"
+        )
+    fig = plan.per_length(mlen)
+    per_request, num_blocks, groups = fig["blocks_per_request"], plan.num_blocks, plan.groups
     problem = longest = None
-    if available <= 0:
+    if plan.available <= 0:
         problem = (
-            f"{model.name}'s weights ({wb.total / GiB:.2f} GiB per rank) and the {activation_gib:g} GiB activation "
-            f"allowance exceed the {requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or "
+            f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the {activation_gib:g} GiB activation "
+            f"allowance exceed the {plan.requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or "
             f"raise --gpu-memory-utilization"
         )
-    elif per_request > num_blocks - 1:  # block 0 is vLLM's null block
-        longest = _longest_fitting(bpr, num_blocks - 1, mlen)
+    elif not fig["fits"]:
+        longest = _longest_fitting(plan.blocks_per_request, num_blocks - 1, mlen)
         fix = f"the longest that fits is {longest:,} tokens" if longest else "not even one block fits"
         problem = (
-            f"the {available / GiB:.2f} GiB pool holds not one sequence of --max-model-len {mlen:,} "
+            f"the {plan.available / GiB:.2f} GiB pool holds not one sequence of --max-model-len {mlen:,} "
             f"({per_request:,} blocks needed, {max(0, num_blocks - 1):,} usable); {fix}: lower --max-model-len, "
             f"raise --tp, or quantize the KV cache"
         )
     notes = []
+    fmt, layers = plan.fmt, plan.layers
     skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
     if groups.padding_layers:
         notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
@@ -212,16 +268,16 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     if any(lay.kind == "chunked" for lay in layers):
         notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
     return CapacityResult(
-        model=model.name, gpu=gpu.name if gpu else None, dtype=fmt.name, tp=tp, weight_dtype=wdtype,
-        total_bytes=total, memory_source=source, gpu_memory_utilization=gpu_memory_utilization,
-        requested_bytes=requested, weight_bytes=wb.total, activation_bytes=activation,
-        available_kv_bytes=available, kv_bytes_per_token=kv_bytes_per_token(layers),
+        model=model.name, gpu=gpu.name if gpu else None, dtype=fmt.name, tp=tp, weight_dtype=plan.weight_dtype,
+        total_bytes=plan.total, memory_source=plan.memory_source, gpu_memory_utilization=gpu_memory_utilization,
+        requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.activation,
+        available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
         page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,
         block_size=block_size, num_kv_cache_groups=groups.num_groups, padding_layers=groups.padding_layers,
-        num_blocks=num_blocks, token_slots=num_blocks * block_size, kv_tokens=int(concurrency * mlen),
-        max_model_len=mlen, blocks_per_request=per_request, max_concurrency=concurrency,
-        max_num_batched_tokens=t_batched, fits=problem is None, problem=problem, longest_fitting_len=longest,
-        skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
+        num_blocks=num_blocks, token_slots=num_blocks * block_size, kv_tokens=fig["kv_tokens"],
+        max_model_len=mlen, blocks_per_request=per_request, max_concurrency=fig["max_concurrency"],
+        max_num_batched_tokens=plan.max_num_batched_tokens, fits=problem is None, problem=problem,
+        longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
     )
 
 
