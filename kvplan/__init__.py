@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "crossover": "engine", "CrossoverResult": "engine", "OperatingPoint": "engine",
     "capacity": "pool", "CapacityResult": "pool",
+    "sweep": "grid",
     "kv_format": "formats", "KVFormat": "formats", "KV_FORMATS": "formats",
     "ModelSpec": "specs", "GPUSpec": "specs", "load_model": "specs", "load_gpu": "specs",
     "param_count": "weights", "weight_bytes": "weights",

@@ -210,6 +210,60 @@ def _short_reason(model, tp: int, message: str) -> str:
     return message.split(";")[0]
 
 
+def _names(values: Optional[List[str]]) -> list[str]:
+    return [p.strip() for v in values or [] for p in v.split(",") if p.strip()]
+
+
+@app.command()
+def sweep(
+    model: List[str] = typer.Option(..., "--model", "-m", help="models (repeat or separate with commas)"),
+    gpu: List[str] = typer.Option(..., "--gpu", "-g", help="GPUs (repeat or separate with commas)"),
+    tp: Optional[List[str]] = typer.Option(None, "--tp", help="tensor-parallel sizes (default 1)"),
+    dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
+    max_model_len: Optional[List[str]] = typer.Option(None, "--max-model-len", help="lengths (default 8192)"),
+    batch: Optional[List[str]] = typer.Option(None, "--batch", "-b", help="batch sizes (default 1)"),
+    context: Optional[List[str]] = typer.Option(None, "--context", "-c", help="cached tokens per sequence "
+                                                "(default 8192)"),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="file to write: .csv, .parquet, .json or .md "
+                                         "(default: CSV on stdout)"),
+    fmt: Optional[str] = typer.Option(None, "--format", help="csv, parquet, json or markdown (default: from "
+                                      "--output's suffix)"),
+    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
+    block_size: int = typer.Option(16, "--block-size"),
+    activation_gib: float = typer.Option(6.0, "--activation-gib"),
+    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
+    weight_read: str = typer.Option("streamed", "--weight-read", help="'streamed' or 'all'"),
+    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
+    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
+) -> None:
+    """A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context: one row per combination, with
+    the capacity and crossover figures of each, written as CSV, Parquet, JSON or Markdown."""
+    from .engine import parse_skip_layers
+    from .errors import KvplanError
+    from .files import frame_format, write_frame
+    from .formats import parse_dtypes
+    from .grid import sweep as run
+
+    if weight_read not in ("streamed", "all"):
+        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
+    kind = frame_format(output, fmt)
+    df = run(_names(model), _names(gpu), tps=_sizes(tp, "--tp") or [1], dtypes=parse_dtypes(dtype),
+             max_model_lens=_sizes(max_model_len, "--max-model-len") or [8192],
+             batches=_sizes(batch, "--batch") or [1], contexts=_sizes(context, "--context") or [8192],
+             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, activation_gib=activation_gib,
+             weight_dtype=weight_dtype, weight_read=weight_read, skip=parse_skip_layers(skip_layers),
+             max_num_batched_tokens=max_num_batched_tokens)  # type: ignore[arg-type]
+    if df.empty:
+        raise KvplanError("no combination of the sweep can run: " + "; ".join(df.attrs["skipped"][:3]))
+    text = write_frame(df, output, kind)
+    if text is not None:
+        sys.stdout.write(text)
+    else:
+        print(f"wrote {len(df):,} rows to {output}", file=sys.stderr)
+    for why in df.attrs["skipped"]:
+        print(f"left out: {why}", file=sys.stderr)
+
+
 @app.command()
 def formats(
     head_dim: int = typer.Option(128, "--head-dim", help="head dimension the byte figures are computed at"),

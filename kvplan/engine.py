@@ -152,19 +152,28 @@ def kv_bytes_per_token(layers: Sequence[LayerKV]) -> float:
     return whole(sum(lay.bytes_per_token for lay in layers))
 
 
-def _tokens_read(lay: LayerKV, context, xp=SCALAR):
-    return context if lay.window is None else xp.minimum(context, lay.window)
+def layer_classes(layers: Sequence[LayerKV]) -> list[tuple[Optional[int], int, float, int, float]]:
+    """Layers that read alike, merged: (window, count, bytes per token, residual tokens, residual extra bytes), the
+    byte figures summed over the class. Sums of whole byte counts are exact, so merging changes no result."""
+    merged: dict[tuple, list] = {}
+    for lay in layers:
+        key = (lay.window, lay.residual_tokens)
+        acc = merged.setdefault(key, [0, 0.0, 0.0])
+        acc[0] += 1
+        acc[1] += lay.bytes_per_token
+        acc[2] += lay.residual_extra_bytes_per_token
+    return [(w, n, b, r, rb) for (w, r), (n, b, rb) in merged.items()]
 
 
 def kv_read_bytes(layers: Sequence[LayerKV], batch, context, xp=SCALAR):
     """KV bytes one decode step reads on this rank: `batch` sequences of `context` cached tokens each.
     (`batch` and `context` may be numpy arrays, with xp=numpy.)"""
     total = 0.0
-    for lay in layers:
-        n = _tokens_read(lay, context, xp)
-        total = total + n * lay.bytes_per_token
-        if lay.residual_tokens:
-            total = total + xp.minimum(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
+    for window, _, b, residual, residual_b in layer_classes(layers):
+        n = context if window is None else xp.minimum(context, window)
+        total = total + n * b
+        if residual:
+            total = total + xp.minimum(n, residual) * residual_b
     return batch * total
 
 
@@ -267,8 +276,9 @@ def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context,
     else:
         per_token_head = 4 * (model.head_dim or 0)
     heads = model.num_heads // tp
-    for lay in layers:
-        flops = flops + batch * _tokens_read(lay, context, xp) * heads * per_token_head
+    for window, count, *_ in layer_classes(layers):
+        n = context if window is None else xp.minimum(context, window)
+        flops = flops + batch * n * (count * heads * per_token_head)
     return flops
 
 
@@ -297,7 +307,7 @@ def step_figures(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Seque
     kv_base = kv_read_bytes(base_layers, batch, context, xp)
     step, step_base = w + kv, w + kv_base
     out = dict(weight_bytes=w, kv_bytes=kv, step_bytes=step, baseline_kv_bytes=kv_base,
-               baseline_step_bytes=step_base, saving=1.0 - step / step_base, bound=xp.where(kv > w, "kv", "weights"))
+               baseline_step_bytes=step_base, saving=1.0 - step / step_base, kv_bound=kv > w)
     if gpu is not None:
         memory_s = step / gpu.peak_bandwidth_bytes_per_s
         if params_read is None:
@@ -305,8 +315,7 @@ def step_figures(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Seque
         peak = _peak_flops(gpu, weight_dtype)
         compute_s = _flops_per_step(model, layers, batch, context, tp, params_read, xp) / peak if peak else 0.0 * step
         out.update(memory_ms=memory_s * 1e3, compute_ms=compute_s * 1e3,
-                   step_ms=xp.maximum(memory_s, compute_s) * 1e3,
-                   limiter=xp.where(memory_s >= compute_s, "memory", "compute"))
+                   step_ms=xp.maximum(memory_s, compute_s) * 1e3, compute_bound=compute_s > memory_s)
     return out
 
 
@@ -316,10 +325,17 @@ def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequenc
     if batch < 1 or context < 1:
         raise KvplanError(f"operating points need batch >= 1 and context >= 1, got batch {batch}, context {context}")
     fig = step_figures(model, layers, base_layers, wb, batch, context, mode, tp, gpu, weight_dtype)
-    # N* at this batch: resident tokens (batch x context) where KV equals weights, sequences growing together
-    nstar = _solve_crossover(layers, fig["weight_bytes"] / batch)
+    fig["bound"] = "kv" if fig.pop("kv_bound") else "weights"
+    if gpu is not None:
+        fig["limiter"] = "compute" if fig.pop("compute_bound") else "memory"
     return OperatingPoint(batch=batch, context=context, resident_tokens=batch * context,
-                          crossover_tokens=nstar * batch if nstar is not None else None, **fig)
+                          crossover_tokens=crossover_at_batch(layers, fig["weight_bytes"], batch), **fig)
+
+
+def crossover_at_batch(layers: Sequence[LayerKV], weight_read: float, batch: int) -> Optional[float]:
+    """Resident tokens (batch x context) at which the KV read equals `weight_read`, sequences growing together."""
+    nstar = _solve_crossover(layers, weight_read / batch)
+    return nstar * batch if nstar is not None else None
 
 
 def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-COMMANDS = [[], ["crossover"], ["capacity"], ["formats"], ["models"], ["models", "show"], ["gpus"], ["gpus", "show"]]
+COMMANDS = [[], ["crossover"], ["capacity"], ["formats"], ["models"], ["models", "show"], ["gpus"], ["gpus", "show"],
+            ["sweep"]]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "kvplan")

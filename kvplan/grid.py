@@ -1,0 +1,155 @@
+"""A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context, as a pandas DataFrame.
+
+The per-configuration parts (weights, KV layers, the pool's budget and blocks, N*) come from the same functions
+`capacity` and `crossover` use; the numeric axes (max_model_len, batch, context) go through the same formulas
+with numpy arrays, so every row equals what `capacity` and `crossover` answer for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Optional, Sequence
+
+from .engine import (
+    SkipLayers, WeightRead, _solve_crossover, check_tp, crossover_at_batch, kv_bytes_per_token, kv_layers,
+    params_read_per_token, step_figures,
+)
+from .errors import KvplanError
+from .formats import KVFormat, kv_format
+from .pool import DEFAULT_ACTIVATION_GIB, DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, pool_plan
+from .specs import GPUSpec, ModelSpec, load_gpu, load_model
+from .weights import weight_bytes
+
+COLUMNS = (
+    "model", "gpu", "tp", "dtype", "max_model_len", "batch", "context",
+    "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token", "num_blocks", "blocks_per_request",
+    "max_concurrency", "kv_tokens", "fits",
+    "crossover_tokens", "weight_bytes", "kv_bytes", "step_bytes", "saving", "bound", "crossover_tokens_at_batch",
+    "step_ms",
+)
+
+
+def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, tps: Sequence[int] = (1,),
+          dtypes: Sequence[str | KVFormat] = ("auto",), max_model_lens: Sequence[int] = (8192,),
+          batches: Sequence[int] = (1,), contexts: Sequence[int] = (8192,),
+          gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: int = DEFAULT_BLOCK_SIZE,
+          activation_gib: float = DEFAULT_ACTIVATION_GIB, weight_dtype: Optional[str] = None,
+          weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
+          max_num_batched_tokens: Optional[int] = None):
+    """One row per combination, in the order of the arguments (the last axis varies fastest).
+
+    Combinations that cannot run (a TP that does not split the heads, a dtype for the other attention layout) are
+    left out and listed in `df.attrs["skipped"]`. A configuration whose weights or sequences do not fit stays in,
+    with `fits` False.
+
+    >>> import kvplan
+    >>> df = kvplan.sweep(["llama3-8b", "qwen3-8b"], ["h100", "h200"], dtypes=["auto", "fp8"],
+    ...                   max_model_lens=[8192], batches=[1, 32], contexts=[2048, 8192])
+    >>> len(df)
+    32
+    >>> round(float(df.query("model == 'Llama-3-8B' and gpu == 'H100-SXM5-80GB' and dtype == 'fp8'")
+    ...      ["max_concurrency"].iloc[0]), 2)
+    103.65
+    """
+    import numpy as np
+    import pandas as pd
+
+    mspecs = _unique_by_name([m if isinstance(m, ModelSpec) else load_model(m) for m in models])
+    gspecs = _unique_by_name([g if isinstance(g, GPUSpec) else load_gpu(g) for g in gpus])
+    fmts = _unique_by_name([d if isinstance(d, KVFormat) else kv_format(d) for d in dtypes])
+    lens = np.asarray(max_model_lens, dtype=np.int64)
+    bs = np.asarray(batches, dtype=np.int64)
+    cs = np.asarray(contexts, dtype=np.int64)
+    for name, arr in (("max_model_lens", lens), ("batches", bs), ("contexts", cs)):
+        if arr.ndim != 1 or arr.size == 0 or (arr < 1).any():
+            raise KvplanError(f"sweep: {name} must be a non-empty list of positive integers")
+    # the numeric grid, max_model_len slowest and context fastest
+    n_len, n_bc = lens.size, bs.size * cs.size
+    grid_b = np.repeat(bs, cs.size)  # over (batch, context)
+    grid_c = np.tile(cs, bs.size)
+    rows_per_config = n_len * n_bc
+
+    cols: dict[str, list] = {c: [] for c in COLUMNS}
+    codes = {"model": [], "gpu": [], "dtype": []}
+    skipped: list[str] = []
+    base_fmt = kv_format(baseline)
+    for (mi, m), (gi, g), tp, (fi, fmt) in itertools.product(enumerate(mspecs), enumerate(gspecs), tps,
+                                                               enumerate(fmts)):
+        try:
+            check_tp(m, tp)
+            plan = pool_plan(m, g, fmt, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
+                             block_size=block_size, activation_gib=activation_gib, weight_dtype=weight_dtype,
+                             skip=skip, max_num_batched_tokens=max_num_batched_tokens)
+        except KvplanError as e:
+            skipped.append(f"{m.name} {g.name} tp{tp} {fmt.name}: {e}")
+            continue
+        layers = plan.layers
+        base_layers = kv_layers(m, base_fmt, tp, ("none",))
+        wb = weight_bytes(m, tp, weight_dtype)
+        wdtype = weight_dtype or m.weight_dtype
+
+        cap = plan.per_length(lens, np)  # over max_model_len
+        step = step_figures(m, layers, base_layers, wb, grid_b, grid_c, weight_read, tp, g, wdtype, xp=np,
+                            params_read=params_read_per_token(m, tp))
+        nstar_b = {int(b): crossover_at_batch(layers, w, int(b))
+                   for b, w in zip(bs, step["weight_bytes"][::cs.size], strict=True)}
+        w1 = step_figures(m, layers, base_layers, wb, 1, 1, weight_read, tp, None, wdtype)["weight_bytes"]
+        nstar = _solve_crossover(layers, w1)
+
+        def per_len(x):
+            return np.repeat(np.asarray(x), n_bc)
+
+        def per_bc(x):
+            return np.tile(np.asarray(x), n_len)
+
+        def const(x, dtype=None):
+            return np.full(rows_per_config, np.nan if x is None else x, dtype=dtype)
+
+        codes["model"].append(const(mi, np.int32))
+        codes["gpu"].append(const(gi, np.int32))
+        codes["dtype"].append(const(fi, np.int32))
+        cols["tp"].append(const(tp, np.int32))
+        cols["max_model_len"].append(per_len(lens))
+        cols["batch"].append(per_bc(grid_b))
+        cols["context"].append(per_bc(grid_c))
+        cols["weight_bytes_held"].append(const(plan.weights, np.int64))
+        cols["available_kv_bytes"].append(const(plan.available, np.int64))
+        cols["kv_bytes_per_token"].append(const(kv_bytes_per_token(layers), np.float64))
+        cols["num_blocks"].append(const(plan.num_blocks, np.int64))
+        cols["blocks_per_request"].append(per_len(cap["blocks_per_request"]).astype(np.int64))
+        cols["max_concurrency"].append(per_len(cap["max_concurrency"]))
+        cols["kv_tokens"].append(per_len(cap["kv_tokens"]).astype(np.int64))
+        cols["fits"].append(per_len(cap["fits"]))
+        cols["crossover_tokens"].append(const(nstar, np.float64))
+        for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
+            cols[key].append(per_bc(step[key]))
+        cols["bound"].append(per_bc(step["kv_bound"]).astype(np.int8))
+        cols["crossover_tokens_at_batch"].append(
+            per_bc(np.array([np.nan if nstar_b[int(b)] is None else nstar_b[int(b)] for b in grid_b])))
+
+    frame: dict = {}
+    categories = {"model": [m.name for m in mspecs], "gpu": [g.name for g in gspecs], "dtype": [f.name for f in fmts]}
+    for c in COLUMNS:
+        if c in categories:
+            frame[c] = pd.Categorical.from_codes(_concat(codes[c], np.int32), categories=categories[c])
+        elif c == "bound":
+            frame[c] = pd.Categorical.from_codes(_concat(cols[c], np.int8), categories=["weights", "kv"])
+        else:
+            frame[c] = _concat(cols[c], np.float64)
+    df = pd.DataFrame(frame, copy=False)
+    df.attrs["skipped"] = skipped
+    df.attrs["weight_read"] = weight_read
+    return df
+
+
+def _unique_by_name(items: list) -> list:
+    seen: dict = {}
+    for it in items:
+        seen.setdefault(it.name, it)
+    return list(seen.values())
+
+
+def _concat(parts: list, dtype):
+    import numpy as np
+
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)

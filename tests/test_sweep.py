@@ -1,0 +1,100 @@
+"""The sweep's rows equal what `capacity` and `crossover` answer for the same configuration."""
+
+import math
+import random
+
+import pytest
+
+pd = pytest.importorskip("pandas")
+
+from kvplan import capacity, crossover, load_gpu, load_model, sweep  # noqa: E402
+
+MODELS = ["llama3-8b", "mistral-7b-v0.1", "gemma-3-27b", "deepseek-v3", "qwen3-30b-a3b", "gpt-oss-120b"]
+GPUS = ["h100", "h200", "b200"]
+
+
+@pytest.fixture(scope="module")
+def df():
+    return sweep(MODELS, GPUS, tps=[1, 8], dtypes=["auto", "fp8", "turboquant_4bit_nc", "fp8_ds_mla"],
+                 max_model_lens=[4096, 32000, 131072], batches=[1, 7, 64], contexts=[100, 2048, 40000])
+
+
+def test_shape_and_left_out(df):
+    # 6 models x 3 GPUs x 2 TP x 4 dtypes, less: fp8_ds_mla on the 5 non-MLA models and turboquant on DeepSeek
+    # (2 x 3 x 6 = 36 combinations)
+    assert len(df) == (6 * 3 * 2 * 4 - 36) * 27
+    assert len(df.attrs["skipped"]) == 36
+    assert list(df.columns[:7]) == ["model", "gpu", "tp", "dtype", "max_model_len", "batch", "context"]
+
+
+def test_sample_rows_equal_capacity_and_crossover(df):
+    rng = random.Random(7)
+    for i in rng.sample(range(len(df)), 60):
+        row = df.iloc[i]
+        m, g = load_model(_key(row["model"])), load_gpu(_gpu_key(row["gpu"]))
+        tp, dt, mlen = int(row["tp"]), str(row["dtype"]), int(row["max_model_len"])
+        if mlen <= m.max_position_embeddings:
+            c = capacity(m, g, dt, tp=tp, max_model_len=mlen)
+            assert row["num_blocks"] == c.num_blocks
+            assert row["available_kv_bytes"] == c.available_kv_bytes
+            assert row["blocks_per_request"] == c.blocks_per_request
+            assert row["max_concurrency"] == c.max_concurrency
+            assert row["kv_tokens"] == c.kv_tokens
+            assert bool(row["fits"]) == c.fits
+        else:
+            assert not row["fits"]
+        x = crossover(m, dt, tp=tp, gpu=g, batches=[int(row["batch"])], contexts=[int(row["context"])])
+        p = x.operating_points[0]
+        assert row["kv_bytes_per_token"] == x.kv_bytes_per_token
+        assert _same(row["crossover_tokens"], x.crossover_tokens)
+        for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
+            assert row[key] == getattr(p, key), key
+        assert row["bound"] == p.bound
+        assert _same(row["crossover_tokens_at_batch"], p.crossover_tokens)
+
+
+def _same(a, b):
+    return (b is None and math.isnan(a)) or a == b
+
+
+def _key(name):
+    return {"Llama-3-8B": "llama3-8b", "Mistral-7B-v0.1": "mistral-7b-v0.1", "Gemma-3-27B": "gemma-3-27b",
+            "DeepSeek-V3": "deepseek-v3", "Qwen3-30B-A3B": "qwen3-30b-a3b", "gpt-oss-120b": "gpt-oss-120b"}[name]
+
+
+def _gpu_key(name):
+    return {"H100-SXM5-80GB": "h100", "H200-SXM-141GB": "h200", "B200": "b200"}[name]
+
+
+def test_bad_axes():
+    from kvplan.errors import KvplanError
+
+    with pytest.raises(KvplanError, match="contexts"):
+        sweep(["llama3-8b"], ["h100"], contexts=[])
+
+
+def test_sweep_cli_writes_each_format(cli, tmp_path):
+    import json
+
+    for suffix in (".csv", ".json", ".md", ".parquet"):
+        out = tmp_path / f"grid{suffix}"
+        r = cli("sweep", "-m", "llama3-8b,qwen3-8b", "-g", "h100", "-d", "auto,fp8", "--batch", "1,32", "-o",
+                str(out))
+        assert r.code == 0, r.err
+        assert out.exists() and "wrote 8 rows" in r.err
+    assert len(json.loads((tmp_path / "grid.json").read_text())) == 8
+    assert pd.read_csv(tmp_path / "grid.csv")["num_blocks"].tolist() == pd.read_parquet(
+        tmp_path / "grid.parquet")["num_blocks"].tolist()
+    md = (tmp_path / "grid.md").read_text().splitlines()
+    assert md[0].startswith("| model | gpu |") and len(md) == 2 + 8
+
+
+def test_sweep_cli_stdout_and_errors(cli):
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100")
+    assert r.code == 0 and r.out.splitlines()[0].startswith("model,gpu,tp,dtype")
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "-o", "out.xlsx")
+    assert r.code == 2 and "cannot tell the format" in r.err
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "-d", "fp8_ds_mla")
+    assert r.code == 2 and "no combination" in r.err
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "--format", "parquet")
+    assert r.code == 2 and "binary" in r.err
