@@ -24,6 +24,7 @@ _EXPORTS = {
     "crossover": "engine", "CrossoverResult": "engine", "OperatingPoint": "engine",
     "capacity": "pool", "CapacityResult": "pool",
     "sweep": "grid",
+    "gate": "gates", "GateReport": "gates",
     "kv_format": "formats", "KVFormat": "formats", "KV_FORMATS": "formats",
     "ModelSpec": "specs", "GPUSpec": "specs", "load_model": "specs", "load_gpu": "specs",
     "param_count": "weights", "weight_bytes": "weights",

@@ -265,6 +265,61 @@ def sweep(
 
 
 @app.command()
+def gate(
+    file: str = typer.Argument(..., help="gates file (YAML): defaults and a list of gates with requirements"),
+    junit: Optional[str] = typer.Option(None, "--junit", help="also write JUnit XML here"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="an earlier `kvplan gate --json` result: "
+                                           "fail when a figure got worse than it by more than --max-regression"),
+    max_regression: float = typer.Option(1.0, "--max-regression", help="percent a figure may get worse than "
+                                         "the baseline"),
+) -> None:
+    """Check capacity gates: exit 0 when every gate passes, 1 when any fails (or regresses against --baseline),
+    2 when the file is malformed. Under GitHub Actions, also a step summary and error annotations."""
+    import json
+    import os
+
+    from .errors import KvplanError
+    from .files import atomic_write_text
+    from .gates import (
+        compare_baseline,
+        failure_lines,
+        junit_xml,
+        load_gates,
+        markdown_summary,
+        run_gates,
+    )
+
+    if max_regression < 0:
+        raise KvplanError(f"--max-regression must not be negative, got {max_regression}")
+    report = run_gates(load_gates(file), file)
+    if baseline:
+        try:
+            with open(baseline, encoding="utf-8") as f:
+                before = json.load(f)
+        except OSError as e:
+            raise KvplanError(f"cannot read --baseline {baseline}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise KvplanError(f"--baseline {baseline}: line {e.lineno}: not valid JSON: {e.msg}") from None
+        if not isinstance(before, dict) or not isinstance(before.get("gates"), list):
+            raise KvplanError(f"--baseline {baseline}: not a `kvplan gate --json` result (no 'gates' list)")
+        report.regressions = compare_baseline(report, before, max_regression)
+    if junit:
+        atomic_write_text(junit, junit_xml(report))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(markdown_summary(report))
+        for line in failure_lines(report):
+            print(f"::error title=kvplan gate::{line}")
+    _show(as_json, report.to_dict(), "gate_table", report)
+    if not report.passed:
+        for line in failure_lines(report):
+            print(f"kvplan: gate failed: {line}", file=sys.stderr)
+        raise typer.Exit(1)
+
+
+@app.command()
 def formats(
     head_dim: int = typer.Option(128, "--head-dim", help="head dimension the byte figures are computed at"),
     kv_lora_rank: int = typer.Option(512, "--kv-lora-rank", help="MLA latent width (no-RoPE part)"),

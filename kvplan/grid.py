@@ -11,12 +11,24 @@ import itertools
 from typing import Optional, Sequence
 
 from .engine import (
-    SkipLayers, WeightRead, _solve_crossover, check_tp, crossover_at_batch, kv_bytes_per_token, kv_layers,
-    params_read_per_token, step_figures,
+    SkipLayers,
+    WeightRead,
+    _solve_crossover,
+    check_tp,
+    crossover_at_batch,
+    kv_bytes_per_token,
+    kv_layers,
+    params_read_per_token,
+    step_figures,
 )
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
-from .pool import DEFAULT_ACTIVATION_GIB, DEFAULT_BLOCK_SIZE, DEFAULT_GPU_MEMORY_UTILIZATION, pool_plan
+from .pool import (
+    DEFAULT_ACTIVATION_GIB,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    pool_plan,
+)
 from .specs import GPUSpec, ModelSpec, load_gpu, load_model
 from .weights import weight_bytes
 

@@ -316,3 +316,27 @@ def _fmt_value(v) -> str:
     if isinstance(v, (list, tuple)):
         return ", ".join(map(str, v))
     return str(v)
+
+
+def gate_table(report) -> None:
+    from .gates import _fmt
+
+    con = console()
+    t = Table(title="Capacity gates", title_justify="left")
+    for col in ["gate", "figure", "measured", "required", "result"]:
+        t.add_column(col, justify="right" if col in ("measured", "required") else "left")
+    for g in report.gates:
+        for i, c in enumerate(g.checks):
+            at = f" at {c.at}" if c.at else ""
+            req = f"{'>=' if c.kind == 'min' else '<='} {_fmt(c.required)}"
+            res = "[green]pass[/green]" if c.passed else "[red bold]FAIL[/red bold]"
+            t.add_row(g.name if i == 0 else "", f"{c.figure}{at}", _fmt(c.measured), req, res,
+                      end_section=i == len(g.checks) - 1)
+    con.print(t)
+    for r in report.regressions:
+        at = f" at {r['at']}" if r["at"] else ""
+        con.print(f"[red]regression[/red]: {r['gate']}: {r['figure']}{at} {_fmt(r['before'])} -> {_fmt(r['now'])} "
+                  f"({r['regression_pct']:.1f}% worse)")
+    n_fail = sum(1 for g in report.gates if not g.passed)
+    con.print(f"{len(report.gates) - n_fail} of {len(report.gates)} gates passed"
+              + (f"; {len(report.regressions)} regression(s)" if report.regressions else ""))

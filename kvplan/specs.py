@@ -217,7 +217,8 @@ def catalog_dir(kind: Literal["models", "hardware"]) -> Path:
     return _package_root().parent / kind
 
 
-def _load_yaml(path: Path):
+def read_yaml(path: Path):
+    """Parse a YAML file; a syntax error becomes one line naming the file and line."""
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -272,7 +273,7 @@ def _catalog_files(kind: str) -> list[Path]:
 @lru_cache(maxsize=None)
 def _load_catalog_file(kind: str, path: Path):
     cls = ModelSpec if kind == "models" else GPUSpec
-    return _build(cls, _load_yaml(path), path)
+    return _build(cls, read_yaml(path), path)
 
 
 def catalog_entries(kind: Literal["models", "hardware"]) -> list[tuple[str, ModelSpec | GPUSpec]]:
@@ -325,7 +326,7 @@ def load_model(name_or_path: str) -> ModelSpec:
                 raise KvplanError(f"cannot read {path}: {e.strerror}") from None
             fields = model_from_hf_config(data, path)
             return _build(ModelSpec, fields, path)
-        return _build(ModelSpec, _load_yaml(path), path)
+        return _build(ModelSpec, read_yaml(path), path)
     return _resolve("models", name_or_path)
 
 
@@ -335,5 +336,5 @@ def load_gpu(name_or_path: str) -> GPUSpec:
         path = Path(name_or_path)
         if not path.is_file():
             raise KvplanError(f"no such file: {path} (name a catalog GPU or a YAML spec)")
-        return _build(GPUSpec, _load_yaml(path), path)
+        return _build(GPUSpec, read_yaml(path), path)
     return _resolve("hardware", name_or_path)

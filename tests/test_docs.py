@@ -1,19 +1,33 @@
-"""The examples in the package docstring run as written."""
+"""The examples in the docstrings run as written, and the package's public names are what they say."""
 
 import doctest
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
 
 import kvplan
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def test_package_docstring_examples():
-    failures, tried = doctest.testmod(kvplan, verbose=False)
-    assert tried >= 4 and failures == 0
+
+@pytest.mark.parametrize("module", ["kvplan", "kvplan.grid", "kvplan.gates"])
+def test_docstring_examples(module):
+    failures, tried = doctest.testmod(importlib.import_module(module), verbose=False)
+    assert tried >= 2 and failures == 0
+
+
+def test_public_names_are_not_shadowed_by_submodules():
+    # importing every submodule binds it on the package; an exported function of the same name would be lost
+    for info in pkgutil.iter_modules(kvplan.__path__):
+        if info.name not in ("__main__",):
+            importlib.import_module(f"kvplan.{info.name}")
+    for name in kvplan.__all__:
+        assert not isinstance(getattr(kvplan, name), type(kvplan)), name
 
 
 def test_readme_test_command_is_what_ci_runs():
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
     command = "pip install -e '.[test]' && python -m pytest -q"
-    assert command in (root / "README.md").read_text()
-    assert command in (root / ".ci" / "run").read_text()
+    assert command in (ROOT / "README.md").read_text()
+    assert command in (ROOT / ".ci" / "run").read_text()

@@ -1,0 +1,402 @@
+"""Capacity gates: a YAML file of configurations, each with the figures it must reach, checked in CI.
+
+    defaults: {gpu: h100, engine: vllm, gpu_memory_utilization: 0.9}
+    gates:
+      - name: chat-8b-fp8-32k
+        model: llama3-8b
+        kv_cache_dtype: fp8
+        max_model_len: 32768
+        require:
+          min_concurrency: 12
+          max_step_ms: {batch: 32, context: 8192, ms: 25}
+
+Loading and running are pure: `load_gates` checks the file, `run_gates` computes every figure and returns a
+report; the CLI renders it, writes JUnit XML and compares with a baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Optional, Union
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import KvplanError, did_you_mean
+
+GiB = 2**30
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class OperatingPointLimit(_Strict):
+    batch: int = Field(1, ge=1)
+    context: int = Field(ge=1)
+
+
+class StepMs(OperatingPointLimit):
+    ms: float = Field(gt=0)
+
+
+class StepGB(OperatingPointLimit):
+    gb: float = Field(gt=0)
+
+
+class SavingPct(OperatingPointLimit):
+    pct: float
+
+
+class Require(_Strict):
+    """What a gate must reach. min_* figures must be at least, max_* at most, the given value."""
+
+    min_concurrency: Optional[float] = Field(None, description="sequences of max_model_len the pool holds")
+    min_kv_tokens: Optional[int] = Field(None, description="tokens as vLLM reports 'GPU KV cache size'")
+    min_num_blocks: Optional[int] = None
+    min_available_kv_gib: Optional[float] = None
+    min_crossover_tokens: Optional[float] = Field(None, description="N* at batch 1")
+    max_step_ms: Optional[StepMs] = Field(None, description="roofline step time at an operating point (needs gpu)")
+    max_step_gb: Optional[StepGB] = Field(None, description="bytes one decode step moves, GB")
+    min_saving_pct: Optional[SavingPct] = Field(None, description="step bytes saved against the baseline dtype")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "Require":
+        if not any(getattr(self, k) is not None for k in type(self).model_fields):
+            raise ValueError("require names no figure; give at least one of " + ", ".join(type(self).model_fields))
+        return self
+
+
+class Options(_Strict):
+    """Any option `capacity` or `crossover` takes, by its long name with underscores."""
+
+    model: Optional[str] = None
+    gpu: Optional[str] = None
+    engine: Literal["vllm"] = "vllm"
+    tp: int = Field(1, ge=1)
+    kv_cache_dtype: Optional[str] = None
+    dtype: Optional[str] = None
+    max_model_len: Optional[int] = Field(None, ge=1)
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    block_size: int = Field(16, ge=1)
+    activation_gib: float = Field(6.0, ge=0)
+    gpu_memory_gib: Optional[float] = Field(None, gt=0)
+    kv_cache_memory: Optional[float] = Field(None, gt=0)
+    weight_dtype: Optional[str] = None
+    kv_cache_dtype_skip_layers: Optional[Union[str, int, list[int]]] = None
+    max_num_batched_tokens: Optional[int] = Field(None, ge=1)
+    weight_read: Literal["streamed", "all"] = "streamed"
+    baseline: str = "auto"
+
+
+class Gate(Options):
+    name: str = Field(min_length=1)
+    require: Require
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        if v.strip() != v or "\n" in v:
+            raise ValueError("a gate name is one line without surrounding spaces")
+        return v
+
+
+class GateFile(_Strict):
+    defaults: Options = Options()
+    gates: list[dict[str, Any]] = Field(min_length=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _error_line(path: str, e: ValidationError, where: str, fields: list[str]) -> str:
+    err = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        if err["loc"][0] == "require":
+            fields = list(Require.model_fields)
+        return f"{path}: {where}: field '{loc}' is not allowed{did_you_mean(str(err['loc'][-1]), fields)}"
+    return f"{path}: {where}: field '{loc}': {err['msg'].removeprefix('Value error, ')}"
+
+
+def load_gates(source: str | Path | dict) -> list[Gate]:
+    """The gates of a file (or an already parsed mapping), each with the defaults applied."""
+    from .specs import read_yaml
+
+    path = "gates" if isinstance(source, dict) else str(source)
+    if isinstance(source, dict):
+        data = source
+    else:
+        if not Path(source).is_file():
+            raise KvplanError(f"no such gates file: {source}")
+        data = read_yaml(Path(source))
+    if not isinstance(data, dict):
+        raise KvplanError(f"{path}: expected a mapping with 'gates' (and optionally 'defaults') at the top level")
+    try:
+        doc = GateFile.model_validate(data)
+    except ValidationError as e:
+        in_defaults = e.errors()[0]["loc"][0] == "defaults"
+        fields = list(Options.model_fields) if in_defaults else list(GateFile.model_fields)
+        raise KvplanError(_error_line(path, e, "defaults" if in_defaults else "top level", fields)) from None
+    defaults = doc.defaults.model_dump(exclude_unset=True)
+    gates, seen = [], set()
+    for i, raw in enumerate(doc.gates):
+        where = f"gate '{raw.get('name')}'" if raw.get("name") else f"gate #{i + 1}"
+        try:
+            g = Gate.model_validate({**defaults, **raw})
+        except ValidationError as e:
+            raise KvplanError(_error_line(path, e, where, list(Gate.model_fields))) from None
+        if g.name in seen:
+            raise KvplanError(f"{path}: {where}: the name is used twice; gate names must be unique")
+        if g.model is None:
+            raise KvplanError(f"{path}: {where}: field 'model' is missing (a catalog name, spec or config.json)")
+        if g.kv_cache_dtype and g.dtype and g.kv_cache_dtype != g.dtype:
+            raise KvplanError(f"{path}: {where}: kv_cache_dtype and dtype disagree; they are one option")
+        seen.add(g.name)
+        gates.append(g)
+    return gates
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The requirement catalog: each requirement reads one figure from a gate's results
+
+
+@dataclass(frozen=True)
+class Requirement:
+    key: str
+    figure: str  # what is measured, for people
+    kind: Literal["min", "max"]
+    needs: Literal["capacity", "crossover"]
+    read: Callable[[Any, Any], Optional[float]]  # (result, limit) -> measured figure
+    threshold: Callable[[Any], float]  # limit -> required value
+
+
+def _op(result, limit):
+    return next(p for p in result.operating_points if p.batch == limit.batch and p.context == limit.context)
+
+
+REQUIREMENTS: dict[str, Requirement] = {r.key: r for r in [
+    Requirement("min_concurrency", "max concurrency (sequences)", "min", "capacity",
+                lambda c, _: c.max_concurrency if c.fits else 0.0, float),
+    Requirement("min_kv_tokens", "KV tokens", "min", "capacity", lambda c, _: c.kv_tokens if c.fits else 0, float),
+    Requirement("min_num_blocks", "KV blocks", "min", "capacity", lambda c, _: c.num_blocks, float),
+    Requirement("min_available_kv_gib", "KV pool GiB", "min", "capacity",
+                lambda c, _: c.available_kv_bytes / GiB, float),
+    Requirement("min_crossover_tokens", "crossover N* (tokens)", "min", "crossover",
+                lambda x, _: x.crossover_tokens if x.crossover_tokens is not None else math.inf, float),
+    Requirement("max_step_ms", "step ms", "max", "crossover", lambda x, lim: _op(x, lim).step_ms, lambda lim: lim.ms),
+    Requirement("max_step_gb", "step GB", "max", "crossover", lambda x, lim: _op(x, lim).step_bytes / 1e9,
+                lambda lim: lim.gb),
+    Requirement("min_saving_pct", "saving %", "min", "crossover", lambda x, lim: _op(x, lim).saving * 100,
+                lambda lim: lim.pct),
+]}
+
+
+@dataclass
+class Check:
+    requirement: str
+    figure: str
+    measured: float
+    required: float
+    kind: str
+    passed: bool
+    at: Optional[str] = None  # "batch x context" for operating-point requirements
+    note: Optional[str] = None
+
+
+@dataclass
+class GateResult:
+    name: str
+    model: str
+    passed: bool
+    checks: list[Check]
+    config: dict
+
+
+@dataclass
+class GateReport:
+    gates: list[GateResult]
+    regressions: list[dict] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.gates) and not self.regressions
+
+    def failures(self) -> list[tuple[str, Check]]:
+        return [(g.name, c) for g in self.gates for c in g.checks if not c.passed]
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "gates": [asdict(g) for g in self.gates], "regressions": self.regressions}
+
+    def to_frame(self):
+        """One row per check."""
+        import pandas as pd
+
+        return pd.DataFrame([{"gate": g.name, **asdict(c)} for g in self.gates for c in g.checks])
+
+
+def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
+    from .engine import crossover, parse_skip_layers
+    from .formats import kv_format
+    from .pool import capacity
+    from .specs import load_gpu, load_model
+
+    results = []
+    for g in gates:
+        try:
+            model = load_model(g.model or "")
+            gpu = load_gpu(g.gpu) if g.gpu else None
+            fmt = kv_format(g.kv_cache_dtype or g.dtype or "auto")
+            skip_value = g.kv_cache_dtype_skip_layers
+            if isinstance(skip_value, list):
+                skip_value = ",".join(map(str, skip_value))
+            skip = parse_skip_layers(None if skip_value is None else str(skip_value))
+            needed = {REQUIREMENTS[k].needs for k in _set_requirements(g)}
+            cap = xover = None
+            if "capacity" in needed:
+                cap = capacity(model, gpu, fmt, tp=g.tp, gpu_memory_utilization=g.gpu_memory_utilization,
+                               max_model_len=g.max_model_len, block_size=g.block_size,
+                               activation_gib=g.activation_gib, gpu_memory_gib=g.gpu_memory_gib,
+                               kv_cache_memory_gib=g.kv_cache_memory, weight_dtype=g.weight_dtype, skip=skip,
+                               max_num_batched_tokens=g.max_num_batched_tokens)
+            if "crossover" in needed:
+                points = sorted({(lim.batch, lim.context) for k in _set_requirements(g)
+                                 if isinstance((lim := getattr(g.require, k)), OperatingPointLimit)})
+                if g.require.max_step_ms is not None and gpu is None:
+                    raise KvplanError("max_step_ms needs a gpu (in the gate or in defaults)")
+                xover = crossover(model, fmt, tp=g.tp, weight_dtype=g.weight_dtype, gpu=gpu,
+                                  batches=sorted({b for b, _ in points}), contexts=sorted({c for _, c in points}),
+                                  weight_read=g.weight_read, baseline=g.baseline, skip=skip)
+        except KvplanError as e:
+            raise KvplanError(f"{source}: gate '{g.name}': {e}") from None
+        checks = []
+        for key in _set_requirements(g):
+            req, limit = REQUIREMENTS[key], getattr(g.require, key)
+            result = cap if req.needs == "capacity" else xover
+            measured = float(req.read(result, limit))
+            required = float(req.threshold(limit))
+            ok = measured >= required if req.kind == "min" else measured <= required
+            at = f"{limit.batch} x {limit.context}" if isinstance(limit, OperatingPointLimit) else None
+            note = cap.problem if (req.needs == "capacity" and cap is not None and not cap.fits) else None
+            checks.append(Check(key, req.figure, measured, required, req.kind, ok, at, note))
+        config = g.model_dump(exclude={"require", "name"}, exclude_none=True)
+        results.append(GateResult(g.name, model.name, all(c.passed for c in checks), checks, config))
+    return GateReport(results)
+
+
+def _set_requirements(g: Gate) -> list[str]:
+    return [k for k in Require.model_fields if getattr(g.require, k) is not None]
+
+
+def gate(source: str | Path | dict) -> GateReport:
+    """Load a gates file (or mapping) and check every gate.
+
+    >>> import kvplan
+    >>> report = kvplan.gate({"defaults": {"gpu": "h100"}, "gates": [
+    ...     {"name": "8b-fp8", "model": "llama3-8b", "kv_cache_dtype": "fp8", "require": {"min_concurrency": 100}},
+    ...     {"name": "8b-bf16", "model": "llama3-8b", "require": {"min_concurrency": 100}}]})
+    >>> report.passed, [g.passed for g in report.gates]
+    (False, [True, False])
+    """
+    return run_gates(load_gates(source), "gates" if isinstance(source, dict) else str(source))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Baseline comparison
+
+
+def compare_baseline(report: GateReport, baseline: dict, max_regression_pct: float) -> list[dict]:
+    """Figures that got worse than an earlier `--json` report by more than `max_regression_pct` percent."""
+    old = {}
+    for g in baseline.get("gates", []):
+        for c in g.get("checks", []):
+            old[(g.get("name"), c.get("requirement"), c.get("at"))] = c
+    regressions = []
+    for g in report.gates:
+        for c in g.checks:
+            prev = old.get((g.name, c.requirement, c.at))
+            if prev is None or not isinstance(prev.get("measured"), (int, float)):
+                continue
+            before, now = float(prev["measured"]), c.measured
+            if not math.isfinite(before) or before == 0:
+                continue
+            worse = (before - now) / abs(before) if c.kind == "min" else (now - before) / abs(before)
+            if worse * 100 > max_regression_pct:
+                regressions.append({"gate": g.name, "requirement": c.requirement, "figure": c.figure, "at": c.at,
+                                    "before": before, "now": now, "regression_pct": worse * 100})
+    return regressions
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reports for CI
+
+
+def junit_xml(report: GateReport, suite: str = "kvplan gates") -> str:
+    from xml.sax.saxutils import escape, quoteattr
+
+    failures = sum(1 for g in report.gates if not g.passed)
+    cases = []
+    for g in report.gates:
+        regress = [r for r in report.regressions if r["gate"] == g.name]
+        body = ""
+        failed = [c for c in g.checks if not c.passed]
+        if failed or regress:
+            lines = [_check_line(g.name, c) for c in failed]
+            lines += [f"{g.name}: {r['figure']} regressed {r['regression_pct']:.1f}% ({_fmt(r['before'])} -> "
+                      f"{_fmt(r['now'])})" for r in regress]
+            body = (f"<failure message={quoteattr(lines[0])} type=\"CapacityGate\">{escape(chr(10).join(lines))}"
+                    "</failure>")
+        detail = "\n".join(f"{c.figure}{' at ' + c.at if c.at else ''}: {_fmt(c.measured)} "
+                           f"({'>=' if c.kind == 'min' else '<='} {_fmt(c.required)})" for c in g.checks)
+        cases.append(f'  <testcase classname="kvplan.gate" name={quoteattr(g.name)} time="0">{body}'
+                     f"<system-out>{escape(detail)}</system-out></testcase>")
+    failures += sum(1 for g in report.gates if g.passed and any(r["gate"] == g.name for r in report.regressions))
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name={quoteattr(suite)} '
+            f'tests="{len(report.gates)}" failures="{failures}" errors="0" skipped="0">\n'
+            + "\n".join(cases) + "\n</testsuite>\n")
+
+
+def _fmt(x: float) -> str:
+    if x == math.inf:
+        return "never"
+    return f"{x:,.0f}" if abs(x) >= 1000 or float(x).is_integer() else f"{x:,.2f}"
+
+
+def _check_line(gate_name: str, c: Check) -> str:
+    at = f" at {c.at}" if c.at else ""
+    rel = "below the required" if c.kind == "min" else "above the allowed"
+    line = f"{gate_name}: {c.figure}{at} is {_fmt(c.measured)}, {rel} {_fmt(c.required)}"
+    return line + (f" ({c.note})" if c.note else "")
+
+
+def failure_lines(report: GateReport) -> list[str]:
+    lines = [_check_line(name, c) for name, c in report.failures()]
+    lines += [f"{r['gate']}: {r['figure']}{' at ' + r['at'] if r['at'] else ''} regressed {r['regression_pct']:.1f}% "
+              f"({_fmt(r['before'])} -> {_fmt(r['now'])})" for r in report.regressions]
+    return lines
+
+
+def markdown_summary(report: GateReport) -> str:
+    head = "## kvplan capacity gates: " + ("all passed" if report.passed else "FAILED") + "\n\n"
+    rows = ["| gate | figure | measured | required | result |", "|---|---|---:|---:|---|"]
+    for g in report.gates:
+        for c in g.checks:
+            at = f" at {c.at}" if c.at else ""
+            req = f"{'≥' if c.kind == 'min' else '≤'} {_fmt(c.required)}"
+            rows.append(f"| {g.name} | {c.figure}{at} | {_fmt(c.measured)} | {req} | "
+                        f"{'pass' if c.passed else '**fail**'} |")
+    text = head + "\n".join(rows) + "\n"
+    if report.regressions:
+        text += "\nRegressions against the baseline:\n\n" + "\n".join(
+            f"- {r['gate']}: {r['figure']} {_fmt(r['before'])} -> {_fmt(r['now'])} ({r['regression_pct']:.1f}% worse)"
+            for r in report.regressions) + "\n"
+    return text
