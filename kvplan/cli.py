@@ -19,8 +19,11 @@ models_app = typer.Typer(help="The model catalog: `kvplan models` lists it, `kvp
                          invoke_without_command=True, no_args_is_help=False)
 gpus_app = typer.Typer(help="The GPU catalog: `kvplan gpus` lists it, `kvplan gpus show NAME` shows one.",
                        invoke_without_command=True, no_args_is_help=False)
+plot_app = typer.Typer(help="Draw the diagnosis figures: PNG or SVG with --output (needs matplotlib: pip install "
+                        "'kvplan[plot]'), a character chart in the terminal otherwise.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(gpus_app, name="gpus")
+app.add_typer(plot_app, name="plot")
 
 # Options shared by several commands
 DTYPE_HELP = ("KV cache dtype: a name from `kvplan formats`, several (repeat the option or separate with commas), "
@@ -84,27 +87,18 @@ def crossover(
     from .engine import crossover as run
     from .engine import parse_skip_layers
     from .errors import KvplanError
-    from .formats import parse_dtypes
     from .specs import load_gpu, load_model
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
     m = load_model(model)
     g = load_gpu(gpu) if gpu else None
-    fmts = parse_dtypes(dtype)
+    fmts = _formats_for(m, dtype)
     skip = parse_skip_layers(skip_layers)
     contexts = _sizes(context, "--context") or [2048, 8192, 32768, 131072]
     batches = _sizes(batch, "--batch") or [1]
-    results = []
-    for f in fmts:
-        try:
-            results.append(run(m, f, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches, contexts=contexts,
-                               weight_read=weight_read, baseline=baseline, skip=skip))  # type: ignore[arg-type]
-        except KvplanError:
-            if len(fmts) == 1 or not _is_layout_mismatch(m, f):
-                raise
-    if not results:
-        raise KvplanError(f"none of the chosen KV dtypes applies to {m.name}")
+    results = [run(m, f, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches, contexts=contexts,
+                   weight_read=weight_read, baseline=baseline, skip=skip) for f in fmts]  # type: ignore[arg-type]
     data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
     if not as_json and not any(r.dtype == results[0].baseline_dtype for r in results):
         # the table shows the pile being compared against as well
@@ -113,9 +107,19 @@ def crossover(
     _show(as_json, data, "crossover_tables", results, m, g)
 
 
-def _is_layout_mismatch(model, fmt) -> bool:
-    """With several dtypes (or 'all'), formats for the other attention layout (MLA vs heads) are left out."""
-    return (fmt.applies_to == "mla") != model.is_mla and fmt.applies_to != "both"
+def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None) -> list:
+    """The KV formats asked for. With several (or 'all'), formats for the other attention layout (MLA or heads)
+    are left out; a single one that does not apply is an error, raised where it is used."""
+    from .errors import KvplanError
+    from .formats import parse_dtypes
+
+    fmts = parse_dtypes(values or default)
+    if len(fmts) == 1:
+        return fmts
+    kept = [f for f in fmts if f.applies_to == "both" or (f.applies_to == "mla") == model.is_mla]
+    if not kept:
+        raise KvplanError(f"none of the chosen KV dtypes applies to {model.name}")
+    return kept
 
 
 @app.command()
@@ -163,15 +167,7 @@ def capacity(
     from .specs import load_model
 
     m = load_model(model)
-    results = []
-    for f in fmts:
-        try:
-            results.append(run(m, g, f, **opts))
-        except KvplanError:
-            if len(fmts) == 1 or not _is_layout_mismatch(m, f):
-                raise
-    if not results:
-        raise KvplanError(f"none of the chosen KV dtypes applies to {m.name}")
+    results = [run(m, g, f, **opts) for f in _formats_for(m, dtype)]
     if all(not r.fits for r in results):
         raise KvplanError(results[0].problem)
     data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
@@ -208,6 +204,83 @@ def _short_reason(model, tp: int, message: str) -> str:
     except KvplanError:
         return f"--tp {tp} splits {model.num_heads} heads unevenly"
     return message.split(";")[0]
+
+
+def _draw(fig, output: Optional[str]) -> None:
+    from .plots import save, text_chart
+
+    if output:
+        save(fig, output)
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text_chart(fig))
+
+
+@plot_app.command("crossover")
+def plot_crossover(
+    model: str = typer.Argument(..., help="catalog name, YAML spec or config.json path"),
+    dtype: Optional[List[str]] = typer.Option(None, "--dtype", "--kv-cache-dtype", "-d", help=DTYPE_HELP
+                                              + " (default: auto and fp8)"),
+    tp: int = typer.Option(1, "--tp"),
+    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
+    weight_read: str = typer.Option("streamed", "--weight-read", help="'streamed' or 'all'"),
+    batch: Optional[int] = typer.Option(None, "--batch", "-b", help="operating point: sequences"),
+    context: Optional[str] = typer.Option(None, "--context", "-c", help="operating point: tokens per sequence"),
+    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="a .png or .svg file"),
+) -> None:
+    """KV bytes per step against resident tokens for each dtype, the flat weight line, and the crossover N* of
+    each dtype marked; an operating point if given."""
+    from .engine import parse_skip_layers
+    from .errors import KvplanError
+    from .plots import crossover_figure
+    from .specs import load_model
+
+    if weight_read not in ("streamed", "all"):
+        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
+    m = load_model(model)
+    fmts = _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"])
+    ctx = _sizes([context], "--context")[0] if context else None
+    if ctx is None and batch is not None:
+        raise KvplanError("an operating point needs --context (and optionally --batch)")
+    if ctx is not None and batch is None:
+        batch = 1
+    if batch is not None and batch < 1:
+        raise KvplanError(f"--batch must be at least 1, got {batch}")
+    fig = crossover_figure(m, fmts, tp=tp, weight_dtype=weight_dtype, weight_read=weight_read,  # type: ignore
+                           skip=parse_skip_layers(skip_layers), batch=batch, context=ctx)
+    _draw(fig, output)
+
+
+@plot_app.command("capacity")
+def plot_capacity(
+    model: str = typer.Argument(..., help="catalog name, YAML spec or config.json path"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or YAML spec"),
+    dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP
+                                              + " (default: auto and fp8)"),
+    tp: int = typer.Option(1, "--tp"),
+    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
+    block_size: int = typer.Option(16, "--block-size"),
+    activation_gib: float = typer.Option(6.0, "--activation-gib"),
+    gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib"),
+    kv_cache_memory: Optional[float] = typer.Option(None, "--kv-cache-memory"),
+    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
+    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="a .png or .svg file"),
+) -> None:
+    """Sequences the KV pool holds against max_model_len, one curve per dtype."""
+    from .engine import parse_skip_layers
+    from .plots import capacity_figure
+    from .specs import load_gpu, load_model
+
+    m = load_model(model)
+    g = load_gpu(gpu) if gpu else None
+    fmts = _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"])
+    fig = capacity_figure(m, g, fmts, tp=tp, gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                          activation_gib=activation_gib, gpu_memory_gib=gpu_memory_gib,
+                          kv_cache_memory_gib=kv_cache_memory, weight_dtype=weight_dtype,
+                          skip=parse_skip_layers(skip_layers))
+    _draw(fig, output)
 
 
 def _names(values: Optional[List[str]]) -> list[str]:

@@ -31,19 +31,21 @@ def default_max_num_batched_tokens(total_bytes: int, gpu: Optional[GPUSpec]) -> 
 
 @dataclass(frozen=True)
 class _LayerSpec:
-    """A layer as vLLM's KV-cache manager sees it: its attention type and the bytes of one page (block_size tokens)."""
+    """A layer as vLLM's KV-cache manager sees it: its attention type, how many tokens one block of it holds,
+    and the bytes of that block (its page)."""
 
     kind: Literal["full", "sliding"]
     window: Optional[int]
+    tokens_per_block: int
     page_bytes: int
 
 
-def _blocks_per_request(spec: _LayerSpec, max_model_len, block_size: int, in_flight: int, xp=SCALAR):
+def _blocks_per_request(spec: _LayerSpec, max_model_len, in_flight: int, xp=SCALAR):
     if spec.kind == "full":
-        return xp.ceil(max_model_len / block_size)
+        return xp.ceil(max_model_len / spec.tokens_per_block)
     # SlidingWindowSpec: the window, plus the tokens in flight, plus one block because the window may start mid-block
     tokens = xp.minimum(spec.window - 1 + in_flight, max_model_len)
-    return xp.ceil(tokens / block_size) + 1
+    return xp.ceil(tokens / spec.tokens_per_block) + 1
 
 
 @dataclass(frozen=True)
@@ -53,42 +55,66 @@ class KVCacheGroups:
     padding_layers: int
     groups: tuple[tuple[_LayerSpec, int], ...]  # (spec, number of groups of this spec)
     group_size: int
-    uniform_type: bool  # one group over all layers (full attention, possibly with skip layers of other sizes)
+    block_size: int  # tokens per block of the format's own layers (raised when skip layers need it)
     layer_specs: tuple[_LayerSpec, ...]
 
-    def blocks_per_request(self, max_model_len, block_size: int, in_flight: int, xp=SCALAR):
-        # one group: every layer has the same attention type, so any layer's count is the group's
-        return sum(n * _blocks_per_request(s, max_model_len, block_size, in_flight, xp) for s, n in self.groups)
+    def blocks_per_request(self, max_model_len, in_flight: int, xp=SCALAR):
+        # one group: every layer has the same attention type and block, so any layer's count is the group's
+        return sum(n * _blocks_per_request(s, max_model_len, in_flight, xp) for s, n in self.groups)
 
 
-def kv_cache_groups(layers: Sequence[LayerKV], block_size: int) -> KVCacheGroups:
-    """vLLM's grouping of layers into KV-cache groups (kv_cache_utils / kv_cache_planning.get_kv_cache_groups).
+def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: Optional[str] = None) -> KVCacheGroups:
+    """vLLM's pages and KV-cache groups (0.30+: platforms' _align_heterogeneous_kv_block_size, then
+    kv_cache_planning.get_kv_cache_groups).
 
+    Skip layers: when some layers keep the model dtype (more bytes per token than the format's layers), vLLM raises
+    the block size to block_size x cdiv(skip bytes per token, format bytes per token), so that the format's page
+    (new block size x its bytes per token) holds at least one kernel block of a skip layer. Full-attention skip
+    layers keep that many tokens per block at their own size; sliding-window skip layers are padded to the shared
+    page and hold the largest multiple of block_size tokens that fits.
     Chunked-local layers are planned as full attention: vLLM turns its hybrid manager off for them by default.
-    One attention type: a single group, a block spans every layer. Several types (sliding + full): layers are split
-    into groups of `group_size` layers each; every block of the shared pool holds one page of each layer of a group,
-    short groups are padded, and each group's pages are allocated separately.
+    One attention type: a single group, a block spans every layer. Several types (sliding + full): pages are made
+    equal (scaled when one divides the other, padded otherwise), layers are split into groups of `group_size`
+    layers of one type, short groups are padded, and every block of the shared pool holds one page of each layer of
+    a group.
     """
+    primary = [lay.bytes_per_token for lay in layers if lay.format == primary_format] or [layers[0].bytes_per_token]
+    primary_1tok = max(primary)
+    largest = max(lay.bytes_per_token for lay in layers)
+    block = block_size * math.ceil(largest / primary_1tok) if largest > primary_1tok else block_size
+    shared_page = math.ceil(block * primary_1tok)
     specs = []
     for lay in layers:
         kind = "sliding" if lay.kind == "sliding" else "full"
-        page = math.ceil(block_size * lay.bytes_per_token)
-        specs.append(_LayerSpec(kind, lay.window if kind == "sliding" else None, page))
-    kinds = {(s.kind, s.window) for s in specs}
-    if len(kinds) == 1:
-        return KVCacheGroups(sum(s.page_bytes for s in specs), 1, 0, ((specs[0], 1),), len(specs), True, tuple(specs))
-    # Hybrid: vLLM needs one page size across groups; pad smaller pages to the largest (page_size_padded).
+        window = lay.window if kind == "sliding" else None
+        if lay.bytes_per_token <= primary_1tok or kind == "full":
+            specs.append(_LayerSpec(kind, window, block, math.ceil(block * lay.bytes_per_token)))
+        else:
+            fits = block_size * max(1, int(shared_page // (block_size * lay.bytes_per_token)))
+            specs.append(_LayerSpec(kind, window, fits, shared_page))
+    if len({(s.kind, s.window) for s in specs}) == 1:
+        # UniformTypeKVCacheSpecs: one group; a block holds one page of every layer, whatever their sizes
+        return KVCacheGroups(sum(s.page_bytes for s in specs), 1, 0, ((specs[0], 1),), len(specs), block,
+                             tuple(specs))
+    # Hybrid: one page size for every group (unify_kv_cache_spec_page_size)
     max_page = max(s.page_bytes for s in specs)
-    specs = [_LayerSpec(s.kind, s.window, max_page) for s in specs]
-    counts: dict[_LayerSpec, int] = {}
+    unified = []
     for s in specs:
+        if s.page_bytes == max_page:
+            unified.append(s)
+        elif max_page % s.page_bytes == 0:  # a larger block of the same layer fills the page exactly
+            unified.append(_LayerSpec(s.kind, s.window, s.tokens_per_block * (max_page // s.page_bytes), max_page))
+        else:  # padded: the same tokens in a larger page
+            unified.append(_LayerSpec(s.kind, s.window, s.tokens_per_block, max_page))
+    counts: dict[_LayerSpec, int] = {}
+    for s in unified:
         counts[s] = counts.get(s, 0) + 1
     lo, hi = min(counts.values()), max(counts.values())
     group_size = hi if hi < 1.5 * lo else lo
     groups = tuple((s, math.ceil(n / group_size)) for s, n in counts.items())
     num_groups = sum(n for _, n in groups)
-    return KVCacheGroups(group_size * max_page, num_groups, num_groups * group_size - len(specs), groups, group_size,
-                         False, tuple(specs))
+    return KVCacheGroups(group_size * max_page, num_groups, num_groups * group_size - len(unified), groups,
+                         group_size, min(s.tokens_per_block for s in unified), tuple(unified))
 
 
 @dataclass(frozen=True)
@@ -156,7 +182,7 @@ class PoolPlan:
         return 2 * self.max_num_batched_tokens  # async scheduling keeps two batches in flight (vLLM 0.30+)
 
     def blocks_per_request(self, max_model_len, xp=SCALAR):
-        return self.groups.blocks_per_request(max_model_len, self.block_size, self.in_flight, xp) + self.residual_blocks
+        return self.groups.blocks_per_request(max_model_len, self.in_flight, xp) + self.residual_blocks
 
     def per_length(self, max_model_len, xp=SCALAR) -> dict:
         """Blocks per request, concurrency and vLLM's reported tokens at `max_model_len` (numbers or arrays)."""
@@ -208,14 +234,14 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
         available = requested - wb.total - activation
 
     layers = kv_layers(model, fmt, tp, skip)
-    groups = kv_cache_groups(layers, block_size)
+    groups = kv_cache_groups(layers, block_size, fmt.name)
     residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
     return PoolPlan(
         model=model, fmt=fmt, gpu=gpu, tp=tp, weight_dtype=weight_dtype or model.weight_dtype, total=total,
         memory_source=source, gpu_memory_utilization=gpu_memory_utilization, requested=requested,
         weights=wb.total, activation=activation, available=available, layers=layers, groups=groups,
         residual_blocks=math.ceil(residual / groups.bytes_per_block) if residual else 0,
-        num_blocks=max(0, available // groups.bytes_per_block), block_size=block_size,
+        num_blocks=max(0, available // groups.bytes_per_block), block_size=groups.block_size,
         max_num_batched_tokens=t_batched,
     )
 
@@ -265,6 +291,9 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     if groups.padding_layers:
         notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
                      f"{groups.padding_layers} padding layers")
+    if plan.block_size != block_size:
+        notes.append(f"block size raised from {block_size} to {plan.block_size} so a skip layer's block fits the "
+                     f"{fmt.name} page (vLLM 0.30+)")
     if any(lay.kind == "chunked" for lay in layers):
         notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
     return CapacityResult(
@@ -273,8 +302,8 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.activation,
         available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
         page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,
-        block_size=block_size, num_kv_cache_groups=groups.num_groups, padding_layers=groups.padding_layers,
-        num_blocks=num_blocks, token_slots=num_blocks * block_size, kv_tokens=fig["kv_tokens"],
+        block_size=plan.block_size, num_kv_cache_groups=groups.num_groups, padding_layers=groups.padding_layers,
+        num_blocks=num_blocks, token_slots=num_blocks * plan.block_size, kv_tokens=fig["kv_tokens"],
         max_model_len=mlen, blocks_per_request=per_request, max_concurrency=fig["max_concurrency"],
         max_num_batched_tokens=plan.max_num_batched_tokens, fits=problem is None, problem=problem,
         longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,

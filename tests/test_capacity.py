@@ -70,17 +70,38 @@ def test_vllm_worked_example_gpt_oss_120b():
 def test_gemma3_27b_grouping():
     # 52 sliding + 10 full: group_size 10 -> 1 full group + 6 sliding groups (9,9,9,9,8,8) padded to 10: 8 padding
     m = load_model("gemma-3-27b")
-    g = kv_cache_groups(kv_layers(m, kv_format("auto")), 16)
+    g = kv_cache_groups(kv_layers(m, kv_format("auto")), 16, "auto")
     assert g.num_groups == 7 and g.group_size == 10 and g.padding_layers == 8
     assert g.bytes_per_block == 10 * 16 * 16 * 256 * 2
 
 
-def test_skip_layers_cost_model_dtype_pages():
+def test_skip_layers_raise_the_block_size():
+    # vLLM 0.30+: k8v4 layers take 8 x 196 = 1,568 B/token, bf16 skip layers 4,096; the block grows to
+    # 16 x cdiv(4096, 1568) = 48 tokens, and a block holds 48 tokens of every layer
     m = load_model("llama3-8b")
-    r = capacity(m, None, "turboquant_k8v4", kv_cache_memory_gib=10)
-    # 28 layers x 8 heads x 196 B + 4 boundary layers x 8 x 512 B, per token, x 16 tokens per block
-    assert r.bytes_per_block == 16 * (28 * 8 * 196 + 4 * 8 * 512)
+    r = capacity(m, None, "turboquant_k8v4", kv_cache_memory_gib=10, max_model_len=8192)
+    assert r.block_size == 48
+    assert r.bytes_per_block == 48 * (28 * 1568 + 4 * 4096)
     assert r.skip_layers == [0, 1, 30, 31]
+    assert r.blocks_per_request == -(-8192 // 48)  # 171
+
+
+def test_hybrid_with_sliding_skip_layers():
+    # Gemma-3-27B, k8v4: 16 KV heads x 196 = 3,136 B/token, bf16 8,192; block 16 x cdiv(8192, 3136) = 48,
+    # shared page 48 x 3,136 = 150,528 B. Skip layers 0, 1, 60, 61 are all sliding: padded to the page, they hold
+    # 16 tokens (16 x 8,192 = 131,072 B fits, 32 tokens would not). Types: 48 sliding layers of 48 tokens,
+    # 4 sliding of 16, 10 full of 48: group size min(48, 4, 10) = 4 -> 12 + 1 + 3 = 16 groups, 2 padding layers.
+    m = load_model("gemma-3-27b")
+    g = kv_cache_groups(kv_layers(m, kv_format("turboquant_k8v4")), 16, "turboquant_k8v4")
+    assert sorted(s.tokens_per_block for s, _ in g.groups) == [16, 48, 48]
+    assert g.block_size == 16  # vLLM reports the smallest block of its groups (cache_config.block_size)
+    assert g.group_size == 4
+    assert g.num_groups == 16 and g.padding_layers == 2
+    assert g.bytes_per_block == 4 * 150_528
+    # and the format still buys capacity over bf16 on the same pool
+    bf16 = capacity(m, H100, "auto", max_model_len=32768)
+    tq = capacity(m, H100, "turboquant_k8v4", max_model_len=32768)
+    assert tq.max_concurrency > 1.5 * bf16.max_concurrency
 
 
 def test_pool_too_small_for_one_sequence():

@@ -1,0 +1,253 @@
+"""The diagnosis figures: KV bytes per step against resident tokens (with the weight line and each dtype's
+crossover), and concurrency against context length. The curves come from the engine; drawing is matplotlib for
+PNG and SVG files, or a character chart for the terminal."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .engine import (
+    SkipLayers,
+    WeightRead,
+    _solve_crossover,
+    check_tp,
+    kv_layers,
+    kv_read_bytes,
+    weight_read_bytes,
+)
+from .formats import KVFormat
+from .specs import GPUSpec, ModelSpec
+from .weights import weight_bytes
+
+
+@dataclass
+class Series:
+    label: str
+    x: list[float]
+    y: list[float]
+    marker: Optional[tuple[float, float]] = None  # (x, y) of a point to mark on the curve (the crossover)
+    marker_label: str = ""
+
+
+@dataclass
+class Figure:
+    title: str
+    xlabel: str
+    ylabel: str
+    series: list[Series]
+    hline: Optional[tuple[str, float]] = None
+    vline: Optional[tuple[str, float]] = None
+    points: list[tuple[str, float, float]] = field(default_factory=list)  # labelled points (an operating point)
+    logx: bool = True
+    logy: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def _geomspace(lo: float, hi: float, n: int) -> list[float]:
+    a, b = math.log10(lo), math.log10(hi)
+    return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
+
+
+def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1, weight_dtype: Optional[str] = None,
+                     weight_read: WeightRead = "streamed", skip: SkipLayers = None,
+                     batch: Optional[int] = None, context: Optional[int] = None, points: int = 200) -> Figure:
+    """KV bytes a step reads against the cached tokens of one sequence, per dtype, with the flat weight line."""
+    check_tp(model, tp)
+    wb = weight_bytes(model, tp, weight_dtype)
+    w1 = weight_read_bytes(model, wb, 1, weight_read)
+    all_layers = [(f, kv_layers(model, f, tp, skip)) for f in fmts]
+    stars = [_solve_crossover(layers, w1) for _, layers in all_layers]
+    top = max([s for s in stars if s] + [1e6, (batch or 1) * (context or 1)]) * 4
+    xs = _geomspace(256, top, points)
+    series: list[Series] = []
+    for (f, layers), nstar in zip(all_layers, stars, strict=True):
+        ys = [kv_read_bytes(layers, 1, x) for x in xs]
+        same = next((s for s in series if s.y == ys), None)
+        if same:  # formats with the same bytes draw one curve
+            same.label += f", {f.name}"
+            continue
+        mark = (nstar, w1) if nstar else None
+        series.append(Series(f.name, xs, ys, mark, f"N* {nstar:,.0f}" if nstar else "no N* at batch 1"))
+    fig = Figure(
+        title=f"{model.name}, TP {tp}: bytes one decode step reads per rank",
+        xlabel="cached tokens of one sequence (batch 1)", ylabel="bytes per step",
+        series=series, hline=(f"weights read per step ({weight_read})", w1),
+        notes=[f"weights: {w1 / 1e9:.3g} GB per step"],
+    )
+    if batch and context:
+        wb_b = weight_read_bytes(model, wb, batch, weight_read)
+        fig.vline = (f"operating point: {batch} x {context:,} = {batch * context:,} tokens", batch * context)
+        for s in series:
+            layers = dict((f.name, lay) for f, lay in all_layers)[s.label.split(",")[0]]
+            fig.points.append((f"{s.label.split(',')[0]}: {kv_read_bytes(layers, batch, context) / 1e9:.3g} GB",
+                               batch * context, kv_read_bytes(layers, batch, context)))
+        if model.moe and wb_b != w1:
+            fig.notes.append(f"at batch {batch} the weight read grows to {wb_b / 1e9:.3g} GB (more experts touched)")
+    return fig
+
+
+def capacity_figure(model: ModelSpec, gpu: Optional[GPUSpec], fmts: Sequence[KVFormat], *, tp: int = 1,
+                    lengths: Optional[Sequence[int]] = None, **pool_options) -> Figure:
+    """Sequences the pool holds against max_model_len, per dtype (vLLM's concurrency)."""
+    from .pool import pool_plan
+
+    top = model.max_position_embeddings
+    if lengths is None:
+        lengths = sorted({int(round(x)) for x in _geomspace(min(1024, top), top, 60)} | {top})
+    series, notes = [], []
+    for f in fmts:
+        plan = pool_plan(model, gpu, f, tp=tp, **pool_options)
+        if plan.available <= 0:
+            notes.append(f"{f.name}: the weights leave no room for a KV pool")
+            continue
+        ys, xs = [], []
+        for n in lengths:
+            fig = plan.per_length(n)
+            if fig["fits"]:
+                xs.append(n)
+                ys.append(fig["max_concurrency"])
+        same = next((s for s in series if s.y == ys and s.x == xs), None)
+        if same:
+            same.label += f", {f.name}"
+        else:
+            series.append(Series(f.name, xs, ys))
+    return Figure(
+        title=f"{model.name} on {gpu.name if gpu else 'the given memory'}, TP {tp}: sequences the KV pool holds",
+        xlabel="max_model_len (tokens per sequence)", ylabel="max concurrency (sequences)", series=series,
+        hline=("1 sequence", 1.0), notes=notes,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Drawing
+
+
+def save(fig: Figure, path: str) -> None:
+    """Draw with matplotlib and write PNG or SVG atomically."""
+    from pathlib import Path
+
+    from .errors import KvplanError
+    from .files import atomic_write
+
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg"):
+        raise KvplanError(f"cannot draw {path}: use a .png or .svg name (or no --output for a terminal chart)")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise KvplanError("drawing PNG or SVG needs matplotlib: pip install 'kvplan[plot]'") from None
+
+    crowded = len(fig.series) > 4
+    f, ax = plt.subplots(figsize=(11 if crowded else 9, 5.5), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", "-.", ":"]
+    for i, s in enumerate(fig.series):
+        c, ls = colors[i % len(colors)], styles[(i // len(colors)) % len(styles)]
+        label = _wrap(s.label) + (f"  ({s.marker_label})" if s.marker_label else "")
+        ax.plot(s.x, s.y, label=label, color=c, linestyle=ls, linewidth=1.8)
+        if s.marker:
+            ax.plot(*s.marker, "o", color=c, markersize=8, markerfacecolor="white", markeredgewidth=2)
+            if not crowded:
+                ax.annotate(s.marker_label, s.marker, textcoords="offset points", xytext=(6, -14), fontsize=8,
+                            color=c)
+    if fig.hline:
+        ax.axhline(fig.hline[1], color="black", linestyle="--", linewidth=1.2, label=fig.hline[0])
+    if fig.vline:
+        ax.axvline(fig.vline[1], color="gray", linestyle=":", linewidth=1.2, label=fig.vline[0])
+    for label, x, y in fig.points:
+        ax.plot(x, y, "s", color="gray", markersize=5)
+        if not crowded:
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color="dimgray")
+    ax.set_xscale("log" if fig.logx else "linear")
+    ax.set_yscale("log" if fig.logy else "linear")
+    ax.set_xlabel(fig.xlabel)
+    ax.set_ylabel(fig.ylabel)
+    ax.set_title(fig.title, fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    if crowded:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=8, loc="best")
+    if fig.notes:
+        f.text(0.01, 0.01, "; ".join(fig.notes), fontsize=7, color="dimgray")
+    f.tight_layout(rect=(0, 0.03, 1, 1))
+    try:
+        atomic_write(path, lambda tmp: f.savefig(tmp, format=fmt))
+    finally:
+        plt.close(f)
+
+
+def _wrap(label: str, width: int = 48) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width)) or label
+
+
+def text_chart(fig: Figure, width: int = 72, height: int = 20) -> str:
+    """The figure as characters: one letter per series, '-' the horizontal line, 'o' each series' mark."""
+    xs = [x for s in fig.series for x in s.x] + ([fig.vline[1]] if fig.vline else [])
+    ys = [y for s in fig.series for y in s.y if y > 0] + ([fig.hline[1]] if fig.hline else [])
+    if not xs or not ys:
+        return fig.title + "\n(nothing to draw)\n"
+    tx = (lambda v: math.log10(v)) if fig.logx else (lambda v: v)
+    ty = (lambda v: math.log10(v)) if fig.logy else (lambda v: v)
+    x0, x1 = tx(min(xs)), tx(max(xs))
+    y0, y1 = ty(min(ys)), ty(max(ys))
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+    grid = [[" "] * width for _ in range(height)]
+
+    def put(x, y, ch):
+        if x <= 0 or y <= 0:
+            return
+        col = round((tx(x) - x0) / (x1 - x0) * (width - 1))
+        row = height - 1 - round((ty(y) - y0) / (y1 - y0) * (height - 1))
+        if 0 <= col < width and 0 <= row < height:
+            grid[row][col] = ch
+
+    if fig.hline:
+        for c in range(width):
+            put(10 ** (x0 + (x1 - x0) * c / (width - 1)) if fig.logx else x0 + (x1 - x0) * c / (width - 1),
+                fig.hline[1], "-")
+    if fig.vline:
+        for r in range(height):
+            yv = y0 + (y1 - y0) * r / (height - 1)
+            put(fig.vline[1], 10 ** yv if fig.logy else yv, ":")
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    for i, s in enumerate(fig.series):
+        for x, y in zip(s.x, s.y, strict=True):
+            put(x, y, letters[i % 26])
+    for s in fig.series:
+        if s.marker:
+            put(*s.marker, "o")
+    ytop, ybot = _num(max(ys)), _num(min(ys))
+    pad = max(len(ytop), len(ybot))
+    lines = [fig.title]
+    for r, row in enumerate(grid):
+        label = ytop if r == 0 else ybot if r == height - 1 else ""
+        lines.append(f"{label:>{pad}} |" + "".join(row))
+    lines.append(" " * pad + " +" + "-" * width)
+    lines.append(" " * pad + f"  {_num(min(xs))}" + f"{_num(max(xs)):>{width - len(_num(min(xs)))}}")
+    lines.append(" " * pad + f"  x: {fig.xlabel}{' (log)' if fig.logx else ''}; y: {fig.ylabel}"
+                 f"{' (log)' if fig.logy else ''}")
+    for i, s in enumerate(fig.series):
+        extra = f"  o {s.marker_label}" if s.marker else (f"  {s.marker_label}" if s.marker_label else "")
+        lines.append(f"  {letters[i % 26]}  {s.label}{extra}")
+    if fig.hline:
+        lines.append(f"  -  {fig.hline[0]}: {_num(fig.hline[1])}")
+    if fig.vline:
+        lines.append(f"  :  {fig.vline[0]}")
+    for label, _x, y in fig.points:
+        lines.append(f"     {label}: {_num(y)}")
+    lines += [f"  note: {n}" for n in fig.notes]
+    return "\n".join(lines) + "\n"
+
+
+def _num(v: float) -> str:
+    if v >= 1e6:
+        return f"{v:.3g}"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"

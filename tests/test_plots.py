@@ -1,0 +1,63 @@
+"""The figures render for a dense, a sliding-window, an MLA and a MoE model, as PNG, SVG and text."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from kvplan.formats import kv_format
+from kvplan.plots import capacity_figure, crossover_figure, text_chart
+from kvplan.specs import load_gpu, load_model
+
+MODELS = ["llama3-8b", "gemma-3-27b", "deepseek-v3", "qwen3-30b-a3b"]  # dense, sliding-window, MLA, MoE
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_crossover_figure_marks_each_crossover(name):
+    m = load_model(name)
+    fmts = [kv_format("auto"), kv_format("fp8_ds_mla" if m.is_mla else "fp8")]
+    fig = crossover_figure(m, fmts, batch=16, context=32768)
+    w = fig.hline[1]
+    for s in fig.series:
+        # the mark sits where the curve crosses the weight line
+        assert s.marker is not None and s.marker[1] == w
+        below = [y for x, y in zip(s.x, s.y) if x < s.marker[0]]
+        above = [y for x, y in zip(s.x, s.y) if x > s.marker[0]]
+        assert max(below) <= w <= min(above)
+    assert fig.vline[1] == 16 * 32768 and len(fig.points) == 2
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_png_svg_and_text(cli, tmp_path, name):
+    pytest.importorskip("matplotlib")
+    png, svg = tmp_path / "x.png", tmp_path / "c.svg"
+    r = cli("plot", "crossover", name, "--batch", "8", "--context", "16k", "-o", str(png))
+    assert r.code == 0, r.err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    r = cli("plot", "capacity", name, "--gpu", "h200", "--tp", "8", "-d", "all", "-o", str(svg))
+    assert r.code == 0, r.err
+    assert ET.parse(svg).getroot().tag.endswith("svg")
+    r = cli("plot", "crossover", name)
+    assert r.code == 0 and "N*" in r.out and "weights read per step" in r.out
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically: no temporary file left behind
+
+
+def test_capacity_figure_follows_capacity():
+    from kvplan import capacity
+
+    m, g = load_model("llama3-8b"), load_gpu("h100")
+    fig = capacity_figure(m, g, [kv_format("fp8")], lengths=[1024, 4096, 8192])
+    s = fig.series[0]
+    assert s.y == [capacity(m, g, "fp8", max_model_len=n).max_concurrency for n in s.x]
+
+
+def test_text_chart_shape():
+    fig = crossover_figure(load_model("llama3-8b"), [kv_format("auto")])
+    lines = text_chart(fig, width=50, height=12).splitlines()
+    assert lines[0].startswith("Llama-3-8B") and any("o" in ln for ln in lines[1:13])
+
+
+def test_plot_errors(cli):
+    r = cli("plot", "crossover", "llama3-8b", "-o", "fig.jpg")
+    assert r.code == 2 and ".png or .svg" in r.err
+    r = cli("plot", "crossover", "llama3-8b", "--batch", "4")
+    assert r.code == 2 and "--context" in r.err
