@@ -301,6 +301,7 @@ def sweep(
                                          "(default: CSV on stdout)"),
     fmt: Optional[str] = typer.Option(None, "--format", help="csv, parquet, json or markdown (default: from "
                                       "--output's suffix)"),
+    columns: Optional[str] = typer.Option(None, "--columns", help="keep only these columns (comma-separated)"),
     gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
     block_size: int = typer.Option(16, "--block-size"),
     activation_gib: float = typer.Option(6.0, "--activation-gib"),
@@ -312,7 +313,7 @@ def sweep(
     """A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context: one row per combination, with
     the capacity and crossover figures of each, written as CSV, Parquet, JSON or Markdown."""
     from .engine import parse_skip_layers
-    from .errors import KvplanError
+    from .errors import KvplanError, did_you_mean
     from .files import frame_format, write_frame
     from .formats import parse_dtypes
     from .grid import sweep as run
@@ -328,6 +329,13 @@ def sweep(
              max_num_batched_tokens=max_num_batched_tokens)  # type: ignore[arg-type]
     if df.empty:
         raise KvplanError("no combination of the sweep can run: " + "; ".join(df.attrs["skipped"][:3]))
+    if columns:
+        keep = _names([columns])
+        unknown = [c for c in keep if c not in df.columns]
+        if unknown:
+            raise KvplanError(f"--columns: no column '{unknown[0]}'{did_you_mean(unknown[0], list(df.columns))}; "
+                              f"columns are {', '.join(df.columns)}")
+        df = df[keep]
     text = write_frame(df, output, kind)
     if text is not None:
         sys.stdout.write(text)

@@ -265,6 +265,15 @@ class CrossoverResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def to_frame(self):
+        """One row per operating point, with the dtype's summary figures beside it (needs pandas)."""
+        import pandas as pd
+
+        summary = {k: v for k, v in self.to_dict().items() if k not in ("operating_points", "notes", "skip_layers")}
+        rows = [{**summary, **{f"point_{k}" if k == "crossover_tokens" else k: v for k, v in asdict(p).items()}}
+                for p in self.operating_points]
+        return pd.DataFrame(rows or [summary])
+
 
 def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context, tp: int, params_read: float,
                     xp=SCALAR):

@@ -153,6 +153,12 @@ class CapacityResult:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def to_frame(self):
+        """The result as a one-row DataFrame (needs pandas); `pd.concat` several to compare."""
+        import pandas as pd
+
+        return pd.DataFrame([{k: v for k, v in self.to_dict().items() if k not in ("notes", "skip_layers")}])
+
 
 @dataclass(frozen=True)
 class PoolPlan:

@@ -31,3 +31,14 @@ def test_readme_test_command_is_what_ci_runs():
     command = "pip install -e '.[test]' && python -m pytest -q"
     assert command in (ROOT / "README.md").read_text()
     assert command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_results_to_frame():
+    pd = pytest.importorskip("pandas")
+    m = kvplan.load_model("llama3-8b")
+    x = kvplan.crossover(m, "fp8", contexts=[2048, 8192], batches=[1, 4])
+    fx = x.to_frame()
+    assert len(fx) == 4 and list(fx["context"]) == [2048, 8192, 2048, 8192]
+    assert (fx["crossover_tokens"] == x.crossover_tokens).all()
+    c = pd.concat([kvplan.capacity(m, kvplan.load_gpu("h100"), d).to_frame() for d in ("auto", "fp8")])
+    assert list(c["dtype"]) == ["auto", "fp8"] and c["num_blocks"].iloc[1] == 53_067

@@ -98,3 +98,10 @@ def test_sweep_cli_stdout_and_errors(cli):
     assert r.code == 2 and "no combination" in r.err
     r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "--format", "parquet")
     assert r.code == 2 and "binary" in r.err
+
+
+def test_sweep_cli_columns(cli):
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "--columns", "model,dtype,max_concurrency")
+    assert r.code == 0 and r.out.splitlines()[0] == "model,dtype,max_concurrency"
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "--columns", "model,concurrency")
+    assert r.code == 2 and "did you mean max_concurrency" in r.err
