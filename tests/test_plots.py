@@ -20,8 +20,8 @@ def test_crossover_figure_marks_each_crossover(name):
     for s in fig.series:
         # the mark sits where the curve crosses the weight line
         assert s.marker is not None and s.marker[1] == w
-        below = [y for x, y in zip(s.x, s.y) if x < s.marker[0]]
-        above = [y for x, y in zip(s.x, s.y) if x > s.marker[0]]
+        below = [y for x, y in zip(s.x, s.y, strict=True) if x < s.marker[0]]
+        above = [y for x, y in zip(s.x, s.y, strict=True) if x > s.marker[0]]
         assert max(below) <= w <= min(above)
     assert fig.vline[1] == 16 * 32768 and len(fig.points) == 2
 
