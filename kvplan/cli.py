@@ -144,6 +144,15 @@ def capacity(
     skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
     max_num_batched_tokens: Optional[int] = typer.Option(
         None, "--max-num-batched-tokens", help="caps sliding-window allocation (default: vLLM serve's for the GPU)"),
+    engine: str = typer.Option("vllm", "--engine", help="serving engine whose rules plan the pool (vllm)"),
+    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="vLLM version whose rules apply: "
+                                                 "0.20 (and earlier), 0.25, 0.28, 0.30, 0.33 (default, newest)"),
+    pp: int = typer.Option(1, "--pp", help="pipeline-parallel size: layers split over stages, the fewest blocks "
+                           "of any rank set the pool"),
+    dcp: int = typer.Option(1, "--dcp", help="decode-context-parallel size (divides --tp): each sequence's tokens "
+                            "spread over this many ranks"),
+    num_gpu_blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override", help="use this many "
+                                                          "blocks, whatever the memory (like vLLM's option)"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency,
@@ -157,10 +166,13 @@ def capacity(
     g = load_gpu(gpu) if gpu else None
     fmts = parse_dtypes(dtype)
     skip = parse_skip_layers(skip_layers)
-    opts = dict(tp=tp, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                block_size=block_size, activation_gib=activation_gib, gpu_memory_gib=gpu_memory_gib,
-                kv_cache_memory_gib=kv_cache_memory, weight_dtype=weight_dtype, skip=skip,
-                max_num_batched_tokens=max_num_batched_tokens)
+    if engine.lower() != "vllm":
+        raise KvplanError(f"--engine {engine}: kvplan plans the pool with vLLM's rules only (--engine vllm)")
+    opts = dict(tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
+                num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len, block_size=block_size, activation_gib=activation_gib,
+                gpu_memory_gib=gpu_memory_gib, kv_cache_memory_gib=kv_cache_memory, weight_dtype=weight_dtype,
+                skip=skip, max_num_batched_tokens=max_num_batched_tokens)
     if model is None:
         _capacity_listing(g, fmts, opts, as_json)
         return

@@ -81,7 +81,11 @@ class Options(_Strict):
     model: Optional[str] = None
     gpu: Optional[str] = None
     engine: Literal["vllm"] = "vllm"
+    engine_version: Optional[str] = None
     tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dcp: int = Field(1, ge=1)
+    num_gpu_blocks_override: Optional[int] = Field(None, ge=1)
     kv_cache_dtype: Optional[str] = None
     dtype: Optional[str] = None
     max_model_len: Optional[int] = Field(None, ge=1)
@@ -263,7 +267,9 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
             needed = {REQUIREMENTS[k].needs for k in _set_requirements(g)}
             cap = xover = None
             if "capacity" in needed:
-                cap = capacity(model, gpu, fmt, tp=g.tp, gpu_memory_utilization=g.gpu_memory_utilization,
+                cap = capacity(model, gpu, fmt, tp=g.tp, pp=g.pp, dcp=g.dcp, engine_version=g.engine_version,
+                               num_gpu_blocks_override=g.num_gpu_blocks_override,
+                               gpu_memory_utilization=g.gpu_memory_utilization,
                                max_model_len=g.max_model_len, block_size=g.block_size,
                                activation_gib=g.activation_gib, gpu_memory_gib=g.gpu_memory_gib,
                                kv_cache_memory_gib=g.kv_cache_memory, weight_dtype=g.weight_dtype, skip=skip,

@@ -4,14 +4,23 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal, Optional, Sequence
 
-from .engine import GiB, LayerKV, SkipLayers, check_tp, kv_bytes_per_token, kv_layers
+from .engine import (
+    GiB,
+    LayerKV,
+    SkipLayers,
+    check_tp,
+    kv_bytes_per_token,
+    kv_heads_per_rank,
+    kv_layers,
+)
+from .engines import VllmRules, vllm_rules
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .specs import GPUSpec, ModelSpec
-from .weights import weight_bytes
+from .weights import pipeline_stages, weight_bytes
 from .xp import SCALAR
 
 DEFAULT_ACTIVATION_GIB = 6.0  # allowance for activations, CUDA graphs, NCCL buffers and the CUDA context
@@ -40,9 +49,11 @@ class _LayerSpec:
     page_bytes: int
 
 
-def _blocks_per_request(spec: _LayerSpec, max_model_len, in_flight: int, xp=SCALAR):
+def _blocks_per_request(spec: _LayerSpec, max_model_len, in_flight: int, xp=SCALAR, dcp: int = 1):
     if spec.kind == "full":
-        return xp.ceil(max_model_len / spec.tokens_per_block)
+        # decode-context parallelism spreads each sequence's tokens over dcp ranks
+        length = max_model_len if dcp == 1 else xp.ceil(max_model_len / dcp)
+        return xp.ceil(length / spec.tokens_per_block)
     # SlidingWindowSpec: the window, plus the tokens in flight, plus one block because the window may start mid-block
     tokens = xp.minimum(spec.window - 1 + in_flight, max_model_len)
     return xp.ceil(tokens / spec.tokens_per_block) + 1
@@ -58,12 +69,13 @@ class KVCacheGroups:
     block_size: int  # tokens per block of the format's own layers (raised when skip layers need it)
     layer_specs: tuple[_LayerSpec, ...]
 
-    def blocks_per_request(self, max_model_len, in_flight: int, xp=SCALAR):
+    def blocks_per_request(self, max_model_len, in_flight: int, xp=SCALAR, dcp: int = 1):
         # one group: every layer has the same attention type and block, so any layer's count is the group's
-        return sum(n * _blocks_per_request(s, max_model_len, in_flight, xp) for s, n in self.groups)
+        return sum(n * _blocks_per_request(s, max_model_len, in_flight, xp, dcp) for s, n in self.groups)
 
 
-def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: Optional[str] = None) -> KVCacheGroups:
+def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: Optional[str] = None,
+                    raise_block_for_skip_layers: bool = True) -> KVCacheGroups:
     """vLLM's pages and KV-cache groups (0.30+: platforms' _align_heterogeneous_kv_block_size, then
     kv_cache_planning.get_kv_cache_groups).
 
@@ -81,13 +93,14 @@ def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: 
     primary = [lay.bytes_per_token for lay in layers if lay.format == primary_format] or [layers[0].bytes_per_token]
     primary_1tok = max(primary)
     largest = max(lay.bytes_per_token for lay in layers)
-    block = block_size * math.ceil(largest / primary_1tok) if largest > primary_1tok else block_size
+    raise_block = raise_block_for_skip_layers and largest > primary_1tok
+    block = block_size * math.ceil(largest / primary_1tok) if raise_block else block_size
     shared_page = math.ceil(block * primary_1tok)
     specs = []
     for lay in layers:
         kind = "sliding" if lay.kind == "sliding" else "full"
         window = lay.window if kind == "sliding" else None
-        if lay.bytes_per_token <= primary_1tok or kind == "full":
+        if lay.bytes_per_token <= primary_1tok or kind == "full" or not raise_block:
             specs.append(_LayerSpec(kind, window, block, math.ceil(block * lay.bytes_per_token)))
         else:
             fits = block_size * max(1, int(shared_page // (block_size * lay.bytes_per_token)))
@@ -149,6 +162,12 @@ class CapacityResult:
     longest_fitting_len: Optional[int] = None
     skip_layers: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    engine: str = "vllm"
+    engine_version: str = "0.33"
+    pp: int = 1
+    dcp: int = 1
+    stage_layers: list[list[int]] = field(default_factory=list)  # [first, last + 1] per pipeline stage
+    log_lines: list[str] = field(default_factory=list)  # what the engine's startup log prints for this pool
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -161,99 +180,169 @@ class CapacityResult:
 
 
 @dataclass(frozen=True)
-class PoolPlan:
-    """One rank's KV pool, everything that does not depend on max_model_len."""
+class StagePlan:
+    """One pipeline stage's rank: its layers, weights and pool."""
 
-    model: ModelSpec
-    fmt: KVFormat
-    gpu: Optional[GPUSpec]
-    tp: int
-    weight_dtype: str
-    total: int
-    memory_source: str
-    gpu_memory_utilization: float
-    requested: int
+    layers_range: range
     weights: int
-    activation: int
     available: int
     layers: tuple[LayerKV, ...]
     groups: KVCacheGroups
     residual_blocks: int  # blocks a request needs for a full-precision residual window (KIVI)
     num_blocks: int
-    block_size: int
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """The KV pool of the rank that binds (vLLM takes the fewest blocks over ranks), everything that does not depend
+    on max_model_len."""
+
+    model: ModelSpec
+    fmt: KVFormat
+    gpu: Optional[GPUSpec]
+    rules: VllmRules
+    tp: int
+    pp: int
+    dcp: int
+    weight_dtype: str
+    total: int
+    memory_source: str
+    gpu_memory_utilization: float
+    requested: int
+    activation: int
+    stages: tuple[StagePlan, ...]
+    binding: StagePlan
+    num_blocks: int  # the fewest over ranks, or --num-gpu-blocks-override
+    overridden: bool
     max_num_batched_tokens: int
+
+    # the binding rank's figures
+    @property
+    def weights(self) -> int:
+        return self.binding.weights
+
+    @property
+    def available(self) -> int:
+        return self.binding.available
+
+    @property
+    def layers(self) -> tuple[LayerKV, ...]:
+        return self.binding.layers
+
+    @property
+    def groups(self) -> KVCacheGroups:
+        return self.binding.groups
+
+    @property
+    def block_size(self) -> int:
+        return self.binding.groups.block_size
 
     @property
     def in_flight(self) -> int:
-        return 2 * self.max_num_batched_tokens  # async scheduling keeps two batches in flight (vLLM 0.30+)
+        return self.rules.batches_in_flight * self.max_num_batched_tokens
 
     def blocks_per_request(self, max_model_len, xp=SCALAR):
-        return self.groups.blocks_per_request(max_model_len, self.in_flight, xp) + self.residual_blocks
+        return (self.groups.blocks_per_request(max_model_len, self.in_flight, xp, self.dcp)
+                + self.binding.residual_blocks)
 
     def per_length(self, max_model_len, xp=SCALAR) -> dict:
         """Blocks per request, concurrency and vLLM's reported tokens at `max_model_len` (numbers or arrays)."""
         bpr = self.blocks_per_request(max_model_len, xp)
         concurrency = self.num_blocks / bpr
-        return dict(blocks_per_request=bpr, max_concurrency=concurrency,
-                    kv_tokens=xp.floor(concurrency * max_model_len),
-                    # block 0 is vLLM's null block; vLLM refuses a max_model_len beyond the model's own
-                    fits=(bpr <= self.num_blocks - 1) & (self.available > 0)
+        if self.rules.reported_tokens == "concurrency":
+            tokens = xp.floor(concurrency * max_model_len)
+        else:  # 0.20: whole blocks per group, times the decode-context ranks
+            tokens = (self.num_blocks // self.groups.num_groups) * self.block_size * self.dcp + 0 * bpr
+        usable = self.num_blocks - 1  # block 0 is vLLM's null block
+        return dict(blocks_per_request=bpr, max_concurrency=concurrency, kv_tokens=tokens,
+                    # vLLM refuses a max_model_len beyond the model's own
+                    fits=(bpr <= usable) & ((self.available > 0) | self.overridden)
                     & (max_model_len <= self.model.max_position_embeddings))
 
 
 def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
+              pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: int = DEFAULT_BLOCK_SIZE,
               activation_gib: float = DEFAULT_ACTIVATION_GIB, gpu_memory_gib: Optional[float] = None,
               kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
-              skip: SkipLayers = None, max_num_batched_tokens: Optional[int] = None) -> PoolPlan:
-    """The budget, pages, groups and blocks of one rank's KV pool (vLLM's rules); checks the options."""
+              skip: SkipLayers = None, max_num_batched_tokens: Optional[int] = None,
+              num_gpu_blocks_override: Optional[int] = None) -> PoolPlan:
+    """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules); checks the options."""
     check_tp(model, tp)
+    rules = vllm_rules(engine_version)
     if not 0 < gpu_memory_utilization <= 1:
         raise KvplanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
         raise KvplanError(f"--block-size must be positive, got {block_size}")
     if activation_gib < 0:
         raise KvplanError(f"--activation-gib must not be negative, got {activation_gib}")
+    if not 1 <= pp <= model.num_layers:
+        raise KvplanError(f"--pp must be between 1 and {model.name}'s {model.num_layers} layers, got {pp}")
+    if dcp < 1 or tp % dcp:
+        raise KvplanError(f"--dcp {dcp} must divide --tp {tp} (decode-context parallelism reuses the TP ranks)")
+    if num_gpu_blocks_override is not None and num_gpu_blocks_override < 1:
+        raise KvplanError(f"--num-gpu-blocks-override must be positive, got {num_gpu_blocks_override}")
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
+    if fmt.name in rules.cache_dtypes_missing:
+        raise KvplanError(f"KV cache dtype '{fmt.name}' does not exist in {rules.label}; it arrived later "
+                          f"(choose a later --engine-version)")
     if gpu_memory_gib is not None:
         if gpu_memory_gib <= 0:
             raise KvplanError(f"--gpu-memory-gib must be positive, got {gpu_memory_gib}")
         total, source = int(round(gpu_memory_gib * GiB)), "--gpu-memory-gib"
     elif gpu is not None:
         total, source = gpu.memory_total_bytes, f"{gpu.name}: {gpu.memory_source}"
-    elif kv_cache_memory_gib is None:
+    elif kv_cache_memory_gib is None and num_gpu_blocks_override is None:
         raise KvplanError("capacity needs --gpu (or --gpu-memory-gib, or --kv-cache-memory)")
     else:
-        total, source = 0, "not used (--kv-cache-memory)"
+        total, source = 0, "not used (--kv-cache-memory)" if kv_cache_memory_gib else "not used"
     if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
         raise KvplanError(f"--max-num-batched-tokens must be positive, got {max_num_batched_tokens}")
+    if kv_cache_memory_gib is not None and kv_cache_memory_gib <= 0:
+        raise KvplanError(f"--kv-cache-memory must be positive, got {kv_cache_memory_gib}")
     t_batched = max_num_batched_tokens or default_max_num_batched_tokens(total, gpu)
-
-    wb = weight_bytes(model, tp, weight_dtype)
     requested = math.ceil(total * gpu_memory_utilization)
     activation = int(round(activation_gib * GiB))
-    if kv_cache_memory_gib is not None:
-        if kv_cache_memory_gib <= 0:
-            raise KvplanError(f"--kv-cache-memory must be positive, got {kv_cache_memory_gib}")
-        available = int(round(kv_cache_memory_gib * GiB))
-    else:
-        available = requested - wb.total - activation
 
-    layers = kv_layers(model, fmt, tp, skip)
-    groups = kv_cache_groups(layers, block_size, fmt.name)
-    residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
+    all_layers = _version_layers(kv_layers(model, fmt, tp, skip), model, fmt, tp, rules)
+    stages = []
+    for rng in pipeline_stages(model.num_layers, pp):
+        wb = weight_bytes(model, tp, weight_dtype, stage=rng)
+        if kv_cache_memory_gib is not None:
+            available = int(round(kv_cache_memory_gib * GiB))
+        else:
+            available = requested - wb.total - activation
+        layers = all_layers[rng.start:rng.stop]
+        groups = kv_cache_groups(layers, block_size, fmt.name, rules.raise_block_for_skip_layers)
+        residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
+        stages.append(StagePlan(rng, wb.total, available, layers, groups,
+                                math.ceil(residual / groups.bytes_per_block) if residual else 0,
+                                max(0, available // groups.bytes_per_block)))
+    binding = min(stages, key=lambda st: st.num_blocks)
     return PoolPlan(
-        model=model, fmt=fmt, gpu=gpu, tp=tp, weight_dtype=weight_dtype or model.weight_dtype, total=total,
-        memory_source=source, gpu_memory_utilization=gpu_memory_utilization, requested=requested,
-        weights=wb.total, activation=activation, available=available, layers=layers, groups=groups,
-        residual_blocks=math.ceil(residual / groups.bytes_per_block) if residual else 0,
-        num_blocks=max(0, available // groups.bytes_per_block), block_size=groups.block_size,
-        max_num_batched_tokens=t_batched,
+        model=model, fmt=fmt, gpu=gpu, rules=rules, tp=tp, pp=pp, dcp=dcp,
+        weight_dtype=weight_dtype or model.weight_dtype, total=total, memory_source=source,
+        gpu_memory_utilization=gpu_memory_utilization, requested=requested, activation=activation,
+        stages=tuple(stages), binding=binding,
+        num_blocks=num_gpu_blocks_override if num_gpu_blocks_override is not None else binding.num_blocks,
+        overridden=num_gpu_blocks_override is not None, max_num_batched_tokens=t_batched,
     )
 
 
+def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat, tp: int,
+                    rules: VllmRules) -> tuple[LayerKV, ...]:
+    """Per-version page quirks: 0.20's SlidingWindowSpec ignores nvfp4 packing, so sliding layers cost one byte per
+    element (head + head_v) like fp8."""
+    if rules.sliding_nvfp4_packed or fmt.family != "nvfp4" or model.is_mla:
+        return layers
+    unpacked = kv_heads_per_rank(model, tp) * 2 * (model.head_dim or 0)
+    return tuple(replace(lay, bytes_per_token=unpacked) if lay.kind == "sliding" and lay.format == fmt.name else lay
+                 for lay in layers)
+
+
 def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
-             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
+             pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
+             num_gpu_blocks_override: Optional[int] = None, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
              block_size: int = DEFAULT_BLOCK_SIZE, activation_gib: float = DEFAULT_ACTIVATION_GIB,
              gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
              weight_dtype: Optional[str] = None, skip: SkipLayers = None,
@@ -262,7 +351,8 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
     can show it; raise on it where a single answer was asked for."""
-    plan = pool_plan(model, gpu, dtype, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
+    plan = pool_plan(model, gpu, dtype, tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
+                     num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
                      block_size=block_size, activation_gib=activation_gib, gpu_memory_gib=gpu_memory_gib,
                      kv_cache_memory_gib=kv_cache_memory_gib, weight_dtype=weight_dtype, skip=skip,
                      max_num_batched_tokens=max_num_batched_tokens)
@@ -277,7 +367,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     fig = plan.per_length(mlen)
     per_request, num_blocks, groups = fig["blocks_per_request"], plan.num_blocks, plan.groups
     problem = longest = None
-    if plan.available <= 0:
+    if plan.available <= 0 and not plan.overridden:
         problem = (
             f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the {activation_gib:g} GiB activation "
             f"allowance exceed the {plan.requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or "
@@ -300,6 +390,14 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     if plan.block_size != block_size:
         notes.append(f"block size raised from {block_size} to {plan.block_size} so a skip layer's block fits the "
                      f"{fmt.name} page (vLLM 0.30+)")
+    if plan.overridden:
+        notes.append(f"--num-gpu-blocks-override: {num_blocks:,} blocks whatever the memory (vLLM does not clamp it)")
+    if pp > 1:
+        b = plan.binding.layers_range
+        notes.append(f"pipeline stages of {', '.join(str(len(st.layers_range)) for st in plan.stages)} layers; the "
+                     f"stage with layers {b.start}-{b.stop - 1} holds the fewest blocks and sets the pool")
+    if "vllm" not in fmt.engines:
+        notes.append(f"{fmt.name} is not a vLLM cache dtype; planned with vLLM's rules as a what-if")
     if any(lay.kind == "chunked" for lay in layers):
         notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
     return CapacityResult(
@@ -313,6 +411,9 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         max_model_len=mlen, blocks_per_request=per_request, max_concurrency=fig["max_concurrency"],
         max_num_batched_tokens=plan.max_num_batched_tokens, fits=problem is None, problem=problem,
         longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
+        engine="vllm", engine_version=plan.rules.version, pp=pp, dcp=dcp,
+        stage_layers=[[st.layers_range.start, st.layers_range.stop] for st in plan.stages],
+        log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
     )
 
 

@@ -177,8 +177,9 @@ def _layer_list(xs: Sequence[int]) -> str:
 def capacity_table(results: Sequence, model, gpu) -> None:
     con = console()
     r0 = results[0]
-    con.print(f"[bold]{model.name}[/bold] on {gpu.name if gpu else 'a GPU'}  TP {r0.tp}  "
-              f"weights {r0.weight_dtype}  max_model_len {r0.max_model_len:,}  block_size {r0.block_size}")
+    par = f"TP {r0.tp}" + (f"  PP {r0.pp}" if r0.pp > 1 else "") + (f"  DCP {r0.dcp}" if r0.dcp > 1 else "")
+    con.print(f"[bold]{model.name}[/bold] on {gpu.name if gpu else 'a GPU'}  {par}  weights {r0.weight_dtype}  "
+              f"max_model_len {r0.max_model_len:,}  vLLM {r0.engine_version} rules")
     t = Table(title="KV pool per rank", title_justify="left", show_header=False)
     t.add_column("", no_wrap=True)
     t.add_column("", justify="right", no_wrap=True)
@@ -209,6 +210,10 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     for r in results:
         if not r.fits:
             con.print(f"[yellow]{r.dtype}: {r.problem}[/yellow]")
+    con.print(f"vLLM {r0.engine_version} would log (per dtype):", highlight=False)
+    for r in results:
+        if r.fits:
+            con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), highlight=False, soft_wrap=True)
 
 
 def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, max_model_len) -> None:

@@ -7,7 +7,7 @@ and the bytes a decode step reads (with MoE experts touched) are all sums over t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 from .errors import KvplanError, did_you_mean
@@ -249,15 +249,42 @@ class WeightBytes:
         return self.total - self.embed - self.experts - self.extra
 
 
-def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None) -> WeightBytes:
-    """One rank's weights in the model's checkpoint format, or with every quantizable layer in `weight_dtype`."""
+def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
+    """How many of `t`'s tensors a pipeline stage holding layers `stage` has (vLLM: the embedding on the first
+    stage, the final norm and LM head on the last)."""
+    L = m.num_layers
+    first, last = stage.start == 0, stage.stop == L
+    if t.part in ("embed", "extra"):
+        return t.count if first else 0
+    if t.part == "lm_head" or t.name == "final_norm":
+        return t.count if last else 0
+    dense = range(0, m.moe.first_dense_layers) if m.moe else range(0, L)
+    moe = range(m.moe.first_dense_layers, L) if m.moe else range(0)
+    kind = dense if t.part == "mlp" else moe if t.part in ("router", "expert", "shared_expert") else range(0, L)
+    inside = len(range(max(stage.start, kind.start), min(stage.stop, kind.stop))) if len(kind) else 0
+    return t.count * inside // len(kind) if len(kind) else 0
+
+
+def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
+                 stage: Optional[range] = None) -> WeightBytes:
+    """One rank's weights in the model's checkpoint format, or with every quantizable layer in `weight_dtype`.
+    With `stage`, only the layers of that pipeline stage (and the embedding or LM head it holds)."""
     if weight_dtype is None:
         fmt, scope = weight_format(m.weight_dtype), m.weight_scope
     else:
         fmt, scope = weight_format(weight_dtype), "linear"
+    stage = stage if stage is not None else range(0, m.num_layers)
+    last_only = stage.start > 0 and stage.stop == m.num_layers
     sums = {"total": 0, "embed": 0, "experts": 0, "extra": 0}
     embed_row = 0
     for t in model_tensors(m):
+        count = _stage_count(m, t, stage)
+        if t.part == "embed" and m.tie_word_embeddings and last_only:
+            count = t.count  # a later stage cannot share the first stage's table: it loads the LM head itself
+        if not count:
+            continue
+        if count != t.count:
+            t = replace(t, count=count)
         b = tensor_bytes_per_rank(m, t, tp, fmt, scope)
         sums["total"] += b
         if t.part == "embed" and not m.tie_word_embeddings:
@@ -269,3 +296,16 @@ def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None) 
         if t.part == "extra":
             sums["extra"] += b
     return WeightBytes(embed_row=embed_row, **sums)
+
+
+def pipeline_stages(num_layers: int, pp: int) -> list[range]:
+    """vLLM's split of the layers over pipeline stages (distributed/utils.get_pp_indices): an even share each, the
+    remainder one layer apiece to the stages before the last."""
+    per = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        per[-i] += 1
+    out, start = [], 0
+    for n in per:
+        out.append(range(start, start + n))
+        start += n
+    return out

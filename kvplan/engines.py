@@ -1,0 +1,71 @@
+"""What changed between vLLM versions in how the KV pool is planned and reported: one value per version.
+
+Sources: the vLLM releases 0.20.0, 0.25.0, 0.28.0, 0.30.0 and 0.33.0 (vllm/v1/core/kv_cache_utils.py and
+kv_cache_planning.py, v1/kv_cache_interface.py, platforms/interface.py, config/vllm.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .errors import KvplanError
+
+
+@dataclass(frozen=True)
+class VllmRules:
+    version: str
+    label: str
+    # sliding-window layers keep window - 1 + batches x max_num_batched_tokens tokens per request: async scheduling
+    # (0.30+) keeps two batches in flight
+    batches_in_flight: int
+    # 0.30+ raises the block size so a skip layer's block fits the quantized layers' page
+    raise_block_for_skip_layers: bool
+    # "GPU KV cache size: N tokens": 0.20 prints num_blocks // groups x block_size; 0.25+ concurrency x max_model_len
+    reported_tokens: Literal["blocks", "concurrency"]
+    # 0.20 and 0.25 print the size and the concurrency on two lines; 0.28+ on one
+    one_log_line: bool
+    # 0.20's SlidingWindowSpec has no nvfp4 branch: sliding layers cost (head + head_v) bytes, like fp8
+    sliding_nvfp4_packed: bool
+    cache_dtypes_missing: frozenset[str]
+
+    def log_lines(self, available_bytes: int, kv_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
+        """The startup lines vLLM prints for this pool, digit for digit (gpu_worker.py's "Available KV cache memory",
+        formatted as round(GiB, 2); kv_cache_utils' KV cache size and concurrency)."""
+        avail = f"Available KV cache memory: {round(available_bytes / 2**30, 2)} GiB"
+        size = f"GPU KV cache size: {kv_tokens:,} tokens"
+        conc = f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x"
+        return [avail] + ([f"{size}, {conc}"] if self.one_log_line else [size, conc])
+
+
+VLLM: dict[str, VllmRules] = {r.version: r for r in [
+    VllmRules("0.20", "vLLM 0.20 and earlier", 1, False, "blocks", False, False,
+              frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})),
+    VllmRules("0.25", "vLLM 0.25 to 0.27", 1, False, "concurrency", False, True,
+              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"})),
+    VllmRules("0.28", "vLLM 0.28", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"})),
+    VllmRules("0.30", "vLLM 0.30 to 0.32", 2, True, "concurrency", True, True, frozenset()),
+    VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset()),
+]}
+DEFAULT_VLLM = "0.33"
+
+
+def _version_key(v: str) -> tuple[int, int]:
+    parts = [int(p) for p in v.split(".")[:2]]
+    return (parts + [0])[0], (parts + [0, 0])[1]
+
+
+def vllm_rules(version: str | None) -> VllmRules:
+    """The rules of a vLLM version: any 'X.Y[.Z]' maps to the newest catalogued version not after it (releases
+    before 0.20 plan the pool the way 0.20 does)."""
+    if version is None:
+        return VLLM[DEFAULT_VLLM]
+    try:
+        key = _version_key(version.strip().lstrip("v"))
+    except ValueError:
+        raise KvplanError(f"--engine-version '{version}': give a vLLM version such as 0.20, 0.28 or 0.33") from None
+    known = sorted(VLLM.values(), key=lambda r: _version_key(r.version))
+    if key[0] != 0:
+        raise KvplanError(f"--engine-version '{version}': kvplan knows vLLM 0.x releases up to {known[-1].version}")
+    earlier = [r for r in known if _version_key(r.version) <= key]
+    return earlier[-1] if earlier else known[0]
