@@ -7,7 +7,8 @@ The questions the CLI answers are functions of the package:
     >>> r = kvplan.crossover(m, "fp8", weight_read="all")
     >>> round(r.crossover_tokens)
     245064
-    >>> c = kvplan.capacity(m, kvplan.load_gpu("h100"), "fp8", gpu_memory_gib=79.65, max_model_len=8192)
+    >>> c = kvplan.capacity(m, kvplan.load_gpu("h100"), "fp8", gpu_memory_gib=79.65, max_model_len=8192,
+    ...                     activation_gib=6.0)
     >>> round(c.max_concurrency, 1)
     104.6
 

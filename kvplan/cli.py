@@ -134,8 +134,17 @@ def capacity(
                                                 "model's max_position_embeddings)"),
     dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
     block_size: int = typer.Option(16, "--block-size", help="tokens per KV block (vLLM's default 16)"),
-    activation_gib: float = typer.Option(6.0, "--activation-gib", help="allowance for activations, CUDA graphs, "
-                                         "NCCL and the CUDA context, GiB"),
+    activation_gib: Optional[float] = typer.Option(
+        None, "--activation-gib", help="GiB. Alone: one flat allowance for everything beyond the weights (the "
+        "back-of-envelope 6.0); with --non-torch-gib or --cudagraph-gib: the activation peak only. Default: vLLM's "
+        "non-KV memory modelled part by part"),
+    non_torch_gib: Optional[float] = typer.Option(None, "--non-torch-gib", help="replace the modelled non-torch "
+                                                  "memory (all-reduce workspaces, ...), GiB"),
+    cudagraph_gib: Optional[float] = typer.Option(None, "--cudagraph-gib", help="replace the modelled CUDA-graph "
+                                                  "estimate, GiB"),
+    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sizes the sampler and its state "
+                                               "(default: vLLM serve's for the GPU)"),
+    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="no CUDA graphs (and no estimate for them)"),
     gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="override the total memory, GiB"),
     kv_cache_memory: Optional[float] = typer.Option(None, "--kv-cache-memory", help="KV pool size in GiB, given "
                                                     "directly (skips the budget, like vLLM's option)"),
@@ -171,8 +180,9 @@ def capacity(
     opts = dict(tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
                 num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
                 max_model_len=max_model_len, block_size=block_size, activation_gib=activation_gib,
-                gpu_memory_gib=gpu_memory_gib, kv_cache_memory_gib=kv_cache_memory, weight_dtype=weight_dtype,
-                skip=skip, max_num_batched_tokens=max_num_batched_tokens)
+                non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib, max_num_seqs=max_num_seqs,
+                enforce_eager=enforce_eager, gpu_memory_gib=gpu_memory_gib, kv_cache_memory_gib=kv_cache_memory,
+                weight_dtype=weight_dtype, skip=skip, max_num_batched_tokens=max_num_batched_tokens)
     if model is None:
         _capacity_listing(g, fmts, opts, as_json)
         return
@@ -273,7 +283,8 @@ def plot_capacity(
     tp: int = typer.Option(1, "--tp"),
     gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
     block_size: int = typer.Option(16, "--block-size"),
-    activation_gib: float = typer.Option(6.0, "--activation-gib"),
+    activation_gib: Optional[float] = typer.Option(None, "--activation-gib", help="flat allowance beyond the "
+                                                   "weights, GiB (default: vLLM's non-KV memory modelled)"),
     gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib"),
     kv_cache_memory: Optional[float] = typer.Option(None, "--kv-cache-memory"),
     weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
@@ -316,7 +327,8 @@ def sweep(
     columns: Optional[str] = typer.Option(None, "--columns", help="keep only these columns (comma-separated)"),
     gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
     block_size: int = typer.Option(16, "--block-size"),
-    activation_gib: float = typer.Option(6.0, "--activation-gib"),
+    activation_gib: Optional[float] = typer.Option(None, "--activation-gib", help="flat allowance beyond the "
+                                                   "weights, GiB (default: vLLM's non-KV memory modelled)"),
     weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
     weight_read: str = typer.Option("streamed", "--weight-read", help="'streamed' or 'all'"),
     skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),

@@ -91,7 +91,11 @@ class Options(_Strict):
     max_model_len: Optional[int] = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
     block_size: int = Field(16, ge=1)
-    activation_gib: float = Field(6.0, ge=0)
+    activation_gib: Optional[float] = Field(None, ge=0)
+    non_torch_gib: Optional[float] = Field(None, ge=0)
+    cudagraph_gib: Optional[float] = Field(None, ge=0)
+    max_num_seqs: Optional[int] = Field(None, ge=1)
+    enforce_eager: bool = False
     gpu_memory_gib: Optional[float] = Field(None, gt=0)
     kv_cache_memory: Optional[float] = Field(None, gt=0)
     weight_dtype: Optional[str] = None
@@ -271,7 +275,9 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
                                num_gpu_blocks_override=g.num_gpu_blocks_override,
                                gpu_memory_utilization=g.gpu_memory_utilization,
                                max_model_len=g.max_model_len, block_size=g.block_size,
-                               activation_gib=g.activation_gib, gpu_memory_gib=g.gpu_memory_gib,
+                               activation_gib=g.activation_gib, non_torch_gib=g.non_torch_gib,
+                               cudagraph_gib=g.cudagraph_gib, max_num_seqs=g.max_num_seqs,
+                               enforce_eager=g.enforce_eager, gpu_memory_gib=g.gpu_memory_gib,
                                kv_cache_memory_gib=g.kv_cache_memory, weight_dtype=g.weight_dtype, skip=skip,
                                max_num_batched_tokens=g.max_num_batched_tokens)
             if "crossover" in needed:
@@ -307,7 +313,7 @@ def gate(source: str | Path | dict) -> GateReport:
     """Load a gates file (or mapping) and check every gate.
 
     >>> import kvplan
-    >>> report = kvplan.gate({"defaults": {"gpu": "h100"}, "gates": [
+    >>> report = kvplan.gate({"defaults": {"gpu": "h100", "activation_gib": 6}, "gates": [
     ...     {"name": "8b-fp8", "model": "llama3-8b", "kv_cache_dtype": "fp8", "require": {"min_concurrency": 100}},
     ...     {"name": "8b-bf16", "model": "llama3-8b", "require": {"min_concurrency": 100}}]})
     >>> report.passed, [g.passed for g in report.gates]

@@ -24,7 +24,6 @@ from .engine import (
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .pool import (
-    DEFAULT_ACTIVATION_GIB,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     pool_plan,
@@ -45,7 +44,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
           dtypes: Sequence[str | KVFormat] = ("auto",), max_model_lens: Sequence[int] = (8192,),
           batches: Sequence[int] = (1,), contexts: Sequence[int] = (8192,),
           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: int = DEFAULT_BLOCK_SIZE,
-          activation_gib: float = DEFAULT_ACTIVATION_GIB, weight_dtype: Optional[str] = None,
+          activation_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
           weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
           max_num_batched_tokens: Optional[int] = None):
     """One row per combination, in the order of the arguments (the last axis varies fastest).
@@ -56,7 +55,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
 
     >>> import kvplan
     >>> df = kvplan.sweep(["llama3-8b", "qwen3-8b"], ["h100", "h200"], dtypes=["auto", "fp8"],
-    ...                   max_model_lens=[8192], batches=[1, 32], contexts=[2048, 8192])
+    ...                   max_model_lens=[8192], batches=[1, 32], contexts=[2048, 8192], activation_gib=6.0)
     >>> len(df)
     32
     >>> round(float(df.query("model == 'Llama-3-8B' and gpu == 'H100-SXM5-80GB' and dtype == 'fp8'")

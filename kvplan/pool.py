@@ -19,23 +19,14 @@ from .engine import (
 from .engines import VllmRules, vllm_rules
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
+from .nonkv import NonKVMemory, flat_allowance, non_kv_memory, serve_defaults
 from .specs import GPUSpec, ModelSpec
 from .weights import pipeline_stages, weight_bytes
 from .xp import SCALAR
 
-DEFAULT_ACTIVATION_GIB = 6.0  # allowance for activations, CUDA graphs, NCCL buffers and the CUDA context
+SEEDS_ALLOWANCE_GIB = 6.0  # the back-of-envelope allowance for activations, CUDA graphs, NCCL and the CUDA context
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default (vllm/config/cache.py)
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
-
-
-def default_max_num_batched_tokens(total_bytes: int, gpu: Optional[GPUSpec]) -> int:
-    """`vllm serve` defaults (engine/arg_utils.py): 16384 from 160 GiB, 8192 from 70 GiB except on A100, else 2048."""
-    gib = total_bytes / GiB
-    if gib >= 160:
-        return 16384
-    if gib >= 70 and not (gpu and gpu.name.upper().startswith("A100")):
-        return 8192
-    return 2048
 
 
 @dataclass(frozen=True)
@@ -168,6 +159,7 @@ class CapacityResult:
     dcp: int = 1
     stage_layers: list[list[int]] = field(default_factory=list)  # [first, last + 1] per pipeline stage
     log_lines: list[str] = field(default_factory=list)  # what the engine's startup log prints for this pool
+    non_kv: dict = field(default_factory=dict)  # weights, activation, persistent, non_torch, cudagraph, total
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -185,6 +177,7 @@ class StagePlan:
 
     layers_range: range
     weights: int
+    non_kv: NonKVMemory
     available: int
     layers: tuple[LayerKV, ...]
     groups: KVCacheGroups
@@ -209,7 +202,6 @@ class PoolPlan:
     memory_source: str
     gpu_memory_utilization: float
     requested: int
-    activation: int
     stages: tuple[StagePlan, ...]
     binding: StagePlan
     num_blocks: int  # the fewest over ranks, or --num-gpu-blocks-override
@@ -224,6 +216,10 @@ class PoolPlan:
     @property
     def available(self) -> int:
         return self.binding.available
+
+    @property
+    def non_kv(self) -> NonKVMemory:
+        return self.binding.non_kv
 
     @property
     def layers(self) -> tuple[LayerKV, ...]:
@@ -263,19 +259,29 @@ class PoolPlan:
 def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
               pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
               gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: int = DEFAULT_BLOCK_SIZE,
-              activation_gib: float = DEFAULT_ACTIVATION_GIB, gpu_memory_gib: Optional[float] = None,
+              activation_gib: Optional[float] = None, non_torch_gib: Optional[float] = None,
+              cudagraph_gib: Optional[float] = None, gpu_memory_gib: Optional[float] = None,
               kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
               skip: SkipLayers = None, max_num_batched_tokens: Optional[int] = None,
+              max_num_seqs: Optional[int] = None, enforce_eager: bool = False,
               num_gpu_blocks_override: Optional[int] = None) -> PoolPlan:
-    """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules); checks the options."""
+    """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules); checks the options.
+
+    The non-KV memory is vLLM's, part by part (kvplan.nonkv); `non_torch_gib` and `cudagraph_gib` replace those
+    parts and `activation_gib` the activation peak. `activation_gib` alone is one flat allowance for everything
+    beyond the weights, as in the back-of-envelope budget (6.0 GiB)."""
     check_tp(model, tp)
     rules = vllm_rules(engine_version)
     if not 0 < gpu_memory_utilization <= 1:
         raise KvplanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size < 1:
         raise KvplanError(f"--block-size must be positive, got {block_size}")
-    if activation_gib < 0:
-        raise KvplanError(f"--activation-gib must not be negative, got {activation_gib}")
+    for name, v in (("--activation-gib", activation_gib), ("--non-torch-gib", non_torch_gib),
+                    ("--cudagraph-gib", cudagraph_gib)):
+        if v is not None and v < 0:
+            raise KvplanError(f"{name} must not be negative, got {v}")
+    if max_num_seqs is not None and max_num_seqs < 1:
+        raise KvplanError(f"--max-num-seqs must be positive, got {max_num_seqs}")
     if not 1 <= pp <= model.num_layers:
         raise KvplanError(f"--pp must be between 1 and {model.name}'s {model.num_layers} layers, got {pp}")
     if dcp < 1 or tp % dcp:
@@ -300,30 +306,41 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
         raise KvplanError(f"--max-num-batched-tokens must be positive, got {max_num_batched_tokens}")
     if kv_cache_memory_gib is not None and kv_cache_memory_gib <= 0:
         raise KvplanError(f"--kv-cache-memory must be positive, got {kv_cache_memory_gib}")
-    t_batched = max_num_batched_tokens or default_max_num_batched_tokens(total, gpu)
+    defaults = serve_defaults(total, gpu, rules.version, model.max_position_embeddings)
+    t_batched = max_num_batched_tokens or defaults.max_num_batched_tokens
+    seqs = max_num_seqs or defaults.max_num_seqs
     requested = math.ceil(total * gpu_memory_utilization)
-    activation = int(round(activation_gib * GiB))
+    flat = activation_gib is not None and non_torch_gib is None and cudagraph_gib is None
 
     all_layers = _version_layers(kv_layers(model, fmt, tp, skip), model, fmt, tp, rules)
     stages = []
     for rng in pipeline_stages(model.num_layers, pp):
         wb = weight_bytes(model, tp, weight_dtype, stage=rng)
+        if flat:
+            nk = flat_allowance(wb.total, int(round(activation_gib * GiB)), t_batched, seqs)
+        else:
+            nk = non_kv_memory(model, gpu, total_bytes=total, tp=tp, weights=wb.total, version=rules.version,
+                               max_model_len=model.max_position_embeddings, max_num_batched_tokens=t_batched,
+                               max_num_seqs=seqs, last_stage=rng.stop == model.num_layers,
+                               enforce_eager=enforce_eager)
+            nk = replace(nk, **{k: int(round(v * GiB)) for k, v in (("activation", activation_gib),
+                                                                     ("non_torch", non_torch_gib),
+                                                                     ("cudagraph", cudagraph_gib)) if v is not None})
         if kv_cache_memory_gib is not None:
             available = int(round(kv_cache_memory_gib * GiB))
         else:
-            available = requested - wb.total - activation
+            available = requested - nk.total
         layers = all_layers[rng.start:rng.stop]
         groups = kv_cache_groups(layers, block_size, fmt.name, rules.raise_block_for_skip_layers)
         residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
-        stages.append(StagePlan(rng, wb.total, available, layers, groups,
+        stages.append(StagePlan(rng, wb.total, nk, available, layers, groups,
                                 math.ceil(residual / groups.bytes_per_block) if residual else 0,
                                 max(0, available // groups.bytes_per_block)))
     binding = min(stages, key=lambda st: st.num_blocks)
     return PoolPlan(
         model=model, fmt=fmt, gpu=gpu, rules=rules, tp=tp, pp=pp, dcp=dcp,
         weight_dtype=weight_dtype or model.weight_dtype, total=total, memory_source=source,
-        gpu_memory_utilization=gpu_memory_utilization, requested=requested, activation=activation,
-        stages=tuple(stages), binding=binding,
+        gpu_memory_utilization=gpu_memory_utilization, requested=requested, stages=tuple(stages), binding=binding,
         num_blocks=num_gpu_blocks_override if num_gpu_blocks_override is not None else binding.num_blocks,
         overridden=num_gpu_blocks_override is not None, max_num_batched_tokens=t_batched,
     )
@@ -342,20 +359,25 @@ def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat
 
 def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
              pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
-             num_gpu_blocks_override: Optional[int] = None, gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
-             block_size: int = DEFAULT_BLOCK_SIZE, activation_gib: float = DEFAULT_ACTIVATION_GIB,
+             num_gpu_blocks_override: Optional[int] = None,
+             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
+             block_size: int = DEFAULT_BLOCK_SIZE, activation_gib: Optional[float] = None,
+             non_torch_gib: Optional[float] = None, cudagraph_gib: Optional[float] = None,
              gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
              weight_dtype: Optional[str] = None, skip: SkipLayers = None,
-             max_num_batched_tokens: Optional[int] = None) -> CapacityResult:
-    """How many tokens and sequences one rank's KV pool holds (vLLM's budget, pages and blocks).
+             max_num_batched_tokens: Optional[int] = None, max_num_seqs: Optional[int] = None,
+             enforce_eager: bool = False) -> CapacityResult:
+    """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
     can show it; raise on it where a single answer was asked for."""
     plan = pool_plan(model, gpu, dtype, tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
                      num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
-                     block_size=block_size, activation_gib=activation_gib, gpu_memory_gib=gpu_memory_gib,
+                     block_size=block_size, activation_gib=activation_gib, non_torch_gib=non_torch_gib,
+                     cudagraph_gib=cudagraph_gib, gpu_memory_gib=gpu_memory_gib,
                      kv_cache_memory_gib=kv_cache_memory_gib, weight_dtype=weight_dtype, skip=skip,
-                     max_num_batched_tokens=max_num_batched_tokens)
+                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                     enforce_eager=enforce_eager)
     mlen = model.max_position_embeddings if max_model_len is None else max_model_len
     if mlen < 1:
         raise KvplanError(f"--max-model-len must be positive, got {mlen}")
@@ -369,9 +391,10 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     problem = longest = None
     if plan.available <= 0 and not plan.overridden:
         problem = (
-            f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the {activation_gib:g} GiB activation "
-            f"allowance exceed the {plan.requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or "
-            f"raise --gpu-memory-utilization"
+            f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the "
+            f"{(plan.non_kv.total - plan.non_kv.weights) / GiB:.2f} GiB beyond them exceed the "
+            f"{plan.requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or raise "
+            f"--gpu-memory-utilization"
         )
     elif not fig["fits"]:
         longest = _longest_fitting(plan.blocks_per_request, num_blocks - 1, mlen)
@@ -403,7 +426,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     return CapacityResult(
         model=model.name, gpu=gpu.name if gpu else None, dtype=fmt.name, tp=tp, weight_dtype=plan.weight_dtype,
         total_bytes=plan.total, memory_source=plan.memory_source, gpu_memory_utilization=gpu_memory_utilization,
-        requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.activation,
+        requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.non_kv.activation,
         available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
         page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,
         block_size=plan.block_size, num_kv_cache_groups=groups.num_groups, padding_layers=groups.padding_layers,
@@ -413,6 +436,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
         engine="vllm", engine_version=plan.rules.version, pp=pp, dcp=dcp,
         stage_layers=[[st.layers_range.start, st.layers_range.stop] for st in plan.stages],
+        non_kv=plan.non_kv.to_dict(),
         log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
     )
 

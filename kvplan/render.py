@@ -185,8 +185,17 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     t.add_column("", justify="right", no_wrap=True)
     t.add_row("total memory", f"{gib(r0.total_bytes)}  ({r0.memory_source})")
     t.add_row(f"ceil(x gpu_memory_utilization {r0.gpu_memory_utilization:g})", gib(r0.requested_bytes))
-    t.add_row("- weights", gib(r0.weight_bytes))
-    t.add_row("- activation allowance", gib(r0.activation_bytes))
+    nk = r0.non_kv
+    if nk.get("source") == "flat allowance":
+        t.add_row("- weights", gib(nk["weights"]))
+        t.add_row("- flat allowance (activations, graphs, NCCL, context)", gib(nk["activation"]))
+    elif nk:
+        t.add_row("- weights (and rotary caches)", gib(nk["weights"]))
+        t.add_row(f"- activation peak (profile run: {nk['max_num_batched_tokens']:,} tokens, "
+                  f"{min(nk['max_num_seqs'], nk['max_num_batched_tokens']):,} sampled rows)", gib(nk["activation"]))
+        t.add_row("- persistent buffers (sampler state, cuBLAS)", gib(nk["persistent"]))
+        t.add_row("- non-torch (all-reduce workspaces)", gib(nk["non_torch"]))
+        t.add_row("- CUDA-graph estimate", gib(nk["cudagraph"]))
     t.add_row("= KV cache pool", gib(r0.available_kv_bytes))
     con.print(t)
 

@@ -129,7 +129,7 @@ def test_bad_options():
 
 
 def test_capacity_cli_json_keys(cli):
-    r = cli("capacity", "llama3-8b", "--gpu", "h100", "--gpu-memory-gib", "79.65", "--json")
+    r = cli("capacity", "llama3-8b", "--gpu", "h100", "--gpu-memory-gib", "79.65", "--activation-gib", "6", "--json")
     assert r.code == 0, r.err
     d = json.loads(r.out)
     keys = {"requested_bytes", "weight_bytes", "activation_bytes", "available_kv_bytes", "page_bytes", "block_size",

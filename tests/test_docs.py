@@ -40,5 +40,5 @@ def test_results_to_frame():
     fx = x.to_frame()
     assert len(fx) == 4 and list(fx["context"]) == [2048, 8192, 2048, 8192]
     assert (fx["crossover_tokens"] == x.crossover_tokens).all()
-    c = pd.concat([kvplan.capacity(m, kvplan.load_gpu("h100"), d).to_frame() for d in ("auto", "fp8")])
+    c = pd.concat([kvplan.capacity(m, kvplan.load_gpu("h100"), d, activation_gib=6).to_frame() for d in ("auto", "fp8")])
     assert list(c["dtype"]) == ["auto", "fp8"] and c["num_blocks"].iloc[1] == 53_067

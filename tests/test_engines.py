@@ -87,7 +87,7 @@ def test_pipeline_stages_take_the_fewest_blocks():
     from kvplan.weights import weight_bytes
 
     m, h200 = load_model("deepseek-v3"), load_gpu("h200")
-    plan = pool_plan(m, h200, "fp8_ds_mla", tp=8, pp=4)
+    plan = pool_plan(m, h200, "fp8_ds_mla", tp=8, pp=4, activation_gib=6)
     assert [(st.layers_range.start, st.layers_range.stop) for st in plan.stages] == [(0, 15), (15, 30), (30, 46),
                                                                                       (46, 61)]
     requested = -(-h200.memory_total_bytes * 92 // 100)
@@ -97,7 +97,7 @@ def test_pipeline_stages_take_the_fewest_blocks():
         assert st.num_blocks == pool // (len(st.layers_range) * 16 * 656)  # one 656-byte latent per layer
     # the embedding sits on the first stage and the LM head on the last; the 16-layer stage binds
     assert plan.binding.layers_range == range(30, 46)
-    r = capacity(m, h200, "fp8_ds_mla", tp=8, pp=4, max_model_len=32768)
+    r = capacity(m, h200, "fp8_ds_mla", tp=8, pp=4, max_model_len=32768, activation_gib=6)
     assert r.num_blocks == min(st.num_blocks for st in plan.stages) and r.bytes_per_block == 16 * 16 * 656
     # every layer's weights are counted once over the stages
     assert sum(st.weights for st in plan.stages) == weight_bytes(m, 8).total

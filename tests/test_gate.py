@@ -21,7 +21,8 @@ UNSATISFIABLE = """
     require:
       min_concurrency: 100      # bf16 holds only 51.82
 """
-HEADER = "defaults: {gpu: h100, engine: vllm}\ngates:\n"
+# the seeds' flat 6 GiB allowance keeps the figures in the comments hand-checkable
+HEADER = "defaults: {gpu: h100, engine: vllm, activation_gib: 6}\ngates:\n"
 
 
 def write(tmp_path, text, name="gates.yaml"):
@@ -115,7 +116,7 @@ def test_example_file_passes(cli):
 def test_python_api_report_frame():
     import kvplan
 
-    report = kvplan.gate({"defaults": {"gpu": "h100"}, "gates": [
+    report = kvplan.gate({"defaults": {"gpu": "h100", "activation_gib": 6}, "gates": [
         {"name": "a", "model": "llama3-8b", "kv_cache_dtype": "fp8", "require": {"min_kv_tokens": 800000}}]})
     frame = report.to_frame()
     assert report.passed and list(frame["gate"]) == ["a"] and frame["measured"][0] == 849_072

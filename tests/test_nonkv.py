@@ -1,0 +1,100 @@
+"""vLLM's non-KV memory in closed form, against the worked arithmetic derived from vLLM's source (Llama-3.1-8B,
+bf16, TP 1, H100 SXM, `vllm serve` defaults: 8,192 batched tokens, 1,024 sequences, vocab 128,256)."""
+
+import pytest
+
+from kvplan import capacity, load_gpu, load_model
+from kvplan.nonkv import _capture_sizes, _forward_peak, non_kv_memory, serve_defaults
+
+MiB, GiB = 2**20, 2**30
+H100 = load_gpu("h100")
+L31 = load_model("llama-3.1-8b")
+W = 2 * 8_030_261_248
+
+
+def run(version, **kw):
+    return non_kv_memory(L31, H100, total_bytes=H100.memory_total_bytes, tp=1, weights=W, version=version,
+                         max_model_len=131072, **kw)
+
+
+def test_serve_defaults():
+    def d(gpu, version):
+        g = load_gpu(gpu)
+        r = serve_defaults(g.memory_total_bytes, g, version, 131072)
+        return r.max_num_batched_tokens, r.max_num_seqs
+
+    assert d("h100", "0.33") == (8192, 1024)
+    assert d("a100", "0.33") == (2048, 256)  # 80 GB, but A100s keep the small defaults
+    assert d("b200", "0.33") == (16384, 1024)
+    assert d("b200", "0.20") == (8192, 1024)
+
+
+def test_forward_terms():
+    peak, parts = _forward_peak(L31, 8192, 1, 2)
+    assert parts["mlp"] == 8192 * 2 * (4096 + 3 * 14336) == 736 * MiB   # residual + gate_up + act
+    assert parts["attention"] == 8192 * 2 * (2 * 4096 + 3 * 4096 + 3 * 1024) == 368 * MiB
+    assert peak == 736 * MiB
+
+
+def test_sampler_sets_the_peak_in_020_and_033():
+    # 0.20: bf16 logits 250.5 MiB + fp32 logits, probs, q (12 x R x V = 1,503 MiB) + Triton buffer 132 x V x 4
+    # (64.6 MiB) + hold (hidden states 64 MiB + 2 x 1024 rows x 4096 x 2 = 16 MiB): 1,898 MiB
+    v020 = run("0.20")
+    expect = 2 * 1024 * 128256 + 12 * 1024 * 128256 + 4 * 132 * 128256 + 8192 * 4096 * 2 + 2 * 1024 * 4096 * 2
+    assert v020.activation == expect and round(expect / MiB) == 1898
+    # 0.30: the default sampler pass keeps bf16 logits only: 250 + 80 MiB < 736 MiB, so the MLP sets the peak
+    assert run("0.30").activation == 736 * MiB
+    # 0.33: the warm-up pass adds the fp32 pipeline again: 1,753 + 80 = 1,834 MiB
+    assert round(run("0.33").activation / MiB) == 1834
+
+
+def test_persistent_penalty_state_and_rotary():
+    # MRV2 (0.30+) allocates output_bin_counts [1024, V] int32 and prompt_bin_mask [1024, ceil(V/32)] int32: 517 MiB
+    pen = 4 * 1024 * 128256 + 4 * 1024 * -(-128256 // 32)
+    assert round(pen / MiB) == 517
+    assert run("0.33").persistent == pen
+    assert run("0.30").persistent == pen + 32 * MiB  # plus the main stream's cuBLAS workspace (SM90)
+    assert run("0.20").persistent == 0
+    # rotary cos/sin cache: 131,072 positions x 128 x 2 B = 32 MiB, on top of the parameters
+    assert run("0.33").weights == W + 32 * MiB
+
+
+def test_cudagraph_estimate():
+    # H100 defaults: capture sizes 1, 2, 4, 8..248 by 8, 256..512 by 16: 51 sizes, all FULL-capturable (<= 1024)
+    sizes = _capture_sizes(512)
+    assert len(sizes) == 51 and sizes[-1] == 512
+    f_cg = 512 * 2 * (4096 + 3 * 14336)  # the MLP at 512 tokens: 46 MiB
+    assert round(f_cg / MiB) == 46
+    assert run("0.33").cudagraph == 2 * f_cg + 32 * MiB + 50 * 4 * MiB + 50 * 1 * MiB
+    assert run("0.33", enforce_eager=True).cudagraph == 0
+
+
+def test_tp_adds_the_allreduce_workspace():
+    # FlashInfer all-reduce fusion on SM90: 4 x tp x S_fi + 2 MiB; S_fi 64 MB at TP 2 -> 514 MiB, 0.5 MB at TP 8
+    m = load_model("llama-3.1-70b")
+    nk2 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=2, weights=0, version="0.33",
+                        max_model_len=131072)
+    nk8 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=8, weights=0, version="0.33",
+                        max_model_len=131072)
+    assert nk2.non_torch == 514 * MiB and nk8.non_torch == 18 * MiB
+
+
+def test_capacity_uses_the_model_by_default():
+    r = capacity(L31, H100, "auto", max_model_len=131072)
+    nk = r.non_kv
+    expected = -(-H100.memory_total_bytes * 92 // 100) - nk["total"]
+    assert abs(r.available_kv_bytes - expected) <= 1
+    assert nk["total"] == nk["weights"] + nk["activation"] + nk["persistent"] + nk["non_torch"] + nk["cudagraph"]
+    # the modelled overhead beyond the weights is far below the back-of-envelope 6 GiB on one H100
+    assert 1.5 * GiB < nk["total"] - nk["weights"] < 4 * GiB
+    flat = capacity(L31, H100, "auto", max_model_len=131072, activation_gib=6)
+    assert flat.non_kv["source"] == "flat allowance" and flat.activation_bytes == 6 * GiB
+    parts = capacity(L31, H100, "auto", max_model_len=131072, activation_gib=1, cudagraph_gib=0.5)
+    assert parts.non_kv["activation"] == GiB and parts.non_kv["cudagraph"] == GiB // 2
+    assert parts.non_kv["persistent"] == nk["persistent"]
+
+
+@pytest.mark.parametrize("args", [["--non-torch-gib", "-1"], ["--max-num-seqs", "0"]])
+def test_bad_overrides(cli, args):
+    r = cli("capacity", "llama3-8b", "--gpu", "h100", *args)
+    assert r.code == 2 and r.err.count("\n") == 1
