@@ -162,6 +162,11 @@ def capacity(
                             "spread over this many ranks"),
     num_gpu_blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override", help="use this many "
                                                           "blocks, whatever the memory (like vLLM's option)"),
+    profile: Optional[str] = typer.Option(None, "--profile", help="a deployment profile (`kvplan log ... "
+                                          "--save-profile`): start from the overheads that deployment measured"),
+    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang: the share of "
+                                                        "free memory for weights and KV (default: SGLang's rule)"),
+    page_size: int = typer.Option(1, "--page-size", help="SGLang: tokens per page"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency,
@@ -172,17 +177,34 @@ def capacity(
     from .pool import capacity as run
     from .specs import load_gpu
 
+    prof = None
+    if profile:
+        from .deploy import load_profile
+
+        prof = load_profile(profile)
+        model = model or prof.model
+        gpu = gpu or prof.gpu
+        dtype = dtype or [prof.kv_cache_dtype]
+        max_model_len = max_model_len or prof.max_model_len
     g = load_gpu(gpu) if gpu else None
     fmts = parse_dtypes(dtype)
     skip = parse_skip_layers(skip_layers)
-    if engine.lower() != "vllm":
-        raise KvplanError(f"--engine {engine}: kvplan plans the pool with vLLM's rules only (--engine vllm)")
+    engine = (prof.engine if prof is not None and engine == "vllm" else engine).lower()
+    if engine == "sglang":
+        _sglang_capacity(model, g, dtype, tp, mem_fraction_static, max_model_len, page_size, prof, as_json)
+        return
+    if engine != "vllm":
+        raise KvplanError(f"--engine {engine}: choose vllm or sglang")
     opts = dict(tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
                 num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
                 max_model_len=max_model_len, block_size=block_size, activation_gib=activation_gib,
                 non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib, max_num_seqs=max_num_seqs,
                 enforce_eager=enforce_eager, gpu_memory_gib=gpu_memory_gib, kv_cache_memory_gib=kv_cache_memory,
                 weight_dtype=weight_dtype, skip=skip, max_num_batched_tokens=max_num_batched_tokens)
+    if prof is not None:
+        opts["profile"] = prof
+        if gpu_memory_utilization == 0.92 and prof.gpu_memory_utilization:
+            opts["gpu_memory_utilization"] = prof.gpu_memory_utilization  # the deployment's, unless asked
     if model is None:
         _capacity_listing(g, fmts, opts, as_json)
         return
@@ -194,6 +216,27 @@ def capacity(
         raise KvplanError(results[0].problem)
     data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
     _show(as_json, data, "capacity_table", results, m, g)
+
+
+def _sglang_capacity(model, g, dtype, tp, mem_fraction_static, max_model_len, page_size, prof, as_json) -> None:
+    from .errors import KvplanError
+    from .sglang import sglang_pool
+    from .specs import load_model
+
+    if model is None:
+        raise KvplanError("--engine sglang needs a MODEL")
+    m = load_model(model)
+    measured = {}
+    if prof is not None:
+        if prof.model != m.name:
+            raise KvplanError(f"the profile was measured on {prof.model}, not {m.name}")
+        measured = dict(free_before_load_gib=prof.free_before_load_bytes / 2**30,
+                        weight_gib=prof.weights_bytes / 2**30)
+        mem_fraction_static = mem_fraction_static or prof.mem_fraction_static
+    results = [sglang_pool(m, g, f, tp=tp, mem_fraction_static=mem_fraction_static, context_len=max_model_len,
+                           page_size=page_size, **measured) for f in _formats_for(m, dtype)]
+    data = [r.to_dict() for r in results] if len(results) > 1 else results[0].to_dict()
+    _show(as_json, data, "sglang_table", results, m, g)
 
 
 def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
@@ -422,6 +465,36 @@ def gate(
         for line in failure_lines(report):
             print(f"kvplan: gate failed: {line}", file=sys.stderr)
         raise typer.Exit(1)
+
+
+@app.command("log")
+def log_import(
+    file: str = typer.Argument(..., help="a vLLM (V0 or V1) or SGLang startup log, or - for stdin"),
+    model: Optional[str] = typer.Option(None, "--model", help="the model, when the log's name is not in the catalog"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="the GPU (needed when the log does not state its memory)"),
+    save_profile: Optional[str] = typer.Option(None, "--save-profile", help="keep the measured overheads here "
+                                               "(YAML) for `kvplan capacity --profile`"),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+) -> None:
+    """Read a startup log: the configuration it ran and every figure it measured, kvplan's prediction for the same
+    configuration beside each with the error, and (--save-profile) a deployment profile for what-if runs."""
+    from .deploy import import_log
+    from .deploy import save_profile as write_profile
+    from .errors import KvplanError
+
+    if file == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            raise KvplanError(f"cannot read {file}: {e.strerror}") from None
+    result = import_log(text, file if file != "-" else "stdin", model=model, gpu=gpu)
+    if save_profile:
+        write_profile(result.profile, save_profile)
+        print(f"wrote the deployment profile {save_profile}", file=sys.stderr)
+    _show(as_json, result.to_dict(), "log_table", result)
 
 
 @app.command()

@@ -264,12 +264,15 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
               kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
               skip: SkipLayers = None, max_num_batched_tokens: Optional[int] = None,
               max_num_seqs: Optional[int] = None, enforce_eager: bool = False,
-              num_gpu_blocks_override: Optional[int] = None) -> PoolPlan:
+              num_gpu_blocks_override: Optional[int] = None,
+              measured_non_kv: Optional[tuple[Optional[int], int]] = None) -> PoolPlan:
     """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules); checks the options.
 
     The non-KV memory is vLLM's, part by part (kvplan.nonkv); `non_torch_gib` and `cudagraph_gib` replace those
     parts and `activation_gib` the activation peak. `activation_gib` alone is one flat allowance for everything
-    beyond the weights, as in the back-of-envelope budget (6.0 GiB)."""
+    beyond the weights, as in the back-of-envelope budget (6.0 GiB). `measured_non_kv` (weights or None, overhead
+    beyond them), from a deployment profile, replaces the model: measured weights when the layout is the one
+    measured, modelled weights otherwise."""
     check_tp(model, tp)
     rules = vllm_rules(engine_version)
     if not 0 < gpu_memory_utilization <= 1:
@@ -316,7 +319,10 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
     stages = []
     for rng in pipeline_stages(model.num_layers, pp):
         wb = weight_bytes(model, tp, weight_dtype, stage=rng)
-        if flat:
+        if measured_non_kv is not None:
+            w, overhead = measured_non_kv
+            nk = NonKVMemory(w if w is not None else wb.total, overhead, 0, 0, 0, t_batched, seqs, "profile")
+        elif flat:
             nk = flat_allowance(wb.total, int(round(activation_gib * GiB)), t_batched, seqs)
         else:
             nk = non_kv_memory(model, gpu, total_bytes=total, tp=tp, weights=wb.total, version=rules.version,
@@ -366,18 +372,33 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
              gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
              weight_dtype: Optional[str] = None, skip: SkipLayers = None,
              max_num_batched_tokens: Optional[int] = None, max_num_seqs: Optional[int] = None,
-             enforce_eager: bool = False) -> CapacityResult:
+             enforce_eager: bool = False, profile=None) -> CapacityResult:
     """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
-    can show it; raise on it where a single answer was asked for."""
+    can show it; raise on it where a single answer was asked for.
+
+    With a deployment `profile` (kvplan.deploy), the total memory, the engine version and the measured weights and
+    overheads of that deployment stand in for the model of them."""
+    measured = None
+    if profile is not None:
+        if profile.engine != "vllm":
+            raise KvplanError(f"the profile was measured on {profile.engine}; use --engine {profile.engine}")
+        if profile.model != model.name:
+            raise KvplanError(f"the profile was measured on {profile.model}, not {model.name}; its overheads do "
+                              f"not carry over (import a log of {model.name})")
+        same_layout = (tp, pp, weight_dtype) == (profile.tp, profile.pp, profile.weight_dtype)
+        measured = (profile.weights_bytes if same_layout else None, profile.overhead_bytes or 0)
+        if gpu_memory_gib is None and profile.total_memory_bytes:
+            gpu_memory_gib = profile.total_memory_bytes / GiB
+        engine_version = engine_version or profile.engine_version
     plan = pool_plan(model, gpu, dtype, tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
                      num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
                      block_size=block_size, activation_gib=activation_gib, non_torch_gib=non_torch_gib,
                      cudagraph_gib=cudagraph_gib, gpu_memory_gib=gpu_memory_gib,
                      kv_cache_memory_gib=kv_cache_memory_gib, weight_dtype=weight_dtype, skip=skip,
                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                     enforce_eager=enforce_eager)
+                     enforce_eager=enforce_eager, measured_non_kv=measured)
     mlen = model.max_position_embeddings if max_model_len is None else max_model_len
     if mlen < 1:
         raise KvplanError(f"--max-model-len must be positive, got {mlen}")
@@ -413,6 +434,9 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     if plan.block_size != block_size:
         notes.append(f"block size raised from {block_size} to {plan.block_size} so a skip layer's block fits the "
                      f"{fmt.name} page (vLLM 0.30+)")
+    if profile is not None:
+        notes.append(f"non-KV memory measured by {profile.source or 'a startup log'}"
+                     + ("" if measured[0] is not None else "; weights modelled (another layout than measured)"))
     if plan.overridden:
         notes.append(f"--num-gpu-blocks-override: {num_blocks:,} blocks whatever the memory (vLLM does not clamp it)")
     if pp > 1:
@@ -425,7 +449,10 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
     return CapacityResult(
         model=model.name, gpu=gpu.name if gpu else None, dtype=fmt.name, tp=tp, weight_dtype=plan.weight_dtype,
-        total_bytes=plan.total, memory_source=plan.memory_source, gpu_memory_utilization=gpu_memory_utilization,
+        total_bytes=plan.total,
+        memory_source=f"measured ({profile.source})" if profile is not None and profile.total_memory_bytes
+        and plan.total == int(round(profile.total_memory_bytes / GiB * GiB)) else plan.memory_source,
+        gpu_memory_utilization=gpu_memory_utilization,
         requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.non_kv.activation,
         available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
         page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,

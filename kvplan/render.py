@@ -186,7 +186,11 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     t.add_row("total memory", f"{gib(r0.total_bytes)}  ({r0.memory_source})")
     t.add_row(f"ceil(x gpu_memory_utilization {r0.gpu_memory_utilization:g})", gib(r0.requested_bytes))
     nk = r0.non_kv
-    if nk.get("source") == "flat allowance":
+    if nk.get("source") == "profile":
+        t.add_row("- weights (measured)" if "weights modelled" not in " ".join(r0.notes) else "- weights",
+                  gib(nk["weights"]))
+        t.add_row("- the rest of the non-KV memory (measured)", gib(nk["activation"]))
+    elif nk.get("source") == "flat allowance":
         t.add_row("- weights", gib(nk["weights"]))
         t.add_row("- flat allowance (activations, graphs, NCCL, context)", gib(nk["activation"]))
     elif nk:
@@ -354,3 +358,42 @@ def gate_table(report) -> None:
     n_fail = sum(1 for g in report.gates if not g.passed)
     con.print(f"{len(report.gates) - n_fail} of {len(report.gates)} gates passed"
               + (f"; {len(report.regressions)} regression(s)" if report.regressions else ""))
+
+
+def log_table(result) -> None:
+    con = console()
+    cfg = ", ".join(f"{k}={v}" for k, v in result.config.items() if v not in (None, False))
+    con.print(f"[bold]{result.engine} {result.version or ''}[/bold] startup log: {cfg}")
+    t = Table(title="Measured by the engine, and kvplan's prediction for the same configuration",
+              title_justify="left")
+    for col in ["figure", "measured", "kvplan", "error"]:
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    for f in result.figures:
+        unit = f" {f.unit}" if f.unit else ""
+        fmt = (lambda v: "-" if v is None else (f"{v:,.0f}" if float(v).is_integer() and abs(v) >= 100
+                                               else f"{v:,.2f}"))
+        err = "-" if f.error_pct is None else f"{f.error_pct:+.2f}%"
+        t.add_row(f.name, fmt(f.measured) + (unit if f.measured is not None else ""),
+                  fmt(f.predicted) + (unit if f.predicted is not None else ""), err)
+    con.print(t)
+    for n in result.notes:
+        con.print(f"note: {n}")
+
+
+def sglang_table(results, model, gpu) -> None:
+    con = console()
+    r0 = results[0]
+    con.print(f"[bold]{model.name}[/bold] on {gpu.name if gpu else 'the measured GPU'}  TP {r0.tp}  SGLang rules  "
+              f"mem_fraction_static {r0.mem_fraction_static}")
+    con.print(f"free before weights {gib(r0.free_before_load_bytes)}; weights {gib(r0.weight_bytes)}; pool "
+              f"= free after weights - (1 - f) x free before = {gib(r0.available_bytes)}")
+    t = Table(title=f"KV pool, context_len {r0.context_len:,}, page size {r0.page_size}", title_justify="left")
+    for col in ["KV dtype", "B/token", "max_total_num_tokens", "sequences of context_len", "max_running_requests"]:
+        t.add_column(col, justify="left" if col == "KV dtype" else "right", no_wrap=True)
+    for r in results:
+        t.add_row(_dname(r.dtype, model), num(r.cell_bytes), f"{r.max_total_num_tokens:,}",
+                  f"{r.max_total_num_tokens / r.context_len:.2f}", f"{r.max_running_requests:,}")
+    con.print(t)
+    con.print("SGLang would log (per dtype):")
+    for r in results:
+        con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), soft_wrap=True)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 COMMANDS = [[], ["crossover"], ["capacity"], ["formats"], ["models"], ["models", "show"], ["gpus"], ["gpus", "show"],
-            ["sweep"]]
+            ["sweep"], ["gate"], ["log"], ["plot"], ["plot", "crossover"], ["plot", "capacity"]]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "kvplan")

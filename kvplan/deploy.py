@@ -1,0 +1,263 @@
+"""Startup logs against kvplan's prediction, and deployment profiles: the overheads one real deployment measured,
+kept so that later "what if" questions (another KV dtype, max_model_len or utilization) start from them."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import KvplanError
+from .specs import GPUSpec, ModelSpec, catalog_entries, load_gpu, load_model
+from .startup_log import StartupLog, parse_startup_log
+
+GiB = 2**30
+PROFILE_SCHEMA = "kvplan-deployment-profile/1"
+
+
+class DeploymentProfile(BaseModel):
+    """What one deployment measured at startup. Versioned by `schema`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["kvplan-deployment-profile/1"] = Field(PROFILE_SCHEMA, alias="schema")
+    engine: Literal["vllm", "sglang"]
+    engine_version: Optional[str] = None
+    model: str
+    gpu: Optional[str] = None
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    weight_dtype: Optional[str] = None
+    kv_cache_dtype: str = "auto"
+    max_model_len: int = Field(ge=1)
+    gpu_memory_utilization: Optional[float] = Field(None, gt=0, le=1)
+    mem_fraction_static: Optional[float] = Field(None, gt=0, le=1)
+    total_memory_bytes: Optional[int] = Field(None, gt=0)
+    weights_bytes: int = Field(ge=0)
+    overhead_bytes: Optional[int] = Field(None, description="vLLM: non-KV memory beyond the weights")
+    free_before_load_bytes: Optional[int] = Field(None, description="SGLang: free memory before weight loading")
+    available_kv_bytes: int
+    max_num_batched_tokens: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    source: str = ""
+    source_sha256: str = ""
+
+
+def save_profile(profile: DeploymentProfile, path: str | Path) -> None:
+    import yaml
+
+    from .files import atomic_write_text
+
+    data = profile.model_dump(by_alias=True, exclude_none=True)
+    atomic_write_text(path, "# kvplan deployment profile: the overheads one startup measured; `kvplan capacity "
+                            "--profile` starts from them\n" + yaml.safe_dump(data, sort_keys=False))
+
+
+def load_profile(path: str | Path) -> DeploymentProfile:
+    from .specs import read_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise KvplanError(f"no such profile: {path} (`kvplan log STARTUP.log --save-profile {path}` makes one)")
+    data = read_yaml(p)
+    if not isinstance(data, dict):
+        raise KvplanError(f"{path}: not a kvplan deployment profile (expected a mapping)")
+    if data.get("schema") != PROFILE_SCHEMA:
+        raise KvplanError(f"{path}: schema {data.get('schema')!r} is not {PROFILE_SCHEMA!r}; re-import the log")
+    try:
+        return DeploymentProfile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise KvplanError(f"{path}: field '{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
+
+
+def model_for_repo(repo: str) -> ModelSpec:
+    """The catalog model a Hugging Face repo id names (instruct and chat variants share the base architecture)."""
+    def norm(s: str) -> str:
+        s = s.lower().split("/")[-1]
+        for suffix in ("-instruct-2507", "-instruct", "-chat", "-it", "-base", "-hf"):
+            s = s.removesuffix(suffix)
+        return "".join(ch for ch in s.replace("meta-llama-", "llama-") if ch.isalnum())
+
+    key = norm(repo)
+    for stem, spec in catalog_entries("models"):
+        names = {stem, spec.name, *(spec.aliases), *([spec.hf_repo] if spec.hf_repo else [])}
+        if key in {norm(n) for n in names}:
+            return spec
+    raise KvplanError(f"the log's model '{repo}' is not in the catalog; pass --model (a catalog name, a YAML spec "
+                      f"or its config.json)")
+
+
+@dataclass
+class Figure:
+    name: str
+    measured: Optional[float]
+    predicted: Optional[float]
+    unit: str = ""
+
+    @property
+    def error_pct(self) -> Optional[float]:
+        if self.measured in (None, 0) or self.predicted is None:
+            return None
+        return (self.predicted - self.measured) / self.measured * 100
+
+
+@dataclass
+class LogImport:
+    engine: str
+    version: Optional[str]
+    model: str
+    config: dict
+    figures: list[Figure]
+    profile: DeploymentProfile
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "version": self.version, "model": self.model, "config": self.config,
+                "figures": [{**asdict(f), "error_pct": f.error_pct} for f in self.figures],
+                "profile": self.profile.model_dump(by_alias=True, exclude_none=True), "notes": self.notes}
+
+
+_WEIGHT_DTYPES = {"fp8": "fp8", "fbgemm_fp8": "fp8_channel", "awq": "int4_g128", "gptq": "int4_g128",
+                  "awq_marlin": "int4_g128", "gptq_marlin": "int4_g128", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4"}
+
+
+def import_log(text: str, source: str = "log", model: Optional[str] = None,
+               gpu: Optional[str] = None) -> LogImport:
+    """Read a startup log, predict the same configuration, and keep what it measured as a profile."""
+    log = parse_startup_log(text, source)
+    m = load_model(model) if model else model_for_repo(str(log.config.get("model", "")))
+    g = load_gpu(gpu) if gpu else None
+    sha = hashlib.sha256(text.encode()).hexdigest()
+    if log.engine == "sglang":
+        return _import_sglang(log, m, g, Path(source).name, sha)
+    return _import_vllm(log, m, g, Path(source).name, sha)
+
+
+def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
+    from .engines import vllm_rules
+    from .pool import capacity
+
+    c, meas = log.config, log.measured
+    rules = vllm_rules(log.version)
+    notes = []
+    total_gib = meas.get("total_gpu_memory_gib")
+    if total_gib is None and g is None:
+        raise KvplanError("the log does not state the GPU's total memory; pass --gpu")
+    util = c.get("gpu_memory_utilization") or (0.92 if rules.version >= "0.20" else 0.9)
+    quant = c.get("quantization")
+    weight_dtype = _WEIGHT_DTYPES.get(str(quant).lower()) if quant else None
+    if quant and weight_dtype is None:
+        notes.append(f"quantization '{quant}' is not modelled; weights are predicted in the checkpoint's format")
+    tp, pp = int(c.get("tp", 1)), int(c.get("pp", 1))
+    kw = dict(tp=tp, pp=pp, dcp=int(c.get("dcp") or 1), engine_version=log.version,
+              gpu_memory_utilization=float(util), max_model_len=int(c.get("max_model_len") or m.max_position_embeddings),
+              block_size=int(c.get("block_size") or 16), weight_dtype=weight_dtype,
+              max_num_seqs=c.get("max_num_seqs"), max_num_batched_tokens=c.get("max_num_batched_tokens"),
+              enforce_eager=bool(c.get("enforce_eager", False)))
+    if total_gib is not None:
+        kw["gpu_memory_gib"] = total_gib
+    dtype = str(c.get("kv_cache_dtype") or "auto")
+    pred = capacity(m, g, dtype, **kw)
+
+    # what the engine measured, in bytes, consistent with its block count
+    bpb, mlen = pred.bytes_per_block, pred.max_model_len
+    blocks = meas.get("num_gpu_blocks")
+    if blocks is None and "kv_tokens" in meas:
+        blocks = _blocks_from_tokens(int(meas["kv_tokens"]), pred, rules.reported_tokens)
+    avail_gib = meas.get("available_kv_gib", meas.get("kv_reserved_gib"))
+    if avail_gib is not None:
+        available = int(round(avail_gib * GiB))
+        if blocks is not None:  # the log rounds to 0.01 GiB; the block count pins it closer
+            available = min(max(available, int(blocks) * bpb), (int(blocks) + 1) * bpb - 1)
+    elif blocks is not None:
+        available = int(blocks) * bpb + bpb // 2
+        notes.append("the log prints no KV memory figure: taken from its block count")
+    else:  # pragma: no cover - parse_startup_log refuses such logs
+        raise KvplanError("the log has neither the available KV memory nor the block count")
+    total = int(round(total_gib * GiB)) if total_gib is not None else pred.total_bytes
+    requested = math.ceil(total * float(util))
+    weights = int(round(meas["weights_gib"] * GiB)) if "weights_gib" in meas else pred.non_kv["weights"]
+    profile = DeploymentProfile(
+        engine="vllm", engine_version=rules.version, model=m.name, gpu=g.name if g else None, tp=tp, pp=pp,
+        weight_dtype=weight_dtype, kv_cache_dtype=dtype, max_model_len=mlen, gpu_memory_utilization=float(util),
+        total_memory_bytes=total, weights_bytes=weights, overhead_bytes=requested - weights - available,
+        available_kv_bytes=available, max_num_batched_tokens=pred.non_kv["max_num_batched_tokens"],
+        max_num_seqs=pred.non_kv["max_num_seqs"], source=source, source_sha256=sha)
+    nk = pred.non_kv
+    figures = [
+        Figure("available KV cache memory", _gib(available) if avail_gib is not None else None,
+               _gib(pred.available_kv_bytes), "GiB"),
+        Figure("KV blocks", blocks, pred.num_blocks),
+        Figure("GPU KV cache size", meas.get("kv_tokens"), pred.kv_tokens, "tokens"),
+        Figure("maximum concurrency", meas.get("max_concurrency"), round(pred.max_concurrency, 2), "x"),
+        Figure("model weights", meas.get("weights_gib"), _gib(nk["weights"]), "GiB"),
+        Figure("activation peak", meas.get("activation_peak_gib"), _gib(nk["activation"]), "GiB"),
+        Figure("non-torch memory", meas.get("non_torch_gib"), _gib(nk["non_torch"]), "GiB"),
+        Figure("CUDA-graph estimate", meas.get("cudagraph_estimated_gib"), _gib(nk["cudagraph"]), "GiB"),
+        Figure("non-KV memory beyond the weights", _gib(requested - weights - available),
+               _gib(nk["total"] - nk["weights"]), "GiB"),
+    ]
+    config = {"model": m.name, "gpu": g.name if g else None, "total_memory_gib": _gib(total), **kw, "kv_cache_dtype": dtype}
+    return LogImport("vllm", log.version, m.name, config, figures, profile, notes + pred.notes)
+
+
+def _blocks_from_tokens(tokens: int, pred, reported: str) -> int:
+    """The block count behind a reported token figure (0.25+: int(blocks / per_request x max_model_len);
+    0.20: blocks // groups x block_size)."""
+    if reported == "blocks":
+        return tokens // pred.block_size * pred.num_kv_cache_groups
+    bpr, mlen = pred.blocks_per_request, pred.max_model_len
+    b = tokens * bpr // mlen
+    while int(b / bpr * mlen) < tokens:
+        b += 1
+    return b
+
+
+def _gib(b: float) -> float:
+    return round(b / GiB, 4)
+
+
+def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
+    from .sglang import sglang_pool
+
+    c, meas = log.config, log.measured
+    notes = []
+    f = c.get("mem_fraction_static")
+    tp = int(c.get("tp", 1))
+    dtype = str(c.get("kv_cache_dtype") or "auto")
+    dtype = {"bf16": "bfloat16"}.get(dtype, dtype)
+    ctx = c.get("max_model_len")
+    page = int(c.get("page_size") or 1)
+    if "free_before_load_gb" not in meas or "weights_load_avail_gb" not in meas:
+        raise KvplanError("the SGLang log lacks the 'Load weight begin. ... avail mem=' and 'Load weight end. ... "
+                          "avail mem=' lines; pass the whole startup log")
+    measured = sglang_pool(m, g, dtype, tp=tp, mem_fraction_static=f, context_len=ctx, page_size=page,
+                           free_before_load_gib=meas["free_before_load_gb"], weight_gib=meas.get("weights_gb"),
+                           avail_after_load_gib=meas["weights_load_avail_gb"])
+    figures = [Figure("max_total_num_tokens (from the log's free memory)", meas.get("max_total_num_tokens"),
+                      measured.max_total_num_tokens, "tokens"),
+               Figure("max_running_requests", meas.get("max_running_requests"), measured.max_running_requests),
+               Figure("K size", meas.get("k_size_gb"), measured.k_size_gb, "GB")]
+    if g is not None:
+        e2e = sglang_pool(m, g, dtype, tp=tp, mem_fraction_static=f, context_len=ctx, page_size=page)
+        figures.insert(0, Figure("max_total_num_tokens (end to end)", meas.get("max_total_num_tokens"),
+                                 e2e.max_total_num_tokens, "tokens"))
+        figures.append(Figure("free memory before loading", meas["free_before_load_gb"],
+                              _gib(e2e.free_before_load_bytes), "GiB"))
+    else:
+        notes.append("pass --gpu to also predict the pool end to end, from the GPU's memory")
+    profile = DeploymentProfile(
+        engine="sglang", engine_version=log.version, model=m.name, gpu=g.name if g else None, tp=tp,
+        kv_cache_dtype=dtype, max_model_len=int(ctx or m.max_position_embeddings),
+        mem_fraction_static=measured.mem_fraction_static, weights_bytes=measured.weight_bytes,
+        free_before_load_bytes=measured.free_before_load_bytes, available_kv_bytes=measured.available_bytes,
+        source=source, source_sha256=sha)
+    config = {"model": m.name, "gpu": g.name if g else None, "tp": tp, "kv_cache_dtype": dtype,
+              "mem_fraction_static": measured.mem_fraction_static, "context_len": measured.context_len,
+              "page_size": page}
+    return LogImport("sglang", log.version, m.name, config, figures, profile, notes)

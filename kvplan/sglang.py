@@ -1,0 +1,149 @@
+"""SGLang's KV pool (v0.5): the budget from free memory before weight loading and --mem-fraction-static, the cell
+size per token, the page floor, the sliding-window pool ratio, the padding page, and what its log prints.
+
+Sources: sglang v0.5.23, srt/mem_cache/kv_cache_configurator.py (_profile_available_bytes, token constraints),
+srt/model_executor/pool_configurator.py (_compute_cell_size, hybrid SWA), srt/arg_groups/memory_hook.py (the
+default mem_fraction_static), srt/mem_cache/memory_pool.py (allocation with one padding page).
+A pure module: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from .engine import check_tp
+from .errors import KvplanError
+from .formats import KVFormat, kv_format
+from .specs import GPUSpec, ModelSpec
+from .weights import DTYPE_BYTES, weight_bytes
+
+GiB = 2**30
+CONTEXT_GIB = 0.5  # CUDA context and NCCL before SGLang's baseline (not a source constant; a log pins it)
+SWA_FULL_TOKENS_RATIO = 0.8
+
+# kvplan format -> SGLang's --kv-cache-dtype (the formats SGLang accepts)
+SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp8": "fp8_e4m3",
+                 "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16"}
+
+
+def default_chunked_prefill_and_decode_bs(gpu_mem_gb: float, tp: int) -> tuple[int, int]:
+    """SGLang's defaults by GPU memory (memory_hook.py): chunked_prefill_size and the largest decode graph batch."""
+    if gpu_mem_gb < 20:
+        return 2048, 8
+    if gpu_mem_gb < 35:
+        return 4096, 48 if tp < 4 else 160
+    if gpu_mem_gb < 60:
+        return 4096, 32 if tp < 4 else 160
+    if gpu_mem_gb < 160:
+        return 8192, 256 if tp < 4 else 512
+    return 16384, 512
+
+
+def default_mem_fraction_static(model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1) -> float:
+    """memory_hook.py: reserve 512 MB + 1.5 x chunked prefill + tp x pp / 8 GB + the graphs' share, at least 10 GB
+    on GPUs over 60 GB, out of nvidia-smi's total."""
+    gpu_mem = gpu.smi_total_mib or gpu.memory_total_gib * 1024
+    chunked, decode_bs = default_chunked_prefill_and_decode_bs(gpu_mem / 1024, tp)
+    graphs = 1536 if model.is_mla else 2 * decode_bs
+    reserved = 512 + 1.5 * max(chunked, 2048) + tp * pp / 8 * 1024 + graphs
+    if gpu_mem > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mem - reserved) / gpu_mem, 3)
+
+
+def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[float, float, int, int]:
+    """Bytes per token of SGLang's pool on one rank: (full-attention cell, sliding-window cell per token, number of
+    full layers, number of sliding layers). SGLang keeps max(1, kv_heads // (tp // dcp)) heads per rank."""
+    if fmt.name not in SGLANG_DTYPES:
+        raise KvplanError(f"SGLang has no KV cache dtype '{fmt.name}'; it takes "
+                          f"{', '.join(sorted(set(SGLANG_DTYPES.values())))}")
+    elem = DTYPE_BYTES[model.dtype] if fmt.is_model_dtype else 1
+    L = model.num_layers
+    if model.mla:
+        latent = model.mla.latent_dim
+        if fmt.family in ("nvfp4", "mx") and fmt.name != "mxfp8":
+            per_layer = latent / 2 + latent // 16
+        else:
+            per_layer = latent * elem
+        return per_layer * L, 0.0, L, 0
+    n = max(1, model.num_kv_heads // max(1, tp // dcp))
+    d = model.head_dim or 0
+    if fmt.name == "mxfp8":
+        per_layer = n * 2 * d + n * 2 * d / 32
+    elif fmt.family in ("nvfp4", "mx"):
+        per_layer = n * (d / 2) * 2 + n * (d / 16) * 2
+    else:
+        per_layer = n * 2 * d * elem
+    kinds = model.layer_kinds
+    full = sum(1 for k in kinds if k != "sliding")
+    return per_layer * full, per_layer, full, L - full
+
+
+@dataclass
+class SglangPool:
+    model: str
+    dtype: str
+    tp: int
+    mem_fraction_static: float
+    free_before_load_bytes: int
+    weight_bytes: int
+    available_bytes: int  # what the pool may take: free after load - (1 - f) x free before
+    cell_bytes: float  # bytes per token, all full layers (plus the sliding share on hybrid models)
+    max_total_num_tokens: int
+    swa_tokens: Optional[int]
+    page_size: int
+    max_running_requests: int
+    context_len: int
+    k_size_gb: float  # the K buffers as logged (GB = 2^30), padding page included
+    log_lines: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat = "auto", *, tp: int = 1,
+                mem_fraction_static: Optional[float] = None, context_len: Optional[int] = None, page_size: int = 1,
+                free_before_load_gib: Optional[float] = None, weight_gib: Optional[float] = None,
+                avail_after_load_gib: Optional[float] = None, swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO,
+                max_running_requests: Optional[int] = None) -> SglangPool:
+    """SGLang's max_total_num_tokens for a model on a GPU; measured free memories (from a log) replace the
+    estimates."""
+    check_tp(model, tp)
+    fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
+    if page_size < 1:
+        raise KvplanError(f"--page-size must be positive, got {page_size}")
+    if gpu is None and free_before_load_gib is None:
+        raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
+    f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(model, gpu, tp)
+    if not 0 < f <= 1:
+        raise KvplanError(f"--mem-fraction-static must be in (0, 1], got {f}")
+    free_before = (free_before_load_gib * GiB if free_before_load_gib is not None
+                   else gpu.memory_total_bytes - CONTEXT_GIB * GiB)
+    weights = weight_gib * GiB if weight_gib is not None else weight_bytes(model, tp).total
+    after_load = avail_after_load_gib * GiB if avail_after_load_gib is not None else free_before - weights
+    # _profile_available_bytes works in GiB floats and truncates once
+    available = int((after_load / GiB - free_before / GiB * (1 - f)) * GiB)
+    full_cell, swa_cell, n_full, n_swa = cell_bytes(model, fmt, tp)
+    ctx = context_len or model.max_position_embeddings
+    swa_tokens = None
+    if n_swa and n_full:
+        cell = full_cell + swa_full_tokens_ratio * swa_cell * n_swa
+        tokens = max(0, int(available // cell)) // page_size * page_size
+        swa_tokens = int(tokens * swa_full_tokens_ratio) // page_size * page_size
+    else:
+        cell = full_cell + swa_cell * n_swa
+        tokens = max(0, int(available // cell)) // page_size * page_size
+    if max_running_requests is None:
+        max_running_requests = min(max(2048, min(4096, int(tokens / ctx * 512))), tokens // 2)
+    k_size = (tokens + page_size) * (full_cell if not model.mla else full_cell) / 2 / GiB
+    storage = {"auto": model.dtype, "bfloat16": "bf16"}.get(fmt.name, fmt.name)
+    torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
+                   "fp8_e4m3": "torch.float8_e4m3fn", "fp8": "torch.float8_e4m3fn", "mxfp8": "torch.float8_e4m3fn",
+                   "fp8_e5m2": "torch.float8_e5m2", "nvfp4": "torch.float4_e2m1fn_x2",
+                   "fp4_mx_block16": "torch.float4_e2m1fn_x2"}.get(storage, storage)
+    lines = [f"KV Cache is allocated. dtype: {torch_dtype}, #tokens: {tokens}, "
+             + (f"KV size: {2 * k_size:.2f} GB" if model.mla else f"K size: {k_size:.2f} GB, V size: {k_size:.2f} GB"),
+             f"max_total_num_tokens={tokens}, max_running_requests={max_running_requests}, context_len={ctx}"]
+    return SglangPool(model.name, fmt.name, tp, f, int(free_before), int(weights), available, cell, tokens,
+                      swa_tokens, page_size, max_running_requests, ctx, round(k_size, 2), lines)

@@ -1,0 +1,206 @@
+"""Reading a serving engine's startup log: the configuration it ran with and every memory figure it measured.
+
+vLLM V1 prints "Available KV cache memory: X GiB" and "GPU KV cache size: N tokens" with "Maximum concurrency for
+L tokens per request: Cx" (one line from 0.28, two before); older V1 and V0 releases print a memory-profiling
+summary ("the current vLLM instance can use total_gpu_memory (T GiB) x gpu_memory_utilization (U) = R GiB",
+"model weights take W GiB; non_torch_memory takes ...; PyTorch activation peak memory takes ...; the rest of the
+memory reserved for KV Cache is K GiB"), and V0 "# GPU blocks: N". SGLang prints "Load weight end. ... avail
+mem=A GB, mem usage=W GB", "KV Cache is allocated. dtype: D, #tokens: N, K size: ...", and
+"max_total_num_tokens=N, ... available_gpu_mem=X GB". A pure parser: text in, figures out.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from .errors import KvplanError
+
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+
+
+def _f(s: str) -> float:
+    return float(s.replace(",", ""))
+
+
+@dataclass
+class StartupLog:
+    engine: str  # "vllm" or "sglang"
+    version: Optional[str] = None
+    config: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# vLLM
+
+
+_VLLM_FIGURES = [
+    ("available_kv_gib", rf"Available KV cache memory: {_NUM} GiB"),
+    ("kv_tokens", rf"GPU KV cache size: {_NUM} tokens"),
+    ("max_concurrency", rf"Maximum concurrency for {_NUM} tokens per request: {_NUM}x"),
+    ("weights_gib", rf"(?:Model loading took|Loading model weights took) {_NUM} ?Gi?B"),
+    ("num_gpu_blocks", rf"# GPU blocks: {_NUM}"),
+    ("total_gpu_memory_gib", rf"total_gpu_memory \({_NUM} ?GiB\)"),
+    ("requested_gib", rf"gpu_memory_utilization \({_NUM}\) = {_NUM} ?GiB"),
+    ("non_torch_gib", rf"non_torch_memory takes {_NUM} ?GiB"),
+    ("activation_peak_gib", rf"PyTorch activation peak memory takes {_NUM} ?GiB"),
+    ("kv_reserved_gib", rf"memory reserved for KV Cache is {_NUM} ?GiB"),
+    ("cudagraph_actual_gib", rf"CUDA graph pool memory: {_NUM} GiB \(actual\)"),
+    ("cudagraph_estimated_gib", rf"{_NUM} GiB \(estimated\)"),
+    ("graph_capture_gib", rf"Graph capturing finished in [0-9.]+ secs?, took {_NUM} GiB"),
+]
+
+_VLLM_CONFIG_KEYS = {
+    # key in the engine's config dump -> kvplan's name
+    "model": "model", "dtype": "dtype", "max_seq_len": "max_model_len", "max_model_len": "max_model_len",
+    "tensor_parallel_size": "tp", "pipeline_parallel_size": "pp", "decode_context_parallel_size": "dcp",
+    "quantization": "quantization", "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype",
+    "gpu_memory_utilization": "gpu_memory_utilization", "block_size": "block_size",
+    "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
+    "num_gpu_blocks_override": "num_gpu_blocks_override", "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+}
+
+
+def _value(raw: str) -> Any:
+    raw = raw.strip().rstrip(",").strip()
+    if raw in ("None", "null"):
+        return None
+    if raw in ("True", "False"):
+        return raw == "True"
+    if (raw.startswith("'") and raw.endswith("'")) or (raw.startswith('"') and raw.endswith('"')):
+        return raw[1:-1]
+    if raw.startswith("torch."):
+        return raw[len("torch."):]
+    try:
+        return int(raw)
+    except ValueError:
+        pass
+    try:
+        return float(raw)
+    except ValueError:
+        return raw
+
+
+def _key_values(text: str) -> dict[str, Any]:
+    """key=value pairs of a config dump (vLLM's "with config: ...", SGLang's "ServerArgs(...)") and dict-style
+    "'key': value" pairs (vLLM's "non-default args: {...}")."""
+    out: dict[str, Any] = {}
+    for m in re.finditer(r"(?<![\w.])([a-z_][a-z0-9_]*)=('[^']*'|\"[^\"]*\"|[^,()\s]+)", text):
+        out.setdefault(m.group(1), _value(m.group(2)))
+    for m in re.finditer(r"'([a-z_][a-z0-9_]*)': ('[^']*'|[^,{}]+)", text):
+        out[m.group(1)] = _value(m.group(2))
+    return out
+
+
+def _parse_vllm(text: str) -> StartupLog:
+    log = StartupLog("vllm")
+    m = re.search(r"(?:engine \(v|vLLM API server version |version[ =]v?)([0-9]+\.[0-9]+(?:\.[0-9]+)?)", text)
+    if m:
+        log.version = m.group(1)
+    for line in text.splitlines():
+        if "with config:" in line or "non-default args:" in line or "Initializing" in line:
+            for k, v in _key_values(line).items():
+                if k in _VLLM_CONFIG_KEYS and v is not None:
+                    log.config.setdefault(_VLLM_CONFIG_KEYS[k], v)
+    for key, pattern in _VLLM_FIGURES:
+        found = re.findall(pattern, text)
+        if not found:
+            continue
+        last = found[-1]
+        if key == "max_concurrency":
+            log.config.setdefault("max_model_len", int(_f(last[0])))
+            log.measured[key] = _f(last[1])
+        elif key == "requested_gib":
+            log.config.setdefault("gpu_memory_utilization", _f(last[0]))
+            log.measured[key] = _f(last[1])
+        else:
+            log.measured[key] = _f(last if isinstance(last, str) else last[0])
+    if "kv_tokens" in log.measured:
+        log.measured["kv_tokens"] = int(log.measured["kv_tokens"])
+    if log.config.get("dtype") == "auto":
+        log.config.pop("dtype")
+    return log
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SGLang
+
+
+_SGLANG_FIGURES = [
+    ("free_before_load_gb", rf"Load weight begin\..*?avail mem={_NUM} GB"),
+    ("weights_load_avail_gb", rf"Load weight end\..*?avail mem={_NUM} GB"),
+    ("weights_gb", rf"Load weight end\..*?mem usage={_NUM} GB"),
+    ("kv_tokens", rf"KV Cache is allocated\..*?#tokens: {_NUM}"),
+    ("k_size_gb", rf"K size: {_NUM} GB"),
+    ("v_size_gb", rf"V size: {_NUM} GB"),
+    ("kv_size_gb", rf"KV size: {_NUM} GB"),
+    ("memory_pool_end_avail_gb", rf"Memory pool end\. avail mem={_NUM} GB"),
+    ("max_total_num_tokens", rf"max_total_num_tokens={_NUM}"),
+    ("max_running_requests", rf"max_running_requests={_NUM}"),
+    ("available_gpu_mem_gb", rf"available_gpu_mem={_NUM} GB"),
+    ("baseline_mem_usage_gb", rf"Memory baseline taken\. mem usage={_NUM} GB"),
+]
+
+_SGLANG_CONFIG_KEYS = {
+    "model_path": "model", "tp_size": "tp", "pp_size": "pp", "dp_size": "dp", "mem_fraction_static":
+    "mem_fraction_static", "kv_cache_dtype": "kv_cache_dtype", "context_length": "max_model_len", "page_size":
+    "page_size", "chunked_prefill_size": "chunked_prefill_size", "max_running_requests": "max_running_requests",
+    "dtype": "dtype", "quantization": "quantization", "swa_full_tokens_ratio": "swa_full_tokens_ratio",
+    "max_total_tokens": "max_total_tokens",
+}
+
+
+def _parse_sglang(text: str) -> StartupLog:
+    log = StartupLog("sglang")
+    m = re.search(r"sglang(?:[ =]|==|\s+version\s+)v?([0-9]+\.[0-9]+(?:\.[0-9]+)?)", text, re.IGNORECASE)
+    if m:
+        log.version = m.group(1)
+    for line in text.splitlines():
+        if "server_args=" in line or "ServerArgs(" in line:
+            for k, v in _key_values(line).items():
+                if k in _SGLANG_CONFIG_KEYS and v is not None:
+                    log.config.setdefault(_SGLANG_CONFIG_KEYS[k], v)
+    m = re.search(r"KV Cache is allocated\. dtype: (?:torch\.)?([a-z0-9_]+)", text)
+    if m:
+        log.config.setdefault("kv_storage_dtype", m.group(1))
+    m = re.search(r"context_len=([0-9]+)", text)
+    if m:
+        log.config.setdefault("max_model_len", int(m.group(1)))
+    for key, pattern in _SGLANG_FIGURES:
+        found = re.findall(pattern, text)
+        if found:
+            log.measured[key] = _f(found[-1])
+    for key in ("kv_tokens", "max_total_num_tokens", "max_running_requests"):
+        if key in log.measured:
+            log.measured[key] = int(log.measured[key])
+    return log
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def parse_startup_log(text: str, source: str = "log") -> StartupLog:
+    """The engine, configuration and measured figures of a vLLM or SGLang startup log."""
+    if re.search(r"KV Cache is allocated|max_total_num_tokens=|ServerArgs\(", text):
+        log = _parse_sglang(text)
+        need = [("max_total_num_tokens", "max_total_num_tokens=N (the scheduler's summary line)")]
+    elif re.search(r"KV cache memory|KV cache size|# GPU blocks|vLLM|vllm", text):
+        log = _parse_vllm(text)
+        need = []
+        if not ({"available_kv_gib", "kv_reserved_gib", "num_gpu_blocks"} & set(log.measured)):
+            need.append(("available_kv_gib", "'Available KV cache memory: X GiB' (or the memory-profiling summary, "
+                         "or V0's '# GPU blocks: N')"))
+        if not ({"kv_tokens", "num_gpu_blocks"} & set(log.measured)):
+            need.append(("kv_tokens", "'GPU KV cache size: N tokens' (or '# GPU blocks: N')"))
+    else:
+        raise KvplanError(f"{source}: not a vLLM or SGLang startup log (none of their KV-cache lines is in it)")
+    missing = [what for key, what in need if key not in log.measured]
+    if missing:
+        raise KvplanError(f"{source}: the {log.engine} log lacks {'; '.join(missing)}; pass the whole startup log, "
+                          f"from the engine's start to its first request")
+    return log
