@@ -368,10 +368,13 @@ def log_table(result) -> None:
               title_justify="left")
     for col in ["figure", "measured", "kvplan", "error"]:
         t.add_column(col, justify="left" if col == "figure" else "right")
+    def fmt(v) -> str:
+        if v is None:
+            return "-"
+        return f"{v:,.0f}" if float(v).is_integer() and abs(v) >= 100 else f"{v:,.2f}"
+
     for f in result.figures:
         unit = f" {f.unit}" if f.unit else ""
-        fmt = (lambda v: "-" if v is None else (f"{v:,.0f}" if float(v).is_integer() and abs(v) >= 100
-                                               else f"{v:,.2f}"))
         err = "-" if f.error_pct is None else f"{f.error_pct:+.2f}%"
         t.add_row(f.name, fmt(f.measured) + (unit if f.measured is not None else ""),
                   fmt(f.predicted) + (unit if f.predicted is not None else ""), err)
