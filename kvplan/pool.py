@@ -450,7 +450,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     return CapacityResult(
         model=model.name, gpu=gpu.name if gpu else None, dtype=fmt.name, tp=tp, weight_dtype=plan.weight_dtype,
         total_bytes=plan.total,
-        memory_source=f"measured ({profile.source})" if profile is not None and profile.total_memory_bytes
+        memory_source="measured" if profile is not None and profile.total_memory_bytes
         and plan.total == int(round(profile.total_memory_bytes / GiB * GiB)) else plan.memory_source,
         gpu_memory_utilization=gpu_memory_utilization,
         requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.non_kv.activation,

@@ -189,7 +189,7 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     if nk.get("source") == "profile":
         t.add_row("- weights (measured)" if "weights modelled" not in " ".join(r0.notes) else "- weights",
                   gib(nk["weights"]))
-        t.add_row("- the rest of the non-KV memory (measured)", gib(nk["activation"]))
+        t.add_row("- other non-KV memory (measured)", gib(nk["activation"]))
     elif nk.get("source") == "flat allowance":
         t.add_row("- weights", gib(nk["weights"]))
         t.add_row("- flat allowance (activations, graphs, NCCL, context)", gib(nk["activation"]))
