@@ -128,8 +128,9 @@ def capacity(
                                           "catalog model"),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or YAML spec (memory total as CUDA reports it)"),
     tp: int = typer.Option(1, "--tp", help="tensor-parallel size (figures are per rank)"),
-    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization", help="fraction of TOTAL memory "
-                                                 "vLLM may use (its default 0.92)"),
+    gpu_memory_utilization: Optional[float] = typer.Option(
+        None, "--gpu-memory-utilization", help="fraction of TOTAL memory vLLM may use (default: vLLM's 0.92, or "
+        "the profile's)"),
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="tokens per sequence (default: the "
                                                 "model's max_position_embeddings)"),
     dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
@@ -201,10 +202,11 @@ def capacity(
                 non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib, max_num_seqs=max_num_seqs,
                 enforce_eager=enforce_eager, gpu_memory_gib=gpu_memory_gib, kv_cache_memory_gib=kv_cache_memory,
                 weight_dtype=weight_dtype, skip=skip, max_num_batched_tokens=max_num_batched_tokens)
+    if gpu_memory_utilization is None:
+        opts["gpu_memory_utilization"] = (prof.gpu_memory_utilization if prof is not None
+                                          and prof.gpu_memory_utilization else 0.92)
     if prof is not None:
         opts["profile"] = prof
-        if gpu_memory_utilization == 0.92 and prof.gpu_memory_utilization:
-            opts["gpu_memory_utilization"] = prof.gpu_memory_utilization  # the deployment's, unless asked
     if model is None:
         _capacity_listing(g, fmts, opts, as_json)
         return
