@@ -134,7 +134,8 @@ def capacity(
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="tokens per sequence (default: the "
                                                 "model's max_position_embeddings)"),
     dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
-    block_size: int = typer.Option(16, "--block-size", help="tokens per KV block (vLLM's default 16)"),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="tokens per KV block (default: the attention "
+                                             "backend's: 16, or 64 for MLA on FlashMLA, 128 on CUTLASS MLA)"),
     activation_gib: Optional[float] = typer.Option(
         None, "--activation-gib", help="GiB. Alone: one flat allowance for everything beyond the weights (the "
         "back-of-envelope 6.0); with --non-torch-gib or --cudagraph-gib: the activation peak only. Default: vLLM's "
@@ -327,7 +328,7 @@ def plot_capacity(
                                               + " (default: auto and fp8)"),
     tp: int = typer.Option(1, "--tp"),
     gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
-    block_size: int = typer.Option(16, "--block-size"),
+    block_size: Optional[int] = typer.Option(None, "--block-size"),
     activation_gib: Optional[float] = typer.Option(None, "--activation-gib", help="flat allowance beyond the "
                                                    "weights, GiB (default: vLLM's non-KV memory modelled)"),
     gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib"),
@@ -371,7 +372,7 @@ def sweep(
                                       "--output's suffix)"),
     columns: Optional[str] = typer.Option(None, "--columns", help="keep only these columns (comma-separated)"),
     gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
-    block_size: int = typer.Option(16, "--block-size"),
+    block_size: Optional[int] = typer.Option(None, "--block-size"),
     activation_gib: Optional[float] = typer.Option(None, "--activation-gib", help="flat allowance beyond the "
                                                    "weights, GiB (default: vLLM's non-KV memory modelled)"),
     weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),

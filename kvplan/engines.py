@@ -69,3 +69,19 @@ def vllm_rules(version: str | None) -> VllmRules:
         raise KvplanError(f"--engine-version '{version}': kvplan knows vLLM 0.x releases up to {known[-1].version}")
     earlier = [r for r in known if _version_key(r.version) <= key]
     return earlier[-1] if earlier else known[0]
+
+
+def backend_block_size(is_mla: bool, compute_capability: str | None, cache_dtype: str) -> int:
+    """The block size vLLM settles on when --block-size is not given: 16 (CacheConfig.DEFAULT_BLOCK_SIZE), unless
+    the attention backend it selects supports only others (get_supported_kernel_block_sizes): MLA models run
+    FlashMLA on SM90 ([64]; also the sparse fp8_ds_mla / nvfp4_ds_mla kernels) and CUTLASS MLA on SM100 ([128]);
+    elsewhere the Triton MLA backend takes 16. Multi-head attention backends (FlashAttention, FlashInfer, Triton,
+    TurboQuant) take 16."""
+    if not is_mla:
+        return 16
+    cc = compute_capability or ""
+    if cache_dtype in ("fp8_ds_mla", "nvfp4_ds_mla") or cc.startswith("9."):
+        return 64
+    if cc.startswith("10."):
+        return 128
+    return 16

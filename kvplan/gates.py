@@ -90,7 +90,7 @@ class Options(_Strict):
     dtype: Optional[str] = None
     max_model_len: Optional[int] = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
-    block_size: int = Field(16, ge=1)
+    block_size: Optional[int] = Field(None, ge=1)
     activation_gib: Optional[float] = Field(None, ge=0)
     non_torch_gib: Optional[float] = Field(None, ge=0)
     cudagraph_gib: Optional[float] = Field(None, ge=0)

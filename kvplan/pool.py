@@ -16,7 +16,7 @@ from .engine import (
     kv_heads_per_rank,
     kv_layers,
 )
-from .engines import VllmRules, vllm_rules
+from .engines import VllmRules, backend_block_size, vllm_rules
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .nonkv import NonKVMemory, flat_allowance, non_kv_memory, serve_defaults
@@ -258,7 +258,7 @@ class PoolPlan:
 
 def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
               pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
-              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: int = DEFAULT_BLOCK_SIZE,
+              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: Optional[int] = None,
               activation_gib: Optional[float] = None, non_torch_gib: Optional[float] = None,
               cudagraph_gib: Optional[float] = None, gpu_memory_gib: Optional[float] = None,
               kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
@@ -277,7 +277,7 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
     rules = vllm_rules(engine_version)
     if not 0 < gpu_memory_utilization <= 1:
         raise KvplanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if block_size < 1:
+    if block_size is not None and block_size < 1:
         raise KvplanError(f"--block-size must be positive, got {block_size}")
     for name, v in (("--activation-gib", activation_gib), ("--non-torch-gib", non_torch_gib),
                     ("--cudagraph-gib", cudagraph_gib)):
@@ -292,6 +292,8 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
     if num_gpu_blocks_override is not None and num_gpu_blocks_override < 1:
         raise KvplanError(f"--num-gpu-blocks-override must be positive, got {num_gpu_blocks_override}")
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
+    if block_size is None:  # the attention backend's (FlashMLA 64, CUTLASS MLA 128, else vLLM's 16)
+        block_size = backend_block_size(model.is_mla, gpu.compute_capability if gpu else None, fmt.name)
     if fmt.name in rules.cache_dtypes_missing:
         raise KvplanError(f"KV cache dtype '{fmt.name}' does not exist in {rules.label}; it arrived later "
                           f"(choose a later --engine-version)")
@@ -367,7 +369,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
              pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
              num_gpu_blocks_override: Optional[int] = None,
              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
-             block_size: int = DEFAULT_BLOCK_SIZE, activation_gib: Optional[float] = None,
+             block_size: Optional[int] = None, activation_gib: Optional[float] = None,
              non_torch_gib: Optional[float] = None, cudagraph_gib: Optional[float] = None,
              gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
              weight_dtype: Optional[str] = None, skip: SkipLayers = None,
@@ -431,8 +433,9 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
     if groups.padding_layers:
         notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
                      f"{groups.padding_layers} padding layers")
-    if plan.block_size != block_size:
-        notes.append(f"block size raised from {block_size} to {plan.block_size} so a skip layer's block fits the "
+    asked = block_size or backend_block_size(model.is_mla, gpu.compute_capability if gpu else None, fmt.name)
+    if plan.block_size > asked and skipped:
+        notes.append(f"block size raised from {asked} to {plan.block_size} so a skip layer's block fits the "
                      f"{fmt.name} page (vLLM 0.30+)")
     if profile is not None:
         notes.append(f"non-KV memory measured by {profile.source or 'a startup log'}"

@@ -94,21 +94,24 @@ def test_pipeline_stages_take_the_fewest_blocks():
     for st in plan.stages:
         assert st.weights == weight_bytes(m, 8, stage=st.layers_range).total
         pool = requested - st.weights - 6 * GiB
-        assert st.num_blocks == pool // (len(st.layers_range) * 16 * 656)  # one 656-byte latent per layer
+        # FlashMLA's 64-token blocks of one 656-byte latent per layer
+        assert st.num_blocks == pool // (len(st.layers_range) * 64 * 656)
     # the embedding sits on the first stage and the LM head on the last; the 16-layer stage binds
     assert plan.binding.layers_range == range(30, 46)
     r = capacity(m, h200, "fp8_ds_mla", tp=8, pp=4, max_model_len=32768, activation_gib=6)
-    assert r.num_blocks == min(st.num_blocks for st in plan.stages) and r.bytes_per_block == 16 * 16 * 656
+    assert r.num_blocks == min(st.num_blocks for st in plan.stages) and r.bytes_per_block == 16 * 64 * 656
     # every layer's weights are counted once over the stages
     assert sum(st.weights for st in plan.stages) == weight_bytes(m, 8).total
 
 
 def test_decode_context_parallel():
-    # DCP 8 spreads each sequence over 8 ranks: a 32,768-token request needs cdiv(4096, 16) = 256 blocks per rank
+    # DCP 8 spreads each sequence over 8 ranks: a 32,768-token request needs cdiv(4096, 64) = 64 of the sparse
+    # FlashMLA kernel's 64-token blocks per rank, instead of 512
     m = load_model("deepseek-v3")
     base = capacity(m, None, "fp8_ds_mla", tp=8, kv_cache_memory_gib=20, max_model_len=32768)
     dcp = capacity(m, None, "fp8_ds_mla", tp=8, dcp=8, kv_cache_memory_gib=20, max_model_len=32768)
-    assert base.blocks_per_request == 2048 and dcp.blocks_per_request == 256
+    assert base.block_size == 64
+    assert base.blocks_per_request == 512 and dcp.blocks_per_request == 64
     assert dcp.max_concurrency == 8 * base.max_concurrency
     with pytest.raises(KvplanError, match="--dcp 3 must divide --tp 8"):
         capacity(m, None, "fp8_ds_mla", tp=8, dcp=3, kv_cache_memory_gib=20)
@@ -132,3 +135,12 @@ def test_capacity_cli_new_options(cli):
     assert r.code == 2 and "--engine tgi" in r.err
     r = cli("capacity", "llama3-8b", "--gpu", "h100", "--pp", "40")
     assert r.code == 2 and "--pp must be between 1 and" in r.err
+
+
+@pytest.mark.parametrize("gpu, dtype, block", [("h200", "auto", 64), ("b200", "auto", 128), ("a100", "auto", 16),
+                                               ("a100", "fp8_ds_mla", 64)])
+def test_mla_backend_block_sizes(gpu, dtype, block):
+    # vLLM picks FlashMLA on SM90 (64-token blocks), CUTLASS MLA on SM100 (128), Triton MLA elsewhere (16)
+    r = capacity(load_model("deepseek-v3"), load_gpu(gpu), dtype, tp=8, kv_cache_memory_gib=20, max_model_len=8192)
+    assert r.block_size == block
+    assert capacity(load_model("llama3-8b"), load_gpu(gpu), tp=1).block_size == 16
