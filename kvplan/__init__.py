@@ -18,8 +18,15 @@ Names are imported on first use, so `import kvplan` stays cheap for the command 
 from __future__ import annotations
 
 import importlib
+import os as _os
 
 __version__ = "0.1.0"
+
+# Installed, the GPU kernels are kvplan/kernels; a source checkout keeps them in kernels/ beside this package, so
+# the checkout's root joins the package's search path and `kvplan.kernels` finds them there.
+_pkg = _os.path.dirname(_os.path.abspath(__file__))
+if not _os.path.isdir(_os.path.join(_pkg, "kernels")) and _os.path.isdir(_os.path.join(_pkg, "..", "kernels")):
+    __path__.append(_os.path.dirname(_pkg))  # noqa: F821 - a package's own __path__
 
 _EXPORTS = {
     "crossover": "engine", "CrossoverResult": "engine", "OperatingPoint": "engine",

@@ -23,6 +23,7 @@ def test_wheel_installs_and_answers(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvplan/_bundled/models/llama-3-8b.yaml" in names
     assert "kvplan/_bundled/hardware/h100-sxm.yaml" in names
+    assert "kvplan/kernels/paged_attention.py" in names and "kvplan/kernels/layouts.py" in names
     assert not any(n.startswith(("kernels/", "models/", "hardware/", "tests/")) for n in names)
 
     env = tmp_path / "venv"

@@ -1,0 +1,227 @@
+"""Paged decode attention over a block table: one query token per sequence, grouped-query heads, ragged context
+lengths, the cache stored as bytes in the layouts of kernels/layouts.py.
+
+Modes (one kernel, the storage layout a compile-time constant):
+  0 bf16 and 5 fp16: plain values;
+  1 fp8 e4m3 and 2 fp8 e5m2 with per-tensor k/v scales: the tile is dequantized in registers;
+  3 int8 and 4 fp8 per-token-head: an fp32 scale after each head's values; K's scale multiplies the scores and
+    V's the probabilities, never the tiles.
+Told top to bottom: the Triton kernel, the write path (quantize a token's K and V into its slot), the launcher,
+and the plain torch reference the tests hold it to.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .layouts import SlotLayout, slot_layout
+
+
+@triton.jit
+def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr):
+    """A [N, D] tile of values starting at byte offsets `byte_off` [N], as fp32 (before any scale)."""
+    if MODE == 0:
+        p = (cache_ptr + byte_off[:, None]).to(tl.pointer_type(tl.bfloat16)) + d_offs[None, :]
+        return tl.load(p, mask=d_mask, other=0.0).to(tl.float32)
+    elif MODE == 5:
+        p = (cache_ptr + byte_off[:, None]).to(tl.pointer_type(tl.float16)) + d_offs[None, :]
+        return tl.load(p, mask=d_mask, other=0.0).to(tl.float32)
+    else:
+        raw = tl.load(cache_ptr + byte_off[:, None] + d_offs[None, :], mask=d_mask, other=0)
+        if MODE == 1 or MODE == 4:
+            return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        elif MODE == 2:
+            return raw.to(tl.float8e5, bitcast=True).to(tl.float32)
+        else:  # MODE == 3: int8
+            return raw.to(tl.int8, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, k_scale_ptr, v_scale_ptr,
+    sm_scale, max_blocks, group,
+    stride_qs, stride_qh, stride_os, stride_oh,
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
+    K_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_DATA: tl.constexpr, V_SCALE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr, MODE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g_offs = tl.arange(0, G_PAD)
+    d_offs = tl.arange(0, D_PAD)
+    g_mask = g_offs < group
+    d_ok = d_offs < HEAD_DIM
+    heads = kv_head * group + g_offs
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :],
+                mask=g_mask[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    n_ctx = tl.load(lens_ptr + seq)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    if MODE == 1 or MODE == 2:
+        k_tensor_scale = tl.load(k_scale_ptr)
+        v_tensor_scale = tl.load(v_scale_ptr)
+    for start in range(0, n_ctx, TILE):
+        t = start + tl.arange(0, TILE)
+        t_ok = t < n_ctx
+        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        tile_mask = t_ok[:, None] & d_ok[None, :]
+        k = _load_values(cache_ptr, slot + K_DATA, d_offs, tile_mask, MODE)
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale  # [G, TILE]
+        if MODE == 1 or MODE == 2:
+            scores = scores * k_tensor_scale
+        if MODE == 3 or MODE == 4:
+            ks = tl.load((cache_ptr + slot + K_SCALE).to(tl.pointer_type(tl.float32)), mask=t_ok, other=0.0)
+            scores = scores * ks[None, :]
+        scores = tl.where(t_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = _load_values(cache_ptr, slot + V_DATA, d_offs, tile_mask, MODE)
+        if MODE == 3 or MODE == 4:
+            vs = tl.load((cache_ptr + slot + V_SCALE).to(tl.pointer_type(tl.float32)), mask=t_ok, other=0.0)
+            p = p * vs[None, :]
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    if MODE == 1 or MODE == 2:
+        out = out * v_tensor_scale
+    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + d_offs[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_ok[None, :])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The write path
+
+
+_FP8 = {1: torch.float8_e4m3fn, 2: torch.float8_e5m2, 4: torch.float8_e4m3fn}
+_FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+def _encode_side(x: torch.Tensor, mode: int, tensor_scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Values [..., D] as stored bytes [..., D * elem], and the per-token-head fp32 scale as 4 bytes (or None)."""
+    if mode == 0:
+        return x.to(torch.bfloat16).view(torch.uint8), None
+    if mode == 5:
+        return x.to(torch.float16).view(torch.uint8), None
+    if mode in (1, 2):
+        dt = _FP8[mode]
+        q = (x.float() / tensor_scale).clamp(-_FP8_MAX[dt], _FP8_MAX[dt]).to(dt)
+        return q.view(torch.uint8), None
+    amax = x.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+    if mode == 3:
+        scale = amax / 127.0
+        q = torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8)
+    else:
+        dt = _FP8[mode]
+        scale = amax / _FP8_MAX[dt]
+        q = (x.float() / scale).clamp(-_FP8_MAX[dt], _FP8_MAX[dt]).to(dt)
+    return q.view(torch.uint8), scale.to(torch.float32).contiguous().view(torch.uint8)
+
+
+def write_kv(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Quantize K and V [tokens, kv_heads, D] and store them at cache slots `slots` [tokens] (block x block_size +
+    offset), in `layout`."""
+    nb, bs, h, slot = cache.shape
+    flat = cache.view(nb * bs, h, slot)
+    d = layout.head_dim
+    for data_off, scale_off, x, ts in ((layout.k_data, layout.k_scale, k, k_scale),
+                                       (layout.v_data, layout.v_scale, v, v_scale)):
+        data, scale = _encode_side(x, layout.mode, ts)
+        width = data.shape[-1]
+        flat[slots, :, data_off:data_off + width] = data
+        if scale is not None:
+            flat[slots, :, scale_off:scale_off + 4] = scale
+        assert width == (2 if layout.mode in (0, 5) else 1) * d
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The launcher
+
+
+def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
+                 context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 16) -> torch.Tensor:
+    """Attention of q [seqs, heads, D] over each sequence's cached tokens; returns [seqs, heads, D] in q's dtype."""
+    seqs, heads, d = q.shape
+    nb, bs, kv_heads, slot = cache.shape
+    assert slot == layout.slot_bytes and d == layout.head_dim and heads % kv_heads == 0
+    group = heads // kv_heads
+    out = torch.empty_like(q)
+    ks = torch.tensor([k_scale], dtype=torch.float32, device=q.device)
+    vs = torch.tensor([v_scale], dtype=torch.float32, device=q.device)
+    _paged_decode_kernel[(seqs, kv_heads)](
+        q, cache, block_table, context_lens, out, ks, vs,
+        1.0 / math.sqrt(d), block_table.shape[1], group,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot,
+        K_DATA=layout.k_data, K_SCALE=max(layout.k_scale, 0), V_DATA=layout.v_data, V_SCALE=max(layout.v_scale, 0),
+        HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), G_PAD=max(2, triton.next_power_of_2(group)),
+        TILE=tile, MODE=layout.mode,
+    )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The torch reference
+
+
+def _decode_side(raw: torch.Tensor, scale: torch.Tensor | None, mode: int, tensor_scale: float) -> torch.Tensor:
+    if mode == 0:
+        x = raw.contiguous().view(torch.bfloat16).float()
+    elif mode == 5:
+        x = raw.contiguous().view(torch.float16).float()
+    elif mode == 3:
+        x = raw.contiguous().view(torch.int8).float()
+    else:
+        x = raw.contiguous().view(_FP8[mode]).float()
+    if mode in (1, 2):
+        x = x * tensor_scale
+    if scale is not None:
+        x = x * scale.contiguous().view(torch.float32)
+    return x
+
+
+def dequantize_cache(cache: torch.Tensor, layout: SlotLayout, k_scale: float = 1.0,
+                     v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V [blocks, block_size, kv_heads, D] in fp32: plain and slow, obviously right."""
+    width = (2 if layout.mode in (0, 5) else 1) * layout.head_dim
+    scaled = layout.mode in (3, 4)
+    out = []
+    for data, sc, ts in ((layout.k_data, layout.k_scale, k_scale), (layout.v_data, layout.v_scale, v_scale)):
+        raw = cache[..., data:data + width]
+        scale = cache[..., sc:sc + 4] if scaled else None
+        out.append(_decode_side(raw, scale, layout.mode, ts))
+    return out[0], out[1]
+
+
+def paged_decode_reference(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
+                           context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    k_all, v_all = dequantize_cache(cache, layout, k_scale, v_scale)
+    seqs, heads, d = q.shape
+    kv_heads = cache.shape[2]
+    bs = cache.shape[1]
+    out = torch.empty(seqs, heads, d, dtype=torch.float32)
+    for s in range(seqs):
+        n = int(context_lens[s])
+        blocks = block_table[s, : (n + bs - 1) // bs].long()
+        k = k_all[blocks].reshape(-1, kv_heads, d)[:n]
+        v = v_all[blocks].reshape(-1, kv_heads, d)[:n]
+        k = k.repeat_interleave(heads // kv_heads, dim=1)  # [n, heads, d]
+        v = v.repeat_interleave(heads // kv_heads, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[s].float(), k) / math.sqrt(d)
+        out[s] = torch.einsum("hn,nhd->hd", scores.softmax(dim=-1), v)
+    return out.to(q.dtype)
+
+
+def make_cache(fmt: str, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+               device: str = "cpu") -> tuple[torch.Tensor, SlotLayout]:
+    layout = slot_layout(fmt, head_dim)
+    cache = torch.zeros(num_blocks, block_size, kv_heads, layout.slot_bytes, dtype=torch.uint8, device=device)
+    return cache, layout

@@ -1,0 +1,98 @@
+"""kvplan's Triton kernels under the interpreter (TRITON_INTERPRET=1) on small shapes, against plain torch
+references. Skipped, with the reason, where torch or triton is missing."""
+
+import math
+import os
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+torch = pytest.importorskip("torch", reason="the kernels need torch: pip install '.[test]'")
+pytest.importorskip("triton", reason="the kernels need triton: pip install '.[test]'")
+
+from kvplan.kernels.layouts import KERNEL_MODES, slot_layout  # noqa: E402
+from kvplan.kernels.paged_attention import (  # noqa: E402
+    dequantize_cache,
+    make_cache,
+    paged_decode,
+    paged_decode_reference,
+    write_kv,
+)
+from kvplan.kernels.stream import copy_probe, read_probe, read_probe_reference  # noqa: E402
+
+from kvplan.formats import kv_format  # noqa: E402
+
+FORMATS = ["bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head"]
+
+
+@pytest.mark.parametrize("fmt", sorted(KERNEL_MODES))
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_slot_layout_is_the_catalogs(fmt, head_dim):
+    layout = slot_layout(fmt, head_dim)
+    assert layout.slot_bytes == kv_format(fmt).bytes_per_token_per_kv_head(head_dim)
+    if layout.k_scale >= 0:  # per-token-head: [K values][K fp32 scale][V values][V fp32 scale]
+        assert (layout.k_scale, layout.v_data, layout.v_scale) == (head_dim, head_dim + 4, 2 * head_dim + 4)
+
+
+def _filled_cache(fmt, lens, kv_heads=2, d=64, bs=16, k_scale=0.05, v_scale=0.05, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    blocks_needed = [(n + bs - 1) // bs for n in lens]
+    nb = sum(blocks_needed) + 3
+    cache, layout = make_cache(fmt, nb, bs, kv_heads, d)
+    table = torch.zeros(len(lens), max(blocks_needed), dtype=torch.int32)
+    perm = torch.randperm(nb, generator=g)  # blocks scattered over the pool, as a block allocator leaves them
+    used = 0
+    for s, n in enumerate(lens):
+        table[s, : blocks_needed[s]] = perm[used:used + blocks_needed[s]]
+        used += blocks_needed[s]
+        pos = torch.arange(n)
+        slots = table[s, pos // bs].long() * bs + pos % bs
+        write_kv(cache, layout, slots, torch.randn(n, kv_heads, d, generator=g), torch.randn(n, kv_heads, d, generator=g),
+                 k_scale, v_scale)
+    return cache, layout, table, torch.tensor(lens, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4), (6, 1)])  # GQA, MHA, MQA (group of 6: padded)
+def test_paged_decode_matches_reference(fmt, heads, kv_heads):
+    lens = [5, 37, 16, 1]  # ragged, one exactly a block, one a single token
+    cache, layout, table, ctx = _filled_cache(fmt, lens, kv_heads=kv_heads)
+    q = torch.randn(len(lens), heads, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    out = paged_decode(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05)
+    ref = paged_decode_reference(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05)
+    # both read the same stored bytes; they differ by fp32 summation order and the bf16 output's rounding
+    torch.testing.assert_close(out.float(), ref.float(), atol=1.6e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("fmt, bound", [
+    ("bfloat16", lambda x, s: x.abs() * 2**-8),        # bf16 keeps 8 significant bits
+    ("fp8_e4m3", lambda x, s: x.abs() * 2**-4 + 2**-9 * s),  # 3 mantissa bits: half an ulp is 2^-4 relative
+    ("fp8_e5m2", lambda x, s: x.abs() * 2**-3 + 2**-16 * s),
+    ("int8_per_token_head", lambda x, s: x.abs().amax(-1, keepdim=True) / 254 + 1e-7),  # half a step of amax/127
+    ("fp8_per_token_head", lambda x, s: x.abs() * 2**-4 + x.abs().amax(-1, keepdim=True) / 448 * 2**-9),
+])
+def test_quantize_dequantize_error_bound(fmt, bound):
+    cache, layout = make_cache(fmt, 2, 16, 2, 128)
+    x = torch.randn(32, 2, 128, generator=torch.Generator().manual_seed(3))
+    write_kv(cache, layout, torch.arange(32), x, -x, k_scale=0.05, v_scale=0.05)
+    k, v = dequantize_cache(cache, layout, 0.05, 0.05)
+    k = k.view(32, 2, 128)
+    assert ((k - x).abs() <= bound(x, 0.05)).all()
+    torch.testing.assert_close(v.view(32, 2, 128), -k)  # symmetric formats: -x stores as -q
+
+
+def test_stream_probes():
+    buf = torch.randint(0, 256, (3 * 4096 * 4 + 40,), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(read_probe(buf), read_probe_reference(buf))
+    assert torch.equal(copy_probe(buf), buf)
+
+
+def test_softmax_scale_and_single_token():
+    # one cached token: attention returns its value exactly (softmax of one score is 1)
+    cache, layout, table, ctx = _filled_cache("bfloat16", [1], kv_heads=1, d=64)
+    q = torch.randn(1, 2, 64).to(torch.bfloat16)
+    _, v = dequantize_cache(cache, layout)
+    out = paged_decode(q, cache, layout, table, ctx)
+    first = table[0, 0].long()
+    torch.testing.assert_close(out[0].float(), v[first, 0, 0].expand(2, 64), atol=1e-2, rtol=0)
+    assert math.isclose(1 / math.sqrt(64), 0.125)
