@@ -31,7 +31,8 @@ def test_slot_layout_is_the_catalogs(fmt, head_dim):
     layout = slot_layout(fmt, head_dim)
     assert layout.slot_bytes == kv_format(fmt).bytes_per_token_per_kv_head(head_dim)
     if layout.k_scale >= 0:  # per-token-head: [K values][K fp32 scale][V values][V fp32 scale]
-        assert (layout.k_scale, layout.v_data, layout.v_scale) == (head_dim, head_dim + 4, 2 * head_dim + 4)
+        vb = head_dim // 2 if fmt.startswith("int4") else head_dim  # int4: two values per byte
+        assert (layout.k_scale, layout.v_data, layout.v_scale) == (vb, vb + 4, 2 * vb + 4)
 
 
 def _filled_cache(fmt, lens, kv_heads=2, d=64, bs=16, k_scale=0.05, v_scale=0.05, seed=0):
@@ -96,3 +97,61 @@ def test_softmax_scale_and_single_token():
     first = table[0, 0].long()
     torch.testing.assert_close(out[0].float(), v[first, 0, 0].expand(2, 64), atol=1e-2, rtol=0)
     assert math.isclose(1 / math.sqrt(64), 0.125)
+
+
+def test_hadamard_rotation_identities():
+    from kvplan.kernels.int4_attention import hadamard, rotate, unrotate
+
+    h = hadamard(64)
+    torch.testing.assert_close(h @ h, 64 * torch.eye(64))  # H H = d I: symmetric, orthogonal up to sqrt(d)
+    x, y = torch.randn(5, 64), torch.randn(5, 64)
+    torch.testing.assert_close(unrotate(rotate(x)), x, atol=1e-5, rtol=0)
+    # rotating both sides scales every dot product by d: <Hq, Hk> = d <q, k>
+    torch.testing.assert_close((rotate(x) * rotate(y)).sum(-1), 64 * (x * y).sum(-1), atol=1e-3, rtol=1e-5)
+    with pytest.raises(ValueError, match="power-of-two"):
+        hadamard(96)
+
+
+def test_int4_zero_point_in_the_scale():
+    from kvplan.kernels.int4_attention import decode_int4, encode_int4, rotate
+
+    x = torch.randn(40, 128, generator=torch.Generator().manual_seed(5))
+    data, scale_bytes = encode_int4(x)
+    assert data.shape == (40, 64) and scale_bytes.shape == (40, 4)  # 128 values in 64 bytes + one fp32
+    bits = scale_bytes.view(torch.int32)
+    zp = bits & 0xF
+    assert ((zp >= 0) & (zp <= 15)).all()
+    y = rotate(x)
+    s = (bits & ~0xF).view(torch.float32)
+    # a 4-bit asymmetric code is within half a step of the rotated value (steps of (max - min) / 15)
+    assert ((decode_int4(data, scale_bytes) - y).abs() <= s / 2 + 1e-5).all()
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4)])
+def test_int4_decode_matches_reference(heads, kv_heads):
+    from kvplan.kernels.int4_attention import (
+        dequantize_cache_int4,
+        paged_decode_int4,
+        write_kv_int4,
+    )
+
+    lens, bs, d = [9, 33], 16, 64
+    cache, layout = make_cache("int4_per_token_head", 6, bs, kv_heads, d)
+    assert layout.slot_bytes == d + 8
+    table = torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32)
+    g = torch.Generator().manual_seed(6)
+    for s, n in enumerate(lens):
+        pos = torch.arange(n)
+        slots = table[s, pos // bs].long() * bs + pos % bs
+        write_kv_int4(cache, layout, slots, torch.randn(n, kv_heads, d, generator=g),
+                      torch.randn(n, kv_heads, d, generator=g))
+    q = torch.randn(2, heads, d, generator=g)
+    out = paged_decode_int4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32))
+    # reference: dequantize, rotate back, plain attention
+    k_all, v_all = dequantize_cache_int4(cache, layout)
+    for s, n in enumerate(lens):
+        blocks = table[s, : (n + bs - 1) // bs].long()
+        k = k_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        v = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        p = (torch.einsum("hd,nhd->hn", q[s], k) / math.sqrt(d)).softmax(-1)
+        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, v), atol=2e-4, rtol=2e-4)

@@ -1,0 +1,174 @@
+"""Paged decode attention over int4 per-token-head caches (vLLM's int4_per_token_head layout).
+
+Each side of a slot is head_dim/2 bytes (two values per byte, element 2i in the low nibble, 2i+1 in the high)
+followed by one fp32 scale whose low 4 mantissa bits hold the 4-bit zero point. Values are stored after a
+randomized Hadamard rotation y = H D x (H the unnormalized Walsh-Hadamard matrix, D fixed random signs), quantized
+asymmetrically: y ~ s (q - z). The kernel never rebuilds a value:
+  <q', s (q_k - z)> = s (<q', q_k> - z sum(q'))        on the scores (split over the low and high nibbles),
+  sum_t p_t s_t (q_v,t - z_t) = sum_t (p_t s_t) q_v,t - sum_t p_t s_t z_t        on the accumulator,
+with q' = H D q. H D is orthogonal up to sqrt(d), so the softmax scale is divided by d, and the output
+o = D H o' / d is rotated back in the launcher.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .layouts import SlotLayout
+
+SIGN_SEED = 0x9E3779B9  # fixed: the same signs on every rank and every restart
+
+
+def hadamard(d: int, device="cpu") -> torch.Tensor:
+    """The unnormalized Sylvester Hadamard matrix (entries +-1), d a power of two."""
+    if d & (d - 1):
+        raise ValueError(f"the Hadamard rotation needs a power-of-two head_dim, got {d}")
+    h = torch.ones(1, 1, device=device)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def rht_signs(d: int, device="cpu") -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(SIGN_SEED)
+    return (torch.randint(0, 2, (d,), generator=g) * 2 - 1).to(torch.float32).to(device)
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """y = H D x over the last dimension (norm grows by sqrt(d))."""
+    d = x.shape[-1]
+    return (x.float() * rht_signs(d, x.device)) @ hadamard(d, x.device)  # H is symmetric
+
+
+def unrotate(y: torch.Tensor) -> torch.Tensor:
+    """x = D H y / d, the inverse of rotate."""
+    d = y.shape[-1]
+    return (y.float() @ hadamard(d, y.device)) * rht_signs(d, y.device) / d
+
+
+def encode_int4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., d] -> (packed bytes [..., d/2], fp32 scale with the zero point in its low 4 mantissa bits, as 4 bytes)."""
+    y = rotate(x)
+    lo, hi = y.amin(-1, keepdim=True), y.amax(-1, keepdim=True)
+    scale = ((hi - lo) / 15).clamp_min(1e-8)
+    zp = torch.round(-lo / scale).clamp(0, 15)
+    scale_bits = scale.contiguous().view(torch.int32)
+    packed_scale = (scale_bits & ~0xF) | zp.to(torch.int32)
+    s = packed_scale.view(torch.float32)  # the scale the reader will see: low mantissa bits replaced
+    q = torch.round(y / s + zp).clamp(0, 15).to(torch.uint8)
+    data = q[..., 0::2] | (q[..., 1::2] << 4)
+    return data, packed_scale.view(torch.uint8)
+
+
+def decode_int4(data: torch.Tensor, scale_bytes: torch.Tensor) -> torch.Tensor:
+    """The rotated values s (q - z) [..., d] a slot side stores (still rotated)."""
+    bits = scale_bytes.contiguous().view(torch.int32)
+    zp = (bits & 0xF).float()
+    s = (bits & ~0xF).view(torch.float32)
+    q = torch.stack([data & 0xF, data >> 4], dim=-1).flatten(-2).float()
+    return s * (q - zp)
+
+
+def write_kv_int4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor) -> None:
+    nb, bs, h, slot = cache.shape
+    flat = cache.view(nb * bs, h, slot)
+    half = layout.head_dim // 2
+    for data_off, scale_off, x in ((layout.k_data, layout.k_scale, k), (layout.v_data, layout.v_scale, v)):
+        data, scale = encode_int4(x)
+        flat[slots, :, data_off:data_off + half] = data
+        flat[slots, :, scale_off:scale_off + 4] = scale
+
+
+@triton.jit
+def _scale_and_zero(cache_ptr, off, mask):
+    bits = tl.load((cache_ptr + off).to(tl.pointer_type(tl.int32)), mask=mask, other=0)
+    zp = (bits & 15).to(tl.float32)
+    s = (bits & -16).to(tl.float32, bitcast=True)
+    return s, zp
+
+
+@triton.jit
+def _int4_decode_kernel(
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, sm_scale, max_blocks, group,
+    stride_qs, stride_qh, stride_os, stride_oh,
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
+    K_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_DATA: tl.constexpr, V_SCALE: tl.constexpr,
+    HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g = tl.arange(0, G_PAD)
+    j = tl.arange(0, HALF)
+    g_ok = g < group
+    heads = kv_head * group + g
+    q_base = q_ptr + seq * stride_qs + heads[:, None] * stride_qh
+    q_even = tl.load(q_base + 2 * j[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q_odd = tl.load(q_base + 2 * j[None, :] + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
+    n_ctx = tl.load(lens_ptr + seq)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc_even = tl.zeros([G_PAD, HALF], tl.float32)
+    acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
+    for start in range(0, n_ctx, TILE):
+        t = start + tl.arange(0, TILE)
+        t_ok = t < n_ctx
+        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        kb = tl.load(cache_ptr + slot[:, None] + K_DATA + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
+        k_lo = (kb & 15).to(tl.float32)
+        k_hi = (kb >> 4).to(tl.float32)
+        ks, kz = _scale_and_zero(cache_ptr, slot + K_SCALE, t_ok)
+        raw = (tl.sum(q_even[:, None, :] * k_lo[None, :, :], axis=2)
+               + tl.sum(q_odd[:, None, :] * k_hi[None, :, :], axis=2))
+        scores = (raw - q_sum[:, None] * kz[None, :]) * (ks[None, :] * sm_scale)
+        scores = tl.where(t_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vb = tl.load(cache_ptr + slot[:, None] + V_DATA + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
+        vs, vz = _scale_and_zero(cache_ptr, slot + V_SCALE, t_ok)
+        ps = p * vs[None, :]
+        correction = tl.sum(ps * vz[None, :], axis=1)
+        acc_even = acc_even * alpha[:, None] + tl.sum(ps[:, :, None] * (vb & 15).to(tl.float32)[None, :, :], axis=1)
+        acc_odd = acc_odd * alpha[:, None] + tl.sum(ps[:, :, None] * (vb >> 4).to(tl.float32)[None, :, :], axis=1)
+        acc_even -= correction[:, None]
+        acc_odd -= correction[:, None]
+        m_i = m_new
+    o_base = out_ptr + seq * stride_os + heads[:, None] * stride_oh
+    tl.store(o_base + 2 * j[None, :], acc_even / l_i[:, None], mask=g_ok[:, None])
+    tl.store(o_base + 2 * j[None, :] + 1, acc_odd / l_i[:, None], mask=g_ok[:, None])
+
+
+def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
+                      context_lens: torch.Tensor, tile: int = 16) -> torch.Tensor:
+    seqs, heads, d = q.shape
+    nb, bs, kv_heads, slot = cache.shape
+    assert slot == layout.slot_bytes and d == layout.head_dim
+    group = heads // kv_heads
+    q_rot = rotate(q).contiguous()
+    out_rot = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
+    _int4_decode_kernel[(seqs, kv_heads)](
+        q_rot, cache, block_table, context_lens, out_rot, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
+        q_rot.stride(0), q_rot.stride(1), out_rot.stride(0), out_rot.stride(1),
+        BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_SCALE=layout.k_scale,
+        V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(2, triton.next_power_of_2(group)),
+        TILE=tile,
+    )
+    return unrotate(out_rot).to(q.dtype)
+
+
+def dequantize_cache_int4(cache: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V in the original (unrotated) basis, fp32: what the attention sees."""
+    half = layout.head_dim // 2
+    out = []
+    for data_off, scale_off in ((layout.k_data, layout.k_scale), (layout.v_data, layout.v_scale)):
+        y = decode_int4(cache[..., data_off:data_off + half], cache[..., scale_off:scale_off + 4])
+        out.append(unrotate(y))
+    return out[0], out[1]
