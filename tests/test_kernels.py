@@ -30,9 +30,14 @@ FORMATS = ["bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head",
 def test_slot_layout_is_the_catalogs(fmt, head_dim):
     layout = slot_layout(fmt, head_dim)
     assert layout.slot_bytes == kv_format(fmt).bytes_per_token_per_kv_head(head_dim)
-    if layout.k_scale >= 0:  # per-token-head: [K values][K fp32 scale][V values][V fp32 scale]
-        vb = head_dim // 2 if fmt.startswith("int4") else head_dim  # int4: two values per byte
+    d = head_dim
+    if fmt.endswith("per_token_head"):  # [K values][K fp32 scale][V values][V fp32 scale]; int4: two per byte
+        vb = d // 2 if fmt.startswith("int4") else d
         assert (layout.k_scale, layout.v_data, layout.v_scale) == (vb, vb + 4, 2 * vb + 4)
+    elif fmt.startswith("nvfp4"):  # [K e2m1 pairs][K e4m3 scale per 16][V pairs][V scales]
+        assert (layout.k_scale, layout.v_data, layout.v_scale) == (d // 2, d // 2 + d // 16, d + d // 16)
+    else:  # values only: per-tensor scales are layer parameters, not in the pool
+        assert layout.k_scale == layout.v_scale == -1 and layout.v_data == layout.slot_bytes // 2
 
 
 def _filled_cache(fmt, lens, kv_heads=2, d=64, bs=16, k_scale=0.05, v_scale=0.05, seed=0):
@@ -155,3 +160,52 @@ def test_int4_decode_matches_reference(heads, kv_heads):
         v = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
         p = (torch.einsum("hd,nhd->hn", q[s], k) / math.sqrt(d)).softmax(-1)
         torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, v), atol=2e-4, rtol=2e-4)
+
+
+def test_nvfp4_codes_and_error():
+    from kvplan.kernels.nvfp4_attention import decode_nvfp4, encode_nvfp4, global_scale
+
+    x = torch.randn(24, 128, generator=torch.Generator().manual_seed(7))
+    g = global_scale(x)
+    packed, scales = encode_nvfp4(x, g)
+    assert packed.shape == (24, 64) and scales.shape == (24, 8)  # 128 values: 64 bytes + 8 e4m3 scales
+    y = decode_nvfp4(packed, scales, g)
+    # e2m1 steps are at most 2 (between 4 and 6) on a block scaled to max 6: error within amax / 6 per block,
+    # plus e4m3 rounding of the block scale (2^-4 relative)
+    amax = x.unflatten(-1, (-1, 16)).abs().amax(-1, keepdim=True)
+    assert ((y.unflatten(-1, (-1, 16)) - x.unflatten(-1, (-1, 16))).abs() <= amax / 6 * 1.07).all()
+    p46, s46 = encode_nvfp4(x, g, four_over_six=True)
+    err6 = ((y - x) ** 2).unflatten(-1, (-1, 16)).sum(-1)
+    err46 = ((decode_nvfp4(p46, s46, g) - x) ** 2).unflatten(-1, (-1, 16)).sum(-1)
+    assert (err46 <= err6 + 1e-6).all() and (err46 < err6).any()  # 4-over-6 never worse, sometimes better
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_4over6"])
+def test_nvfp4_decode_matches_reference(fmt):
+    from kvplan.kernels.nvfp4_attention import (
+        dequantize_cache_nvfp4,
+        global_scale,
+        paged_decode_nvfp4,
+        write_kv_nvfp4,
+    )
+
+    lens, bs, d, heads, kv_heads = [7, 40], 16, 64, 4, 2
+    cache, layout = make_cache(fmt, 6, bs, kv_heads, d)
+    assert layout.slot_bytes == 2 * (d // 2 + d // 16)
+    table = torch.tensor([[3, 0, 0], [1, 4, 2]], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(8)
+    k = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
+    v = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
+    kg, vg = global_scale(torch.cat(k)), global_scale(torch.cat(v))
+    for s, n in enumerate(lens):
+        pos = torch.arange(n)
+        write_kv_nvfp4(cache, layout, table[s, pos // bs].long() * bs + pos % bs, k[s], v[s], kg, vg)
+    q = torch.randn(2, heads, d, generator=gen)
+    out = paged_decode_nvfp4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), kg, vg)
+    k_all, v_all = dequantize_cache_nvfp4(cache, layout, kg, vg)
+    for s, n in enumerate(lens):
+        blocks = table[s, : (n + bs - 1) // bs].long()
+        kk = k_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        vv = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
+        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=2e-4, rtol=2e-4)

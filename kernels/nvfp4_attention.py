@@ -1,0 +1,160 @@
+"""Paged decode attention over NVFP4 caches (vLLM's nvfp4 and nvfp4_4over6 layouts).
+
+Each side of a slot is head_dim/2 bytes of e2m1 codes (element 2i in the low nibble, 2i+1 in the high), then one
+fp8 e4m3 scale per 16 values; an fp32 global scale per layer (a kernel argument) keeps the block scales inside
+e4m3's range. A value is code x block scale x global scale. nvfp4_4over6 stores the same layout; its writer picks,
+per block of 16, whichever of max/6 and max/4 scaling reconstructs the block with the smaller squared error.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .layouts import SlotLayout
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # magnitudes of codes 0..7; bit 3 is the sign
+
+
+def global_scale(x: torch.Tensor) -> float:
+    """A per-layer scale that maps the largest block scale (amax / 6) onto e4m3's largest normal (448)."""
+    return max(float(x.abs().max()) / (6.0 * 448.0), 1e-12)
+
+
+def _nearest_codes(y: torch.Tensor) -> torch.Tensor:
+    mag = (y.abs().unsqueeze(-1) - E2M1.to(y.device)).abs().argmin(-1)
+    return (mag | ((y < 0) & (mag > 0)).to(mag.dtype) << 3).to(torch.uint8)
+
+
+def _decode_codes(codes: torch.Tensor) -> torch.Tensor:
+    mag = E2M1.to(codes.device)[(codes & 7).long()]
+    return torch.where((codes >> 3) == 1, -mag, mag)
+
+
+def encode_nvfp4(x: torch.Tensor, g: float, four_over_six: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., d] -> (packed e2m1 codes [..., d/2], e4m3 block scales [..., d/16]) as bytes."""
+    blocks = x.float().unflatten(-1, (-1, 16))  # [..., d/16, 16]
+    amax = blocks.abs().amax(-1, keepdim=True)
+    candidates = [6.0, 4.0] if four_over_six else [6.0]
+    best_codes = best_scale = best_err = None
+    for top in candidates:
+        scale = (amax / top / g).clamp(max=448.0).to(torch.float8_e4m3fn)
+        s = scale.float() * g
+        codes = _nearest_codes(torch.where(s > 0, blocks / s.clamp_min(1e-30), torch.zeros_like(blocks)))
+        err = ((_decode_codes(codes) * s - blocks) ** 2).sum(-1, keepdim=True)
+        if best_err is None:
+            best_codes, best_scale, best_err = codes, scale, err
+        else:
+            better = err < best_err
+            best_codes = torch.where(better, codes, best_codes)
+            best_scale = torch.where(better, scale.float(), best_scale.float()).to(torch.float8_e4m3fn)
+            best_err = torch.minimum(err, best_err)
+    codes = best_codes.flatten(-2)
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return packed, best_scale.squeeze(-1).view(torch.uint8)
+
+
+def decode_nvfp4(packed: torch.Tensor, scales: torch.Tensor, g: float) -> torch.Tensor:
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).flatten(-2)
+    vals = _decode_codes(codes).unflatten(-1, (-1, 16))
+    return (vals * scales.contiguous().view(torch.float8_e4m3fn).float().unsqueeze(-1) * g).flatten(-2)
+
+
+def write_kv_nvfp4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   k_global: float, v_global: float) -> None:
+    nb, bs, h, slot = cache.shape
+    flat = cache.view(nb * bs, h, slot)
+    half, nsc = layout.head_dim // 2, layout.head_dim // 16
+    four_over_six = layout.fmt.name == "nvfp4_4over6"
+    for data_off, x, g in ((layout.k_data, k, k_global), (layout.v_data, v, v_global)):
+        packed, scales = encode_nvfp4(x, g, four_over_six)
+        flat[slots, :, data_off:data_off + half] = packed
+        flat[slots, :, data_off + half:data_off + half + nsc] = scales
+
+
+@triton.jit
+def _e2m1(code):
+    """The value of 4-bit e2m1 codes: 0, 0.5 (subnormal), then (1 + m/2) x 2^(e-1); bit 3 the sign."""
+    idx = code & 7
+    e = idx >> 1
+    m = (idx & 1).to(tl.float32)
+    mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * tl.exp2((e - 1).to(tl.float32)))
+    return tl.where((code >> 3) == 1, -mag, mag)
+
+
+@triton.jit
+def _nvfp4_tiles(cache_ptr, slot, data_off, j, t_ok, HALF: tl.constexpr):
+    """The even- and odd-indexed values [N, HALF] of a side, block scales applied (global scale not)."""
+    raw = tl.load(cache_ptr + slot[:, None] + data_off + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
+    sc = tl.load(cache_ptr + slot[:, None] + data_off + HALF + j[None, :] // 8, mask=t_ok[:, None], other=0)
+    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return _e2m1(raw & 15) * scale, _e2m1(raw >> 4) * scale
+
+
+@triton.jit
+def _nvfp4_decode_kernel(
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, k_global, v_global, sm_scale, max_blocks, group,
+    stride_qs, stride_qh, stride_os, stride_oh,
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
+    K_DATA: tl.constexpr, V_DATA: tl.constexpr, HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g = tl.arange(0, G_PAD)
+    j = tl.arange(0, HALF)
+    g_ok = g < group
+    heads = kv_head * group + g
+    q_base = q_ptr + seq * stride_qs + heads[:, None] * stride_qh
+    q_even = tl.load(q_base + 2 * j[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q_odd = tl.load(q_base + 2 * j[None, :] + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    n_ctx = tl.load(lens_ptr + seq)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc_even = tl.zeros([G_PAD, HALF], tl.float32)
+    acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
+    for start in range(0, n_ctx, TILE):
+        t = start + tl.arange(0, TILE)
+        t_ok = t < n_ctx
+        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        k_even, k_odd = _nvfp4_tiles(cache_ptr, slot, K_DATA, j, t_ok, HALF)
+        scores = (tl.sum(q_even[:, None, :] * k_even[None, :, :], axis=2)
+                  + tl.sum(q_odd[:, None, :] * k_odd[None, :, :], axis=2)) * (k_global * sm_scale)
+        scores = tl.where(t_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_even, v_odd = _nvfp4_tiles(cache_ptr, slot, V_DATA, j, t_ok, HALF)
+        acc_even = acc_even * alpha[:, None] + tl.sum(p[:, :, None] * v_even[None, :, :], axis=1)
+        acc_odd = acc_odd * alpha[:, None] + tl.sum(p[:, :, None] * v_odd[None, :, :], axis=1)
+        m_i = m_new
+    o_base = out_ptr + seq * stride_os + heads[:, None] * stride_oh
+    tl.store(o_base + 2 * j[None, :], acc_even / l_i[:, None] * v_global, mask=g_ok[:, None])
+    tl.store(o_base + 2 * j[None, :] + 1, acc_odd / l_i[:, None] * v_global, mask=g_ok[:, None])
+
+
+def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
+                       context_lens: torch.Tensor, k_global: float, v_global: float, tile: int = 16) -> torch.Tensor:
+    seqs, heads, d = q.shape
+    nb, bs, kv_heads, slot = cache.shape
+    assert slot == layout.slot_bytes and d == layout.head_dim and d % 16 == 0
+    out = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
+    q32 = q.float().contiguous()
+    _nvfp4_decode_kernel[(seqs, kv_heads)](
+        q32, cache, block_table, context_lens, out, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],
+        heads // kv_heads, q32.stride(0), q32.stride(1), out.stride(0), out.stride(1),
+        BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, V_DATA=layout.v_data, HALF=d // 2,
+        G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
+    )
+    return out.to(q.dtype)
+
+
+def dequantize_cache_nvfp4(cache: torch.Tensor, layout: SlotLayout, k_global: float,
+                           v_global: float) -> tuple[torch.Tensor, torch.Tensor]:
+    half, nsc = layout.head_dim // 2, layout.head_dim // 16
+    return tuple(decode_nvfp4(cache[..., off:off + half], cache[..., off + half:off + half + nsc], g)
+                 for off, g in ((layout.k_data, k_global), (layout.v_data, v_global)))
