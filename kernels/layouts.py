@@ -14,7 +14,8 @@ from kvplan.formats import KVFormat, kv_format
 # formats the paged decode kernel reads, and its mode number for each
 KERNEL_MODES = {"bfloat16": 0, "auto": 0, "float16": 5, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2,
                 "int8_per_token_head": 3, "fp8_per_token_head": 4, "int4_per_token_head": 6, "nvfp4": 7,
-                "nvfp4_4over6": 7}
+                "nvfp4_4over6": 7, "turboquant_k8v4": 8, "turboquant_4bit_nc": 8, "turboquant_k3v4_nc": 8,
+                "turboquant_3bit_nc": 8}
 
 
 @dataclass(frozen=True)

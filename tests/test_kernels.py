@@ -36,6 +36,12 @@ def test_slot_layout_is_the_catalogs(fmt, head_dim):
         assert (layout.k_scale, layout.v_data, layout.v_scale) == (vb, vb + 4, 2 * vb + 4)
     elif fmt.startswith("nvfp4"):  # [K e2m1 pairs][K e4m3 scale per 16][V pairs][V scales]
         assert (layout.k_scale, layout.v_data, layout.v_scale) == (d // 2, d // 2 + d // 16, d + d // 16)
+    elif fmt.startswith("turboquant"):  # [K codes or fp8][K fp16 norm][V codes][V fp16 scale, fp16 zero]
+        kb, vb = layout.fmt.params["key_bits"], layout.fmt.params["value_bits"]
+        k_bytes = d if kb == 8 else -(-d * kb // 8)
+        norm = 0 if kb == 8 else 2
+        assert layout.k_scale == (-1 if kb == 8 else k_bytes)
+        assert (layout.v_data, layout.v_scale) == (k_bytes + norm, k_bytes + norm + -(-d * vb // 8))
     else:  # values only: per-tensor scales are layer parameters, not in the pool
         assert layout.k_scale == layout.v_scale == -1 and layout.v_data == layout.slot_bytes // 2
 
@@ -209,3 +215,68 @@ def test_nvfp4_decode_matches_reference(fmt):
         vv = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
         p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
         torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=2e-4, rtol=2e-4)
+
+
+def test_lloyd_max_centroids():
+    from kvplan.kernels.turboquant_attention import lloyd_max_centroids
+
+    # the optimal 1-bit quantizer of N(0, 1) sits at +-sqrt(2 / pi); 2 bits at +-0.4528, +-1.5104 (Max, 1960)
+    assert lloyd_max_centroids(1, 1)[1] == pytest.approx(math.sqrt(2 / math.pi), abs=1e-6)
+    assert lloyd_max_centroids(2, 1)[2:] == pytest.approx((0.4528, 1.5104), abs=1e-4)
+    c = lloyd_max_centroids(4, 128)
+    assert len(c) == 16 and c == pytest.approx(tuple(-x for x in reversed(c)))  # symmetric
+    assert lloyd_max_centroids(3, 128)[7] == pytest.approx(lloyd_max_centroids(3, 1)[7] / math.sqrt(128))
+
+
+def test_turboquant_bit_packing_and_norm_correction():
+    from kvplan.kernels.turboquant_attention import (
+        _pack,
+        _unpack,
+        decode_keys,
+        encode_keys,
+    )
+
+    codes = torch.randint(0, 8, (5, 128), generator=torch.Generator().manual_seed(9))
+    packed = _pack(codes, 3)
+    assert packed.shape == (5, 48)  # 128 x 3 bits in 48 bytes, as the catalog counts
+    assert torch.equal(_unpack(packed, 3, 128), codes)
+    x = torch.randn(512, 128, generator=torch.Generator().manual_seed(10))
+    k_bytes, norm = encode_keys(x, 3)
+    corrected = decode_keys(k_bytes, norm, 3, 128, correct=True)
+    plain = decode_keys(k_bytes, norm, 3, 128, correct=False)
+    # centroids are conditional means, a contraction: E|y_hat|^2 = E|y|^2 - D, with D = 0.03455 the distortion of
+    # Max's 3-bit Gaussian quantizer, so uncorrected keys come out sqrt(1 - D) = 0.9826 as long on average
+    assert (plain.norm(dim=-1) / x.norm(dim=-1)).mean() == pytest.approx(math.sqrt(1 - 0.03455), abs=0.003)
+    # the correction restores the stored norm (fp16)
+    torch.testing.assert_close(corrected.norm(dim=-1), x.norm(dim=-1), atol=0, rtol=1e-3)
+    cos = torch.nn.functional.cosine_similarity(corrected, x, dim=-1)
+    assert cos.mean() > 0.98  # 3-bit rotated keys keep the direction
+
+
+@pytest.mark.parametrize("fmt", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+                                 "turboquant_3bit_nc"])
+def test_turboquant_decode_matches_reference(fmt):
+    from kvplan.kernels.turboquant_attention import (
+        dequantize_cache_turboquant,
+        paged_decode_turboquant,
+        write_kv_turboquant,
+    )
+
+    lens, bs, d, heads, kv_heads = [11, 35], 16, 64, 4, 2
+    cache, layout = make_cache(fmt, 6, bs, kv_heads, d)
+    assert layout.slot_bytes == kv_format(fmt).bytes_per_token_per_kv_head(d)
+    table = torch.tensor([[5, 0, 0], [2, 0, 4]], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(11)
+    for s, n in enumerate(lens):
+        pos = torch.arange(n)
+        write_kv_turboquant(cache, layout, table[s, pos // bs].long() * bs + pos % bs,
+                            torch.randn(n, kv_heads, d, generator=gen), torch.randn(n, kv_heads, d, generator=gen))
+    q = torch.randn(2, heads, d, generator=gen)
+    out = paged_decode_turboquant(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32))
+    k_all, v_all = dequantize_cache_turboquant(cache, layout)
+    for s, n in enumerate(lens):
+        blocks = table[s, : (n + bs - 1) // bs].long()
+        kk = k_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        vv = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
+        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=3e-4, rtol=3e-4)

@@ -1,0 +1,218 @@
+"""Paged decode attention over TurboQuant caches (vLLM's turboquant_k8v4, _4bit_nc, _k3v4_nc, _3bit_nc presets).
+
+A slot holds K then V. Keys (3 or 4 bits): the key's norm as fp16, and its direction rotated by the orthonormal
+Hadamard matrix H/sqrt(d) (no random signs), each coordinate coded as the nearest Lloyd-Max centroid for the
+N(0, 1/d) a rotated unit vector's coordinates follow; codes are packed little-endian, b bits each. With norm
+correction the decoded direction is renormalized before the norm multiplies it. turboquant_k8v4 keys are plain fp8.
+Values: b-bit uniform codes with an fp16 scale and fp16 zero per token per head, v ~ scale x code + zero.
+Because H is symmetric and orthonormal, <q, H c / sqrt(d)> = <H q / sqrt(d), c>: the kernel rotates the query once
+and scores straight against the centroids.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from .int4_attention import hadamard
+from .layouts import SlotLayout
+
+
+@lru_cache(maxsize=None)
+def lloyd_max_centroids(bits: int, d: int, iters: int = 300) -> tuple[float, ...]:
+    """Centroids of the optimal 2^bits-level scalar quantizer for N(0, 1/d) (Lloyd's conditions: each boundary the
+    midpoint of its centroids, each centroid the conditional mean of its cell)."""
+    n = 2**bits
+    phi = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+    cdf = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+    c = [(-1 + (2 * i + 1) / n) * 2.5 for i in range(n)]  # for N(0, 1), scaled at the end
+    for _ in range(iters):
+        edges = [-math.inf] + [(a + b) / 2 for a, b in zip(c, c[1:], strict=False)] + [math.inf]
+        new = []
+        for a, b in zip(edges, edges[1:], strict=False):
+            mass = cdf(b) - cdf(a)
+            pa = 0.0 if math.isinf(a) else phi(a)
+            pb = 0.0 if math.isinf(b) else phi(b)
+            new.append((pa - pb) / mass)
+        c = new
+    return tuple(x / math.sqrt(d) for x in c)
+
+
+def _params(layout: SlotLayout) -> tuple[int, int, bool]:
+    p = layout.fmt.params
+    return p["key_bits"], p["value_bits"], p["norm_correction"]
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """[..., n] codes < 2^bits -> [..., ceil(n bits / 8)] bytes, little-endian bit stream."""
+    n = codes.shape[-1]
+    nbytes = (n * bits + 7) // 8
+    out = torch.zeros(*codes.shape[:-1], nbytes + 1, dtype=torch.int32)
+    for i in range(n):
+        bit = i * bits
+        val = codes[..., i].to(torch.int32) << (bit % 8)
+        out[..., bit // 8] |= val & 0xFF
+        out[..., bit // 8 + 1] |= val >> 8
+    return out[..., :nbytes].to(torch.uint8)
+
+
+def _unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    b = torch.nn.functional.pad(packed.to(torch.int32), (0, 1))
+    i = torch.arange(n)
+    word = b[..., (i * bits) // 8] | (b[..., (i * bits) // 8 + 1] << 8)
+    return (word >> ((i * bits) % 8)) & (2**bits - 1)
+
+
+def _rot(x: torch.Tensor) -> torch.Tensor:
+    d = x.shape[-1]
+    return x.float() @ hadamard(d, x.device) / math.sqrt(d)
+
+
+def encode_keys(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    d = x.shape[-1]
+    norm = x.float().norm(dim=-1, keepdim=True)
+    y = _rot(x.float() / norm.clamp_min(1e-12))
+    cent = torch.tensor(lloyd_max_centroids(bits, d))
+    codes = (y.unsqueeze(-1) - cent).abs().argmin(-1)
+    return _pack(codes, bits), norm.to(torch.float16).view(torch.uint8)
+
+
+def decode_keys(packed: torch.Tensor, norm_bytes: torch.Tensor, bits: int, d: int, correct: bool) -> torch.Tensor:
+    cent = torch.tensor(lloyd_max_centroids(bits, d))
+    y = cent[_unpack(packed, bits, d)]
+    u = _rot(y)  # H is symmetric: the same rotation undoes itself
+    if correct:
+        u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return u * norm_bytes.contiguous().view(torch.float16).float()
+
+
+def encode_values(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lo, hi = x.float().amin(-1, keepdim=True), x.float().amax(-1, keepdim=True)
+    scale = ((hi - lo) / (2**bits - 1)).to(torch.float16).float().clamp_min(1e-6)
+    zero = lo.to(torch.float16).float()
+    codes = torch.round((x.float() - zero) / scale).clamp(0, 2**bits - 1)
+    meta = torch.cat([scale.to(torch.float16), zero.to(torch.float16)], -1).contiguous().view(torch.uint8)
+    return _pack(codes, bits), meta
+
+
+def decode_values(packed: torch.Tensor, meta: torch.Tensor, bits: int, d: int) -> torch.Tensor:
+    sz = meta.contiguous().view(torch.float16).float()
+    return _unpack(packed, bits, d).float() * sz[..., :1] + sz[..., 1:2]
+
+
+def write_kv_turboquant(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor) -> None:
+    nb, bs, h, slot = cache.shape
+    flat = cache.view(nb * bs, h, slot)
+    kb, vb, _ = _params(layout)
+    if kb == 8:
+        kdata = k.float().clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+        flat[slots, :, layout.k_data:layout.k_data + kdata.shape[-1]] = kdata
+    else:
+        packed, norm = encode_keys(k, kb)
+        flat[slots, :, layout.k_data:layout.k_data + packed.shape[-1]] = packed
+        flat[slots, :, layout.k_scale:layout.k_scale + 2] = norm
+    packed, meta = encode_values(v, vb)
+    flat[slots, :, layout.v_data:layout.v_data + packed.shape[-1]] = packed
+    flat[slots, :, layout.v_scale:layout.v_scale + 4] = meta
+
+
+def dequantize_cache_turboquant(cache: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    kb, vb, nc = _params(layout)
+    d = layout.head_dim
+    if kb == 8:
+        k = cache[..., layout.k_data:layout.k_data + d].contiguous().view(torch.float8_e4m3fn).float()
+    else:
+        kbytes = (d * kb + 7) // 8
+        k = decode_keys(cache[..., layout.k_data:layout.k_data + kbytes], cache[..., layout.k_scale:layout.k_scale + 2],
+                        kb, d, nc)
+    vbytes = (d * vb + 7) // 8
+    v = decode_values(cache[..., layout.v_data:layout.v_data + vbytes], cache[..., layout.v_scale:layout.v_scale + 4],
+                      vb, d)
+    return k, v
+
+
+@triton.jit
+def _codes(cache_ptr, base, d_offs, t_ok, BITS: tl.constexpr):
+    """b-bit codes [N, D] from a little-endian bit stream starting at byte offsets `base` [N]."""
+    bit = d_offs * BITS
+    ptr = cache_ptr + base[:, None] + (bit // 8)[None, :]
+    lo = tl.load(ptr, mask=t_ok[:, None], other=0).to(tl.int32)
+    hi = tl.load(ptr + 1, mask=t_ok[:, None], other=0).to(tl.int32)
+    return ((lo | (hi << 8)) >> (bit % 8)[None, :]) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def _tq_decode_kernel(
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, cent_ptr, sm_scale, max_blocks, group,
+    stride_qs, stride_qh, stride_os, stride_oh,
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
+    K_DATA: tl.constexpr, K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr,
+    D: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, NORM_CORRECTION: tl.constexpr,
+    G_PAD: tl.constexpr, TILE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g = tl.arange(0, G_PAD)
+    d_offs = tl.arange(0, D)
+    g_ok = g < group
+    heads = kv_head * group + g
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :], mask=g_ok[:, None],
+                other=0.0).to(tl.float32)
+    n_ctx = tl.load(lens_ptr + seq)
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    for start in range(0, n_ctx, TILE):
+        t = start + tl.arange(0, TILE)
+        t_ok = t < n_ctx
+        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        if K_BITS == 8:  # fp8 keys, q not rotated
+            raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :], mask=t_ok[:, None], other=0)
+            k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        else:  # q arrives rotated; score against the centroids, then the stored norm (over the decoded length)
+            c = tl.load(cent_ptr + _codes(cache_ptr, slot + K_DATA, d_offs, t_ok, K_BITS))
+            norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16)), mask=t_ok,
+                           other=0.0).to(tl.float32)
+            if NORM_CORRECTION:
+                norm = norm / tl.maximum(tl.sqrt(tl.sum(c * c, axis=1)), 1e-12)
+            scores = tl.sum(q[:, None, :] * c[None, :, :], axis=2) * norm[None, :]
+        scores = tl.where(t_ok[None, :], scores * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        codes = _codes(cache_ptr, slot + V_DATA, d_offs, t_ok, V_BITS).to(tl.float32)
+        meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
+        vscale = tl.load(meta, mask=t_ok, other=0.0).to(tl.float32)
+        vzero = tl.load(meta + 1, mask=t_ok, other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.sum((p * vscale[None, :])[:, :, None] * codes[None, :, :], axis=1)
+        acc += tl.sum(p * vzero[None, :], axis=1)[:, None]
+        m_i = m_new
+    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + d_offs[None, :], acc / l_i[:, None],
+             mask=g_ok[:, None])
+
+
+def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
+                            context_lens: torch.Tensor, tile: int = 16) -> torch.Tensor:
+    seqs, heads, d = q.shape
+    nb, bs, kv_heads, slot = cache.shape
+    assert slot == layout.slot_bytes and d == layout.head_dim
+    kb, vb, nc = _params(layout)
+    q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
+    cent = torch.tensor(lloyd_max_centroids(kb if kb != 8 else 4, d), dtype=torch.float32, device=q.device)
+    out = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
+    _tq_decode_kernel[(seqs, kv_heads)](
+        q_in, cache, block_table, context_lens, out, cent, 1.0 / math.sqrt(d), block_table.shape[1],
+        heads // kv_heads, q_in.stride(0), q_in.stride(1), out.stride(0), out.stride(1),
+        BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
+        V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
+        G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
+    )
+    return out.to(q.dtype)
