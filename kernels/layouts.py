@@ -15,7 +15,7 @@ from kvplan.formats import KVFormat, kv_format
 KERNEL_MODES = {"bfloat16": 0, "auto": 0, "float16": 5, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2,
                 "int8_per_token_head": 3, "fp8_per_token_head": 4, "int4_per_token_head": 6, "nvfp4": 7,
                 "nvfp4_4over6": 7, "turboquant_k8v4": 8, "turboquant_4bit_nc": 8, "turboquant_k3v4_nc": 8,
-                "turboquant_3bit_nc": 8}
+                "turboquant_3bit_nc": 8, "kivi2": 9, "kivi4": 9}
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def slot_layout(fmt: KVFormat | str, head_dim: int, model_bits: int = 16) -> Slo
     at = 0
     for side, comps in (("k", fmt.k), ("v", fmt.v)):
         for c in comps:
-            key = f"{side}_{'scale' if c.per in ('vector', 'group') else 'data'}"
+            key = f"{side}_{'scale' if c.per in ('vector', 'group', 'token_group') else 'data'}"
             offsets.setdefault(key, at)
             at += int(c.size_bytes(head_dim, model_bits))
     layout = SlotLayout(fmt, head_dim, offsets["k_data"], offsets.get("k_scale", -1), offsets["v_data"],

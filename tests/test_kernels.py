@@ -42,6 +42,13 @@ def test_slot_layout_is_the_catalogs(fmt, head_dim):
         norm = 0 if kb == 8 else 2
         assert layout.k_scale == (-1 if kb == 8 else k_bytes)
         assert (layout.v_data, layout.v_scale) == (k_bytes + norm, k_bytes + norm + -(-d * vb // 8))
+    elif fmt.startswith("kivi"):  # [K codes][K scales, zeros: this token's d/32 channels][V codes][V scales, zeros]
+        from kvplan.kernels.kivi_attention import _offsets
+
+        o = _offsets(layout)
+        assert (layout.k_scale, layout.v_data, layout.v_scale) == (o["k_scale"], o["v_codes"], o["v_scale"])
+        bits = layout.fmt.params["bits"]
+        assert (o["k_scale"], o["v_codes"]) == (d * bits // 8, d * bits // 8 + 2 * (d // 32) * 2)
     else:  # values only: per-tensor scales are layer parameters, not in the pool
         assert layout.k_scale == layout.v_scale == -1 and layout.v_data == layout.slot_bytes // 2
 
@@ -280,3 +287,64 @@ def test_turboquant_decode_matches_reference(fmt):
         vv = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
         p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
         torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=3e-4, rtol=3e-4)
+
+
+@pytest.mark.parametrize("fmt", ["kivi2", "kivi4"])
+def test_kivi_group_codec(fmt):
+    from kvplan.kernels.kivi_attention import decode_group, encode_group
+
+    layout = slot_layout(fmt, 128)
+    bits = layout.fmt.params["bits"]
+    assert layout.slot_bytes == (96 if bits == 2 else 160)  # the catalog's honest 3.0 and 5.0 bits
+    gen = torch.Generator().manual_seed(12)
+    k = torch.randn(32, 2, 128, generator=gen) * torch.linspace(0.2, 5, 128)  # outlier channels, as keys have
+    v = torch.randn(32, 2, 128, generator=gen)
+    kk, vv = decode_group(encode_group(k, v, layout), layout)
+    levels = 2**bits - 1
+    # within half a step (plus fp16 rounding of scale and zero): keys per channel over the group, values per
+    # token over groups of 32 channels
+    k_step = (k.amax(0) - k.amin(0)) / levels
+    v_step = (v.unflatten(-1, (-1, 32)).amax(-1) - v.unflatten(-1, (-1, 32)).amin(-1)) / levels
+    assert ((kk - k).abs() <= k_step / 2 * 1.01 + 2e-3 * k.abs().amax(0)).all()
+    assert ((vv - v).unflatten(-1, (-1, 32)).abs() <= (v_step / 2 * 1.01 + 4e-3).unsqueeze(-1)).all()
+
+
+@pytest.mark.parametrize("fmt", ["kivi2", "kivi4"])
+def test_kivi_decode_matches_reference(fmt):
+    from kvplan.kernels.kivi_attention import (
+        _offsets,
+        decode_group,
+        make_residual,
+        paged_decode_kivi,
+        quantized_len,
+        write_sequence,
+    )
+
+    bs, d, heads, kv_heads = 16, 64, 4, 2
+    layout = slot_layout(fmt, d)
+    lens = [200, 40]  # 64 quantized + 136 in the residual; 40 all residual
+    assert [quantized_len(n, 32, 128) for n in lens] == [64, 0]
+    cache, _ = make_cache(fmt, 20, bs, kv_heads, d)
+    residual = make_residual(2, layout, kv_heads, torch.float32)
+    table = torch.tensor([list(range(13)), list(range(13, 16)) + [0] * 10], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(13)
+    ks = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
+    vs = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
+    for s in range(2):
+        write_sequence(cache, residual, layout, table[s], s, ks[s], vs[s])
+    q = torch.randn(2, heads, d, generator=gen)
+    out = paged_decode_kivi(q, cache, residual, layout, table, torch.tensor(lens, dtype=torch.int32))
+    flat = cache.view(-1, kv_heads, layout.slot_bytes)
+    for s, n in enumerate(lens):
+        nq = quantized_len(n, 32, 128)
+        kparts, vparts = [], []
+        for start in range(0, nq, 32):
+            pos = torch.arange(start, start + 32)
+            kg, vg = decode_group(flat[table[s, pos // bs].long() * bs + pos % bs], layout)
+            kparts.append(kg)
+            vparts.append(vg)
+        kk = torch.cat(kparts + [residual[s, : n - nq, :, 0]]).repeat_interleave(heads // kv_heads, 1)
+        vv = torch.cat(vparts + [residual[s, : n - nq, :, 1]]).repeat_interleave(heads // kv_heads, 1)
+        p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
+        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=3e-4, rtol=3e-4)
+    assert _offsets(layout)["v_zero"] + 2 * (d // 32) == layout.slot_bytes

@@ -1,0 +1,195 @@
+"""Paged decode attention over KIVI caches (arXiv:2402.02750): keys quantized per channel over groups of G
+consecutive tokens, values per token over groups of G channels, b-bit codes with fp16 scale and zero, and the
+newest tokens kept in full precision.
+
+Slot layout (the catalog's kivi2 / kivi4): K codes (d x b bits), then this token's share of its token group's
+per-channel fp16 scales and zeros (d / G channels each: token r of a group holds channels [r d/G, (r+1) d/G)), then
+V codes and V's fp16 scales and zeros per G channels. A sequence's first floor((n - R) / G) x G tokens are in the
+paged cache; the rest (fewer than R + G) wait in a full-precision residual buffer [seqs, R + G, kv_heads, d], and
+move into the cache a whole group at a time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .layouts import SlotLayout
+from .turboquant_attention import _pack, _unpack
+
+
+def _params(layout: SlotLayout) -> tuple[int, int, int]:
+    p = layout.fmt.params
+    return p["bits"], p["group"], p["residual"]
+
+
+def quantized_len(n: int, group: int, residual: int) -> int:
+    """Tokens of a sequence of n that sit quantized in the cache; the rest are in the residual buffer."""
+    return max(0, (n - residual) // group) * group
+
+
+def _offsets(layout: SlotLayout) -> dict[str, int]:
+    bits, g, _ = _params(layout)
+    d = layout.head_dim
+    codes, share, vmeta = d * bits // 8, d // g * 2, -(-d // g) * 2
+    return {"k_codes": 0, "k_scale": codes, "k_zero": codes + share, "v_codes": codes + 2 * share,
+            "v_scale": 2 * codes + 2 * share, "v_zero": 2 * codes + 2 * share + vmeta, "codes": codes,
+            "share": share, "vmeta": vmeta}
+
+
+def encode_group(k: torch.Tensor, v: torch.Tensor, layout: SlotLayout) -> torch.Tensor:
+    """One token group: K and V [G, kv_heads, d] -> slot bytes [G, kv_heads, slot]."""
+    bits, g, _ = _params(layout)
+    d = layout.head_dim
+    levels = 2**bits - 1
+    o = _offsets(layout)
+    # keys: per channel over the group's tokens
+    lo, hi = k.float().amin(0, keepdim=True), k.float().amax(0, keepdim=True)  # [1, h, d]
+    ks = ((hi - lo) / levels).to(torch.float16).float().clamp_min(1e-6)
+    kz = lo.to(torch.float16).float()
+    kq = torch.round((k.float() - kz) / ks).clamp(0, levels)
+    # values: per token over groups of g channels
+    vg = v.float().unflatten(-1, (-1, g))  # [G, h, d/g, g]
+    vlo, vhi = vg.amin(-1, keepdim=True), vg.amax(-1, keepdim=True)
+    vs = ((vhi - vlo) / levels).to(torch.float16).float().clamp_min(1e-6)
+    vz = vlo.to(torch.float16).float()
+    vq = torch.round((vg - vz) / vs).clamp(0, levels).flatten(-2)
+    out = torch.zeros(g, k.shape[1], layout.slot_bytes, dtype=torch.uint8)
+    out[..., : o["codes"]] = _pack(kq.to(torch.int32), bits)
+    per = d // g  # channels whose scale and zero token r carries
+    ks16 = ks.to(torch.float16).squeeze(0).unflatten(-1, (g, per))  # [h, G, per]
+    kz16 = kz.to(torch.float16).squeeze(0).unflatten(-1, (g, per))
+    out[..., o["k_scale"]:o["k_zero"]] = ks16.permute(1, 0, 2).contiguous().view(torch.uint8)
+    out[..., o["k_zero"]:o["v_codes"]] = kz16.permute(1, 0, 2).contiguous().view(torch.uint8)
+    out[..., o["v_codes"]:o["v_scale"]] = _pack(vq.to(torch.int32), bits)
+    out[..., o["v_scale"]:o["v_zero"]] = vs.squeeze(-1).to(torch.float16).contiguous().view(torch.uint8)
+    out[..., o["v_zero"]:] = vz.squeeze(-1).to(torch.float16).contiguous().view(torch.uint8)
+    return out
+
+
+def decode_group(slots: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot bytes [G, kv_heads, slot] of one token group -> K, V [G, kv_heads, d] in fp32."""
+    bits, g, _ = _params(layout)
+    d = layout.head_dim
+    o = _offsets(layout)
+    ks = slots[..., o["k_scale"]:o["k_zero"]].contiguous().view(torch.float16).float()  # [G, h, per]
+    kz = slots[..., o["k_zero"]:o["v_codes"]].contiguous().view(torch.float16).float()
+    ks = ks.permute(1, 0, 2).flatten(-2)  # [h, d]
+    kz = kz.permute(1, 0, 2).flatten(-2)
+    k = _unpack(slots[..., : o["codes"]], bits, d).float() * ks + kz
+    vs = slots[..., o["v_scale"]:o["v_zero"]].contiguous().view(torch.float16).float()  # [G, h, d/g]
+    vz = slots[..., o["v_zero"]:].contiguous().view(torch.float16).float()
+    vq = _unpack(slots[..., o["v_codes"]:o["v_scale"]], bits, d).float().unflatten(-1, (-1, g))
+    v = (vq * vs.unsqueeze(-1) + vz.unsqueeze(-1)).flatten(-2)
+    return k, v
+
+
+def write_sequence(cache: torch.Tensor, residual: torch.Tensor, layout: SlotLayout, table_row: torch.Tensor,
+                   seq: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Store a sequence's K and V [n, kv_heads, d]: whole groups into the cache, the rest into the residual."""
+    bits, g, r = _params(layout)
+    nb, bs, h, slot = cache.shape
+    flat = cache.view(nb * bs, h, slot)
+    n = k.shape[0]
+    nq = quantized_len(n, g, r)
+    for start in range(0, nq, g):
+        pos = torch.arange(start, start + g)
+        flat[table_row[pos // bs].long() * bs + pos % bs] = encode_group(k[start:start + g], v[start:start + g],
+                                                                          layout)
+    residual[seq, : n - nq, :, 0] = k[nq:].to(residual.dtype)
+    residual[seq, : n - nq, :, 1] = v[nq:].to(residual.dtype)
+
+
+@triton.jit
+def _kivi_decode_kernel(
+    q_ptr, cache_ptr, resid_ptr, block_table_ptr, lens_ptr, out_ptr, sm_scale, max_blocks, group,
+    stride_qs, stride_qh, stride_os, stride_oh, stride_rs, stride_rt, stride_rh, stride_rkv,
+    BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, D: tl.constexpr,
+    BITS: tl.constexpr, G: tl.constexpr, RESIDUAL: tl.constexpr, RPAD: tl.constexpr,
+    K_SCALE: tl.constexpr, K_ZERO: tl.constexpr, V_CODES: tl.constexpr, V_SCALE: tl.constexpr,
+    V_ZERO: tl.constexpr, G_PAD: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    gh = tl.arange(0, G_PAD)
+    c = tl.arange(0, D)
+    g_ok = gh < group
+    heads = kv_head * group + gh
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + c[None, :], mask=g_ok[:, None],
+                other=0.0).to(tl.float32)
+    n = tl.load(lens_ptr + seq)
+    nq = tl.maximum(n - RESIDUAL, 0) // G * G
+    m_i = tl.full([G_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([G_PAD], tl.float32)
+    acc = tl.zeros([G_PAD, D], tl.float32)
+    PER: tl.constexpr = D // G
+    for start in range(0, nq, G):  # one token group per tile
+        t = start + tl.arange(0, G)
+        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        bit = c * BITS
+        kw = (tl.load(cache_ptr + slot[:, None] + (bit // 8)[None, :]).to(tl.int32)
+              | (tl.load(cache_ptr + slot[:, None] + (bit // 8)[None, :] + 1).to(tl.int32) << 8))
+        kcodes = ((kw >> (bit % 8)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+        # channel c's scale and zero live in the slot of the group's token c // PER
+        owner = tl.load(block_table_ptr + seq * max_blocks + (start + c // PER) // BLOCK_SIZE)
+        oslot = ((owner.to(tl.int64) * BLOCK_SIZE + (start + c // PER) % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        ks = tl.load((cache_ptr + oslot + K_SCALE + (c % PER) * 2).to(tl.pointer_type(tl.float16))).to(tl.float32)
+        kz = tl.load((cache_ptr + oslot + K_ZERO + (c % PER) * 2).to(tl.pointer_type(tl.float16))).to(tl.float32)
+        k = kcodes * ks[None, :] + kz[None, :]
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vw = (tl.load(cache_ptr + slot[:, None] + V_CODES + (bit // 8)[None, :]).to(tl.int32)
+              | (tl.load(cache_ptr + slot[:, None] + V_CODES + (bit // 8)[None, :] + 1).to(tl.int32) << 8))
+        vcodes = ((vw >> (bit % 8)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+        vs = tl.load((cache_ptr + slot[:, None] + V_SCALE + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
+        vz = tl.load((cache_ptr + slot[:, None] + V_ZERO + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
+        v = vcodes * vs.to(tl.float32) + vz.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    # the full-precision residual: tokens nq .. n
+    rt = tl.arange(0, RPAD)
+    r_ok = rt < n - nq
+    rbase = resid_ptr + seq * stride_rs + rt[:, None] * stride_rt + kv_head * stride_rh + c[None, :]
+    k = tl.load(rbase, mask=r_ok[:, None], other=0.0).to(tl.float32)
+    v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
+    scores = tl.where(r_ok[None, :], tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + c[None, :], acc / l_i[:, None],
+             mask=g_ok[:, None])
+
+
+def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tensor, layout: SlotLayout,
+                      block_table: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+    seqs, heads, d = q.shape
+    nb, bs, kv_heads, slot = cache.shape
+    bits, g, r = _params(layout)
+    assert slot == layout.slot_bytes and d == layout.head_dim and d % g == 0 and residual.shape[1] >= r + g - 1
+    o = _offsets(layout)
+    out = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
+    q32 = q.float().contiguous()
+    _kivi_decode_kernel[(seqs, kv_heads)](
+        q32, cache, residual, block_table, context_lens, out, 1.0 / math.sqrt(d), block_table.shape[1],
+        heads // kv_heads, q32.stride(0), q32.stride(1), out.stride(0), out.stride(1),
+        residual.stride(0), residual.stride(1), residual.stride(2), residual.stride(3),
+        BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, D=d, BITS=bits, G=g, RESIDUAL=r,
+        RPAD=triton.next_power_of_2(r + g), K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"],
+        V_SCALE=o["v_scale"], V_ZERO=o["v_zero"], G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)),
+    )
+    return out.to(q.dtype)
+
+
+def make_residual(seqs: int, layout: SlotLayout, kv_heads: int, dtype=torch.bfloat16) -> torch.Tensor:
+    """[seqs, R + G, kv_heads, 2, d]: K (0) and V (1) of each sequence's newest tokens, in full precision."""
+    _, g, r = _params(layout)
+    return torch.zeros(seqs, r + g, kv_heads, 2, layout.head_dim, dtype=dtype)
