@@ -348,3 +348,20 @@ def test_kivi_decode_matches_reference(fmt):
         p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
         torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=3e-4, rtol=3e-4)
     assert _offsets(layout)["v_zero"] + 2 * (d // 32) == layout.slot_bytes
+
+
+@pytest.mark.parametrize("batch", [1, 5, 64])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gemv(batch, fp8):
+    from kvplan.kernels.gemv import gemv, gemv_reference, quantize_fp8_weights
+
+    gen = torch.Generator().manual_seed(14)
+    x = torch.randn(batch, 200, generator=gen).to(torch.bfloat16)  # K not a multiple of the tile: masked
+    w = (torch.randn(72, 200, generator=gen) / 14).to(torch.bfloat16)
+    args = quantize_fp8_weights(w) if fp8 else (w, None)
+    if fp8:
+        assert args[0].dtype == torch.uint8 and args[0].numel() == 72 * 200  # one byte per weight
+    out = gemv(x, *args)
+    torch.testing.assert_close(out.float(), gemv_reference(x, *args).float(), atol=2e-2, rtol=2e-2)
+    if not fp8:
+        torch.testing.assert_close(out.float(), (x.float() @ w.float().T), atol=2e-2, rtol=2e-2)
