@@ -501,6 +501,45 @@ def log_import(
 
 
 @app.command()
+def measure(
+    quick: bool = typer.Option(False, "--quick", help="4 sizes up to 1 GB, 10 samples each (about 2 minutes on an "
+                               "H100); the full sweep goes to 2 GB with 30 samples"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (kernels, sizes, bytes, expected "
+                                 "duration) and measure nothing; works without a GPU"),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="where to write the calibration profile "
+                                         "(default: kvplan's cache directory, named after the GPU)"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="for --dry-run: the GPU to plan for (default: H100 SXM)"),
+    device: str = typer.Option("cuda", "--device", hidden=True, help="cpu runs the kernels under Triton's "
+                               "interpreter with tiny sizes: a check of the pipeline, not a measurement"),
+) -> None:
+    """Measure this GPU: streaming probes, weight GEMVs and the paged decode kernel of every KV format over sizes
+    from 8 MB up, with L2 flushed between samples; fit t = t0 + bytes / (eta x peak bandwidth) per kernel family
+    and write a calibration profile that `crossover --calibration` (and the cache) use."""
+    from .calibration import MB, measure_plan
+    from .errors import KvplanError
+    from .specs import load_gpu
+
+    spec = load_gpu(gpu or "h100")
+    if dry_run:
+        plan = measure_plan(quick, l2_bytes=int((spec.l2_mb or 50) * MB),
+                            bandwidth_bytes_per_s=spec.peak_bandwidth_bytes_per_s)
+        from .render import measure_plan_table
+
+        measure_plan_table(plan, spec)
+        return
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+    except ImportError:
+        raise KvplanError("kvplan measure needs torch and triton: pip install 'kvplan[gpu]' (--dry-run works "
+                          "without them)") from None
+    from .measure_run import run_measure
+
+    path = run_measure(quick=quick, output=output, device_name=device)
+    print(f"wrote the calibration profile {path}", file=sys.stderr)
+
+
+@app.command()
 def formats(
     head_dim: int = typer.Option(128, "--head-dim", help="head dimension the byte figures are computed at"),
     kv_lora_rank: int = typer.Option(512, "--kv-lora-rank", help="MLA latent width (no-RoPE part)"),

@@ -400,3 +400,37 @@ def sglang_table(results, model, gpu) -> None:
     con.print("SGLang would log (per dtype):")
     for r in results:
         con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), soft_wrap=True)
+
+
+def measure_plan_table(plan, gpu) -> None:
+    from .calibration import MB
+
+    con = console()
+    t = Table(title=f"kvplan measure plan for {gpu.name} ({gpu.peak_bandwidth_tbps} TB/s peak, L2 flushed with "
+              f"{plan.flush_bytes / MB:,.0f} MB between samples)", title_justify="left")
+    for col in ["kernel family", "sizes", "samples", "bytes read"]:
+        t.add_column(col, justify="left" if col != "bytes read" else "right")
+    families: dict[str, list] = {}
+    for i in plan.items:
+        families.setdefault(i.family, []).append(i)
+    for fam, items in families.items():
+        sizes = ", ".join(f"{i.size_bytes / MB:,.0f}" for i in items) + " MB"
+        total = sum(i.size_bytes * (i.samples + plan.warmup) for i in items)
+        t.add_row(fam, sizes, f"{items[0].samples} (+{plan.warmup} warm-up)", gb(total))
+    con.print(t)
+    con.print(f"{len(plan.items)} points, {gb(plan.total_bytes)} read; expected about "
+              f"{plan.expected_seconds() / 60:.1f} minutes")
+    for n in plan.notes:
+        con.print(f"note: {n}")
+
+
+def calibration_table(profile) -> None:
+    con = console()
+    t = Table(title=f"Calibration of {profile.device.get('name')}: t = t0 + bytes / (eta x "
+              f"{profile.peak_bandwidth_bytes_per_s / 1e12:g} TB/s)", title_justify="left")
+    for col in ["kernel family", "t0 us", "eta", "GB/s at the largest size"]:
+        t.add_column(col, justify="left" if col == "kernel family" else "right")
+    for fam, f in profile.families.items():
+        big = max(f.points, key=lambda p: p[0])
+        t.add_row(fam, f"{f.t0_s * 1e6:,.1f}", f"{f.eta:.3f}", f"{big[0] / big[1] / 1e9:,.0f}")
+    con.print(t)

@@ -1,4 +1,8 @@
 import io
+import os
+
+# The kernel tests run under Triton's interpreter; it must be chosen before anything imports triton.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 

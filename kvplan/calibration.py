@@ -1,0 +1,173 @@
+"""Measuring the GPU: what `kvplan measure` runs (the plan, pure and importable without torch), the fit of
+t = t0 + bytes / (eta x peak bandwidth) per kernel family, and the calibration profile (versioned YAML) that later
+predictions read."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .errors import KvplanError
+
+SCHEMA = "kvplan-calibration/1"
+MB = 2**20
+DECODE_FORMATS = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head",
+                  "int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4", "turboquant_4bit_nc",
+                  "turboquant_k3v4_nc", "turboquant_3bit_nc", "kivi2", "kivi4")
+FAMILIES = ("stream_read", "stream_copy", "gemv_bf16", "gemv_fp8") + tuple(f"decode_{f}" for f in DECODE_FORMATS)
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    family: str
+    size_bytes: int  # bytes one call reads (and writes, for the copy)
+    samples: int
+
+
+@dataclass
+class MeasurePlan:
+    items: list[PlanItem]
+    warmup: int
+    flush_bytes: int  # written between samples to evict L2 (at least twice its size)
+    bandwidth_bytes_per_s: float  # assumed for the duration estimate
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.size_bytes * (i.samples + self.warmup) for i in self.items)
+
+    def expected_seconds(self) -> float:
+        """Kernel time at 70% of the assumed bandwidth, an L2 flush and 20 us per sample, 0.25 s of set-up per
+        point (allocating and filling the buffers)."""
+        t = 0.0
+        for i in self.items:
+            per = i.size_bytes / (0.7 * self.bandwidth_bytes_per_s) + self.flush_bytes / self.bandwidth_bytes_per_s
+            t += (i.samples + self.warmup) * (per + 20e-6) + 0.25
+        return t
+
+
+def measure_plan(quick: bool = False, *, l2_bytes: int = 50 * MB, bandwidth_bytes_per_s: float = 3.35e12,
+                 free_bytes: Optional[int] = None, families: tuple[str, ...] = FAMILIES,
+                 sizes: Optional[list[int]] = None, samples: Optional[int] = None, warmup: int = 3) -> MeasurePlan:
+    """The sweep: sizes from 8 MB to 1 GB (quick: 4 sizes, 10 samples) or 2 GB (full: 9 sizes, 30 samples), each
+    family at each size, capped at a third of the free memory (buffers, caches and the flush buffer must fit)."""
+    if sizes is None:
+        sizes = [8 * MB, 64 * MB, 256 * MB, 1024 * MB] if quick else [8 * MB * 2**i for i in range(9)]
+    notes = []
+    if free_bytes is not None:
+        cap = free_bytes // 3
+        if any(s > cap for s in sizes):
+            notes.append(f"sizes above {cap / MB:,.0f} MB left out: a third of the free memory")
+        sizes = [s for s in sizes if s <= cap] or [min(sizes)]
+    samples = samples or (10 if quick else 30)
+    items = [PlanItem(f, s, samples) for f in families for s in sizes]
+    return MeasurePlan(items, warmup, max(2 * l2_bytes, 64 * MB), bandwidth_bytes_per_s, notes)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Fitting
+
+
+@dataclass
+class FamilyFit:
+    family: str
+    t0_s: float  # fixed cost per call (launch, tail)
+    eta: float  # achieved fraction of the peak bandwidth on the streaming part
+    points: list[list[float]]  # [bytes, median s, p10 s, p90 s]
+
+    def seconds(self, nbytes: float, peak_bytes_per_s: float, calls: int = 1) -> float:
+        return calls * self.t0_s + nbytes / (self.eta * peak_bytes_per_s)
+
+
+def fit_family(family: str, points: list[tuple[float, float, float, float]], peak_bytes_per_s: float) -> FamilyFit:
+    """Least squares of median time on bytes: t = t0 + bytes x slope, eta = 1 / (slope x peak)."""
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    n = len(points)
+    if n == 1:
+        slope, t0 = ys[0] / xs[0], 0.0
+    else:
+        mx, my = sum(xs) / n, sum(ys) / n
+        var = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else my / mx
+        t0 = my - slope * mx
+        if t0 < 0:  # a negative fixed cost is noise: fit through the origin instead
+            slope, t0 = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs), 0.0
+    if slope <= 0:
+        raise KvplanError(f"measuring {family}: the times do not grow with the bytes; rerun on an idle GPU")
+    return FamilyFit(family, t0, 1.0 / (slope * peak_bytes_per_s), [list(p) for p in points])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Profiles
+
+
+@dataclass
+class CalibrationProfile:
+    device: dict  # name, compute capability, memory, clocks, driver, torch and triton versions
+    peak_bandwidth_bytes_per_s: float  # the datasheet figure eta is relative to
+    families: dict[str, FamilyFit]
+    quick: bool = False
+    schema: str = SCHEMA
+
+    def to_dict(self) -> dict:
+        plain = {k: (v if isinstance(v, (int, float, bool)) or v is None else str(v)) for k, v in self.device.items()}
+        return {"schema": self.schema, "device": plain, "quick": self.quick,
+                "peak_bandwidth_bytes_per_s": self.peak_bandwidth_bytes_per_s,
+                "families": {k: {"t0_s": float(f.t0_s), "eta": float(f.eta),
+                                 "points": [[float(x) for x in p] for p in f.points]}
+                             for k, f in self.families.items()}}
+
+    def fit(self, family: str) -> Optional[FamilyFit]:
+        return self.families.get(family)
+
+
+def save_calibration(profile: CalibrationProfile, path: str | Path) -> None:
+    import yaml
+
+    from .files import atomic_write_text
+
+    atomic_write_text(path, "# kvplan calibration profile: measured by `kvplan measure`\n"
+                      + yaml.safe_dump(profile.to_dict(), sort_keys=False))
+
+
+def load_calibration(path: str | Path) -> CalibrationProfile:
+    from .specs import read_yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise KvplanError(f"no such calibration profile: {path} (`kvplan measure` writes one)")
+    d = read_yaml(p)
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        raise KvplanError(f"{path}: not a kvplan calibration profile (schema {SCHEMA})")
+    try:
+        fams = {k: FamilyFit(k, float(v["t0_s"]), float(v["eta"]), v.get("points", []))
+                for k, v in d["families"].items()}
+        if any(f.eta <= 0 or f.t0_s < 0 or not math.isfinite(f.eta) for f in fams.values()):
+            raise ValueError("eta must be positive and t0 not negative")
+        return CalibrationProfile(dict(d["device"]), float(d["peak_bandwidth_bytes_per_s"]), fams,
+                                  bool(d.get("quick", False)))
+    except (KeyError, TypeError, ValueError) as e:
+        raise KvplanError(f"{path}: malformed calibration profile: {e}") from None
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("KVPLAN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvplan")
+    return Path(base) / "calibration"
+
+
+def profile_name(device_name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in device_name.lower()).strip("-") + ".yaml"
+
+
+def find_calibration(gpu_names: list[str]) -> Optional[Path]:
+    """A profile saved for this GPU in the user's cache directory (by the device name CUDA reports)."""
+    d = cache_dir()
+    for name in gpu_names:
+        if name and (d / profile_name(name)).is_file():
+            return d / profile_name(name)
+    return None

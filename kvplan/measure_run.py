@@ -1,0 +1,83 @@
+"""Running `kvplan measure` on a device: identify it, size the plan to its memory, time every point with a progress
+bar, fit, and write the calibration profile atomically (an interrupted run leaves none). Needs torch and triton."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from .calibration import (
+    FAMILIES,
+    MB,
+    CalibrationProfile,
+    cache_dir,
+    measure_plan,
+    profile_name,
+    save_calibration,
+)
+from .errors import KvplanError
+
+
+def _catalog_peak(name: str) -> tuple[Optional[float], Optional[float]]:
+    """Datasheet bandwidth and L2 of the catalog GPU whose nvidia-smi name matches the device's."""
+    from .specs import load_catalog
+
+    for g in load_catalog("hardware"):
+        if g.smi_name and g.smi_name.lower() == name.lower():
+            return g.peak_bandwidth_bytes_per_s, (g.l2_mb or 50) * MB
+    return None, None
+
+
+def run_measure(quick: bool = False, output: Optional[str] = None, device_name: str = "cuda",
+                sizes: Optional[list[int]] = None, families: tuple[str, ...] = FAMILIES,
+                samples: Optional[int] = None, warmup: int = 3) -> str:
+    import torch
+
+    from .render import calibration_table, console
+
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise KvplanError("kvplan measure needs a CUDA GPU, and torch sees none; `kvplan measure --dry-run` prints "
+                          "the plan anywhere")
+    from kvplan.kernels.bench import device_info, run_plan
+
+    if device_name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise KvplanError("--device cpu runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1")
+    device = torch.device("cuda:0" if device_name == "cuda" else "cpu")
+    info = device_info(device)
+    peak, l2 = _catalog_peak(info["name"])
+    free = info.get("memory_free_bytes")
+    plan = measure_plan(quick, l2_bytes=int(l2 or 50 * MB), bandwidth_bytes_per_s=peak or 1e12,
+                        free_bytes=free, families=families, sizes=sizes, samples=samples, warmup=warmup)
+    with_bar = sys.stderr.isatty()
+    if with_bar:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeRemainingColumn(), console=console())
+        task = prog.add_task("measuring", total=len(plan.items))
+        prog.start()
+
+        def step(what: str) -> None:
+            prog.update(task, description=what, advance=1)
+    else:
+        def step(what: str) -> None:
+            pass
+    try:
+        fits = run_plan(plan, device, peak or 1.0, step)
+    finally:
+        if with_bar:
+            prog.stop()
+    if peak is None:  # an uncatalogued GPU: eta relative to the best streaming read measured here
+        best = fits["stream_read"].eta if "stream_read" in fits else 1.0
+        peak = best
+        for f in fits.values():
+            f.eta /= best
+        info["note"] = "not in the GPU catalog: eta is relative to the measured streaming read"
+    profile = CalibrationProfile(info, float(peak), fits, quick)
+    path = output or str(cache_dir() / profile_name(info["name"]))
+    if not output:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+    save_calibration(profile, path)
+    calibration_table(profile)
+    return path

@@ -1,0 +1,78 @@
+"""kvplan measure: the plan (anywhere), the no-GPU error, the fit, and the whole pipeline on the CPU under
+Triton's interpreter (tiny sizes: a check of the plumbing, not a measurement)."""
+
+import math
+
+import pytest
+
+from kvplan.calibration import (
+    FAMILIES,
+    MB,
+    CalibrationProfile,
+    fit_family,
+    load_calibration,
+    measure_plan,
+    save_calibration,
+)
+
+
+def test_plan_sizes_and_duration():
+    quick = measure_plan(True)
+    assert {i.size_bytes for i in quick.items} == {8 * MB, 64 * MB, 256 * MB, 1024 * MB}
+    assert {i.family for i in quick.items} == set(FAMILIES) and len(FAMILIES) == 18
+    full = measure_plan(False)
+    assert min(i.size_bytes for i in full.items) == 8 * MB and max(i.size_bytes for i in full.items) == 2048 * MB
+    assert quick.flush_bytes >= 2 * 50 * MB  # the flush buffer is at least twice an H100's L2
+    # on an H100 the quick run fits in 2 minutes and the full one in 10
+    assert quick.expected_seconds() < 120 and full.expected_seconds() < 600
+    capped = measure_plan(False, free_bytes=900 * MB)
+    assert max(i.size_bytes for i in capped.items) <= 300 * MB and capped.notes
+
+
+def test_fit_recovers_t0_and_eta():
+    peak = 3.35e12
+    pts = [(b, 5e-6 + b / (0.8 * peak), 0, 0) for b in (8 * MB, 64 * MB, 512 * MB)]
+    f = fit_family("stream_read", pts, peak)
+    assert f.t0_s == pytest.approx(5e-6, rel=1e-6) and f.eta == pytest.approx(0.8, rel=1e-9)
+    assert f.seconds(1e9, peak, calls=2) == pytest.approx(2 * 5e-6 + 1e9 / (0.8 * peak))
+
+
+def test_dry_run_and_no_gpu(cli):
+    r = cli("measure", "--dry-run", "--quick")
+    assert r.code == 0 and "decode_turboquant_3bit_nc" in r.out and "minutes" in r.out
+    r = cli("measure", "--dry-run", "--gpu", "h200")
+    assert r.code == 0 and "H200" in r.out
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = cli("measure", "--quick")
+    assert r.code == 2 and "needs a CUDA GPU" in r.err and r.err.count("\n") == 1
+
+
+def test_profile_round_trip(tmp_path):
+    fit = fit_family("decode_bfloat16", [(1e8, 1e-4, 0, 0), (2e8, 1.9e-4, 0, 0)], 1e12)
+    p = CalibrationProfile({"name": "NVIDIA H100 80GB HBM3"}, 3.35e12, {"decode_bfloat16": fit})
+    save_calibration(p, tmp_path / "cal.yaml")
+    back = load_calibration(tmp_path / "cal.yaml")
+    assert back.families["decode_bfloat16"].eta == pytest.approx(fit.eta)
+    (tmp_path / "bad.yaml").write_text("schema: nope\n")
+    from kvplan.errors import KvplanError
+
+    with pytest.raises(KvplanError, match="not a kvplan calibration profile"):
+        load_calibration(tmp_path / "bad.yaml")
+
+
+def test_pipeline_on_cpu(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")  # under the interpreter: conftest chose it before triton was imported
+    from kvplan.measure_run import run_measure
+
+    out = tmp_path / "cpu.yaml"
+    run_measure(quick=True, output=str(out), device_name="cpu", sizes=[64 * 1024, 256 * 1024], samples=2, warmup=1,
+                families=("stream_read", "stream_copy", "gemv_bf16", "decode_bfloat16", "decode_int4_per_token_head"))
+    prof = load_calibration(out)
+    assert set(prof.families) == {"stream_read", "stream_copy", "gemv_bf16", "decode_bfloat16",
+                                  "decode_int4_per_token_head"}
+    for f in prof.families.values():
+        assert f.eta > 0 and f.t0_s >= 0 and len(f.points) == 2 and math.isfinite(f.eta)
+    assert not list(tmp_path.glob(".*.tmp"))
