@@ -114,10 +114,14 @@ def run_plan(plan: MeasurePlan, device: torch.device, peak_bytes_per_s: float,
         if device.type == "cuda":
             torch.cuda.synchronize()
         times = sorted(timed(fn, flush) for _ in range(item.samples))
-        q = lambda f: times[min(len(times) - 1, int(math.floor(f * (len(times) - 1))))]  # noqa: E731
-        points.setdefault(item.family, []).append((float(moved), q(0.5), q(0.1), q(0.9)))
+        points.setdefault(item.family, []).append((float(moved), _quantile(times, 0.5), _quantile(times, 0.1),
+                                                   _quantile(times, 0.9)))
         del fn
     return {fam: fit_family(fam, pts, peak_bytes_per_s) for fam, pts in points.items()}
+
+
+def _quantile(sorted_times: list[float], f: float) -> float:
+    return sorted_times[min(len(sorted_times) - 1, int(math.floor(f * (len(sorted_times) - 1))))]
 
 
 def device_info(device: torch.device) -> dict:
