@@ -41,8 +41,8 @@ class MeasurePlan:
 
     def expected_seconds(self) -> float:
         """Kernel time at 70% of the assumed bandwidth, an L2 flush and 20 us per sample, 0.25 s of set-up per
-        point (allocating and filling the buffers)."""
-        t = 0.0
+        point (allocating and filling the buffers), 2 s of Triton compilation per kernel family."""
+        t = 2.0 * len({i.family for i in self.items})
         for i in self.items:
             per = i.size_bytes / (0.7 * self.bandwidth_bytes_per_s) + self.flush_bytes / self.bandwidth_bytes_per_s
             t += (i.samples + self.warmup) * (per + 20e-6) + 0.25

@@ -80,6 +80,9 @@ def crossover(
         "touched experts) or 'all' (every parameter, the back-of-envelope convention)"),
     baseline: str = typer.Option("auto", "--baseline", help="KV dtype the saving is measured against"),
     skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="a profile from `kvplan measure`: step "
+                                              "times from measured bandwidth and per-call cost (default: one saved "
+                                              "for --gpu in kvplan's cache, if any)"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
@@ -97,14 +100,29 @@ def crossover(
     skip = parse_skip_layers(skip_layers)
     contexts = _sizes(context, "--context") or [2048, 8192, 32768, 131072]
     batches = _sizes(batch, "--batch") or [1]
+    cal, cal_path = _calibration(calibration, g)
     results = [run(m, f, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches, contexts=contexts,
-                   weight_read=weight_read, baseline=baseline, skip=skip) for f in fmts]  # type: ignore[arg-type]
+                   weight_read=weight_read, baseline=baseline, skip=skip, calibration=cal,
+                   calibration_source=cal_path) for f in fmts]  # type: ignore[arg-type]
     data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
     if not as_json and not any(r.dtype == results[0].baseline_dtype for r in results):
         # the table shows the pile being compared against as well
         results.insert(0, run(m, baseline, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches,
-                              contexts=contexts, weight_read=weight_read, baseline=baseline, skip=skip))
+                              contexts=contexts, weight_read=weight_read, baseline=baseline, skip=skip,
+                              calibration=cal, calibration_source=cal_path))
     _show(as_json, data, "crossover_tables", results, m, g)
+
+
+def _calibration(path: Optional[str], gpu) -> tuple:
+    """The calibration profile asked for, or one saved for this GPU in kvplan's cache; (None, "") without."""
+    from .calibration import find_calibration, load_calibration
+
+    if path is None and gpu is not None:
+        found = find_calibration([gpu.smi_name or "", gpu.name])
+        path = str(found) if found else None
+    if path is None:
+        return None, ""
+    return load_calibration(path), path
 
 
 def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None) -> list:
@@ -169,6 +187,8 @@ def capacity(
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang: the share of "
                                                         "free memory for weights and KV (default: SGLang's rule)"),
     page_size: int = typer.Option(1, "--page-size", help="SGLang: tokens per page"),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="a profile from `kvplan measure`: its "
+                                              "measured memory total (default: one saved for --gpu, if any)"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency,
@@ -203,6 +223,9 @@ def capacity(
                 non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib, max_num_seqs=max_num_seqs,
                 enforce_eager=enforce_eager, gpu_memory_gib=gpu_memory_gib, kv_cache_memory_gib=kv_cache_memory,
                 weight_dtype=weight_dtype, skip=skip, max_num_batched_tokens=max_num_batched_tokens)
+    cal, cal_path = _calibration(calibration, g)
+    if cal is not None and gpu_memory_gib is None and cal.device.get("memory_total_bytes"):
+        opts["gpu_memory_gib"] = cal.device["memory_total_bytes"] / 2**30  # as `kvplan measure` read it
     if gpu_memory_utilization is None:
         opts["gpu_memory_utilization"] = (prof.gpu_memory_utilization if prof is not None
                                           and prof.gpu_memory_utilization else 0.92)

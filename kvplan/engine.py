@@ -238,6 +238,7 @@ class OperatingPoint:
     memory_ms: Optional[float] = None
     compute_ms: Optional[float] = None
     limiter: Optional[Literal["memory", "compute"]] = None
+    calibrated_step_ms: Optional[float] = None  # from a measured calibration profile (kvplan measure)
 
 
 @dataclass(frozen=True)
@@ -307,6 +308,43 @@ def params_read_per_token(model: ModelSpec, tp: int) -> float:
     return total
 
 
+def _matrix_calls(model: ModelSpec, batch) -> float:
+    """Weight matrices one decode step multiplies (one GEMV call each): every dense matrix, and the matrices of
+    the experts the batch touches."""
+    from .weights import model_tensors
+
+    calls = 1.0 if model.tie_word_embeddings else 0.0  # a tied LM head multiplies the embedding table
+    for t in model_tensors(model):
+        if t.part == "lm_head":
+            calls += t.count
+            continue
+        if not t.is_matrix or t.part in ("embed", "extra"):
+            continue
+        if t.part == "expert" and model.moe:
+            calls = calls + t.count * experts_touched(model, batch) / model.moe.num_experts
+        else:
+            calls = calls + t.count
+    return calls
+
+
+_DECODE_FAMILY = {"auto": "bfloat16", "float16": "bfloat16", "fp8": "fp8_e4m3", "fp8_inc": "fp8_e4m3"}
+
+
+def calibrated_ms(model: ModelSpec, calibration, fmt_name: str, weight_dtype: str, weight_read_bytes_, kv_bytes,
+                  batch) -> tuple[Optional[float], list[str]]:
+    """Step time from a calibration profile: t0 per call plus bytes at the measured fraction of peak, for the
+    weight GEMVs and for one decode-attention call per layer. None when the profile lacks a family."""
+    gemv = calibration.fit("gemv_fp8" if weight_dtype.startswith("fp8") else "gemv_bf16")
+    decode = calibration.fit("decode_" + _DECODE_FAMILY.get(fmt_name, fmt_name))
+    missing = [n for n, f in (("weight GEMV", gemv), (f"{fmt_name} decode", decode)) if f is None]
+    if missing:
+        return None, [f"the calibration profile has no {' or '.join(missing)} measurement: step ms is the roofline"]
+    peak = calibration.peak_bandwidth_bytes_per_s
+    seconds = (gemv.seconds(weight_read_bytes_, peak, calls=_matrix_calls(model, batch))
+               + decode.seconds(kv_bytes, peak, calls=model.num_layers))
+    return seconds * 1e3, []
+
+
 def step_figures(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequence[LayerKV], wb: WeightBytes,
                  batch, context, mode: WeightRead, tp: int, gpu: Optional[GPUSpec], weight_dtype: str,
                  xp=SCALAR, params_read: Optional[float] = None) -> dict:
@@ -354,7 +392,8 @@ def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:
 
 def crossover(model: ModelSpec, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
               gpu: Optional[GPUSpec] = None, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
-              weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None) -> CrossoverResult:
+              weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
+              calibration=None, calibration_source: str = "") -> CrossoverResult:
     """Where the KV pile overtakes the weight pile, and the step bytes (and roofline time) at operating points."""
     check_tp(model, tp)
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
@@ -381,6 +420,17 @@ def crossover(model: ModelSpec, dtype: str | KVFormat = "auto", *, tp: int = 1, 
     points = [step_point(model, layers, base_layers, wb, b, c, weight_read, tp, gpu, wdtype)
               for b in batches for c in contexts]
     notes = []
+    if calibration is not None:
+        from dataclasses import replace as _replace
+
+        calibrated = []
+        for p in points:
+            ms, why = calibrated_ms(model, calibration, fmt.name, wdtype, p.weight_bytes, p.kv_bytes, p.batch)
+            notes += [w for w in why if w not in notes]
+            calibrated.append(_replace(p, calibrated_step_ms=ms))
+        points = calibrated
+        notes.append(f"calibrated step ms from {calibration_source or 'a calibration profile'} "
+                     f"({calibration.device.get('name')})")
     skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
     nstar_all = nstar
     if skipped and fmt.name != "auto":

@@ -136,6 +136,9 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
         t.add_column("N* at batch", justify="right", no_wrap=True)
     if timed:
         t.add_column("step ms", justify="right", no_wrap=True)
+    calibrated = any(p.calibrated_step_ms is not None for r in results for p in r.operating_points)
+    if calibrated:
+        t.add_column("calibrated ms", justify="right", no_wrap=True)
     n_points = len(r0.operating_points)
     for i in range(n_points):
         for j, r in enumerate(results):
@@ -147,6 +150,8 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
                 row.append(tokens(p.crossover_tokens))
             if timed:
                 row.append(f"{p.step_ms:.3f}" + (" (compute)" if p.limiter == "compute" else ""))
+            if calibrated:
+                row.append("-" if p.calibrated_step_ms is None else f"{p.calibrated_step_ms:.3f}")
             t.add_row(*row, end_section=(j == len(results) - 1 and i < n_points - 1))
     con.print(t)
     for note in dict.fromkeys(n for r in results for n in r.notes):

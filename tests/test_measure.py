@@ -76,3 +76,47 @@ def test_pipeline_on_cpu(tmp_path):
     for f in prof.families.values():
         assert f.eta > 0 and f.t0_s >= 0 and len(f.points) == 2 and math.isfinite(f.eta)
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def _profile(tmp_path, name="NVIDIA H100 80GB HBM3"):
+    peak = 3.35e12
+    fams = {
+        "gemv_bf16": fit_family("gemv_bf16", [(b, 4e-6 + b / (0.85 * peak), 0, 0) for b in (1e7, 1e9)], peak),
+        "decode_bfloat16": fit_family("decode_bfloat16", [(b, 6e-6 + b / (0.8 * peak), 0, 0) for b in (1e7, 1e9)],
+                                      peak),
+    }
+    p = CalibrationProfile({"name": name, "memory_total_bytes": 85_000_000_000}, peak, fams)
+    path = tmp_path / "h100.yaml"
+    save_calibration(p, path)
+    return path
+
+
+def test_calibrated_step_times(cli, tmp_path):
+    import json
+
+    path = _profile(tmp_path)
+    r = cli("crossover", "llama3-8b", "--gpu", "h100", "--context", "8192", "--calibration", str(path), "--json")
+    assert r.code == 0, r.err
+    d = json.loads(r.out)
+    p = d["operating_points"][0]
+    # Llama-3-8B: 32 layers x 7 matrices + the LM head = 225 GEMVs at 4 us, weights at 85% of 3.35 TB/s;
+    # 32 decode calls at 6 us, the KV at 80%
+    expect = (225 * 4e-6 + p["weight_bytes"] / (0.85 * 3.35e12) + 32 * 6e-6 + p["kv_bytes"] / (0.8 * 3.35e12)) * 1e3
+    assert p["calibrated_step_ms"] == pytest.approx(expect, rel=1e-9)
+    assert p["calibrated_step_ms"] > p["step_ms"]  # real kernels are slower than the roofline
+    assert any("calibrated step ms" in n for n in d["notes"])
+    r = cli("crossover", "llama3-8b", "--gpu", "h100", "--context", "8192", "--calibration", str(path), "-d", "fp8")
+    assert r.code == 0 and "no fp8 decode measurement" in r.out
+
+
+def test_calibration_found_in_the_cache(cli, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("KVPLAN_CACHE_DIR", str(tmp_path))
+    (tmp_path / "calibration").mkdir()
+    src = _profile(tmp_path)
+    (tmp_path / "calibration" / "nvidia-h100-80gb-hbm3.yaml").write_text(src.read_text())
+    r = cli("crossover", "llama3-8b", "--gpu", "h100", "--context", "8192", "--json")
+    assert json.loads(r.out)["operating_points"][0]["calibrated_step_ms"] is not None
+    r = cli("capacity", "llama3-8b", "--gpu", "h100", "--json")
+    assert json.loads(r.out)["total_bytes"] == 85_000_000_000  # the measured total replaces the catalog's
