@@ -60,7 +60,6 @@ def workload(family: str, size_bytes: int, device: torch.device) -> tuple[Callab
 
 def _decode_workload(fmt: str, size_bytes: int, device: torch.device):
     from .layouts import slot_layout
-    from .paged_attention import paged_decode
 
     layout = slot_layout(fmt, HEAD_DIM)
     per_token = layout.slot_bytes * KV_HEADS
@@ -71,23 +70,7 @@ def _decode_workload(fmt: str, size_bytes: int, device: torch.device):
     table = torch.arange(blocks, dtype=torch.int32, device=device).view(seqs, ctx // BLOCK)
     lens = torch.full((seqs,), ctx, dtype=torch.int32, device=device)
     q = torch.randn(seqs, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=device)
-    moved = cache.numel()
-    name = layout.fmt.family
-    if name == "per_token_head" and fmt.startswith("int4"):
-        from .int4_attention import paged_decode_int4
-        return (lambda: paged_decode_int4(q, cache, layout, table, lens)), moved
-    if name == "nvfp4":
-        from .nvfp4_attention import paged_decode_nvfp4
-        cache.view(-1, layout.slot_bytes)[:, :] &= 0x77  # finite e2m1 codes and e4m3 scales
-        return (lambda: paged_decode_nvfp4(q, cache, layout, table, lens, 1e-2, 1e-2)), moved
-    if name == "turboquant":
-        from .turboquant_attention import paged_decode_turboquant
-        return (lambda: paged_decode_turboquant(q, cache, layout, table, lens)), moved
-    if name == "kivi":
-        from .kivi_attention import make_residual, paged_decode_kivi
-        res = make_residual(seqs, layout, KV_HEADS).to(device)
-        return (lambda: paged_decode_kivi(q, cache, res, layout, table, lens)), moved
-    return (lambda: paged_decode(q, cache, layout, table, lens)), moved
+    return _decode_call(layout, q, cache, table, lens, device)
 
 
 def run_plan(plan: MeasurePlan, device: torch.device, peak_bytes_per_s: float,
@@ -147,3 +130,76 @@ def device_info(device: torch.device) -> dict:
     else:
         info["name"] = "cpu (Triton interpreter)"
     return info
+
+
+def validate_step(model, fmt_name: str, batch: int, context: int, layers: int, device: torch.device,
+                  samples: int = 5, warmup: int = 2) -> dict:
+    """A synthetic decode step of `model`'s shapes on one rank: for each of `layers` layers, every weight GEMV
+    (dense matrices, and the MoE experts one token touches) and the paged decode attention of `batch` sequences
+    of `context` tokens in `fmt_name`. Returns the measured median seconds and the bytes read."""
+    from kvplan.weights import model_tensors
+
+    from .gemv import gemv, quantize_fp8_weights
+    from .layouts import slot_layout
+
+    mats = []
+    per_layer_bytes = 0
+    for t in model_tensors(model):
+        if not t.is_matrix or t.part in ("embed", "lm_head", "extra"):
+            continue
+        per_layer = t.count // model.num_layers if t.part != "expert" else (
+            t.count // (model.num_layers - model.moe.first_dense_layers) // model.moe.num_experts
+            * min(model.moe.num_experts, model.moe.experts_per_token * batch))
+        for _ in range(max(1, per_layer) if t.count else 0):
+            mats.append((t.out_dim, t.in_dim))
+    fp8 = model.weight_dtype.startswith("fp8")
+    weights = []
+    for out_dim, in_dim in mats:
+        w = torch.randn(out_dim, in_dim, dtype=torch.bfloat16, device=device) / math.sqrt(in_dim)
+        weights.append(quantize_fp8_weights(w) if fp8 else (w, None))
+        per_layer_bytes += out_dim * in_dim * (1 if fp8 else 2)
+    x = {k: torch.randn(batch, k, dtype=torch.bfloat16, device=device) for _, k in mats}
+    layout = slot_layout(fmt_name if fmt_name != "auto" else "bfloat16", model.head_dim)
+    blocks_per_seq = -(-context // BLOCK)
+    cache = torch.randint(0, 120, (batch * blocks_per_seq, BLOCK, model.num_kv_heads, layout.slot_bytes),
+                          dtype=torch.uint8, device=device)
+    table = torch.arange(batch * blocks_per_seq, dtype=torch.int32, device=device).view(batch, blocks_per_seq)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    q = torch.randn(batch, model.num_heads, model.head_dim, dtype=torch.bfloat16, device=device)
+    decode, _ = _decode_call(layout, q, cache, table, lens, device)
+
+    def step() -> None:
+        for _ in range(layers):
+            for w, sc in weights:
+                gemv(x[w.shape[1]], w, sc)
+            decode()
+
+    timed = _timer(device)
+    flush = torch.empty(16 * MB // 4, dtype=torch.int32, device=device)
+    for _ in range(warmup):
+        step()
+    times = sorted(timed(step, flush) for _ in range(samples))
+    kv_bytes = batch * context * model.num_kv_heads * layout.slot_bytes
+    return {"seconds": _quantile(times, 0.5), "weight_bytes": layers * per_layer_bytes,
+            "kv_bytes": layers * kv_bytes, "layers": layers, "gemv_calls": layers * len(mats)}
+
+
+def _decode_call(layout, q, cache, table, lens, device):
+    """The decode kernel for `layout`, as a zero-argument callable (and the bytes it reads)."""
+    family = layout.fmt.family
+    if family == "per_token_head" and layout.fmt.name.startswith("int4"):
+        from .int4_attention import paged_decode_int4
+        return (lambda: paged_decode_int4(q, cache, layout, table, lens)), cache.numel()
+    if family == "nvfp4":
+        from .nvfp4_attention import paged_decode_nvfp4
+        cache.view(-1, layout.slot_bytes)[:, :] &= 0x77
+        return (lambda: paged_decode_nvfp4(q, cache, layout, table, lens, 1e-2, 1e-2)), cache.numel()
+    if family == "turboquant":
+        from .turboquant_attention import paged_decode_turboquant
+        return (lambda: paged_decode_turboquant(q, cache, layout, table, lens)), cache.numel()
+    if family == "kivi":
+        from .kivi_attention import make_residual, paged_decode_kivi
+        res = make_residual(q.shape[0], layout, cache.shape[2]).to(device)
+        return (lambda: paged_decode_kivi(q, cache, res, layout, table, lens)), cache.numel()
+    from .paged_attention import paged_decode
+    return (lambda: paged_decode(q, cache, layout, table, lens)), cache.numel()

@@ -534,6 +534,15 @@ def measure(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="for --dry-run: the GPU to plan for (default: H100 SXM)"),
     device: str = typer.Option("cuda", "--device", hidden=True, help="cpu runs the kernels under Triton's "
                                "interpreter with tiny sizes: a check of the pipeline, not a measurement"),
+    validate: Optional[str] = typer.Option(None, "--validate", help="MODEL: time a synthetic decode step of its "
+                                           "shapes and print it beside the roofline and the calibrated prediction"),
+    dtype: str = typer.Option("auto", "--kv-cache-dtype", "--dtype", "-d", help="with --validate: the KV dtype"),
+    batch: int = typer.Option(8, "--batch", "-b", help="with --validate: sequences"),
+    context: str = typer.Option("4096", "--context", "-c", help="with --validate: cached tokens per sequence"),
+    layers: Optional[int] = typer.Option(None, "--layers", help="with --validate: layers to run (default: as "
+                                         "many as fit in 40% of the free memory)"),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="with --validate: the profile to check "
+                                              "(default: the one saved for this GPU)"),
 ) -> None:
     """Measure this GPU: streaming probes, weight GEMVs and the paged decode kernel of every KV format over sizes
     from 8 MB up, with L2 flushed between samples; fit t = t0 + bytes / (eta x peak bandwidth) per kernel family
@@ -556,6 +565,17 @@ def measure(
     except ImportError:
         raise KvplanError("kvplan measure needs torch and triton: pip install 'kvplan[gpu]' (--dry-run works "
                           "without them)") from None
+    if validate:
+        from .measure_run import run_validate
+
+        if batch < 1 or (layers is not None and layers < 1):
+            raise KvplanError("--batch and --layers must be positive")
+        result = run_validate(validate, dtype, batch, _sizes([context], "--context")[0], layers, device,
+                              calibration)
+        from .render import validate_table
+
+        validate_table(result)
+        return
     from .measure_run import run_measure
 
     path = run_measure(quick=quick, output=output, device_name=device)

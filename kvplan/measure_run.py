@@ -81,3 +81,56 @@ def run_measure(quick: bool = False, output: Optional[str] = None, device_name: 
     save_calibration(profile, path)
     calibration_table(profile)
     return path
+
+
+def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, context: int = 4096,
+                 layers: Optional[int] = None, device_name: str = "cuda", calibration: Optional[str] = None,
+                 samples: int = 5) -> dict:
+    """Time a synthetic decode step of the model's shapes; put the roofline and the calibrated prediction for the
+    same bytes beside it."""
+    import torch
+
+    from .calibration import find_calibration, load_calibration
+    from .engine import _DECODE_FAMILY
+    from .formats import kv_format
+    from .specs import load_model
+
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise KvplanError("kvplan measure --validate needs a CUDA GPU, and torch sees none")
+    if device_name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise KvplanError("--device cpu runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1")
+    m = load_model(model_name)
+    if m.is_mla or m.head_dim is None:
+        raise KvplanError(f"--validate runs multi-head attention kernels; {m.name} uses MLA")
+    fmt = kv_format(fmt_name)
+    from kvplan.kernels.bench import device_info, validate_step
+
+    device = torch.device("cuda:0" if device_name == "cuda" else "cpu")
+    info = device_info(device)
+    if layers is None:
+        if device.type == "cuda":  # as many layers as fit in 40% of the free memory
+            from .weights import weight_bytes
+
+            per_layer = weight_bytes(m).total / m.num_layers
+            layers = max(1, min(m.num_layers, int(0.4 * info["memory_free_bytes"] // per_layer)))
+        else:
+            layers = 1
+    r = validate_step(m, fmt.name, batch, context, layers, device, samples=samples)
+    peak, _ = _catalog_peak(info["name"])
+    cal_path = calibration or (str(find_calibration([info["name"]]) or "") or None)
+    cal = load_calibration(cal_path) if cal_path else None
+    if peak is None:
+        peak = cal.peak_bandwidth_bytes_per_s if cal else None
+    out = {"model": m.name, "dtype": fmt.name, "batch": batch, "context": context, "layers": layers,
+           "device": info.get("name"), "measured_ms": r["seconds"] * 1e3, "weight_bytes": r["weight_bytes"],
+           "kv_bytes": r["kv_bytes"], "roofline_ms": None, "calibrated_ms": None, "calibration": cal_path}
+    if peak:
+        out["roofline_ms"] = (r["weight_bytes"] + r["kv_bytes"]) / peak * 1e3
+    if cal is not None:
+        gemv = cal.fit("gemv_fp8" if m.weight_dtype.startswith("fp8") else "gemv_bf16")
+        dec = cal.fit("decode_" + _DECODE_FAMILY.get(fmt.name, fmt.name))
+        if gemv and dec:
+            p = cal.peak_bandwidth_bytes_per_s
+            out["calibrated_ms"] = (gemv.seconds(r["weight_bytes"], p, calls=r["gemv_calls"])
+                                    + dec.seconds(r["kv_bytes"], p, calls=layers)) * 1e3
+    return out

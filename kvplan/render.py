@@ -439,3 +439,21 @@ def calibration_table(profile) -> None:
         big = max(f.points, key=lambda p: p[0])
         t.add_row(fam, f"{f.t0_s * 1e6:,.1f}", f"{f.eta:.3f}", f"{big[0] / big[1] / 1e9:,.0f}")
     con.print(t)
+
+
+def validate_table(r: dict) -> None:
+    con = console()
+    con.print(f"[bold]{r['model']}[/bold] decode step on {r['device']}: {r['layers']} layer{'s' if r['layers'] != 1 else ''}, batch {r['batch']} x "
+              f"{r['context']:,} tokens, KV {r['dtype']}; {gb(r['weight_bytes'])} of weights and {gb(r['kv_bytes'])} "
+              f"of KV read")
+    t = Table(title="Measured against predicted", title_justify="left")
+    for col in ["", "ms", "error vs measured"]:
+        t.add_column(col, justify="left" if not col else "right")
+    t.add_row("measured (median)", f"{r['measured_ms']:.3f}", "")
+    for key, label in (("roofline_ms", "roofline (datasheet bandwidth)"), ("calibrated_ms", "calibrated")):
+        v = r[key]
+        err = "-" if v is None else f"{(v - r['measured_ms']) / r['measured_ms'] * 100:+.1f}%"
+        t.add_row(label, "-" if v is None else f"{v:.3f}", err)
+    con.print(t)
+    if r["calibrated_ms"] is None:
+        con.print("no calibration profile for this GPU: `kvplan measure` writes one")

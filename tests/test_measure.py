@@ -120,3 +120,26 @@ def test_calibration_found_in_the_cache(cli, tmp_path, monkeypatch):
     assert json.loads(r.out)["operating_points"][0]["calibrated_step_ms"] is not None
     r = cli("capacity", "llama3-8b", "--gpu", "h100", "--json")
     assert json.loads(r.out)["total_bytes"] == 85_000_000_000  # the measured total replaces the catalog's
+
+
+def test_validate_on_cpu(fixtures, tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.measure_run import run_validate
+
+    cal = _profile(tmp_path, name="cpu (Triton interpreter)")
+    r = run_validate(str(fixtures / "tiny-model.yaml"), "auto", batch=2, context=64, layers=2, device_name="cpu",
+                     calibration=str(cal), samples=2)
+    # 2 layers of q, k, v, o (256x256, 128x256 twice, 256x256) and gate, up, down (512x256 twice, 256x512), bf16
+    per_layer = 2 * (256 * 256 * 2 + 128 * 256 * 2 + 512 * 256 * 3)
+    assert r["weight_bytes"] == 2 * per_layer
+    assert r["kv_bytes"] == 2 * 2 * 64 * 2 * 256  # layers x batch x context x kv heads x 256-byte bf16 slots
+    assert r["measured_ms"] > 0 and r["calibrated_ms"] is not None
+
+
+def test_validate_needs_a_gpu(cli):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    r = cli("measure", "--validate", "llama3-8b")
+    assert r.code == 2 and "needs a CUDA GPU" in r.err
