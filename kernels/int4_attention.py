@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import load_query_lanes, slot_offsets, softmax_step, store_lanes
 from .layouts import SlotLayout
 
 SIGN_SEED = 0x9E3779B9  # fixed: the same signs on every rank and every restart
@@ -106,9 +107,7 @@ def _int4_decode_kernel(
     j = tl.arange(0, HALF)
     g_ok = g < group
     heads = kv_head * group + g
-    q_base = q_ptr + seq * stride_qs + heads[:, None] * stride_qh
-    q_even = tl.load(q_base + 2 * j[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
-    q_odd = tl.load(q_base + 2 * j[None, :] + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
     q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
     n_ctx = tl.load(lens_ptr + seq)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -118,8 +117,7 @@ def _int4_decode_kernel(
     for start in range(0, n_ctx, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < n_ctx
-        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
-        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         kb = tl.load(cache_ptr + slot[:, None] + K_DATA + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
         k_lo = (kb & 15).to(tl.float32)
         k_hi = (kb >> 4).to(tl.float32)
@@ -128,10 +126,7 @@ def _int4_decode_kernel(
                + tl.sum(q_odd[:, None, :] * k_hi[None, :, :], axis=2))
         scores = (raw - q_sum[:, None] * kz[None, :]) * (ks[None, :] * sm_scale)
         scores = tl.where(t_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
         vb = tl.load(cache_ptr + slot[:, None] + V_DATA + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
         vs, vz = _scale_and_zero(cache_ptr, slot + V_SCALE, t_ok)
         ps = p * vs[None, :]
@@ -141,9 +136,8 @@ def _int4_decode_kernel(
         acc_even -= correction[:, None]
         acc_odd -= correction[:, None]
         m_i = m_new
-    o_base = out_ptr + seq * stride_os + heads[:, None] * stride_oh
-    tl.store(o_base + 2 * j[None, :], acc_even / l_i[:, None], mask=g_ok[:, None])
-    tl.store(o_base + 2 * j[None, :] + 1, acc_odd / l_i[:, None], mask=g_ok[:, None])
+    store_lanes(out_ptr, seq, heads, g_ok, stride_os, stride_oh, j, acc_even / l_i[:, None],
+                acc_odd / l_i[:, None])
 
 
 def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,

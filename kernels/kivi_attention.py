@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import slot_offsets, softmax_step
 from .layouts import SlotLayout
 from .turboquant_attention import _pack, _unpack
 
@@ -128,23 +129,19 @@ def _kivi_decode_kernel(
     PER: tl.constexpr = D // G
     for start in range(0, nq, G):  # one token group per tile
         t = start + tl.arange(0, G)
-        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE)
-        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t < nq, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         bit = c * BITS
         kw = (tl.load(cache_ptr + slot[:, None] + (bit // 8)[None, :]).to(tl.int32)
               | (tl.load(cache_ptr + slot[:, None] + (bit // 8)[None, :] + 1).to(tl.int32) << 8))
         kcodes = ((kw >> (bit % 8)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
         # channel c's scale and zero live in the slot of the group's token c // PER
-        owner = tl.load(block_table_ptr + seq * max_blocks + (start + c // PER) // BLOCK_SIZE)
-        oslot = ((owner.to(tl.int64) * BLOCK_SIZE + (start + c // PER) % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        oslot = slot_offsets(block_table_ptr, seq, max_blocks, start + c // PER, c < D, kv_head, BLOCK_SIZE,
+                             NUM_KV_HEADS, SLOT)
         ks = tl.load((cache_ptr + oslot + K_SCALE + (c % PER) * 2).to(tl.pointer_type(tl.float16))).to(tl.float32)
         kz = tl.load((cache_ptr + oslot + K_ZERO + (c % PER) * 2).to(tl.pointer_type(tl.float16))).to(tl.float32)
         k = kcodes * ks[None, :] + kz[None, :]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
         vw = (tl.load(cache_ptr + slot[:, None] + V_CODES + (bit // 8)[None, :]).to(tl.int32)
               | (tl.load(cache_ptr + slot[:, None] + V_CODES + (bit // 8)[None, :] + 1).to(tl.int32) << 8))
         vcodes = ((vw >> (bit % 8)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
@@ -160,10 +157,7 @@ def _kivi_decode_kernel(
     k = tl.load(rbase, mask=r_ok[:, None], other=0.0).to(tl.float32)
     v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
     scores = tl.where(r_ok[None, :], tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(scores - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
     acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
     tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + c[None, :], acc / l_i[:, None],
              mask=g_ok[:, None])

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import load_query_lanes, slot_offsets, softmax_step, store_lanes
 from .layouts import SlotLayout
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # magnitudes of codes 0..7; bit 3 is the sign
@@ -107,9 +108,7 @@ def _nvfp4_decode_kernel(
     j = tl.arange(0, HALF)
     g_ok = g < group
     heads = kv_head * group + g
-    q_base = q_ptr + seq * stride_qs + heads[:, None] * stride_qh
-    q_even = tl.load(q_base + 2 * j[None, :], mask=g_ok[:, None], other=0.0).to(tl.float32)
-    q_odd = tl.load(q_base + 2 * j[None, :] + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
+    q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
     n_ctx = tl.load(lens_ptr + seq)
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -118,23 +117,18 @@ def _nvfp4_decode_kernel(
     for start in range(0, n_ctx, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < n_ctx
-        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
-        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         k_even, k_odd = _nvfp4_tiles(cache_ptr, slot, K_DATA, j, t_ok, HALF)
         scores = (tl.sum(q_even[:, None, :] * k_even[None, :, :], axis=2)
                   + tl.sum(q_odd[:, None, :] * k_odd[None, :, :], axis=2)) * (k_global * sm_scale)
         scores = tl.where(t_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
         v_even, v_odd = _nvfp4_tiles(cache_ptr, slot, V_DATA, j, t_ok, HALF)
         acc_even = acc_even * alpha[:, None] + tl.sum(p[:, :, None] * v_even[None, :, :], axis=1)
         acc_odd = acc_odd * alpha[:, None] + tl.sum(p[:, :, None] * v_odd[None, :, :], axis=1)
         m_i = m_new
-    o_base = out_ptr + seq * stride_os + heads[:, None] * stride_oh
-    tl.store(o_base + 2 * j[None, :], acc_even / l_i[:, None] * v_global, mask=g_ok[:, None])
-    tl.store(o_base + 2 * j[None, :] + 1, acc_odd / l_i[:, None] * v_global, mask=g_ok[:, None])
+    store_lanes(out_ptr, seq, heads, g_ok, stride_os, stride_oh, j, acc_even / l_i[:, None] * v_global,
+                acc_odd / l_i[:, None] * v_global)
 
 
 def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import slot_offsets, softmax_step
 from .layouts import SlotLayout, slot_layout
 
 
@@ -68,8 +69,7 @@ def _paged_decode_kernel(
     for start in range(0, n_ctx, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < n_ctx
-        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
-        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         tile_mask = t_ok[:, None] & d_ok[None, :]
         k = _load_values(cache_ptr, slot + K_DATA, d_offs, tile_mask, MODE)
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale  # [G, TILE]
@@ -79,10 +79,7 @@ def _paged_decode_kernel(
             ks = tl.load((cache_ptr + slot + K_SCALE).to(tl.pointer_type(tl.float32)), mask=t_ok, other=0.0)
             scores = scores * ks[None, :]
         scores = tl.where(t_ok[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
         v = _load_values(cache_ptr, slot + V_DATA, d_offs, tile_mask, MODE)
         if MODE == 3 or MODE == 4:
             vs = tl.load((cache_ptr + slot + V_SCALE).to(tl.pointer_type(tl.float32)), mask=t_ok, other=0.0)

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import slot_offsets, softmax_step
 from .int4_attention import hadamard
 from .layouts import SlotLayout
 
@@ -170,8 +171,7 @@ def _tq_decode_kernel(
     for start in range(0, n_ctx, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < n_ctx
-        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE, mask=t_ok, other=0)
-        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         if K_BITS == 8:  # fp8 keys, q not rotated
             raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :], mask=t_ok[:, None], other=0)
             k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
@@ -184,10 +184,7 @@ def _tq_decode_kernel(
                 norm = norm / tl.maximum(tl.sqrt(tl.sum(c * c, axis=1)), 1e-12)
             scores = tl.sum(q[:, None, :] * c[None, :, :], axis=2) * norm[None, :]
         scores = tl.where(t_ok[None, :], scores * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
         codes = _codes(cache_ptr, slot + V_DATA, d_offs, t_ok, V_BITS).to(tl.float32)
         meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
         vscale = tl.load(meta, mask=t_ok, other=0.0).to(tl.float32)

@@ -25,6 +25,18 @@ from kvplan.formats import kv_format  # noqa: E402
 FORMATS = ["bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head"]
 
 
+def _assert_matches_reference(out, q, k_all, v_all, table, lens, bs, tol):
+    """Plain attention over each sequence's dequantized K and V [blocks, bs, kv_heads, d], gathered through the
+    block table, against the kernel's output."""
+    heads, kv_heads, d = q.shape[1], k_all.shape[2], q.shape[2]
+    for s, n in enumerate(lens):
+        blocks = table[s, : (n + bs - 1) // bs].long()
+        k = k_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        v = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
+        p = (torch.einsum("hd,nhd->hn", q[s].float(), k) / math.sqrt(d)).softmax(-1)
+        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, v), atol=tol, rtol=tol)
+
+
 @pytest.mark.parametrize("fmt", sorted(KERNEL_MODES))
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_slot_layout_is_the_catalogs(fmt, head_dim):
@@ -166,13 +178,7 @@ def test_int4_decode_matches_reference(heads, kv_heads):
     q = torch.randn(2, heads, d, generator=g)
     out = paged_decode_int4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32))
     # reference: dequantize, rotate back, plain attention
-    k_all, v_all = dequantize_cache_int4(cache, layout)
-    for s, n in enumerate(lens):
-        blocks = table[s, : (n + bs - 1) // bs].long()
-        k = k_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
-        v = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
-        p = (torch.einsum("hd,nhd->hn", q[s], k) / math.sqrt(d)).softmax(-1)
-        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, v), atol=2e-4, rtol=2e-4)
+    _assert_matches_reference(out, q, *dequantize_cache_int4(cache, layout), table, lens, bs, 2e-4)
 
 
 def test_nvfp4_codes_and_error():
@@ -215,13 +221,7 @@ def test_nvfp4_decode_matches_reference(fmt):
         write_kv_nvfp4(cache, layout, table[s, pos // bs].long() * bs + pos % bs, k[s], v[s], kg, vg)
     q = torch.randn(2, heads, d, generator=gen)
     out = paged_decode_nvfp4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), kg, vg)
-    k_all, v_all = dequantize_cache_nvfp4(cache, layout, kg, vg)
-    for s, n in enumerate(lens):
-        blocks = table[s, : (n + bs - 1) // bs].long()
-        kk = k_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
-        vv = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
-        p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
-        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=2e-4, rtol=2e-4)
+    _assert_matches_reference(out, q, *dequantize_cache_nvfp4(cache, layout, kg, vg), table, lens, bs, 2e-4)
 
 
 def test_lloyd_max_centroids():
@@ -280,13 +280,7 @@ def test_turboquant_decode_matches_reference(fmt):
                             torch.randn(n, kv_heads, d, generator=gen), torch.randn(n, kv_heads, d, generator=gen))
     q = torch.randn(2, heads, d, generator=gen)
     out = paged_decode_turboquant(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32))
-    k_all, v_all = dequantize_cache_turboquant(cache, layout)
-    for s, n in enumerate(lens):
-        blocks = table[s, : (n + bs - 1) // bs].long()
-        kk = k_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
-        vv = v_all[blocks].reshape(-1, kv_heads, d)[:n].repeat_interleave(heads // kv_heads, 1)
-        p = (torch.einsum("hd,nhd->hn", q[s], kk) / math.sqrt(d)).softmax(-1)
-        torch.testing.assert_close(out[s], torch.einsum("hn,nhd->hd", p, vv), atol=3e-4, rtol=3e-4)
+    _assert_matches_reference(out, q, *dequantize_cache_turboquant(cache, layout), table, lens, bs, 3e-4)
 
 
 @pytest.mark.parametrize("fmt", ["kivi2", "kivi4"])
