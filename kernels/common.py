@@ -1,4 +1,5 @@
-"""Pieces every paged decode kernel shares: where a token's slot is, and one step of the online softmax."""
+"""Pieces every paged decode kernel shares: where a token's slot is, one step of the online softmax, split-lane
+query loads and stores, and packed b-bit codes."""
 
 import triton
 import triton.language as tl
@@ -36,3 +37,13 @@ def store_lanes(out_ptr, seq, heads, g_ok, stride_os, stride_oh, j, even, odd):
     base = out_ptr + seq * stride_os + heads[:, None] * stride_oh
     tl.store(base + 2 * j[None, :], even, mask=g_ok[:, None])
     tl.store(base + 2 * j[None, :] + 1, odd, mask=g_ok[:, None])
+
+
+@triton.jit
+def packed_codes(cache_ptr, base, d_offs, t_ok, BITS: tl.constexpr):
+    """b-bit codes [N, D] from a little-endian bit stream starting at byte offsets `base` [N]."""
+    bit = d_offs * BITS
+    ptr = cache_ptr + base[:, None] + (bit // 8)[None, :]
+    lo = tl.load(ptr, mask=t_ok[:, None], other=0).to(tl.int32)
+    hi = tl.load(ptr + 1, mask=t_ok[:, None], other=0).to(tl.int32)
+    return ((lo | (hi << 8)) >> (bit % 8)[None, :]) & ((1 << BITS) - 1)

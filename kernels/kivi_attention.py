@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import slot_offsets, softmax_step
+from .common import packed_codes, slot_offsets, softmax_step
 from .layouts import SlotLayout
 from .turboquant_attention import _pack, _unpack
 
@@ -130,10 +130,7 @@ def _kivi_decode_kernel(
     for start in range(0, nq, G):  # one token group per tile
         t = start + tl.arange(0, G)
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t < nq, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        bit = c * BITS
-        kw = (tl.load(cache_ptr + slot[:, None] + (bit // 8)[None, :]).to(tl.int32)
-              | (tl.load(cache_ptr + slot[:, None] + (bit // 8)[None, :] + 1).to(tl.int32) << 8))
-        kcodes = ((kw >> (bit % 8)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+        kcodes = packed_codes(cache_ptr, slot, c, t < nq, BITS).to(tl.float32)
         # channel c's scale and zero live in the slot of the group's token c // PER
         oslot = slot_offsets(block_table_ptr, seq, max_blocks, start + c // PER, c < D, kv_head, BLOCK_SIZE,
                              NUM_KV_HEADS, SLOT)
@@ -142,9 +139,7 @@ def _kivi_decode_kernel(
         k = kcodes * ks[None, :] + kz[None, :]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale
         m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        vw = (tl.load(cache_ptr + slot[:, None] + V_CODES + (bit // 8)[None, :]).to(tl.int32)
-              | (tl.load(cache_ptr + slot[:, None] + V_CODES + (bit // 8)[None, :] + 1).to(tl.int32) << 8))
-        vcodes = ((vw >> (bit % 8)[None, :]) & ((1 << BITS) - 1)).to(tl.float32)
+        vcodes = packed_codes(cache_ptr, slot + V_CODES, c, t < nq, BITS).to(tl.float32)
         vs = tl.load((cache_ptr + slot[:, None] + V_SCALE + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
         vz = tl.load((cache_ptr + slot[:, None] + V_ZERO + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
         v = vcodes * vs.to(tl.float32) + vz.to(tl.float32)

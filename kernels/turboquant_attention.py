@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import slot_offsets, softmax_step
+from .common import packed_codes, slot_offsets, softmax_step
 from .int4_attention import hadamard
 from .layouts import SlotLayout
 
@@ -138,16 +138,6 @@ def dequantize_cache_turboquant(cache: torch.Tensor, layout: SlotLayout) -> tupl
 
 
 @triton.jit
-def _codes(cache_ptr, base, d_offs, t_ok, BITS: tl.constexpr):
-    """b-bit codes [N, D] from a little-endian bit stream starting at byte offsets `base` [N]."""
-    bit = d_offs * BITS
-    ptr = cache_ptr + base[:, None] + (bit // 8)[None, :]
-    lo = tl.load(ptr, mask=t_ok[:, None], other=0).to(tl.int32)
-    hi = tl.load(ptr + 1, mask=t_ok[:, None], other=0).to(tl.int32)
-    return ((lo | (hi << 8)) >> (bit % 8)[None, :]) & ((1 << BITS) - 1)
-
-
-@triton.jit
 def _tq_decode_kernel(
     q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, cent_ptr, sm_scale, max_blocks, group,
     stride_qs, stride_qh, stride_os, stride_oh,
@@ -177,7 +167,7 @@ def _tq_decode_kernel(
             k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
             scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         else:  # q arrives rotated; score against the centroids, then the stored norm (over the decoded length)
-            c = tl.load(cent_ptr + _codes(cache_ptr, slot + K_DATA, d_offs, t_ok, K_BITS))
+            c = tl.load(cent_ptr + packed_codes(cache_ptr, slot + K_DATA, d_offs, t_ok, K_BITS))
             norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16)), mask=t_ok,
                            other=0.0).to(tl.float32)
             if NORM_CORRECTION:
@@ -185,7 +175,7 @@ def _tq_decode_kernel(
             scores = tl.sum(q[:, None, :] * c[None, :, :], axis=2) * norm[None, :]
         scores = tl.where(t_ok[None, :], scores * sm_scale, float("-inf"))
         m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        codes = _codes(cache_ptr, slot + V_DATA, d_offs, t_ok, V_BITS).to(tl.float32)
+        codes = packed_codes(cache_ptr, slot + V_DATA, d_offs, t_ok, V_BITS).to(tl.float32)
         meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
         vscale = tl.load(meta, mask=t_ok, other=0.0).to(tl.float32)
         vzero = tl.load(meta + 1, mask=t_ok, other=0.0).to(tl.float32)
