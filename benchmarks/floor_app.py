@@ -1,9 +1,24 @@
 """The least a typer command of kvplan's shape can cost: the same option types as `kvplan crossover`, one pydantic
-model validated from a YAML file, one rich table printed. benchmarks/startup.py times it beside kvplan."""
+model validated from a YAML file, one rich table printed. benchmarks/startup.py times it beside kvplan.
 
+With --bare as the first argument it is instead the smallest typer command there is: one argument, one option, one
+plain line printed."""
+
+import sys
 from typing import List, Optional
 
 import typer
+
+if sys.argv[1:2] == ["--bare"]:
+    bare = typer.Typer(add_completion=False)
+
+    @bare.command()
+    def _bare(model: str, dtype: str = typer.Option("auto", "--dtype")) -> None:
+        print(model, dtype)
+
+    del sys.argv[1]
+    bare()
+    sys.exit(0)
 
 app = typer.Typer(add_completion=False)
 
