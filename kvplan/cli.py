@@ -9,7 +9,9 @@ import typer
 
 app = typer.Typer(
     name="kvplan",
-    help="What a KV-cache format buys on a given model, GPU and parallelism: crossover, capacity, formats.",
+    help="What a KV-cache format buys on a given model, GPU and parallelism with vLLM or SGLang: the crossover "
+    "where KV traffic overtakes weight traffic, the pool's tokens, blocks and concurrency, measured kernel speed, "
+    "and capacity gates for CI.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -20,7 +22,7 @@ models_app = typer.Typer(help="The model catalog: `kvplan models` lists it, `kvp
 gpus_app = typer.Typer(help="The GPU catalog: `kvplan gpus` lists it, `kvplan gpus show NAME` shows one.",
                        invoke_without_command=True, no_args_is_help=False)
 plot_app = typer.Typer(help="Draw the diagnosis figures: PNG or SVG with --output (needs matplotlib: pip install "
-                        "'kvplan[plot]'), a character chart in the terminal otherwise.", no_args_is_help=True)
+                        "'kvplan\\[plot]'), a character chart in the terminal otherwise.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(plot_app, name="plot")
@@ -173,7 +175,7 @@ def capacity(
     skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
     max_num_batched_tokens: Optional[int] = typer.Option(
         None, "--max-num-batched-tokens", help="caps sliding-window allocation (default: vLLM serve's for the GPU)"),
-    engine: str = typer.Option("vllm", "--engine", help="serving engine whose rules plan the pool (vllm)"),
+    engine: str = typer.Option("vllm", "--engine", help="serving engine whose rules plan the pool: vllm or sglang"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="vLLM version whose rules apply: "
                                                  "0.20 (and earlier), 0.25, 0.28, 0.30, 0.33 (default, newest)"),
     pp: int = typer.Option(1, "--pp", help="pipeline-parallel size: layers split over stages, the fewest blocks "
@@ -701,11 +703,23 @@ def gpus_show(
     _show(as_json, data, "spec_detail", g, extra)
 
 
+def _join_wrapped_lines(command) -> None:
+    """Help texts are wrapped in the source; join each paragraph into one line, so that the command listing reflows
+    to the terminal's width instead of breaking where the source did."""
+    import re
+
+    for sub in getattr(command, "commands", {}).values():
+        if sub.help:
+            sub.help = re.sub(r"(?<!\n)\n(?!\n)\s*", " ", sub.help)
+        _join_wrapped_lines(sub)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
     from .errors import KvplanError
 
     command = typer.main.get_command(app)
+    _join_wrapped_lines(command)
     try:
         rv = command.main(args=argv, prog_name="kvplan", standalone_mode=False)
     except KvplanError as e:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 COMMANDS = [[], ["crossover"], ["capacity"], ["formats"], ["models"], ["models", "show"], ["gpus"], ["gpus", "show"],
-            ["sweep"], ["gate"], ["log"], ["plot"], ["plot", "crossover"], ["plot", "capacity"]]
+            ["sweep"], ["gate"], ["log"], ["measure"], ["plot"], ["plot", "crossover"], ["plot", "capacity"]]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "kvplan")
@@ -13,6 +13,15 @@ def test_help(cli, cmd):
     r = cli(*cmd, "--help")
     assert r.code == 0
     assert "Usage" in r.out
+
+
+def test_help_texts_read_as_written(cli):
+    # the install hint keeps its extra (rich markup would eat "[plot]"), and at 200 columns each command's summary
+    # in the listing is one line: the source's wrapping does not leak into the terminal
+    assert "pip install 'kvplan[plot]'" in cli("plot", "--help").out
+    listing = cli("--help").out
+    line = next(ln for ln in listing.splitlines() if "│ crossover" in ln)
+    assert "weight read, and step bytes" in line
 
 
 @pytest.mark.parametrize("args, says", [
