@@ -231,7 +231,8 @@ def read_yaml(path: Path):
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise KvplanError(f"{path}:{where} is not valid YAML: {problem}") from None
+        kind = "JSON" if str(path).endswith(".json") else "YAML"  # JSON files are read as the YAML they are
+        raise KvplanError(f"{path}:{where} is not valid {kind}: {problem}") from None
 
 
 def _validation_message(path: Path | str, e: ValidationError, cls) -> str:

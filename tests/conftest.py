@@ -11,6 +11,14 @@ import pytest
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+@pytest.fixture(autouse=True)
+def _isolated_environment(monkeypatch, tmp_path_factory):
+    """No test sees the user's calibration cache or a CI runner's GitHub variables; tests that need them set them."""
+    monkeypatch.setenv("KVPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"):
+        monkeypatch.delenv(name, raising=False)
+
+
 class Run:
     def __init__(self, code: int, out: str, err: str):
         self.code, self.out, self.err = code, out, err

@@ -1,13 +1,18 @@
 """The examples in the docstrings run as written, and the package's public names are what they say."""
 
+import difflib
 import doctest
 import importlib
+import io
+import os
 import pkgutil
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
 import kvplan
+from kvplan.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,3 +47,57 @@ def test_results_to_frame():
     assert (fx["crossover_tokens"] == x.crossover_tokens).all()
     c = pd.concat([kvplan.capacity(m, kvplan.load_gpu("h100"), d, activation_gib=6).to_frame() for d in ("auto", "fp8")])
     assert list(c["dtype"]) == ["auto", "fp8"] and c["num_blocks"].iloc[1] == 53_067
+
+
+def _readme_examples():
+    """Each `$ kvplan ...` command in the README's console blocks, with the output shown under it."""
+    import re
+
+    examples = []
+    for block in re.findall(r"```console\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        current = None
+        lines = block.splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            if line.startswith("$ kvplan "):
+                cmd = line[2:]
+                while cmd.endswith("\\"):
+                    i += 1
+                    cmd = cmd[:-1] + lines[i].strip()
+                current = (cmd, [])
+                examples.append(current)
+            elif current is not None:
+                current[1].append(line)
+            i += 1
+    return examples
+
+
+@pytest.fixture(scope="module")
+def readme_dir(tmp_path_factory):
+    """Where the README's examples write their files (one directory: a later example reads an earlier one's)."""
+    return tmp_path_factory.mktemp("readme")
+
+
+@pytest.mark.parametrize("cmd, shown", _readme_examples(), ids=lambda v: v[:60] if isinstance(v, str) else "")
+def test_readme_examples_show_current_output(monkeypatch, readme_dir, cmd, shown):
+    # the README's tour shows real output: rerun each command (at the terminal width it was captured at) and
+    # compare, so a change in kvplan's figures cannot leave the README behind
+    import shlex
+
+    args = shlex.split(cmd)[1:]
+    args = [str(ROOT / a) if (ROOT / a).exists() and "/" in a else a for a in args]
+    args = [str(readme_dir / a) if a.endswith(".yaml") and not os.path.isabs(a) else a for a in args]
+    want = [ln.rstrip() for ln in shown if ln.strip()]
+    seen = []
+    for width in (100, 80, 120):
+        monkeypatch.setenv("COLUMNS", str(width))
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            main(args)
+        got = [ln.rstrip() for ln in out.getvalue().splitlines() if ln.strip()]
+        if got == want:
+            return
+        seen.append(got)
+    diff = "\n".join(difflib.unified_diff(want, seen[0], "README", "now (100 columns)", lineterm="", n=1))
+    pytest.fail(f"README output of `{cmd}` is out of date:\n{diff}")
