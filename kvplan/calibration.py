@@ -124,6 +124,25 @@ class CalibrationProfile:
     def fit(self, family: str) -> Optional[FamilyFit]:
         return self.families.get(family)
 
+    def peak_fraction(self, family: str) -> Optional[float]:
+        """Bytes per second at the family's largest measured size, as a fraction of the datasheet peak."""
+        f = self.families.get(family)
+        if f is None or not f.points:
+            return None
+        big = max(f.points, key=lambda p: p[0])
+        return big[0] / big[1] / self.peak_bandwidth_bytes_per_s
+
+    def stream_fraction(self, family: str, min_bytes: int = 256 * MB) -> Optional[float]:
+        """The family's bytes per second as a fraction of the streaming read's at the same size, averaged over the
+        sizes of at least `min_bytes` both measured: how close a kernel comes to the bandwidth this GPU delivers
+        when the per-call cost no longer counts. None without such sizes."""
+        f, ref = self.families.get(family), self.families.get("stream_read")
+        if f is None or ref is None:
+            return None
+        ref_s = {p[0]: p[1] for p in ref.points}
+        ratios = [ref_s[p[0]] / p[1] for p in f.points if p[0] >= min_bytes and p[0] in ref_s]
+        return sum(ratios) / len(ratios) if ratios else None
+
 
 def save_calibration(profile: CalibrationProfile, path: str | Path) -> None:
     import yaml

@@ -433,12 +433,16 @@ def calibration_table(profile) -> None:
     con = console()
     t = Table(title=f"Calibration of {profile.device.get('name')}: t = t0 + bytes / (eta x "
               f"{profile.peak_bandwidth_bytes_per_s / 1e12:g} TB/s)", title_justify="left")
-    for col in ["kernel family", "t0 us", "eta", "GB/s at the largest size"]:
+    for col in ["kernel family", "t0 us", "eta", "GB/s at the largest size", "of peak", "of stream read"]:
         t.add_column(col, justify="left" if col == "kernel family" else "right")
     for fam, f in profile.families.items():
         big = max(f.points, key=lambda p: p[0])
-        t.add_row(fam, f"{f.t0_s * 1e6:,.1f}", f"{f.eta:.3f}", f"{big[0] / big[1] / 1e9:,.0f}")
+        sf = profile.stream_fraction(fam)
+        t.add_row(fam, f"{f.t0_s * 1e6:,.1f}", f"{f.eta:.3f}", f"{big[0] / big[1] / 1e9:,.0f}",
+                  f"{profile.peak_fraction(fam):.2f}", "-" if sf is None else f"{sf:.2f}")
     con.print(t)
+    con.print("of peak: at the largest size, against the datasheet bandwidth. of stream read: against the streaming "
+              "read at the same size, averaged over sizes of 256 MB and more.")
 
 
 def validate_table(r: dict) -> None:

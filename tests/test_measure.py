@@ -37,6 +37,23 @@ def test_fit_recovers_t0_and_eta():
     assert f.seconds(1e9, peak, calls=2) == pytest.approx(2 * 5e-6 + 1e9 / (0.8 * peak))
 
 
+def test_fractions_of_peak_and_of_the_stream_read():
+    # the figures the measure table reports, from points written by hand:
+    # stream read 256 MB in 100 us and 1024 MB in 400 us (2.684 TB/s both: 268,435,456 B / 1e-4 s)
+    # decode 8 MB in 20 us (below 256 MB: not counted), 256 MB in 125 us, 1024 MB in 500 us -> 0.8 of the read at both
+    peak = 3.35e12
+    read = fit_family("stream_read", [(256 * MB, 1e-4, 0, 0), (1024 * MB, 4e-4, 0, 0)], peak)
+    dec = fit_family("decode_bfloat16", [(8 * MB, 2e-5, 0, 0), (256 * MB, 1.25e-4, 0, 0), (1024 * MB, 5e-4, 0, 0)],
+                     peak)
+    p = CalibrationProfile({"name": "x"}, peak, {"stream_read": read, "decode_bfloat16": dec})
+    assert p.stream_fraction("stream_read") == 1.0
+    assert p.stream_fraction("decode_bfloat16") == pytest.approx(0.8, rel=1e-12)
+    assert p.peak_fraction("stream_read") == pytest.approx(1024 * MB / 4e-4 / 3.35e12, rel=1e-12)  # 0.8013
+    assert round(p.peak_fraction("stream_read"), 4) == 0.8013
+    assert p.stream_fraction("decode_bfloat16", min_bytes=2048 * MB) is None  # no size that large measured
+    assert p.stream_fraction("gemv_bf16") is None
+
+
 def test_dry_run_and_no_gpu(cli):
     r = cli("measure", "--dry-run", "--quick")
     assert r.code == 0 and "decode_turboquant_3bit_nc" in r.out and "minutes" in r.out
