@@ -1,6 +1,15 @@
 """Pieces every paged decode kernel shares: where a token's slot is, one step of the online softmax, split-lane
-query loads and stores, and packed b-bit codes."""
+query loads and stores, packed b-bit codes, and the split of each sequence's context over several programs.
 
+Splitting the context (flash-decoding): a decode step has only seqs x kv_heads independent (sequence, KV head)
+pairs, 8 at batch 1 on Llama-3-8B, far fewer than a GPU has SMs. Each kernel therefore runs a third grid axis over
+splits of the context; split s of sequence q covers tokens [s x split_len, (s + 1) x split_len) and writes its
+normalized output with its running max and sum to row q x num_splits + s of a float32 partial buffer, and
+`combine_splits` folds the rows of each sequence into the answer. A split past the end of a sequence writes max
+-inf and sum 0, and weighs nothing.
+"""
+
+import torch
 import triton
 import triton.language as tl
 
@@ -47,3 +56,75 @@ def packed_codes(cache_ptr, base, d_offs, t_ok, BITS: tl.constexpr):
     lo = tl.load(ptr, mask=t_ok[:, None], other=0).to(tl.int32)
     hi = tl.load(ptr + 1, mask=t_ok[:, None], other=0).to(tl.int32)
     return ((lo | (hi << 8)) >> (bit % 8)[None, :]) & ((1 << BITS) - 1)
+
+
+@triton.jit
+def split_bounds(split, split_len, n_ctx):
+    """The tokens [lo, hi) of the context that split `split` covers."""
+    lo = split * split_len
+    return lo, tl.minimum(n_ctx, lo + split_len)
+
+
+@triton.jit
+def store_split_stats(ml_ptr, row, heads, g_ok, num_heads, m_i, l_i):
+    """A split's running max and sum per head, for `combine_splits`."""
+    base = ml_ptr + (row * num_heads + heads) * 2
+    tl.store(base, m_i, mask=g_ok)
+    tl.store(base + 1, l_i, mask=g_ok)
+
+
+@triton.jit
+def safe_sum(l_i):
+    """The softmax sum to divide by: 1 where a split saw no token (its output is then 0 and its weight 0)."""
+    return tl.where(l_i > 0, l_i, 1.0)
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, out_ptr, num_heads, num_splits,
+                    D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr):
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, S_PAD)
+    s_ok = s < num_splits
+    rows = seq * num_splits + s
+    ml = ml_ptr + (rows * num_heads + h) * 2
+    m = tl.load(ml, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(ml + 1, mask=s_ok, other=0.0)
+    w = tl.where(l_s > 0, tl.exp(m - tl.max(m, axis=0)) * l_s, 0.0)
+    d = tl.arange(0, D_PAD)
+    d_ok = d < D
+    part = tl.load(part_ptr + (rows[:, None] * num_heads + h) * D + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                   other=0.0)
+    out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
+    tl.store(out_ptr + (seq * num_heads + h) * D + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def split_plan(seqs: int, kv_heads: int, max_ctx: int, unit: int, device: torch.device,
+               splits: int | None = None, min_split_tokens: int = 256) -> tuple[int, int]:
+    """(number of splits, tokens per split): enough (sequence, KV head, split) programs to give every SM about four,
+    no split shorter than `min_split_tokens` (so the partial rows stay a small fraction of the bytes read), split
+    lengths a multiple of `unit` (the kernel's tile). One split off the GPU unless `splits` says otherwise."""
+    if splits is None:
+        splits = 1
+        if device.type == "cuda":
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            splits = max(1, min(-(-4 * sms // (seqs * kv_heads)), max_ctx // min_split_tokens))
+    per = -(-max(max_ctx, 1) // max(1, splits))
+    per = -(-per // unit) * unit
+    return -(-max(max_ctx, 1) // per), per
+
+
+def partial_buffers(seqs: int, num_splits: int, heads: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float32 partial outputs [seqs x splits, heads, d] and their (max, sum) [seqs x splits, heads, 2]."""
+    return (torch.empty(seqs * num_splits, heads, d, dtype=torch.float32, device=device),
+            torch.empty(seqs * num_splits, heads, 2, dtype=torch.float32, device=device))
+
+
+def combine_splits(part: torch.Tensor, ml: torch.Tensor, seqs: int, num_splits: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """Fold each sequence's split rows into its attention output [seqs, heads, d] in `dtype`."""
+    _, heads, d = part.shape
+    out = torch.empty(seqs, heads, d, dtype=dtype, device=part.device)
+    _combine_kernel[(seqs, heads)](part, ml, out, heads, num_splits, D=d, D_PAD=triton.next_power_of_2(d),
+                                   S_PAD=max(2, triton.next_power_of_2(num_splits)))
+    return out

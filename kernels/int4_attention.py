@@ -18,7 +18,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import load_query_lanes, slot_offsets, softmax_step, store_lanes
+from .common import (
+    combine_splits,
+    load_query_lanes,
+    partial_buffers,
+    safe_sum,
+    slot_offsets,
+    softmax_step,
+    split_bounds,
+    split_plan,
+    store_lanes,
+    store_split_stats,
+)
 from .layouts import SlotLayout
 
 SIGN_SEED = 0x9E3779B9  # fixed: the same signs on every rank and every restart
@@ -95,7 +106,7 @@ def _scale_and_zero(cache_ptr, off, mask):
 
 @triton.jit
 def _int4_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, sm_scale, max_blocks, group,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_DATA: tl.constexpr, V_SCALE: tl.constexpr,
@@ -103,20 +114,22 @@ def _int4_decode_kernel(
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = seq * tl.num_programs(2) + split
     g = tl.arange(0, G_PAD)
     j = tl.arange(0, HALF)
     g_ok = g < group
     heads = kv_head * group + g
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
     q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
-    n_ctx = tl.load(lens_ptr + seq)
+    lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc_even = tl.zeros([G_PAD, HALF], tl.float32)
     acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
-    for start in range(0, n_ctx, TILE):
+    for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
-        t_ok = t < n_ctx
+        t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         kb = tl.load(cache_ptr + slot[:, None] + K_DATA + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
         k_lo = (kb & 15).to(tl.float32)
@@ -136,26 +149,28 @@ def _int4_decode_kernel(
         acc_even -= correction[:, None]
         acc_odd -= correction[:, None]
         m_i = m_new
-    store_lanes(out_ptr, seq, heads, g_ok, stride_os, stride_oh, j, acc_even / l_i[:, None],
-                acc_odd / l_i[:, None])
+    l_safe = safe_sum(l_i)[:, None]
+    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, acc_even / l_safe, acc_odd / l_safe)
+    store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                      context_lens: torch.Tensor, tile: int = 16) -> torch.Tensor:
+                      context_lens: torch.Tensor, tile: int = 16, splits: int | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim
     group = heads // kv_heads
     q_rot = rotate(q).contiguous()
-    out_rot = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
-    _int4_decode_kernel[(seqs, kv_heads)](
-        q_rot, cache, block_table, context_lens, out_rot, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
-        q_rot.stride(0), q_rot.stride(1), out_rot.stride(0), out_rot.stride(1),
+    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
+    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
+    _int4_decode_kernel[(seqs, kv_heads, n_split)](
+        q_rot, cache, block_table, context_lens, part, ml, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
+        split_len, q_rot.stride(0), q_rot.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_SCALE=layout.k_scale,
         V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(2, triton.next_power_of_2(group)),
         TILE=tile,
     )
-    return unrotate(out_rot).to(q.dtype)
+    return unrotate(combine_splits(part, ml, seqs, n_split, torch.float32)).to(q.dtype)
 
 
 def dequantize_cache_int4(cache: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor]:

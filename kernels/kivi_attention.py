@@ -17,7 +17,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import packed_codes, slot_offsets, softmax_step
+from .common import (
+    combine_splits,
+    packed_codes,
+    partial_buffers,
+    safe_sum,
+    slot_offsets,
+    softmax_step,
+    split_bounds,
+    split_plan,
+    store_split_stats,
+)
 from .layouts import SlotLayout
 from .turboquant_attention import _pack, _unpack
 
@@ -106,7 +116,7 @@ def write_sequence(cache: torch.Tensor, residual: torch.Tensor, layout: SlotLayo
 
 @triton.jit
 def _kivi_decode_kernel(
-    q_ptr, cache_ptr, resid_ptr, block_table_ptr, lens_ptr, out_ptr, sm_scale, max_blocks, group,
+    q_ptr, cache_ptr, resid_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh, stride_rs, stride_rt, stride_rh, stride_rkv,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, D: tl.constexpr,
     BITS: tl.constexpr, G: tl.constexpr, RESIDUAL: tl.constexpr, RPAD: tl.constexpr,
@@ -115,6 +125,8 @@ def _kivi_decode_kernel(
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = seq * tl.num_programs(2) + split
     gh = tl.arange(0, G_PAD)
     c = tl.arange(0, D)
     g_ok = gh < group
@@ -127,10 +139,11 @@ def _kivi_decode_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
     PER: tl.constexpr = D // G
-    for start in range(0, nq, G):  # one token group per tile
+    lo, hi = split_bounds(split, split_len, nq)  # split_len is a whole number of groups
+    for start in range(lo, hi, G):  # one token group per tile
         t = start + tl.arange(0, G)
-        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t < nq, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        kcodes = packed_codes(cache_ptr, slot, c, t < nq, BITS).to(tl.float32)
+        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t < hi, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
+        kcodes = packed_codes(cache_ptr, slot, c, t < hi, BITS).to(tl.float32)
         # channel c's scale and zero live in the slot of the group's token c // PER
         oslot = slot_offsets(block_table_ptr, seq, max_blocks, start + c // PER, c < D, kv_head, BLOCK_SIZE,
                              NUM_KV_HEADS, SLOT)
@@ -139,43 +152,47 @@ def _kivi_decode_kernel(
         k = kcodes * ks[None, :] + kz[None, :]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale
         m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        vcodes = packed_codes(cache_ptr, slot + V_CODES, c, t < nq, BITS).to(tl.float32)
+        vcodes = packed_codes(cache_ptr, slot + V_CODES, c, t < hi, BITS).to(tl.float32)
         vs = tl.load((cache_ptr + slot[:, None] + V_SCALE + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
         vz = tl.load((cache_ptr + slot[:, None] + V_ZERO + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
         v = vcodes * vs.to(tl.float32) + vz.to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
-    # the full-precision residual: tokens nq .. n
-    rt = tl.arange(0, RPAD)
-    r_ok = rt < n - nq
-    rbase = resid_ptr + seq * stride_rs + rt[:, None] * stride_rt + kv_head * stride_rh + c[None, :]
-    k = tl.load(rbase, mask=r_ok[:, None], other=0.0).to(tl.float32)
-    v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
-    scores = tl.where(r_ok[None, :], tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale, float("-inf"))
-    m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-    acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + c[None, :], acc / l_i[:, None],
+    # the full-precision residual, tokens nq .. n: the last split's
+    if (split == tl.num_programs(2) - 1) & (n > nq):
+        rt = tl.arange(0, RPAD)
+        r_ok = rt < n - nq
+        rbase = resid_ptr + seq * stride_rs + rt[:, None] * stride_rt + kv_head * stride_rh + c[None, :]
+        k = tl.load(rbase, mask=r_ok[:, None], other=0.0).to(tl.float32)
+        v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(r_ok[None, :], tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale, float("-inf"))
+        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + c[None, :], acc / safe_sum(l_i)[:, None],
              mask=g_ok[:, None])
+    store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tensor, layout: SlotLayout,
-                      block_table: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+                      block_table: torch.Tensor, context_lens: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     bits, g, r = _params(layout)
     assert slot == layout.slot_bytes and d == layout.head_dim and d % g == 0 and residual.shape[1] >= r + g - 1
     o = _offsets(layout)
-    out = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
+    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, g, q.device, splits)
+    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
     q32 = q.float().contiguous()
-    _kivi_decode_kernel[(seqs, kv_heads)](
-        q32, cache, residual, block_table, context_lens, out, 1.0 / math.sqrt(d), block_table.shape[1],
-        heads // kv_heads, q32.stride(0), q32.stride(1), out.stride(0), out.stride(1),
+    _kivi_decode_kernel[(seqs, kv_heads, n_split)](
+        q32, cache, residual, block_table, context_lens, part, ml, 1.0 / math.sqrt(d), block_table.shape[1],
+        heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         residual.stride(0), residual.stride(1), residual.stride(2), residual.stride(3),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, D=d, BITS=bits, G=g, RESIDUAL=r,
         RPAD=triton.next_power_of_2(r + g), K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"],
         V_SCALE=o["v_scale"], V_ZERO=o["v_zero"], G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)),
     )
-    return out.to(q.dtype)
+    return combine_splits(part, ml, seqs, n_split, q.dtype)
 
 
 def make_residual(seqs: int, layout: SlotLayout, kv_heads: int, dtype=torch.bfloat16) -> torch.Tensor:

@@ -14,7 +14,18 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import load_query_lanes, slot_offsets, softmax_step, store_lanes
+from .common import (
+    combine_splits,
+    load_query_lanes,
+    partial_buffers,
+    safe_sum,
+    slot_offsets,
+    softmax_step,
+    split_bounds,
+    split_plan,
+    store_lanes,
+    store_split_stats,
+)
 from .layouts import SlotLayout
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # magnitudes of codes 0..7; bit 3 is the sign
@@ -97,26 +108,28 @@ def _nvfp4_tiles(cache_ptr, slot, data_off, j, t_ok, HALF: tl.constexpr):
 
 @triton.jit
 def _nvfp4_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, k_global, v_global, sm_scale, max_blocks, group,
-    stride_qs, stride_qh, stride_os, stride_oh,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, k_global, v_global, sm_scale, max_blocks, group,
+    split_len, stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = seq * tl.num_programs(2) + split
     g = tl.arange(0, G_PAD)
     j = tl.arange(0, HALF)
     g_ok = g < group
     heads = kv_head * group + g
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
-    n_ctx = tl.load(lens_ptr + seq)
+    lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc_even = tl.zeros([G_PAD, HALF], tl.float32)
     acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
-    for start in range(0, n_ctx, TILE):
+    for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
-        t_ok = t < n_ctx
+        t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         k_even, k_odd = _nvfp4_tiles(cache_ptr, slot, K_DATA, j, t_ok, HALF)
         scores = (tl.sum(q_even[:, None, :] * k_even[None, :, :], axis=2)
@@ -127,24 +140,27 @@ def _nvfp4_decode_kernel(
         acc_even = acc_even * alpha[:, None] + tl.sum(p[:, :, None] * v_even[None, :, :], axis=1)
         acc_odd = acc_odd * alpha[:, None] + tl.sum(p[:, :, None] * v_odd[None, :, :], axis=1)
         m_i = m_new
-    store_lanes(out_ptr, seq, heads, g_ok, stride_os, stride_oh, j, acc_even / l_i[:, None] * v_global,
-                acc_odd / l_i[:, None] * v_global)
+    v_norm = v_global / safe_sum(l_i)[:, None]
+    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, acc_even * v_norm, acc_odd * v_norm)
+    store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                       context_lens: torch.Tensor, k_global: float, v_global: float, tile: int = 16) -> torch.Tensor:
+                       context_lens: torch.Tensor, k_global: float, v_global: float, tile: int = 16,
+                       splits: int | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and d % 16 == 0
-    out = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
+    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
+    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
     q32 = q.float().contiguous()
-    _nvfp4_decode_kernel[(seqs, kv_heads)](
-        q32, cache, block_table, context_lens, out, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],
-        heads // kv_heads, q32.stride(0), q32.stride(1), out.stride(0), out.stride(1),
+    _nvfp4_decode_kernel[(seqs, kv_heads, n_split)](
+        q32, cache, block_table, context_lens, part, ml, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],
+        heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, V_DATA=layout.v_data, HALF=d // 2,
         G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
     )
-    return out.to(q.dtype)
+    return combine_splits(part, ml, seqs, n_split, q.dtype)
 
 
 def dequantize_cache_nvfp4(cache: torch.Tensor, layout: SlotLayout, k_global: float,

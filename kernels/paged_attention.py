@@ -18,7 +18,16 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import slot_offsets, softmax_step
+from .common import (
+    combine_splits,
+    partial_buffers,
+    safe_sum,
+    slot_offsets,
+    softmax_step,
+    split_bounds,
+    split_plan,
+    store_split_stats,
+)
 from .layouts import SlotLayout, slot_layout
 
 
@@ -43,8 +52,8 @@ def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr):
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, k_scale_ptr, v_scale_ptr,
-    sm_scale, max_blocks, group,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, k_scale_ptr, v_scale_ptr,
+    sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_DATA: tl.constexpr, V_SCALE: tl.constexpr,
@@ -52,6 +61,8 @@ def _paged_decode_kernel(
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = seq * tl.num_programs(2) + split
     g_offs = tl.arange(0, G_PAD)
     d_offs = tl.arange(0, D_PAD)
     g_mask = g_offs < group
@@ -59,16 +70,16 @@ def _paged_decode_kernel(
     heads = kv_head * group + g_offs
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :],
                 mask=g_mask[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    n_ctx = tl.load(lens_ptr + seq)
+    lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
     if MODE == 1 or MODE == 2:
         k_tensor_scale = tl.load(k_scale_ptr)
         v_tensor_scale = tl.load(v_scale_ptr)
-    for start in range(0, n_ctx, TILE):
+    for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
-        t_ok = t < n_ctx
+        t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         tile_mask = t_ok[:, None] & d_ok[None, :]
         k = _load_values(cache_ptr, slot + K_DATA, d_offs, tile_mask, MODE)
@@ -86,11 +97,12 @@ def _paged_decode_kernel(
             p = p * vs[None, :]
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
-    out = acc / l_i[:, None]
+    out = acc / safe_sum(l_i)[:, None]
     if MODE == 1 or MODE == 2:
         out = out * v_tensor_scale
-    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + d_offs[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_ok[None, :])
+    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], out,
+             mask=g_mask[:, None] & d_ok[None, :])
+    store_split_stats(ml_ptr, row, heads, g_mask, group * NUM_KV_HEADS, m_i, l_i)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -144,25 +156,28 @@ def write_kv(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: to
 
 
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                 context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 16) -> torch.Tensor:
-    """Attention of q [seqs, heads, D] over each sequence's cached tokens; returns [seqs, heads, D] in q's dtype."""
+                 context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 16,
+                 splits: int | None = None) -> torch.Tensor:
+    """Attention of q [seqs, heads, D] over each sequence's cached tokens; returns [seqs, heads, D] in q's dtype.
+    `splits`: programs per sequence and KV head along the context (default: enough to fill the GPU)."""
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and heads % kv_heads == 0
     group = heads // kv_heads
-    out = torch.empty_like(q)
+    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
+    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
     ks = torch.tensor([k_scale], dtype=torch.float32, device=q.device)
     vs = torch.tensor([v_scale], dtype=torch.float32, device=q.device)
-    _paged_decode_kernel[(seqs, kv_heads)](
-        q, cache, block_table, context_lens, out, ks, vs,
-        1.0 / math.sqrt(d), block_table.shape[1], group,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+    _paged_decode_kernel[(seqs, kv_heads, n_split)](
+        q, cache, block_table, context_lens, part, ml, ks, vs,
+        1.0 / math.sqrt(d), block_table.shape[1], group, split_len,
+        q.stride(0), q.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot,
         K_DATA=layout.k_data, K_SCALE=max(layout.k_scale, 0), V_DATA=layout.v_data, V_SCALE=max(layout.v_scale, 0),
         HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), G_PAD=max(2, triton.next_power_of_2(group)),
         TILE=tile, MODE=layout.mode,
     )
-    return out
+    return combine_splits(part, ml, seqs, n_split, q.dtype)
 
 
 # ----------------------------------------------------------------------------------------------------------------

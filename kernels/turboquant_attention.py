@@ -18,7 +18,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import packed_codes, slot_offsets, softmax_step
+from .common import (
+    combine_splits,
+    packed_codes,
+    partial_buffers,
+    safe_sum,
+    slot_offsets,
+    softmax_step,
+    split_bounds,
+    split_plan,
+    store_split_stats,
+)
 from .int4_attention import hadamard
 from .layouts import SlotLayout
 
@@ -139,7 +149,7 @@ def dequantize_cache_turboquant(cache: torch.Tensor, layout: SlotLayout) -> tupl
 
 @triton.jit
 def _tq_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, cent_ptr, sm_scale, max_blocks, group,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, cent_ptr, sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr,
@@ -148,19 +158,21 @@ def _tq_decode_kernel(
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    row = seq * tl.num_programs(2) + split
     g = tl.arange(0, G_PAD)
     d_offs = tl.arange(0, D)
     g_ok = g < group
     heads = kv_head * group + g
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :], mask=g_ok[:, None],
                 other=0.0).to(tl.float32)
-    n_ctx = tl.load(lens_ptr + seq)
+    lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D], tl.float32)
-    for start in range(0, n_ctx, TILE):
+    for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
-        t_ok = t < n_ctx
+        t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         if K_BITS == 8:  # fp8 keys, q not rotated
             raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :], mask=t_ok[:, None], other=0)
@@ -182,24 +194,26 @@ def _tq_decode_kernel(
         acc = acc * alpha[:, None] + tl.sum((p * vscale[None, :])[:, :, None] * codes[None, :, :], axis=1)
         acc += tl.sum(p * vzero[None, :], axis=1)[:, None]
         m_i = m_new
-    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + d_offs[None, :], acc / l_i[:, None],
+    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], acc / safe_sum(l_i)[:, None],
              mask=g_ok[:, None])
+    store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                            context_lens: torch.Tensor, tile: int = 16) -> torch.Tensor:
+                            context_lens: torch.Tensor, tile: int = 16, splits: int | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim
     kb, vb, nc = _params(layout)
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
     cent = torch.tensor(lloyd_max_centroids(kb if kb != 8 else 4, d), dtype=torch.float32, device=q.device)
-    out = torch.empty(seqs, heads, d, dtype=torch.float32, device=q.device)
-    _tq_decode_kernel[(seqs, kv_heads)](
-        q_in, cache, block_table, context_lens, out, cent, 1.0 / math.sqrt(d), block_table.shape[1],
-        heads // kv_heads, q_in.stride(0), q_in.stride(1), out.stride(0), out.stride(1),
+    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
+    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
+    _tq_decode_kernel[(seqs, kv_heads, n_split)](
+        q_in, cache, block_table, context_lens, part, ml, cent, 1.0 / math.sqrt(d), block_table.shape[1],
+        heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
         G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
     )
-    return out.to(q.dtype)
+    return combine_splits(part, ml, seqs, n_split, q.dtype)

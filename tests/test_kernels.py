@@ -83,13 +83,16 @@ def _filled_cache(fmt, lens, kv_heads=2, d=64, bs=16, k_scale=0.05, v_scale=0.05
     return cache, layout, table, torch.tensor(lens, dtype=torch.int32)
 
 
+# splits: the context of each sequence over 1 or 3 programs (3 x 16 tokens here: a 5-token sequence leaves two
+# splits empty, a 37-token one uses all three), folded by combine_splits
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4), (6, 1)])  # GQA, MHA, MQA (group of 6: padded)
-def test_paged_decode_matches_reference(fmt, heads, kv_heads):
+def test_paged_decode_matches_reference(fmt, heads, kv_heads, splits):
     lens = [5, 37, 16, 1]  # ragged, one exactly a block, one a single token
     cache, layout, table, ctx = _filled_cache(fmt, lens, kv_heads=kv_heads)
     q = torch.randn(len(lens), heads, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    out = paged_decode(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05)
+    out = paged_decode(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05, splits=splits)
     ref = paged_decode_reference(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05)
     # both read the same stored bytes; they differ by fp32 summation order and the bf16 output's rounding
     torch.testing.assert_close(out.float(), ref.float(), atol=1.6e-2, rtol=1e-2)
@@ -116,6 +119,16 @@ def test_stream_probes():
     buf = torch.randint(0, 256, (3 * 4096 * 4 + 40,), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
     assert torch.equal(read_probe(buf), read_probe_reference(buf))
     assert torch.equal(copy_probe(buf), buf)
+
+
+def test_split_plan():
+    from kvplan.kernels.common import split_plan
+
+    cpu = torch.device("cpu")
+    assert split_plan(4, 2, 48, 16, cpu) == (1, 48)  # one split off the GPU by default
+    assert split_plan(4, 2, 48, 16, cpu, splits=3) == (3, 16)
+    assert split_plan(4, 2, 48, 16, cpu, splits=5) == (3, 16)  # 48 / 5 rounds up to one 16-token tile: 3 splits
+    assert split_plan(2, 2, 208, 32, cpu, splits=3) == (3, 96)  # 70 tokens rounded up to 3 groups of 32
 
 
 def test_softmax_scale_and_single_token():
@@ -157,8 +170,9 @@ def test_int4_zero_point_in_the_scale():
     assert ((decode_int4(data, scale_bytes) - y).abs() <= s / 2 + 1e-5).all()
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4)])
-def test_int4_decode_matches_reference(heads, kv_heads):
+def test_int4_decode_matches_reference(heads, kv_heads, splits):
     from kvplan.kernels.int4_attention import (
         dequantize_cache_int4,
         paged_decode_int4,
@@ -176,7 +190,7 @@ def test_int4_decode_matches_reference(heads, kv_heads):
         write_kv_int4(cache, layout, slots, torch.randn(n, kv_heads, d, generator=g),
                       torch.randn(n, kv_heads, d, generator=g))
     q = torch.randn(2, heads, d, generator=g)
-    out = paged_decode_int4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32))
+    out = paged_decode_int4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), splits=splits)
     # reference: dequantize, rotate back, plain attention
     _assert_matches_reference(out, q, *dequantize_cache_int4(cache, layout), table, lens, bs, 2e-4)
 
@@ -199,8 +213,9 @@ def test_nvfp4_codes_and_error():
     assert (err46 <= err6 + 1e-6).all() and (err46 < err6).any()  # 4-over-6 never worse, sometimes better
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_4over6"])
-def test_nvfp4_decode_matches_reference(fmt):
+def test_nvfp4_decode_matches_reference(fmt, splits):
     from kvplan.kernels.nvfp4_attention import (
         dequantize_cache_nvfp4,
         global_scale,
@@ -220,7 +235,7 @@ def test_nvfp4_decode_matches_reference(fmt):
         pos = torch.arange(n)
         write_kv_nvfp4(cache, layout, table[s, pos // bs].long() * bs + pos % bs, k[s], v[s], kg, vg)
     q = torch.randn(2, heads, d, generator=gen)
-    out = paged_decode_nvfp4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), kg, vg)
+    out = paged_decode_nvfp4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), kg, vg, splits=splits)
     _assert_matches_reference(out, q, *dequantize_cache_nvfp4(cache, layout, kg, vg), table, lens, bs, 2e-4)
 
 
@@ -260,9 +275,10 @@ def test_turboquant_bit_packing_and_norm_correction():
     assert cos.mean() > 0.98  # 3-bit rotated keys keep the direction
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("fmt", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
                                  "turboquant_3bit_nc"])
-def test_turboquant_decode_matches_reference(fmt):
+def test_turboquant_decode_matches_reference(fmt, splits):
     from kvplan.kernels.turboquant_attention import (
         dequantize_cache_turboquant,
         paged_decode_turboquant,
@@ -279,7 +295,7 @@ def test_turboquant_decode_matches_reference(fmt):
         write_kv_turboquant(cache, layout, table[s, pos // bs].long() * bs + pos % bs,
                             torch.randn(n, kv_heads, d, generator=gen), torch.randn(n, kv_heads, d, generator=gen))
     q = torch.randn(2, heads, d, generator=gen)
-    out = paged_decode_turboquant(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32))
+    out = paged_decode_turboquant(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), splits=splits)
     _assert_matches_reference(out, q, *dequantize_cache_turboquant(cache, layout), table, lens, bs, 3e-4)
 
 
@@ -303,8 +319,11 @@ def test_kivi_group_codec(fmt):
     assert ((vv - v).unflatten(-1, (-1, 32)).abs() <= (v_step / 2 * 1.01 + 4e-3).unsqueeze(-1)).all()
 
 
+# 7 splits of 32 tokens (one KIVI group): the 64 quantized tokens of the first sequence over two splits, the
+# residual window in the last, and the all-residual second sequence's other splits empty
+@pytest.mark.parametrize("splits", [1, 7])
 @pytest.mark.parametrize("fmt", ["kivi2", "kivi4"])
-def test_kivi_decode_matches_reference(fmt):
+def test_kivi_decode_matches_reference(fmt, splits):
     from kvplan.kernels.kivi_attention import (
         _offsets,
         decode_group,
@@ -327,7 +346,7 @@ def test_kivi_decode_matches_reference(fmt):
     for s in range(2):
         write_sequence(cache, residual, layout, table[s], s, ks[s], vs[s])
     q = torch.randn(2, heads, d, generator=gen)
-    out = paged_decode_kivi(q, cache, residual, layout, table, torch.tensor(lens, dtype=torch.int32))
+    out = paged_decode_kivi(q, cache, residual, layout, table, torch.tensor(lens, dtype=torch.int32), splits=splits)
     flat = cache.view(-1, kv_heads, layout.slot_bytes)
     for s, n in enumerate(lens):
         nq = quantized_len(n, 32, 128)
