@@ -1,0 +1,136 @@
+"""Compile every kvplan kernel for a GPU architecture without a GPU: the interpreter tests prove what the kernels
+compute, this proves that Triton's compiler accepts them (down to a cubin) for the architecture given.
+
+    python tests/compile_kernels.py [--arch 90] [--arch 80 ...]
+
+Two steps, each in its own interpreter (Triton chooses between interpreting and compiling when a kernel is
+defined): first, with TRITON_INTERPRET=1, every workload `kvplan measure` runs is launched on the CPU with each
+kernel replaced by a recorder, which keeps the argument types and compile-time constants of every launch; then,
+without the interpreter, each distinct launch is compiled for each architecture. Prints one line per kernel and
+exits 1 if any fails to compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+KERNELS = {  # module: the kernels it launches
+    "kvplan.kernels.paged_attention": ["_paged_decode_kernel"],
+    "kvplan.kernels.int4_attention": ["_int4_decode_kernel"],
+    "kvplan.kernels.nvfp4_attention": ["_nvfp4_decode_kernel"],
+    "kvplan.kernels.turboquant_attention": ["_tq_decode_kernel"],
+    "kvplan.kernels.kivi_attention": ["_kivi_decode_kernel"],
+    "kvplan.kernels.common": ["_combine_kernel"],
+    "kvplan.kernels.gemv": ["_gemv_kernel"],
+    "kvplan.kernels.stream": ["_read_kernel", "_copy_kernel"],
+}
+
+
+def _type_of(value) -> str:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.uint8: "u8",
+                 torch.int8: "i8", torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv",
+                 torch.float8_e5m2: "fp8e5"}
+        return "*" + names[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"cannot type {value!r}")
+
+
+def capture() -> list[dict]:
+    """Every distinct launch of every `kvplan measure` workload, by kernel: argument types and constants."""
+    import importlib
+    import inspect
+
+    import torch
+    from kvplan.kernels.bench import workload
+
+    from kvplan.calibration import FAMILIES
+
+    launches: dict[str, dict] = {}
+
+    class Recorder:
+        def __init__(self, module: str, name: str, kernel):
+            self.module, self.name, self.kernel = module, name, kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **constants):
+                params = list(inspect.signature(self.kernel.fn).parameters)[:len(args)]  # constants come by name
+                signature = {n: _type_of(a) for n, a in zip(params, args, strict=True)}
+                consts = {k: v for k, v in constants.items() if k not in ("num_warps", "num_stages")}
+                key = json.dumps([self.module, self.name, signature, consts], sort_keys=True)
+                launches[key] = {"module": self.module, "kernel": self.name, "signature": signature,
+                                 "constants": consts}
+            return launch
+
+    for module, names in KERNELS.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            setattr(mod, name, Recorder(module, name, getattr(mod, name)))
+    for family in FAMILIES:
+        fn, _ = workload(family, 256 * 1024, torch.device("cpu"))
+        fn()
+    return list(launches.values())
+
+
+def compile_all(launches: list[dict], archs: list[int]) -> int:
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    failed = 0
+    for arch in archs:
+        for launch in launches:
+            kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
+            signature = dict(launch["signature"])
+            for p in kernel.params:
+                if p.is_constexpr:
+                    signature[p.name] = "constexpr"
+            consts = launch["constants"]
+            what = f"sm_{arch} {launch['kernel']} " + " ".join(f"{k}={v}" for k, v in consts.items()
+                                                              if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8"))
+            try:
+                triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
+                               target=GPUTarget("cuda", arch, 32))
+                print(f"ok      {what}")
+            except Exception as e:  # report every failure, then exit 1
+                failed += 1
+                print(f"FAILED  {what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    return failed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, action="append", help="compute capability x 10, e.g. 90 (H100/H200)")
+    ap.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.capture:
+        json.dump(capture(), sys.stdout)
+        return 0
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, __file__, "--capture"], env=env, capture_output=True, text=True)
+    if out.returncode:
+        sys.stderr.write(out.stderr)
+        return 2
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET to compile", file=sys.stderr)
+        return 2
+    launches = json.loads(out.stdout)
+    print(f"{len(launches)} distinct kernel launches")
+    return 1 if compile_all(launches, args.arch or [90]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
