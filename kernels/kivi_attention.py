@@ -119,7 +119,7 @@ def _kivi_decode_kernel(
     q_ptr, cache_ptr, resid_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh, stride_rs, stride_rt, stride_rh, stride_rkv,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, D: tl.constexpr,
-    BITS: tl.constexpr, G: tl.constexpr, RESIDUAL: tl.constexpr, RPAD: tl.constexpr,
+    BITS: tl.constexpr, G: tl.constexpr, RESIDUAL: tl.constexpr, RTILE: tl.constexpr,
     K_SCALE: tl.constexpr, K_ZERO: tl.constexpr, V_CODES: tl.constexpr, V_SCALE: tl.constexpr,
     V_ZERO: tl.constexpr, G_PAD: tl.constexpr,
 ):
@@ -158,10 +158,11 @@ def _kivi_decode_kernel(
         v = vcodes * vs.to(tl.float32) + vz.to(tl.float32)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
-    # the full-precision residual, tokens nq .. n: the last split's
-    if (split == tl.num_programs(2) - 1) & (n > nq):
-        rt = tl.arange(0, RPAD)
-        r_ok = rt < n - nq
+    # the full-precision residual, tokens nq .. n: the last split's, a tile of RTILE tokens at a time
+    n_res = tl.where(split == tl.num_programs(2) - 1, n - nq, 0)
+    for r0 in range(0, n_res, RTILE):
+        rt = r0 + tl.arange(0, RTILE)
+        r_ok = rt < n_res
         rbase = resid_ptr + seq * stride_rs + rt[:, None] * stride_rt + kv_head * stride_rh + c[None, :]
         k = tl.load(rbase, mask=r_ok[:, None], other=0.0).to(tl.float32)
         v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
@@ -189,8 +190,9 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         residual.stride(0), residual.stride(1), residual.stride(2), residual.stride(3),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, D=d, BITS=bits, G=g, RESIDUAL=r,
-        RPAD=triton.next_power_of_2(r + g), K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"],
+        RTILE=16, K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"],
         V_SCALE=o["v_scale"], V_ZERO=o["v_zero"], G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)),
+        num_warps=8,  # a whole 32-token group per tile: with 4 warps its registers spill on sm_90
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype)
 

@@ -13,6 +13,7 @@ and the plain torch reference the tests hold it to.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -32,22 +33,25 @@ from .layouts import SlotLayout, slot_layout
 
 
 @triton.jit
-def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr):
-    """A [N, D] tile of values starting at byte offsets `byte_off` [N], as fp32 (before any scale)."""
+def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr, WIDEN: tl.constexpr):
+    """A [N, D] tile of values starting at byte offsets `byte_off` [N] (before any scale), in the tensor-core
+    operand type: fp16 for an fp16 cache, bf16 otherwise (fp8 and int8 values are exact in bf16)."""
     if MODE == 0:
         p = (cache_ptr + byte_off[:, None]).to(tl.pointer_type(tl.bfloat16)) + d_offs[None, :]
-        return tl.load(p, mask=d_mask, other=0.0).to(tl.float32)
+        return tl.load(p, mask=d_mask, other=0.0)
     elif MODE == 5:
         p = (cache_ptr + byte_off[:, None]).to(tl.pointer_type(tl.float16)) + d_offs[None, :]
-        return tl.load(p, mask=d_mask, other=0.0).to(tl.float32)
+        return tl.load(p, mask=d_mask, other=0.0)
     else:
         raw = tl.load(cache_ptr + byte_off[:, None] + d_offs[None, :], mask=d_mask, other=0)
         if MODE == 1 or MODE == 4:
-            return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            return raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
         elif MODE == 2:
-            return raw.to(tl.float8e5, bitcast=True).to(tl.float32)
-        else:  # MODE == 3: int8
+            return raw.to(tl.float8e5, bitcast=True).to(tl.bfloat16)
+        elif WIDEN:  # MODE == 3: int8 (the interpreter converts int8 to bf16 wrongly)
             return raw.to(tl.int8, bitcast=True).to(tl.float32)
+        else:
+            return raw.to(tl.int8, bitcast=True).to(tl.bfloat16)
 
 
 @triton.jit
@@ -58,6 +62,7 @@ def _paged_decode_kernel(
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_DATA: tl.constexpr, V_SCALE: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr, MODE: tl.constexpr,
+    WIDEN: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -69,7 +74,13 @@ def _paged_decode_kernel(
     d_ok = d_offs < HEAD_DIM
     heads = kv_head * group + g_offs
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :],
-                mask=g_mask[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+                mask=g_mask[:, None] & d_ok[None, :], other=0.0)
+    if WIDEN:
+        q = q.to(tl.float32)
+    elif MODE == 5:
+        q = q.to(tl.float16)
+    else:
+        q = q.to(tl.bfloat16)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -82,8 +93,10 @@ def _paged_decode_kernel(
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         tile_mask = t_ok[:, None] & d_ok[None, :]
-        k = _load_values(cache_ptr, slot + K_DATA, d_offs, tile_mask, MODE)
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale  # [G, TILE]
+        k = _load_values(cache_ptr, slot + K_DATA, d_offs, tile_mask, MODE, WIDEN)
+        if WIDEN:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k)) * sm_scale  # [G, TILE] on the tensor cores, fp32 accumulation
         if MODE == 1 or MODE == 2:
             scores = scores * k_tensor_scale
         if MODE == 3 or MODE == 4:
@@ -91,11 +104,14 @@ def _paged_decode_kernel(
             scores = scores * ks[None, :]
         scores = tl.where(t_ok[None, :], scores, float("-inf"))
         m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        v = _load_values(cache_ptr, slot + V_DATA, d_offs, tile_mask, MODE)
+        v = _load_values(cache_ptr, slot + V_DATA, d_offs, tile_mask, MODE, WIDEN)
         if MODE == 3 or MODE == 4:
             vs = tl.load((cache_ptr + slot + V_SCALE).to(tl.pointer_type(tl.float32)), mask=t_ok, other=0.0)
             p = p * vs[None, :]
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        if WIDEN:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     out = acc / safe_sum(l_i)[:, None]
     if MODE == 1 or MODE == 2:
@@ -174,8 +190,11 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block
         q.stride(0), q.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot,
         K_DATA=layout.k_data, K_SCALE=max(layout.k_scale, 0), V_DATA=layout.v_data, V_SCALE=max(layout.v_scale, 0),
-        HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), G_PAD=max(2, triton.next_power_of_2(group)),
+        HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), G_PAD=max(16, triton.next_power_of_2(group)),
         TILE=tile, MODE=layout.mode,
+        # Triton's interpreter (3.9) multiplies bf16 tiles wrongly in tl.dot: under it the operands are widened to
+        # fp32 (exactly); on a GPU they stay bf16 (fp16 for an fp16 cache) for the tensor cores
+        WIDEN=os.environ.get("TRITON_INTERPRET") == "1",
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype)
 

@@ -67,10 +67,10 @@ def capture() -> list[dict]:
             def launch(*args, **constants):
                 params = list(inspect.signature(self.kernel.fn).parameters)[:len(args)]  # constants come by name
                 signature = {n: _type_of(a) for n, a in zip(params, args, strict=True)}
-                consts = {k: v for k, v in constants.items() if k not in ("num_warps", "num_stages")}
-                key = json.dumps([self.module, self.name, signature, consts], sort_keys=True)
+                options = {k: constants.pop(k) for k in ("num_warps", "num_stages") if k in constants}
+                key = json.dumps([self.module, self.name, signature, constants, options], sort_keys=True)
                 launches[key] = {"module": self.module, "kernel": self.name, "signature": signature,
-                                 "constants": consts}
+                                 "constants": constants, "options": options}
             return launch
 
     for module, names in KERNELS.items():
@@ -81,6 +81,32 @@ def capture() -> list[dict]:
         fn, _ = workload(family, 256 * 1024, torch.device("cpu"))
         fn()
     return list(launches.values())
+
+
+def _resources(ptx: str, arch: int) -> str:
+    """Registers per thread and spilled bytes, from ptxas -v on the PTX (the ptxas that ships with Triton)."""
+    import re
+    import tempfile
+
+    import triton
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    suffix = "a" if arch == 90 else ""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        for name in ("ptxas-blackwell", "ptxas"):
+            exe = os.path.join(bin_dir, name)
+            if not os.path.exists(exe):
+                continue
+            r = subprocess.run([exe, "-v", "--gpu-name", f"sm_{arch}{suffix}", src, "-o", os.path.join(d, "k.o")],
+                               capture_output=True, text=True)
+            if r.returncode == 0:
+                regs = re.search(r"Used (\d+) registers", r.stderr)
+                spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+                return f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} B spilled"
+    return ""
 
 
 def compile_all(launches: list[dict], archs: list[int]) -> int:
@@ -98,13 +124,15 @@ def compile_all(launches: list[dict], archs: list[int]) -> int:
             for p in kernel.params:
                 if p.is_constexpr:
                     signature[p.name] = "constexpr"
-            consts = launch["constants"]
-            what = f"sm_{arch} {launch['kernel']} " + " ".join(f"{k}={v}" for k, v in consts.items()
-                                                              if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8"))
+            # launches were recorded under the interpreter; compile what a GPU runs (no interpreter workaround)
+            consts = {**launch["constants"], **({"WIDEN": False} if "WIDEN" in launch["constants"] else {})}
+            what = f"sm_{arch} {launch['kernel']} " + " ".join(
+                f"{k}={v}" for k, v in {**consts, **launch["options"]}.items()
+                if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8", "num_warps"))
             try:
-                triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
-                               target=GPUTarget("cuda", arch, 32))
-                print(f"ok      {what}")
+                compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
+                                          target=GPUTarget("cuda", arch, 32), options=launch["options"])
+                print(f"ok      {what:48} {_resources(compiled.asm['ptx'], arch)}")
             except Exception as e:  # report every failure, then exit 1
                 failed += 1
                 print(f"FAILED  {what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
