@@ -103,6 +103,46 @@ def run_plan(plan: MeasurePlan, device: torch.device, peak_bytes_per_s: float,
     return {fam: fit_family(fam, pts, peak_bytes_per_s) for fam, pts in points.items()}
 
 
+PAGED_FORMATS = ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head")
+
+
+def self_check(device: torch.device) -> list[str]:
+    """The paged decode kernel of each format, run on `device` over a small scattered cache with ragged lengths
+    and several context splits, against the plain torch reference on the CPU: the formats that disagree (none,
+    normally). On a GPU its tensor-core path is the one the interpreter tests cannot reach."""
+    from .paged_attention import (
+        make_cache,
+        paged_decode,
+        paged_decode_reference,
+        write_kv,
+    )
+
+    lens, bs, kv_heads, heads, d = [5, 70, 17], 16, 2, 8, 64
+    gen = torch.Generator().manual_seed(0)
+    need = [-(-n // bs) for n in lens]
+    table = torch.zeros(len(lens), max(need), dtype=torch.int32)
+    perm = torch.randperm(sum(need), generator=gen)
+    used = 0
+    for s, b in enumerate(need):
+        table[s, :b] = perm[used:used + b].to(torch.int32)
+        used += b
+    ctx = torch.tensor(lens, dtype=torch.int32)
+    q = torch.randn(len(lens), heads, d, generator=gen).to(torch.bfloat16)
+    bad = []
+    for fmt in PAGED_FORMATS:
+        cache, layout = make_cache(fmt, sum(need), bs, kv_heads, d)
+        for s, n in enumerate(lens):
+            pos = torch.arange(n)
+            write_kv(cache, layout, table[s, pos // bs].long() * bs + pos % bs, torch.randn(n, kv_heads, d, generator=gen),
+                     torch.randn(n, kv_heads, d, generator=gen), 0.05, 0.05)
+        ref = paged_decode_reference(q, cache, layout, table, ctx, 0.05, 0.05)
+        out = paged_decode(q.to(device), cache.to(device), layout, table.to(device), ctx.to(device), 0.05, 0.05,
+                           splits=3).float().cpu()
+        if not torch.allclose(out, ref.float(), atol=2e-2, rtol=2e-2):
+            bad.append(fmt)
+    return bad
+
+
 def _quantile(sorted_times: list[float], f: float) -> float:
     return sorted_times[min(len(sorted_times) - 1, int(math.floor(f * (len(sorted_times) - 1))))]
 

@@ -39,12 +39,18 @@ def run_measure(quick: bool = False, output: Optional[str] = None, device_name: 
     if device_name == "cuda" and not torch.cuda.is_available():
         raise KvplanError("kvplan measure needs a CUDA GPU, and torch sees none; `kvplan measure --dry-run` prints "
                           "the plan anywhere")
-    from kvplan.kernels.bench import device_info, run_plan
+    from kvplan.kernels.bench import device_info, run_plan, self_check
 
     if device_name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise KvplanError("--device cpu runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1")
     device = torch.device("cuda:0" if device_name == "cuda" else "cpu")
     info = device_info(device)
+    bad = self_check(device)
+    if bad:
+        raise KvplanError(f"the paged decode kernel disagrees with its torch reference on {info['name']} for "
+                          f"{', '.join(bad)}: the timings would not mean anything, so no profile is written "
+                          f"(torch {info['torch']}, triton {info['triton']})")
+    info["self_check"] = "paged decode matches the torch reference in every format"
     peak, l2 = _catalog_peak(info["name"])
     free = info.get("memory_free_bytes")
     plan = measure_plan(quick, l2_bytes=int(l2 or 50 * MB), bandwidth_bytes_per_s=peak or 1e12,

@@ -160,3 +160,15 @@ def test_validate_needs_a_gpu(cli):
         pytest.skip("a GPU is present")
     r = cli("measure", "--validate", "llama3-8b")
     assert r.code == 2 and "needs a CUDA GPU" in r.err
+
+
+def test_self_check_before_measuring(monkeypatch):
+    # measure refuses to time kernels that compute the wrong thing: the check passes as shipped, and a decode
+    # kernel that returns zeros fails it in every format
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import bench, paged_attention
+
+    assert bench.self_check(torch.device("cpu")) == []
+    monkeypatch.setattr(paged_attention, "paged_decode", lambda q, *a, **k: torch.zeros_like(q))
+    assert bench.self_check(torch.device("cpu")) == list(bench.PAGED_FORMATS)
