@@ -13,7 +13,6 @@ and the plain torch reference the tests hold it to.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -121,6 +120,9 @@ def _paged_decode_kernel(
     store_split_stats(ml_ptr, row, heads, g_mask, group * NUM_KV_HEADS, m_i, l_i)
 
 
+_INTERPRETED = type(_paged_decode_kernel).__name__ == "InterpretedFunction"  # chosen when the kernel was defined
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The write path
 
@@ -194,7 +196,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block
         TILE=tile, MODE=layout.mode,
         # Triton's interpreter (3.9) multiplies bf16 tiles wrongly in tl.dot: under it the operands are widened to
         # fp32 (exactly); on a GPU they stay bf16 (fp16 for an fp16 cache) for the tensor cores
-        WIDEN=os.environ.get("TRITON_INTERPRET") == "1",
+        WIDEN=_INTERPRETED,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype)
 
