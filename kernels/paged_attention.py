@@ -169,6 +169,71 @@ def write_kv(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: to
         assert width == (2 if layout.mode in (0, 5) else 1) * d
 
 
+@triton.jit
+def _store_side(cache_ptr, base, DATA: tl.constexpr, SCALE: tl.constexpr, x, d_offs, d_ok, tensor_scale,
+                MODE: tl.constexpr):
+    """Quantize one head's values x [D] (fp32) as `_encode_side` does and store them, and the scale, at `base`."""
+    if MODE == 0:
+        tl.store((cache_ptr + base + DATA).to(tl.pointer_type(tl.bfloat16)) + d_offs, x.to(tl.bfloat16), mask=d_ok)
+    elif MODE == 5:
+        tl.store((cache_ptr + base + DATA).to(tl.pointer_type(tl.float16)) + d_offs, x.to(tl.float16), mask=d_ok)
+    else:
+        if MODE == 2:
+            lim = 57344.0
+        elif MODE == 3:
+            lim = 127.0
+        else:
+            lim = 448.0
+        if MODE == 1 or MODE == 2:
+            y = x / tensor_scale
+        else:  # per token and head: the scale is amax / the format's largest value, stored as fp32 after the values
+            s = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / lim
+            tl.store((cache_ptr + base + SCALE).to(tl.pointer_type(tl.float32)), s)
+            y = x / s
+        y = tl.minimum(tl.maximum(y, -lim), lim)
+        if MODE == 3:
+            code = tl.where(y >= 0, tl.floor(y + 0.5), tl.ceil(y - 0.5)).to(tl.int8).to(tl.uint8, bitcast=True)
+        elif MODE == 2:
+            code = y.to(tl.float8e5).to(tl.uint8, bitcast=True)
+        else:
+            code = y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+        tl.store(cache_ptr + base + DATA + d_offs, code, mask=d_ok)
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    k_ptr, v_ptr, slots_ptr, cache_ptr, k_scale, v_scale, stride_kt, stride_kh, stride_vt, stride_vh,
+    NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, K_DATA: tl.constexpr, K_SCALE: tl.constexpr,
+    V_DATA: tl.constexpr, V_SCALE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, MODE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    d_offs = tl.arange(0, D_PAD)
+    d_ok = d_offs < HEAD_DIM
+    base = (tl.load(slots_ptr + t).to(tl.int64) * NUM_KV_HEADS + h) * SLOT
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d_offs, mask=d_ok, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d_offs, mask=d_ok, other=0.0).to(tl.float32)
+    _store_side(cache_ptr, base, K_DATA, K_SCALE, k, d_offs, d_ok, k_scale, MODE)
+    _store_side(cache_ptr, base, V_DATA, V_SCALE, v, d_offs, d_ok, v_scale, MODE)
+
+
+def reshape_and_cache(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """The write path as a kernel (vLLM's name for it): what `write_kv` does, one program per token and KV head.
+    int8 rounds halves away from zero and the GPU's division may differ from torch's in the last bit, so a code
+    can differ from `write_kv`'s by one step; the scales are the same."""
+    tokens, kv_heads, d = k.shape
+    assert d == layout.head_dim and cache.shape[2] == kv_heads and cache.shape[3] == layout.slot_bytes
+    k, v = k.contiguous(), v.contiguous()
+    _reshape_and_cache_kernel[(tokens, kv_heads)](
+        k, v, slots.to(device=cache.device, dtype=torch.int64).contiguous(), cache, float(k_scale), float(v_scale),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        NUM_KV_HEADS=kv_heads, SLOT=layout.slot_bytes, K_DATA=layout.k_data, K_SCALE=max(layout.k_scale, 0),
+        V_DATA=layout.v_data, V_SCALE=max(layout.v_scale, 0), HEAD_DIM=d, D_PAD=triton.next_power_of_2(d),
+        MODE=layout.mode,
+    )
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The launcher
 

@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 KERNELS = {  # module: the kernels it launches
-    "kvplan.kernels.paged_attention": ["_paged_decode_kernel"],
+    "kvplan.kernels.paged_attention": ["_paged_decode_kernel", "_reshape_and_cache_kernel"],
     "kvplan.kernels.int4_attention": ["_int4_decode_kernel"],
     "kvplan.kernels.nvfp4_attention": ["_nvfp4_decode_kernel"],
     "kvplan.kernels.turboquant_attention": ["_tq_decode_kernel"],
@@ -80,6 +80,13 @@ def capture() -> list[dict]:
     for family in FAMILIES:
         fn, _ = workload(family, 256 * 1024, torch.device("cpu"))
         fn()
+    from kvplan.kernels.bench import HEAD_DIM, KV_HEADS, PAGED_FORMATS
+    from kvplan.kernels.paged_attention import make_cache, reshape_and_cache
+
+    for fmt in PAGED_FORMATS:  # the write path of every paged format
+        cache, layout = make_cache(fmt, 1, 16, KV_HEADS, HEAD_DIM)
+        x = torch.zeros(4, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+        reshape_and_cache(cache, layout, torch.arange(4), x, x, 0.05, 0.05)
     return list(launches.values())
 
 

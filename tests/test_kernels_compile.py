@@ -20,7 +20,9 @@ def test_every_kernel_compiles_for_sm90():
     assert r.returncode == 0, r.stdout + r.stderr
     ok = [line.split()[2] for line in r.stdout.splitlines() if line.startswith("ok ")]
     # the 18 families `kvplan measure` runs use 8 kernels (the paged kernel in 5 modes, turboquant in 4 bit
-    # layouts, KIVI in 2), each launch with its own constants: 19 distinct launches counting the combine kernel's two
+    # layouts, KIVI in 2), each launch with its own constants: 19 distinct launches counting the combine kernel's
+    # two; and the paged write path in its 6 modes (fp16 too): 25
     assert set(ok) == {"_read_kernel", "_copy_kernel", "_gemv_kernel", "_paged_decode_kernel", "_combine_kernel",
-                       "_int4_decode_kernel", "_nvfp4_decode_kernel", "_tq_decode_kernel", "_kivi_decode_kernel"}
-    assert len(ok) == 19 and "FAILED" not in r.stdout
+                       "_int4_decode_kernel", "_nvfp4_decode_kernel", "_tq_decode_kernel", "_kivi_decode_kernel",
+                       "_reshape_and_cache_kernel"}
+    assert len(ok) == 25 and "FAILED" not in r.stdout
