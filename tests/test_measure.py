@@ -172,3 +172,17 @@ def test_self_check_before_measuring(monkeypatch):
     assert bench.self_check(torch.device("cpu")) == []
     monkeypatch.setattr(paged_attention, "paged_decode", lambda q, *a, **k: torch.zeros_like(q))
     assert bench.self_check(torch.device("cpu")) == list(bench.PAGED_FORMATS)
+
+
+def test_write_path_check(monkeypatch):
+    # the GPU-only comparison of the two write paths, run here on the formats the interpreter converts faithfully;
+    # a write kernel that stores nothing fails it
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import bench, paged_attention
+
+    for fmt in ("bfloat16", "float16", "int8_per_token_head"):
+        cache, layout = paged_attention.make_cache(fmt, 2, 16, 2, 64)
+        assert bench._write_path_matches(cache, layout, torch.Generator().manual_seed(1), torch.device("cpu"))
+    monkeypatch.setattr(paged_attention, "reshape_and_cache", lambda *a, **k: None)
+    assert not bench._write_path_matches(cache, layout, torch.Generator().manual_seed(1), torch.device("cpu"))
