@@ -59,6 +59,17 @@ def packed_codes(cache_ptr, base, d_offs, t_ok, BITS: tl.constexpr):
 
 
 @triton.jit
+def program_coords(group, G_PAD: tl.constexpr):
+    """A decode program's place: its sequence, KV head, context split and partial-output row, and the query heads
+    of its GQA group [G_PAD] with their mask (the group padded to G_PAD)."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    g = tl.arange(0, G_PAD)
+    return seq, kv_head, split, seq * tl.num_programs(2) + split, kv_head * group + g, g < group
+
+
+@triton.jit
 def split_bounds(split, split_len, n_ctx):
     """The tokens [lo, hi) of the context that split `split` covers."""
     lo = split * split_len
@@ -114,10 +125,15 @@ def split_plan(seqs: int, kv_heads: int, max_ctx: int, unit: int, device: torch.
     return -(-max(max_ctx, 1) // per), per
 
 
-def partial_buffers(seqs: int, num_splits: int, heads: int, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float32 partial outputs [seqs x splits, heads, d] and their (max, sum) [seqs x splits, heads, 2]."""
-    return (torch.empty(seqs * num_splits, heads, d, dtype=torch.float32, device=device),
-            torch.empty(seqs * num_splits, heads, 2, dtype=torch.float32, device=device))
+def split_buffers(q: torch.Tensor, kv_heads: int, max_ctx: int, unit: int,
+                  splits: int | None = None) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    """For queries q [seqs, heads, d]: the split plan (`split_plan`) and its float32 buffers, the partial outputs
+    [seqs x splits, heads, d] and their (max, sum) [seqs x splits, heads, 2]: (splits, split_len, part, ml)."""
+    seqs, heads, d = q.shape
+    n_split, split_len = split_plan(seqs, kv_heads, max_ctx, unit, q.device, splits)
+    return (n_split, split_len,
+            torch.empty(seqs * n_split, heads, d, dtype=torch.float32, device=q.device),
+            torch.empty(seqs * n_split, heads, 2, dtype=torch.float32, device=q.device))
 
 
 def combine_splits(part: torch.Tensor, ml: torch.Tensor, seqs: int, num_splits: int,

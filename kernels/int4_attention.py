@@ -21,12 +21,12 @@ import triton.language as tl
 from .common import (
     combine_splits,
     load_query_lanes,
-    partial_buffers,
+    program_coords,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
-    split_plan,
+    split_buffers,
     store_lanes,
     store_split_stats,
 )
@@ -112,14 +112,8 @@ def _int4_decode_kernel(
     K_DATA: tl.constexpr, K_SCALE: tl.constexpr, V_DATA: tl.constexpr, V_SCALE: tl.constexpr,
     HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    row = seq * tl.num_programs(2) + split
-    g = tl.arange(0, G_PAD)
+    seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     j = tl.arange(0, HALF)
-    g_ok = g < group
-    heads = kv_head * group + g
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
     q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
@@ -161,8 +155,7 @@ def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, 
     assert slot == layout.slot_bytes and d == layout.head_dim
     group = heads // kv_heads
     q_rot = rotate(q).contiguous()
-    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
-    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
     _int4_decode_kernel[(seqs, kv_heads, n_split)](
         q_rot, cache, block_table, context_lens, part, ml, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
         split_len, q_rot.stride(0), q_rot.stride(1), part.stride(0), part.stride(1),

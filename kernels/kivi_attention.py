@@ -20,12 +20,12 @@ import triton.language as tl
 from .common import (
     combine_splits,
     packed_codes,
-    partial_buffers,
+    program_coords,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
-    split_plan,
+    split_buffers,
     store_split_stats,
 )
 from .layouts import SlotLayout
@@ -123,14 +123,8 @@ def _kivi_decode_kernel(
     K_SCALE: tl.constexpr, K_ZERO: tl.constexpr, V_CODES: tl.constexpr, V_SCALE: tl.constexpr,
     V_ZERO: tl.constexpr, G_PAD: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    row = seq * tl.num_programs(2) + split
-    gh = tl.arange(0, G_PAD)
+    seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     c = tl.arange(0, D)
-    g_ok = gh < group
-    heads = kv_head * group + gh
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + c[None, :], mask=g_ok[:, None],
                 other=0.0).to(tl.float32)
     n = tl.load(lens_ptr + seq)
@@ -182,8 +176,7 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
     bits, g, r = _params(layout)
     assert slot == layout.slot_bytes and d == layout.head_dim and d % g == 0 and residual.shape[1] >= r + g - 1
     o = _offsets(layout)
-    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, g, q.device, splits)
-    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits)
     q32 = q.float().contiguous()
     _kivi_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, residual, block_table, context_lens, part, ml, 1.0 / math.sqrt(d), block_table.shape[1],

@@ -17,12 +17,12 @@ import triton.language as tl
 from .common import (
     combine_splits,
     load_query_lanes,
-    partial_buffers,
+    program_coords,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
-    split_plan,
+    split_buffers,
     store_lanes,
     store_split_stats,
 )
@@ -113,14 +113,8 @@ def _nvfp4_decode_kernel(
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    row = seq * tl.num_programs(2) + split
-    g = tl.arange(0, G_PAD)
+    seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     j = tl.arange(0, HALF)
-    g_ok = g < group
-    heads = kv_head * group + g
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -151,8 +145,7 @@ def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout,
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and d % 16 == 0
-    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
-    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
     q32 = q.float().contiguous()
     _nvfp4_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, block_table, context_lens, part, ml, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],

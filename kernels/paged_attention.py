@@ -20,12 +20,12 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
-    partial_buffers,
+    program_coords,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
-    split_plan,
+    split_buffers,
     store_split_stats,
 )
 from .layouts import SlotLayout, slot_layout
@@ -63,15 +63,9 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr, MODE: tl.constexpr,
     WIDEN: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    row = seq * tl.num_programs(2) + split
-    g_offs = tl.arange(0, G_PAD)
+    seq, kv_head, split, row, heads, g_mask = program_coords(group, G_PAD)
     d_offs = tl.arange(0, D_PAD)
-    g_mask = g_offs < group
     d_ok = d_offs < HEAD_DIM
-    heads = kv_head * group + g_offs
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :],
                 mask=g_mask[:, None] & d_ok[None, :], other=0.0)
     if WIDEN:
@@ -247,8 +241,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and heads % kv_heads == 0
     group = heads // kv_heads
-    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
-    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
     ks = torch.tensor([k_scale], dtype=torch.float32, device=q.device)
     vs = torch.tensor([v_scale], dtype=torch.float32, device=q.device)
     _paged_decode_kernel[(seqs, kv_heads, n_split)](

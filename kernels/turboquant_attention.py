@@ -21,12 +21,12 @@ import triton.language as tl
 from .common import (
     combine_splits,
     packed_codes,
-    partial_buffers,
+    program_coords,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
-    split_plan,
+    split_buffers,
     store_split_stats,
 )
 from .int4_attention import hadamard
@@ -156,14 +156,8 @@ def _tq_decode_kernel(
     D: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, NORM_CORRECTION: tl.constexpr,
     G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    row = seq * tl.num_programs(2) + split
-    g = tl.arange(0, G_PAD)
+    seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     d_offs = tl.arange(0, D)
-    g_ok = g < group
-    heads = kv_head * group + g
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :], mask=g_ok[:, None],
                 other=0.0).to(tl.float32)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
@@ -207,8 +201,7 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
     kb, vb, nc = _params(layout)
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
     cent = torch.tensor(lloyd_max_centroids(kb if kb != 8 else 4, d), dtype=torch.float32, device=q.device)
-    n_split, split_len = split_plan(seqs, kv_heads, block_table.shape[1] * bs, tile, q.device, splits)
-    part, ml = partial_buffers(seqs, n_split, heads, d, q.device)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
     _tq_decode_kernel[(seqs, kv_heads, n_split)](
         q_in, cache, block_table, context_lens, part, ml, cent, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
