@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
@@ -78,7 +79,8 @@ def load_profile(path: str | Path) -> DeploymentProfile:
 def model_for_repo(repo: str) -> ModelSpec:
     """The catalog model a Hugging Face repo id names (instruct and chat variants share the base architecture)."""
     def norm(s: str) -> str:
-        s = s.lower().split("/")[-1]
+        s = s.lower().rstrip("/").split("/")[-1]
+        s = re.sub(_QUANT_SUFFIX, "", s)  # a quantized checkpoint has the base model's architecture
         for suffix in ("-instruct-2507", "-instruct", "-chat", "-it", "-base", "-hf"):
             s = s.removesuffix(suffix)
         return "".join(ch for ch in s.replace("meta-llama-", "llama-") if ch.isalnum())
@@ -122,8 +124,32 @@ class LogImport:
                 "profile": self.profile.model_dump(by_alias=True, exclude_none=True), "notes": self.notes}
 
 
+_QUANT_SUFFIX = (r"(?:[-_.](?:fp8(?:-dynamic)?|fp4|nvfp4|mxfp4|awq|gptq(?:-int[48])?|int[48]|w4a16|w8a8|w8a16|"
+                 r"quantized(?:\.w\d+a\d+)?|bnb-4bit|4bit|8bit))+$")
 _WEIGHT_DTYPES = {"fp8": "fp8", "fbgemm_fp8": "fp8_channel", "awq": "int4_g128", "gptq": "int4_g128",
-                  "awq_marlin": "int4_g128", "gptq_marlin": "int4_g128", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4"}
+                  "awq_marlin": "int4_g128", "gptq_marlin": "int4_g128", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4",
+                  "modelopt": "fp8"}
+# compressed-tensors checkpoints say what they hold in their names (llm-compressor's naming)
+_COMPRESSED_TENSORS = [(r"nvfp4|fp4", "nvfp4"), (r"fp8", "fp8_channel"), (r"w4a16|int4", "int4_g128"),
+                       (r"w8a8|w8a16|int8", "int8")]
+
+
+def _weight_dtype(quant: Optional[str], repo: str) -> Optional[str]:
+    q = str(quant).lower()
+    if q == "compressed-tensors":
+        for pattern, dtype in _COMPRESSED_TENSORS:
+            if re.search(pattern, repo.lower()):
+                return dtype
+        return None
+    return _WEIGHT_DTYPES.get(q)
+
+
+def _gpu_named_in(text: str) -> Optional[GPUSpec]:
+    """A catalog GPU whose nvidia-smi name the log mentions (driver or library messages sometimes print it)."""
+    for stem, g in catalog_entries("hardware"):
+        if g.smi_name and re.search(re.escape(g.smi_name) + r"(?![\w-])", text):
+            return g
+    return None
 
 
 def import_log(text: str, source: str = "log", model: Optional[str] = None,
@@ -131,7 +157,7 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
     """Read a startup log, predict the same configuration, and keep what it measured as a profile."""
     log = parse_startup_log(text, source)
     m = load_model(model) if model else model_for_repo(str(log.config.get("model", "")))
-    g = load_gpu(gpu) if gpu else None
+    g = load_gpu(gpu) if gpu else _gpu_named_in(text)
     sha = hashlib.sha256(text.encode()).hexdigest()
     if log.engine == "sglang":
         return _import_sglang(log, m, g, Path(source).name, sha)
@@ -139,18 +165,22 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
 
 
 def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
-    from .engines import vllm_rules
+    from .engines import version_key, vllm_rules
     from .pool import capacity
 
     c, meas = log.config, log.measured
     rules = vllm_rules(log.version)
     notes = []
+    if log.v0 or (log.version and version_key(log.version) < (0, 19)):
+        notes.append(f"vLLM {log.version or '(version not printed)'}: {'the V0 engine' if log.v0 else 'this release'}"
+                     f" is planned with the rules of {rules.label}; the profile saved from this log keeps what it "
+                     f"measured")
     total_gib = meas.get("total_gpu_memory_gib")
     if total_gib is None and g is None:
         raise KvplanError("the log does not state the GPU's total memory; pass --gpu")
     util = c.get("gpu_memory_utilization") or (0.92 if rules.version >= "0.20" else 0.9)
     quant = c.get("quantization")
-    weight_dtype = _WEIGHT_DTYPES.get(str(quant).lower()) if quant else None
+    weight_dtype = _weight_dtype(quant, str(c.get("model", ""))) if quant else None
     if quant and weight_dtype is None:
         notes.append(f"quantization '{quant}' is not modelled; weights are predicted in the checkpoint's format")
     tp, pp = int(c.get("tp", 1)), int(c.get("pp", 1))
@@ -183,7 +213,7 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
     requested = math.ceil(total * float(util))
     weights = int(round(meas["weights_gib"] * GiB)) if "weights_gib" in meas else pred.non_kv["weights"]
     profile = DeploymentProfile(
-        engine="vllm", engine_version=rules.version, model=m.name, gpu=g.name if g else None, tp=tp, pp=pp,
+        engine="vllm", engine_version=rules.version, model=m.name, gpu=pred.gpu, tp=tp, pp=pp,
         weight_dtype=weight_dtype, kv_cache_dtype=dtype, max_model_len=mlen, gpu_memory_utilization=float(util),
         total_memory_bytes=total, weights_bytes=weights, overhead_bytes=requested - weights - available,
         available_kv_bytes=available, max_num_batched_tokens=pred.non_kv["max_num_batched_tokens"],
@@ -202,7 +232,7 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         Figure("non-KV memory beyond the weights", _gib(requested - weights - available),
                _gib(nk["total"] - nk["weights"]), "GiB"),
     ]
-    config = {"model": m.name, "gpu": g.name if g else None, "total_memory_gib": _gib(total), **kw, "kv_cache_dtype": dtype}
+    config = {"model": m.name, "gpu": pred.gpu, "total_memory_gib": _gib(total), **kw, "kv_cache_dtype": dtype}
     return LogImport("vllm", log.version, m.name, config, figures, profile, notes + pred.notes)
 
 

@@ -1,6 +1,6 @@
 """What changed between vLLM versions in how the KV pool is planned and reported: one value per version.
 
-Sources: the vLLM releases 0.20.0, 0.25.0, 0.28.0, 0.30.0 and 0.33.0 (vllm/v1/core/kv_cache_utils.py and
+Sources: the vLLM releases 0.19.0, 0.20.0, 0.25.0, 0.28.0, 0.30.0 and 0.33.0 (vllm/v1/core/kv_cache_utils.py and
 kv_cache_planning.py, v1/kv_cache_interface.py, platforms/interface.py, config/vllm.py).
 """
 
@@ -28,6 +28,27 @@ class VllmRules:
     # 0.20's SlidingWindowSpec has no nvfp4 branch: sliding layers cost (head + head_v) bytes, like fp8
     sliding_nvfp4_packed: bool
     cache_dtypes_missing: frozenset[str]
+    # --- what the profile run executes and which measured term each allocation lands in (kvplan.nonkv) ---
+    # the model runner that profiles: the classic V1 runner, or MRV2 (the default for text decoders from 0.30)
+    runner: Literal["v1", "mrv2"] = "v1"
+    # MRV2 in 0.33 runs the dummy sampler a second time with every sampling feature on (fp32 logits, top-k mask,
+    # probs); 0.30 runs only the default pass, which keeps the logits in the model dtype
+    sampler_warmup_pass: bool = False
+    # the CUDA-graph estimate is subtracted from the budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "0" in 0.19,
+    # "1" from 0.20); before that it is at most logged
+    subtracts_cudagraphs: bool = True
+    # where the main stream's cuBLAS workspace (32 MiB on SM90/SM100) lands: created by the first GEMM of the
+    # profile run and counted in its torch peak (V1 runner), charged as consumed memory (0.30), or made by a dummy
+    # matmul before the baseline snapshot and not charged at all (0.33)
+    cublas_workspace: Literal["peak", "consumed", "before_snapshot"] = "peak"
+    # VLLM_ALLREDUCE_USE_FLASHINFER defaults to 1 from 0.30: the standalone FlashInfer all-reduce makes its
+    # workspace even without the compiled AR+RMSNorm fusion pass; before, only the fusion pass does, and only with
+    # DP = PP = 1
+    flashinfer_allreduce_standalone: bool = False
+    # `vllm serve` defaults on GPUs with 160 GiB or more: 8,192 batched tokens before 0.30, 16,384 from 0.30
+    batched_tokens_160gib: int = 8192
+    # the largest CUDA-graph capture size on SM100-family GPUs: 512 before 0.30, 1,024 from 0.30
+    max_capture_sm100: int = 512
 
     def log_lines(self, available_bytes: int, kv_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
         """The startup lines vLLM prints for this pool, digit for digit (gpu_worker.py's "Available KV cache memory",
@@ -38,36 +59,41 @@ class VllmRules:
         return [avail] + ([f"{size}, {conc}"] if self.one_log_line else [size, conc])
 
 
+_OLD_DTYPES = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
+_MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
-    VllmRules("0.20", "vLLM 0.20 and earlier", 1, False, "blocks", False, False,
-              frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})),
+    VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _OLD_DTYPES,
+              subtracts_cudagraphs=False),
+    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES),
     VllmRules("0.25", "vLLM 0.25 to 0.27", 1, False, "concurrency", False, True,
               frozenset({"nvfp4_ds_mla", "nvfp4_4over6"})),
-    VllmRules("0.28", "vLLM 0.28", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"})),
-    VllmRules("0.30", "vLLM 0.30 to 0.32", 2, True, "concurrency", True, True, frozenset()),
-    VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset()),
+    VllmRules("0.28", "vLLM 0.28 and 0.29", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"})),
+    VllmRules("0.30", "vLLM 0.30 to 0.32", 2, True, "concurrency", True, True, frozenset(),
+              cublas_workspace="consumed", **_MRV2),
+    VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset(),
+              sampler_warmup_pass=True, cublas_workspace="before_snapshot", **_MRV2),
 ]}
 DEFAULT_VLLM = "0.33"
 
 
-def _version_key(v: str) -> tuple[int, int]:
+def version_key(v: str) -> tuple[int, int]:
     parts = [int(p) for p in v.split(".")[:2]]
     return (parts + [0])[0], (parts + [0, 0])[1]
 
 
 def vllm_rules(version: str | None) -> VllmRules:
     """The rules of a vLLM version: any 'X.Y[.Z]' maps to the newest catalogued version not after it (releases
-    before 0.20 plan the pool the way 0.20 does)."""
+    before 0.19 are planned the way 0.19 plans them)."""
     if version is None:
         return VLLM[DEFAULT_VLLM]
     try:
-        key = _version_key(version.strip().lstrip("v"))
+        key = version_key(version.strip().lstrip("v"))
     except ValueError:
         raise KvplanError(f"--engine-version '{version}': give a vLLM version such as 0.20, 0.28 or 0.33") from None
-    known = sorted(VLLM.values(), key=lambda r: _version_key(r.version))
+    known = sorted(VLLM.values(), key=lambda r: version_key(r.version))
     if key[0] != 0:
         raise KvplanError(f"--engine-version '{version}': kvplan knows vLLM 0.x releases up to {known[-1].version}")
-    earlier = [r for r in known if _version_key(r.version) <= key]
+    earlier = [r for r in known if version_key(r.version) <= key]
     return earlier[-1] if earlier else known[0]
 
 

@@ -1,5 +1,7 @@
 """What vLLM subtracts from ceil(total x gpu_memory_utilization) before the KV cache gets the rest, in closed form
-from what its startup actually executes (vLLM 0.20, 0.30, 0.33; a pure function, no I/O):
+from what its startup actually executes (a pure function, no I/O). What differs between releases (the runner that
+profiles, the sampler passes, where cuBLAS's workspace lands, whether the CUDA-graph estimate is subtracted) is a
+field of the version's rules in kvplan.engines:
 
   weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches
   activation  the peak of the profile run: one forward over max_num_batched_tokens (the widest layer's live
@@ -8,8 +10,9 @@ from what its startup actually executes (vLLM 0.20, 0.30, 0.33; a pure function,
               (max_num_seqs x vocab int32); 0.30 charges the main stream's cuBLAS workspace
   non_torch   memory that appears after vLLM's baseline snapshot outside torch: the FlashInfer all-reduce
               workspace with TP > 1 on SM90/SM100 (driver and library internals are not modelled)
-  cudagraph   the CUDA-graph estimate the engine subtracts (0.20 and later): two samples of the largest capture
-              sizes, extrapolated over every size
+  cudagraph   the CUDA-graph estimate the engine subtracts (0.20 and later; 0.19 measures it but does not
+              subtract it): the capture activations, the capture stream's cuBLAS workspace, FlashInfer's attention
+              workspace where that backend runs (SM100 multi-head attention), and a cost per graph
 
 The per-graph capture cost has no source constant beyond vLLM's 1 MiB floor; kvplan assumes 4 MiB per piecewise
 graph. A startup log pins all of it (`kvplan` reads one and keeps the measured overheads as a profile).
@@ -21,6 +24,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .engines import VllmRules, vllm_rules
 from .specs import GPUSpec, ModelSpec
 from .weights import DTYPE_BYTES, VOCAB_PADDING
 
@@ -28,8 +32,10 @@ MiB = 2**20
 GiB = 2**30
 PIECEWISE_GRAPH_BYTES = 4 * MiB  # assumed steady cost of one piecewise CUDA graph (uncalibrated)
 FULL_GRAPH_MIN_BYTES = 1 * MiB  # vLLM's _MIN_PER_GRAPH_BYTES
-# FlashInfer's all-reduce fusion workspace size per rank (FI_ALLREDUCE_FUSION_MAX_SIZE_MB), by arch and TP
-_FI_ALLREDUCE_MB = {"sm90": {2: 64, 4: 2, 8: 0.5}, "sm100": {2: 64, 4: 32, 8: 1}}
+FLASHINFER_ATTENTION_WORKSPACE = 394 * MiB  # VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE
+# FlashInfer's all-reduce workspace size per rank (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, in MiB), by arch and TP; SM103
+# (B300) doubled its TP 8 size in 0.33
+_FI_ALLREDUCE_MB = {"sm90": {2: 64, 4: 2, 8: 0.5}, "sm100": {2: 64, 4: 32, 8: 1}, "sm103": {2: 64, 4: 64, 8: 4}}
 
 
 @dataclass(frozen=True)
@@ -38,12 +44,17 @@ class ServeDefaults:
     max_num_seqs: int
 
 
-def serve_defaults(total_bytes: int, gpu: Optional[GPUSpec], version: str, max_model_len: int) -> ServeDefaults:
+def _rules(version: str | VllmRules) -> VllmRules:
+    return version if isinstance(version, VllmRules) else vllm_rules(version)
+
+
+def serve_defaults(total_bytes: int, gpu: Optional[GPUSpec], version: str | VllmRules,
+                   max_model_len: int) -> ServeDefaults:
     """`vllm serve`'s defaults (engine/arg_utils.get_batch_defaults), then capped at max_num_seqs x max_model_len."""
     gib = total_bytes / GiB
     is_a100 = bool(gpu and "A100" in gpu.name.upper())
     if gib >= 160:
-        tokens, seqs = (16384 if version >= "0.30" else 8192), 1024
+        tokens, seqs = _rules(version).batched_tokens_160gib, 1024
     elif gib >= 70 and not is_a100:
         tokens, seqs = 8192, 1024
     else:
@@ -75,13 +86,34 @@ def _cc_family(gpu: Optional[GPUSpec]) -> Optional[str]:
     cc = (gpu.compute_capability or "") if gpu else ""
     if cc.startswith("9."):
         return "sm90"
+    if cc == "10.3":
+        return "sm103"
     if cc.startswith("10."):
         return "sm100"
     return None
 
 
-def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace: bool = True) -> tuple[int, dict]:
-    """The widest layer's live tensors for `tokens` tokens (compiled forward), and the MoE workspace."""
+def _round2m(n: float) -> int:
+    return math.ceil(n / (2 * MiB)) * 2 * MiB
+
+
+def flashinfer_allreduce_workspace(fam: Optional[str], tp: int, max_bytes: Optional[int] = None) -> int:
+    """FlashInfer's single-node all-reduce workspace on one rank (trtllm_ar's IPC buffers): tp x S plus tp x 256
+    fp32 flags plus 3 x tp x S, each rounded up to 2 MiB, where S is FI_ALLREDUCE_FUSION_MAX_SIZE_MB for the
+    architecture and TP degree, capped at `max_bytes` (the fusion pass caps it at one batch's hidden states)."""
+    if tp < 2 or fam not in _FI_ALLREDUCE_MB:
+        return 0
+    table = _FI_ALLREDUCE_MB[fam]
+    size = table.get(tp, min(table.values())) * MiB
+    if max_bytes is not None:
+        size = min(size, max_bytes)
+    return _round2m(tp * size) + _round2m(tp * 256 * 4) + _round2m(3 * tp * size)
+
+
+def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace: bool = True,
+                  eager: bool = False) -> tuple[int, dict]:
+    """The widest layer's live tensors for `tokens` tokens, and the MoE workspace. Compiled, the MLP holds the
+    residual, gate_up and the activation; eager, the caller still holds the normed input too."""
     H = m.hidden_size
     if m.mla:
         q = m.num_heads * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim) // tp
@@ -90,7 +122,8 @@ def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace
         q = m.num_heads * (m.head_dim or 0) // tp
         kv = max(1, m.num_kv_heads // tp) * (m.head_dim or 0)
     attn = tokens * b * (2 * H + 3 * q + 3 * kv)
-    dense = tokens * b * (H + 3 * m.intermediate_size // tp) if (not m.moe or m.moe.first_dense_layers) else 0
+    dense = tokens * b * ((2 if eager else 1) * H + 3 * m.intermediate_size // tp) \
+        if (not m.moe or m.moe.first_dense_layers) else 0
     moe = workspace = 0
     if m.moe:
         e, k, ie = m.moe.num_experts, m.moe.experts_per_token, m.moe.expert_intermediate_size
@@ -103,15 +136,15 @@ def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace
     return peak, {"attention": attn, "mlp": dense, "moe": moe, "moe_workspace": workspace}
 
 
-def _sampler_peak(m: ModelSpec, rows: int, tp: int, b: int, version: str, gpu: Optional[GPUSpec]) -> int:
+def _sampler_peak(m: ModelSpec, rows: int, tp: int, b: int, rules: VllmRules, gpu: Optional[GPUSpec]) -> int:
     V = m.vocab_size
     v_pad = math.ceil(V / VOCAB_PADDING) * VOCAB_PADDING
     sms = (gpu.sm_count if gpu and gpu.sm_count else 132)
     p = min(1 << max(0, math.ceil(math.log2(max(1, min(sms, rows))))), sms)
     logits = b * rows * v_pad
-    if version >= "0.33":
+    if rules.runner == "mrv2" and rules.sampler_warmup_pass:
         sampler = logits + 12 * rows * V  # fp32 copy, top-k mask, probs (FlashInfer path)
-    elif version >= "0.30":
+    elif rules.runner == "mrv2":
         sampler = logits  # the default pass keeps the logits in the model dtype
     else:
         sampler = logits + 12 * rows * V + (4 * p * V if rows >= 8 else 0)  # fp32 logits, probs, q; Triton buffer
@@ -125,11 +158,12 @@ def _capture_sizes(max_cg: int) -> list[int]:
 
 
 def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp: int, weights: int,
-                  version: str, max_model_len: int, max_num_batched_tokens: Optional[int] = None,
-                  max_num_seqs: Optional[int] = None, last_stage: bool = True,
-                  enforce_eager: bool = False) -> NonKVMemory:
+                  version: str | VllmRules, max_model_len: int, max_num_batched_tokens: Optional[int] = None,
+                  max_num_seqs: Optional[int] = None, first_stage: bool = True, last_stage: bool = True,
+                  pp: int = 1, enforce_eager: bool = False) -> NonKVMemory:
     """vLLM's non-KV memory on one rank, part by part (see the module docstring)."""
-    d = serve_defaults(total_bytes, gpu, version, max_model_len)
+    rules = _rules(version)
+    d = serve_defaults(total_bytes, gpu, rules, max_model_len)
     T = max_num_batched_tokens or d.max_num_batched_tokens
     R_max = max_num_seqs or d.max_num_seqs
     R = min(R_max, T)
@@ -141,38 +175,57 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     rot_dim = m.mla.qk_rope_head_dim if m.mla else (m.head_dim or 0)
     rotary = m.max_position_embeddings * rot_dim * b * (2 if m.family.startswith("gemma3") else 1)
 
-    forward, parts = _forward_peak(m, T, tp, b)
+    # cuBLAS's workspace per stream (torch's default: 32 MiB on SM90 and SM100, 8 MiB + 128 KiB elsewhere)
+    cublas = 32 * MiB if fam else 8 * MiB + 128 * 1024
+    forward, parts = _forward_peak(m, T, tp, b, eager=enforce_eager)
     if last_stage:
         hold = T * H * b + 2 * R * H * b  # hidden states, sampled rows and their random copy
-        activation = max(forward, hold + _sampler_peak(m, R, tp, b, version, gpu))
+        activation = max(forward, hold + _sampler_peak(m, R, tp, b, rules, gpu))
     else:
-        activation = forward + 2 * T * H * b  # intermediate tensors handed to the next stage
+        activation = forward
+    if not first_stage:
+        activation += 2 * T * H * b  # the persistent IntermediateTensors (hidden + residual) a later stage receives
+    if rules.cublas_workspace == "peak":
+        activation += cublas  # the profile run's first GEMM creates it, inside the measured torch peak
 
-    cublas = 32 * MiB if fam in ("sm90", "sm100") else 8 * MiB + 128 * 1024
     persistent = 0
-    if version >= "0.30":
+    if rules.runner == "mrv2":
         V = m.vocab_size
         persistent += 4 * R_max * V + 4 * R_max * math.ceil(V / 32)  # PenaltiesState (output bins, prompt mask)
-        if version < "0.33":
-            persistent += cublas  # the main stream's workspace, after the snapshot in 0.30
-    non_torch = 0
-    if tp > 1 and fam in _FI_ALLREDUCE_MB:
-        per_rank_mb = _FI_ALLREDUCE_MB[fam].get(tp, min(_FI_ALLREDUCE_MB[fam].values()))
-        non_torch = int(4 * tp * per_rank_mb * MiB + 2 * MiB)  # FlashInfer all-reduce (fusion) workspace
+    if rules.cublas_workspace == "consumed":
+        persistent += cublas  # the main stream's workspace, after the snapshot in 0.30
 
-    cudagraph = 0
+    # FlashInfer's all-reduce workspace, made inside the profile run: by the compiled AR+RMSNorm fusion pass
+    # (capped at one batch's hidden states; before 0.30 only with a single pipeline stage), or by the standalone
+    # FlashInfer all-reduce (0.30+), uncapped, when nothing is compiled
+    fusion = not enforce_eager and (rules.flashinfer_allreduce_standalone or pp == 1)
+    if fusion:
+        non_torch = flashinfer_allreduce_workspace(fam, tp, T * H * b)
+    elif rules.flashinfer_allreduce_standalone:
+        non_torch = flashinfer_allreduce_workspace(fam, tp)
+    else:
+        non_torch = 0
+
+    estimate = 0
     n_pw = n_full = 0
     if not enforce_eager:
-        cap_max = min(R_max * 2, 1024 if (fam == "sm100" and version >= "0.30") else 512, T)
+        cap_max = min(R_max * 2, rules.max_capture_sm100 if fam in ("sm100", "sm103") else 512, T)
         sizes = _capture_sizes(cap_max)
         n_pw, n_full = len(sizes), len([s for s in sizes if s <= R_max])
         f_cg, _ = _forward_peak(m, max(sizes), tp, b, with_moe_workspace=False)
-        if version >= "0.30":
-            cudagraph = (2 * f_cg + cublas + (n_pw - 1) * PIECEWISE_GRAPH_BYTES
-                         + (n_full - 1) * FULL_GRAPH_MIN_BYTES)
-        else:
-            cudagraph = f_cg + cublas + (n_pw + n_full - 2) * PIECEWISE_GRAPH_BYTES
-    parts.update(rotary_cache=rotary, capture_sizes=n_pw, full_graphs=n_full, sampler_rows=R)
+        if rules.runner == "mrv2":  # every piecewise graph captured for real after one eager warm-up each
+            estimate = (2 * f_cg + cublas + (n_pw - 1) * PIECEWISE_GRAPH_BYTES
+                        + (n_full - 1) * FULL_GRAPH_MIN_BYTES)
+        else:  # two samples per mode, extrapolated
+            estimate = f_cg + cublas + (n_pw + n_full - 2) * PIECEWISE_GRAPH_BYTES
+        if fam in ("sm100", "sm103") and not m.mla:
+            # FlashInfer is the SM100 backend for multi-head attention; its workspace is made at the first FULL
+            # warm-up, inside the estimate's first sample
+            estimate += FLASHINFER_ATTENTION_WORKSPACE
+    cudagraph = estimate if rules.subtracts_cudagraphs else 0
+    parts.update(rotary_cache=rotary, capture_sizes=n_pw, full_graphs=n_full, sampler_rows=R,
+                 cudagraph_estimate=estimate, cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
+                 cublas_workspace=rules.cublas_workspace)
     return NonKVMemory(weights + rotary, activation, persistent, non_torch, cudagraph, T, R_max, "model", parts)
 
 

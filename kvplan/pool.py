@@ -20,7 +20,7 @@ from .engines import VllmRules, backend_block_size, vllm_rules
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .nonkv import NonKVMemory, flat_allowance, non_kv_memory, serve_defaults
-from .specs import GPUSpec, ModelSpec
+from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu
 from .weights import pipeline_stages, weight_bytes
 from .xp import SCALAR
 
@@ -311,7 +311,7 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
         raise KvplanError(f"--max-num-batched-tokens must be positive, got {max_num_batched_tokens}")
     if kv_cache_memory_gib is not None and kv_cache_memory_gib <= 0:
         raise KvplanError(f"--kv-cache-memory must be positive, got {kv_cache_memory_gib}")
-    defaults = serve_defaults(total, gpu, rules.version, model.max_position_embeddings)
+    defaults = serve_defaults(total, gpu, rules, model.max_position_embeddings)
     t_batched = max_num_batched_tokens or defaults.max_num_batched_tokens
     seqs = max_num_seqs or defaults.max_num_seqs
     requested = math.ceil(total * gpu_memory_utilization)
@@ -327,9 +327,10 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
         elif flat:
             nk = flat_allowance(wb.total, int(round(activation_gib * GiB)), t_batched, seqs)
         else:
-            nk = non_kv_memory(model, gpu, total_bytes=total, tp=tp, weights=wb.total, version=rules.version,
+            nk = non_kv_memory(model, gpu, total_bytes=total, tp=tp, weights=wb.total, version=rules, pp=pp,
                                max_model_len=model.max_position_embeddings, max_num_batched_tokens=t_batched,
-                               max_num_seqs=seqs, last_stage=rng.stop == model.num_layers,
+                               max_num_seqs=seqs, first_stage=rng.start == 0,
+                               last_stage=rng.stop == model.num_layers,
                                enforce_eager=enforce_eager)
             nk = replace(nk, **{k: int(round(v * GiB)) for k, v in (("activation", activation_gib),
                                                                      ("non_torch", non_torch_gib),
@@ -394,6 +395,12 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         if gpu_memory_gib is None and profile.total_memory_bytes:
             gpu_memory_gib = profile.total_memory_bytes / GiB
         engine_version = engine_version or profile.engine_version
+        if gpu is None and profile.gpu:
+            gpu = load_gpu(profile.gpu)
+    inferred = None
+    if gpu is None and gpu_memory_gib is not None and gpu_memory_gib > 0:
+        # the architecture sets vLLM's batch defaults and its workspaces: take the GPU this much memory suggests
+        gpu = inferred = gpu_by_memory(int(round(gpu_memory_gib * GiB)))
     plan = pool_plan(model, gpu, dtype, tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
                      num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
                      block_size=block_size, activation_gib=activation_gib, non_torch_gib=non_torch_gib,
@@ -428,6 +435,12 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
             f"raise --tp, or quantize the KV cache"
         )
     notes = []
+    if inferred is not None:
+        notes.append(f"GPU taken to be {inferred.name}, the catalog GPU nearest {gpu_memory_gib:g} GiB (its "
+                     f"architecture sets vLLM's batch defaults and workspaces); pass --gpu to name another")
+    elif gpu is None and gpu_memory_gib is not None and kv_cache_memory_gib is None:
+        notes.append(f"no catalog GPU has {gpu_memory_gib:g} GiB: architecture-dependent defaults and workspaces "
+                     f"are those of an unknown GPU; pass --gpu (a catalog name or a YAML spec)")
     fmt, layers = plan.fmt, plan.layers
     skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
     if groups.padding_layers:

@@ -339,3 +339,17 @@ def load_gpu(name_or_path: str) -> GPUSpec:
             raise KvplanError(f"no such file: {path} (name a catalog GPU or a YAML spec)")
         return _build(GPUSpec, read_yaml(path), path)
     return _resolve("hardware", name_or_path)
+
+
+def gpu_by_memory(total_bytes: int, tolerance: float = 0.01) -> Optional[GPUSpec]:
+    """The catalog GPU whose total memory is nearest `total_bytes`, if one lies within `tolerance` (a fraction);
+    GPUs whose figure CUDA itself reported win ties over estimated ones."""
+    best = None
+    for g in load_catalog("hardware"):
+        if not g.memory_total_bytes:
+            continue
+        off = abs(g.memory_total_bytes - total_bytes) / total_bytes
+        key = (off, not g.memory_source.startswith("CUDA"))
+        if off <= tolerance and (best is None or key < best[0]):
+            best = (key, g)
+    return best[1] if best else None

@@ -4,7 +4,9 @@ vLLM V1 prints "Available KV cache memory: X GiB" and "GPU KV cache size: N toke
 L tokens per request: Cx" (one line from 0.28, two before); older V1 and V0 releases print a memory-profiling
 summary ("the current vLLM instance can use total_gpu_memory (T GiB) x gpu_memory_utilization (U) = R GiB",
 "model weights take W GiB; non_torch_memory takes ...; PyTorch activation peak memory takes ...; the rest of the
-memory reserved for KV Cache is K GiB"), and V0 "# GPU blocks: N". SGLang prints "Load weight end. ... avail
+memory reserved for KV Cache is K GiB"; V0 0.6 "Memory profiling results: total_gpu_memory=T GiB ...
+kv_cache_size=K GiB gpu_memory_utilization=U"), and V0 "# GPU blocks: N". Lines that each rank prints (prefixed
+"(VllmWorker rank=N pid=P)") count at their smallest, as the engine sizes the pool by its tightest rank. SGLang prints "Load weight end. ... avail
 mem=A GB, mem usage=W GB", "KV Cache is allocated. dtype: D, #tokens: N, K size: ...", and
 "max_total_num_tokens=N, ... available_gpu_mem=X GB". A pure parser: text in, figures out.
 """
@@ -28,6 +30,7 @@ def _f(s: str) -> float:
 class StartupLog:
     engine: str  # "vllm" or "sglang"
     version: Optional[str] = None
+    v0: bool = False  # vLLM's V0 engine (before V1 became the default in 0.8)
     config: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
 
@@ -45,15 +48,18 @@ _VLLM_FIGURES = [
     ("max_concurrency", rf"Maximum concurrency for {_NUM} tokens per request: {_NUM}x"),
     ("weights_gib", rf"(?:Model loading took|Loading model weights took) {_NUM} ?Gi?B"),
     ("num_gpu_blocks", rf"# GPU blocks: {_NUM}"),
-    ("total_gpu_memory_gib", rf"total_gpu_memory \({_NUM} ?GiB\)"),
+    ("total_gpu_memory_gib", rf"total_gpu_memory(?: \(|=){_NUM} ?GiB"),
     ("requested_gib", rf"gpu_memory_utilization \({_NUM}\) = {_NUM} ?GiB"),
-    ("non_torch_gib", rf"non_torch_memory takes {_NUM} ?GiB"),
+    ("non_torch_gib", rf"non_torch_memory(?: takes |=){_NUM} ?GiB"),
     ("activation_peak_gib", rf"PyTorch activation peak memory takes {_NUM} ?GiB"),
-    ("kv_reserved_gib", rf"memory reserved for KV Cache is {_NUM} ?GiB"),
+    ("peak_torch_gib", rf"peak_torch_memory={_NUM} ?GiB"),
+    ("kv_reserved_gib", rf"(?:memory reserved for KV Cache is |kv_cache_size=){_NUM} ?GiB"),
     ("cudagraph_actual_gib", rf"CUDA graph pool memory: {_NUM} GiB \(actual\)"),
     ("cudagraph_estimated_gib", rf"{_NUM} GiB \(estimated\)"),
     ("graph_capture_gib", rf"Graph capturing finished in [0-9.]+ secs?, took {_NUM} GiB"),
 ]
+
+_PER_RANK_MIN = {"available_kv_gib", "kv_reserved_gib", "num_gpu_blocks"}
 
 _VLLM_CONFIG_KEYS = {
     # key in the engine's config dump -> kvplan's name
@@ -99,6 +105,7 @@ def _key_values(text: str) -> dict[str, Any]:
 
 def _parse_vllm(text: str) -> StartupLog:
     log = StartupLog("vllm")
+    log.v0 = bool(re.search(r"Initializing an LLM engine|# GPU blocks:", text))
     m = re.search(r"(?:engine \(v|vLLM API server version |version[ =]v?)([0-9]+\.[0-9]+(?:\.[0-9]+)?)", text)
     if m:
         log.version = m.group(1)
@@ -107,11 +114,16 @@ def _parse_vllm(text: str) -> StartupLog:
             for k, v in _key_values(line).items():
                 if k in _VLLM_CONFIG_KEYS and v is not None:
                     log.config.setdefault(_VLLM_CONFIG_KEYS[k], v)
+    m = re.search(r"gpu_memory_utilization=([0-9.]+)", text)  # V0 0.6's "Memory profiling results" line
+    if m:
+        log.config.setdefault("gpu_memory_utilization", float(m.group(1).rstrip(".")))
     for key, pattern in _VLLM_FIGURES:
         found = re.findall(pattern, text)
         if not found:
             continue
         last = found[-1]
+        if key in _PER_RANK_MIN:  # every rank prints its own; the engine sizes the pool by the smallest
+            last = min(found, key=lambda f: _f(f if isinstance(f, str) else f[0]))
         if key == "max_concurrency":
             log.config.setdefault("max_model_len", int(_f(last[0])))
             log.measured[key] = _f(last[1])

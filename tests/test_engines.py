@@ -11,7 +11,7 @@ GiB = 2**30
 GPT_OSS_POOL = 110_136 * 576 * 1024 / GiB  # 110,136 blocks of 18 layers x 32 KiB
 
 
-@pytest.mark.parametrize("version, rules", [("0.19", "0.20"), ("0.20.1", "0.20"), ("0.26", "0.25"), ("0.28", "0.28"),
+@pytest.mark.parametrize("version, rules", [("0.19", "0.19"), ("0.10.1", "0.19"), ("0.20.1", "0.20"), ("0.26", "0.25"), ("0.28", "0.28"),
                                             ("0.31.2", "0.30"), ("0.33", "0.33"), ("0.40", "0.33"), (None, "0.33")])
 def test_version_mapping(version, rules):
     assert vllm_rules(version).version == rules

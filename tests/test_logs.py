@@ -120,3 +120,76 @@ def test_log_cli_stdin_json_and_profile(cli, fixtures, tmp_path, monkeypatch):
     (tmp_path / "bad.yaml").write_text("schema: other/9\n")
     r = cli("capacity", "--profile", str(tmp_path / "bad.yaml"))
     assert r.code == 2 and "schema" in r.err
+
+
+TP2_LOG = """\
+(APIServer pid=1) INFO 03-02 10:00:00 [api_server.py:1885] vLLM API server version 0.20.1
+(EngineCore_DP0 pid=90) INFO 03-02 10:00:09 [core.py:93] Initializing a V1 LLM engine (v0.20.1) with config: \
+model='RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8', dtype=torch.bfloat16, max_seq_len=16384, tensor_parallel_size=2, \
+pipeline_parallel_size=1, quantization=compressed-tensors, enforce_eager=False, kv_cache_dtype=auto
+(Worker_TP0 pid=120) INFO 03-02 10:00:12 [parallel_state.py:1200] world_size=2 rank=0 local_rank=0 \
+device NVIDIA H100 80GB HBM3
+(Worker_TP0 pid=120) INFO 03-02 10:01:02 [gpu_model_runner.py:2900] Model loading took 33.89 GiB and 41.2 seconds
+(Worker_TP1 pid=121) INFO 03-02 10:01:02 [gpu_model_runner.py:2900] Model loading took 33.89 GiB and 41.3 seconds
+(Worker_TP1 pid=121) INFO 03-02 10:01:30 [gpu_worker.py:300] Available KV cache memory: 35.37 GiB
+(Worker_TP0 pid=120) INFO 03-02 10:01:30 [gpu_worker.py:300] Available KV cache memory: 35.21 GiB
+(EngineCore_DP0 pid=90) INFO 03-02 10:01:31 [kv_cache_utils.py:1087] GPU KV cache size: 230,736 tokens
+(EngineCore_DP0 pid=90) INFO 03-02 10:01:31 [kv_cache_utils.py:1091] Maximum concurrency for 16,384 tokens per \
+request: 14.08x
+"""
+
+V0_063_LOG = """\
+INFO 11-05 08:00:00 api_server.py:528] vLLM API server version 0.6.3.post1
+INFO 11-05 08:00:01 llm_engine.py:237] Initializing an LLM engine (v0.6.3.post1) with config: \
+model='meta-llama/Meta-Llama-3-8B-Instruct', dtype=torch.bfloat16, max_seq_len=8192, tensor_parallel_size=1, \
+pipeline_parallel_size=1, quantization=None, enforce_eager=False, kv_cache_dtype=auto
+INFO 11-05 08:00:10 model_runner.py:1067] Loading model weights took 14.9595 GB
+INFO 11-05 08:00:13 worker.py:262] Memory profiling results: total_gpu_memory=79.11GiB \
+initial_memory_usage=15.44GiB peak_torch_memory=16.19GiB memory_usage_post_profile=15.60GiB \
+non_torch_memory=0.15GiB kv_cache_size=54.86GiB gpu_memory_utilization=0.90
+INFO 11-05 08:00:13 gpu_executor.py:122] # GPU blocks: 28088, # CPU blocks: 2048
+"""
+
+
+def test_multi_rank_log_and_quantized_repo():
+    log = parse_startup_log(TP2_LOG)
+    # each rank prints its own figure; the engine sizes the pool by the smaller
+    assert log.measured["available_kv_gib"] == 35.21 and log.config["tp"] == 2
+    assert log.version == "0.20.1" and log.measured["weights_gib"] == 33.89
+    result = import_log(TP2_LOG, "tp2.log")
+    # the FP8 checkpoint is Llama-3.1-70B's architecture; compressed-tensors FP8 keeps per-channel scales; the GPU
+    # is the one the log names
+    assert result.model == "Llama-3.1-70B" and result.profile.weight_dtype == "fp8_channel"
+    assert result.profile.gpu == "H100-SXM5-80GB" and result.profile.engine_version == "0.20"
+    # 0.20 prints num_blocks // groups x block_size: 230,736 / 16 = 14,421 blocks
+    assert {f.name: f.measured for f in result.figures}["KV blocks"] == 230_736 // 16
+
+
+def test_v0_memory_profiling_results_line():
+    log = parse_startup_log(V0_063_LOG)
+    assert log.version == "0.6.3"
+    assert log.measured["total_gpu_memory_gib"] == 79.11 and log.measured["kv_reserved_gib"] == 54.86
+    assert log.measured["non_torch_gib"] == 0.15 and log.config["gpu_memory_utilization"] == 0.9
+    assert log.measured["num_gpu_blocks"] == 28_088
+    # without --gpu, the GPU is taken from the memory total the log states (79.11 GiB: the H100 SXM's CUDA total)
+    result = import_log(V0_063_LOG, "v0.log")
+    assert result.profile.gpu == "H100-SXM5-80GB"
+    assert any("GPU taken to be H100-SXM5-80GB" in n for n in result.notes)
+    assert any("the V0 engine is planned with the rules of vLLM 0.19 and earlier" in n for n in result.notes)
+
+
+def test_gpu_from_memory_alone():
+    from kvplan.specs import gpu_by_memory
+
+    assert gpu_by_memory(int(79.19 * 2**30)).name == "H100-SXM5-80GB"
+    assert gpu_by_memory(int(139.7 * 2**30)).name == "H200-SXM-141GB"
+    assert gpu_by_memory(int(60 * 2**30)) is None
+    r = capacity(load_model("llama-3.1-8b"), None, "auto", gpu_memory_gib=60, max_model_len=8192)
+    assert any("no catalog GPU has 60 GiB" in n for n in r.notes)
+
+
+def test_model_from_quantized_repo_names():
+    assert model_for_repo("neuralmagic/Meta-Llama-3.1-8B-Instruct-FP8").name == "Llama-3.1-8B"
+    assert model_for_repo("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4").name == "Llama-3.1-70B"
+    assert model_for_repo("Qwen/Qwen2.5-7B-Instruct-AWQ").name == "Qwen2.5-7B"
+    assert model_for_repo("/models/Llama-3.1-8B-Instruct/").name == "Llama-3.1-8B"

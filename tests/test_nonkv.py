@@ -36,12 +36,26 @@ def test_forward_terms():
     assert peak == 736 * MiB
 
 
+def test_eager_mlp_and_pipeline_stages():
+    # eager (-O0 / --enforce-eager): the caller still holds the RMSNorm output while the MLP runs: 800 MiB
+    peak, parts = _forward_peak(L31, 8192, 1, 2, eager=True)
+    assert parts["mlp"] == 8192 * 2 * (2 * 4096 + 3 * 14336) == 800 * MiB
+    # PP 2 on 0.30 (whose sampler pass stays below the MLP): the first stage holds the forward only (736 MiB +
+    # the 32 MiB cuBLAS workspace lands in consumed memory, not here); the last stage also keeps the persistent
+    # IntermediateTensors it receives, hidden + residual = 2 x 8192 x 4096 x 2 B = 128 MiB
+    first = run("0.30", last_stage=False)
+    last = run("0.30", first_stage=False)
+    assert first.activation == 736 * MiB and last.activation == 736 * MiB + 128 * MiB
+
+
 def test_sampler_sets_the_peak_in_020_and_033():
     # 0.20: bf16 logits 250.5 MiB + fp32 logits, probs, q (12 x R x V = 1,503 MiB) + Triton buffer 132 x V x 4
     # (64.6 MiB) + hold (hidden states 64 MiB + 2 x 1024 rows x 4096 x 2 = 16 MiB): 1,898 MiB
     v020 = run("0.20")
     expect = 2 * 1024 * 128256 + 12 * 1024 * 128256 + 4 * 132 * 128256 + 8192 * 4096 * 2 + 2 * 1024 * 4096 * 2
-    assert v020.activation == expect and round(expect / MiB) == 1898
+    assert round(expect / MiB) == 1898
+    # the profile run's first GEMM also makes the main stream's cuBLAS workspace (32 MiB on SM90) inside the peak
+    assert v020.activation == expect + 32 * MiB
     # 0.30: the default sampler pass keeps bf16 logits only: 250 + 80 MiB < 736 MiB, so the MLP sets the peak
     assert run("0.30").activation == 736 * MiB
     # 0.33: the warm-up pass adds the fp32 pipeline again: 1,753 + 80 = 1,834 MiB
@@ -54,7 +68,7 @@ def test_persistent_penalty_state_and_rotary():
     assert round(pen / MiB) == 517
     assert run("0.33").persistent == pen
     assert run("0.30").persistent == pen + 32 * MiB  # plus the main stream's cuBLAS workspace (SM90)
-    assert run("0.20").persistent == 0
+    assert run("0.20").persistent == 0  # the V1 runner's input buffers are charged nowhere
     # rotary cos/sin cache: 131,072 positions x 128 x 2 B = 32 MiB, on top of the parameters
     assert run("0.33").weights == W + 32 * MiB
 
@@ -67,6 +81,28 @@ def test_cudagraph_estimate():
     assert round(f_cg / MiB) == 46
     assert run("0.33").cudagraph == 2 * f_cg + 32 * MiB + 50 * 4 * MiB + 50 * 1 * MiB
     assert run("0.33", enforce_eager=True).cudagraph == 0
+    # 0.20: two samples per mode extrapolated, 51 piecewise + 51 full graphs - 2 at 4 MiB each
+    assert run("0.20").cudagraph == f_cg + 32 * MiB + 100 * 4 * MiB
+    # 0.19 measures the estimate and logs it, but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)
+    v019 = run("0.19")
+    assert v019.cudagraph == 0 and v019.parts["cudagraph_estimate"] == run("0.20").cudagraph
+
+
+def test_flashinfer_attention_workspace_on_sm100():
+    # B200 (SM100) runs FlashInfer for GQA: its 394 MiB workspace is made at the first FULL warm-up, inside the
+    # estimate; 0.33 on SM100 captures up to min(2 x 1024, 1024, 16384) = 1024 tokens: 51 + 32 sizes (272..1024)
+    b200 = load_gpu("b200")
+    nk = non_kv_memory(L31, b200, total_bytes=b200.memory_total_bytes, tp=1, weights=W, version="0.33",
+                       max_model_len=131072)
+    assert (nk.max_num_batched_tokens, nk.parts["capture_sizes"]) == (16384, 83)
+    f_cg = 1024 * 2 * (4096 + 3 * 14336)
+    assert nk.cudagraph == 2 * f_cg + 32 * MiB + 82 * 4 * MiB + 82 * MiB + 394 * MiB
+    # MLA models run FlashMLA / CUTLASS MLA instead: no FlashInfer workspace
+    ds = load_model("deepseek-v3")
+    nk_ds = non_kv_memory(ds, b200, total_bytes=b200.memory_total_bytes, tp=8, weights=0, version="0.33",
+                          max_model_len=4096)
+    f_ds = _forward_peak(ds, 1024, 8, 2, with_moe_workspace=False)[0]
+    assert nk_ds.cudagraph == 2 * f_ds + 32 * MiB + 82 * 4 * MiB + 82 * MiB
 
 
 def test_tp_adds_the_allreduce_workspace():
@@ -77,6 +113,31 @@ def test_tp_adds_the_allreduce_workspace():
     nk8 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=8, weights=0, version="0.33",
                         max_model_len=131072)
     assert nk2.non_torch == 514 * MiB and nk8.non_torch == 18 * MiB
+    # tp 4: round2M(4 x 2 MiB) + round2M(4 KiB) + round2M(3 x 4 x 2 MiB) = 8 + 2 + 24 = 34 MiB
+    nk4 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=4, weights=0, version="0.33",
+                        max_model_len=131072)
+    assert nk4.non_torch == 34 * MiB
+
+
+def test_allreduce_workspace_conditions():
+    # the fusion pass caps S at one batch's hidden states: Llama-3.2-3B (H 3,072) at 2,048 batched tokens holds
+    # 2048 x 3072 x 2 = 12 MiB < 64 MiB, so TP 2 takes round2M(24) + 2 + round2M(72) = 98 MiB
+    m = load_model("llama-3.2-3b")
+
+    def nt(version, **kw):
+        return non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=2, weights=0, version=version,
+                             max_model_len=8192, max_num_batched_tokens=2048, **kw).non_torch
+
+    assert nt("0.33") == 98 * MiB
+    # 0.33 without compilation: the standalone FlashInfer all-reduce makes the uncapped 514 MiB workspace
+    assert nt("0.33", enforce_eager=True) == 514 * MiB
+    # 0.20: no standalone FlashInfer all-reduce, and the fusion pass needs one pipeline stage and compilation
+    assert nt("0.20") == 98 * MiB
+    assert nt("0.20", enforce_eager=True) == 0 and nt("0.20", pp=2) == 0
+    # no FlashInfer all-reduce on an A100 (SM80)
+    a100 = load_gpu("a100")
+    assert non_kv_memory(m, a100, total_bytes=a100.memory_total_bytes, tp=2, weights=0, version="0.33",
+                         max_model_len=8192).non_torch == 0
 
 
 def test_capacity_uses_the_model_by_default():
