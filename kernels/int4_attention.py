@@ -97,6 +97,64 @@ def write_kv_int4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, 
 
 
 @triton.jit
+def _round_half_even(t):
+    """torch.round: to nearest, halves to even."""
+    r = tl.floor(t + 0.5)
+    return tl.where((r - t == 0.5) & (r - 2.0 * tl.floor(r * 0.5) == 1.0), r - 1.0, r)
+
+
+@triton.jit
+def _int4_store_side(cache_ptr, base, DATA: tl.constexpr, SCALE: tl.constexpr, x_ptr, signs_ptr, had_ptr,
+                     D: tl.constexpr, HALF: tl.constexpr):
+    """`encode_int4` for one head: rotate x [D] (y = H D x, as even and odd halves, so that pairs pack into bytes),
+    find the asymmetric scale and zero point, fold the zero point into the scale's low mantissa bits, store."""
+    i = tl.arange(0, D)
+    j = tl.arange(0, HALF)
+    xs = tl.load(x_ptr + i).to(tl.float32) * tl.load(signs_ptr + i)
+    y0 = tl.sum(xs[:, None] * tl.load(had_ptr + i[:, None] * D + 2 * j[None, :]), axis=0)  # elements 2j
+    y1 = tl.sum(xs[:, None] * tl.load(had_ptr + i[:, None] * D + 2 * j[None, :] + 1), axis=0)  # elements 2j + 1
+    lo = tl.minimum(tl.min(y0, axis=0), tl.min(y1, axis=0))
+    hi = tl.maximum(tl.max(y0, axis=0), tl.max(y1, axis=0))
+    scale = tl.maximum((hi - lo) / 15.0, 1e-8)
+    zp = tl.minimum(tl.maximum(_round_half_even(-lo / scale), 0.0), 15.0)
+    bits = (scale.to(tl.int32, bitcast=True) & -16) | zp.to(tl.int32)
+    s = bits.to(tl.float32, bitcast=True)  # the scale the reader sees
+    tl.store((cache_ptr + base + SCALE).to(tl.pointer_type(tl.int32)), bits)
+    q0 = tl.minimum(tl.maximum(_round_half_even(y0 / s + zp), 0.0), 15.0).to(tl.int32)
+    q1 = tl.minimum(tl.maximum(_round_half_even(y1 / s + zp), 0.0), 15.0).to(tl.int32)
+    tl.store(cache_ptr + base + DATA + j, (q0 | (q1 << 4)).to(tl.uint8))
+
+
+@triton.jit
+def _int4_write_kernel(k_ptr, v_ptr, slots_ptr, cache_ptr, signs_ptr, had_ptr, stride_kt, stride_kh, stride_vt,
+                       stride_vh, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, K_DATA: tl.constexpr,
+                       K_SCALE: tl.constexpr, V_DATA: tl.constexpr, V_SCALE: tl.constexpr, D: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    base = (tl.load(slots_ptr + t).to(tl.int64) * NUM_KV_HEADS + h) * SLOT
+    _int4_store_side(cache_ptr, base, K_DATA, K_SCALE, k_ptr + t * stride_kt + h * stride_kh, signs_ptr, had_ptr,
+                     D, D // 2)
+    _int4_store_side(cache_ptr, base, V_DATA, V_SCALE, v_ptr + t * stride_vt + h * stride_vh, signs_ptr, had_ptr,
+                     D, D // 2)
+
+
+def reshape_and_cache_int4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor) -> None:
+    """`write_kv_int4` as a kernel, one program per token and KV head. The rotation sums in another order than
+    torch's matmul, so a scale can differ in its last bits and a code by one step where a value sits on a rounding
+    boundary."""
+    tokens, kv_heads, d = k.shape
+    assert d == layout.head_dim and cache.shape[2] == kv_heads and cache.shape[3] == layout.slot_bytes
+    k, v = k.contiguous(), v.contiguous()
+    _int4_write_kernel[(tokens, kv_heads)](
+        k, v, slots.to(device=cache.device, dtype=torch.int64).contiguous(), cache, rht_signs(d, cache.device),
+        hadamard(d, cache.device).contiguous(), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        NUM_KV_HEADS=kv_heads, SLOT=layout.slot_bytes, K_DATA=layout.k_data, K_SCALE=layout.k_scale,
+        V_DATA=layout.v_data, V_SCALE=layout.v_scale, D=d,
+    )
+
+
+@triton.jit
 def _scale_and_zero(cache_ptr, off, mask):
     bits = tl.load((cache_ptr + off).to(tl.pointer_type(tl.int32)), mask=mask, other=0)
     zp = (bits & 15).to(tl.float32)

@@ -88,6 +88,101 @@ def write_kv_nvfp4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor,
 
 
 @triton.jit
+def _rne(t):
+    """Round to nearest, halves to even (what float conversions do)."""
+    r = tl.floor(t + 0.5)
+    return tl.where((r - t == 0.5) & (r - 2.0 * tl.floor(r * 0.5) == 1.0), r - 1.0, r)
+
+
+@triton.jit
+def _e4m3_byte(v):
+    """The e4m3 byte nearest v (0 <= v <= 448), computed exactly from v's exponent bits e: 8 (e + 6) + round(v /
+    2^(e - 3)); a mantissa that rounds up to 16 lands on the next exponent's 0, and with e held at -6 below the
+    normals the same formula gives the subnormals, round(v / 2^-9). Float conversions in Triton's interpreter are
+    unreliable, so no conversion is used."""
+    e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    return (8.0 * (e + 6).to(tl.float32) + _rne(v * tl.exp2((3 - e).to(tl.float32)))).to(tl.int32)
+
+
+@triton.jit
+def _e4m3_value(byte):
+    man = (byte & 7).to(tl.float32)
+    ex = byte >> 3
+    return tl.where(ex == 0, man / 512.0, (1.0 + man / 8.0) * tl.exp2((ex - 7).to(tl.float32)))
+
+
+@triton.jit
+def _e2m1_code(y):
+    """The nearest e2m1 code (ties to the smaller magnitude, as torch's argmin over the magnitudes picks)."""
+    a = tl.abs(y)
+    mag = ((a > 0.25).to(tl.int32) + (a > 0.75).to(tl.int32) + (a > 1.25).to(tl.int32) + (a > 1.75).to(tl.int32)
+           + (a > 2.5).to(tl.int32) + (a > 3.5).to(tl.int32) + (a > 5.0).to(tl.int32))
+    return mag | tl.where((y < 0) & (mag > 0), 8, 0)
+
+
+@triton.jit
+def _nvfp4_candidate(xe, xo, amax, g, top):
+    """Codes, scale byte and squared error of one block scaling (amax / top) for blocks [NB, 8] x 2."""
+    byte = _e4m3_byte(tl.minimum(amax / top / g, 448.0))
+    sc = _e4m3_value(byte) * g
+    div = tl.where(sc > 0, sc, 1.0)[:, None]
+    ce = _e2m1_code(tl.where(sc[:, None] > 0, xe / div, 0.0))
+    co = _e2m1_code(tl.where(sc[:, None] > 0, xo / div, 0.0))
+    re = _e2m1(ce) * sc[:, None] - xe
+    ro = _e2m1(co) * sc[:, None] - xo
+    return ce, co, byte, tl.sum(re * re, axis=1) + tl.sum(ro * ro, axis=1)
+
+
+@triton.jit
+def _nvfp4_store_side(cache_ptr, base, DATA: tl.constexpr, x_ptr, g, NB: tl.constexpr, HALF: tl.constexpr,
+                      FOUR_OVER_SIX: tl.constexpr):
+    """`encode_nvfp4` for one head: blocks of 16 as [NB, 8] even and odd elements (pairs pack into bytes)."""
+    b = tl.arange(0, NB)
+    e = tl.arange(0, 8)
+    off = b[:, None] * 16 + 2 * e[None, :]
+    xe = tl.load(x_ptr + off).to(tl.float32)
+    xo = tl.load(x_ptr + off + 1).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(xe), axis=1), tl.max(tl.abs(xo), axis=1))
+    ce, co, byte, err = _nvfp4_candidate(xe, xo, amax, g, 6.0)
+    if FOUR_OVER_SIX:
+        ce4, co4, byte4, err4 = _nvfp4_candidate(xe, xo, amax, g, 4.0)
+        better = err4 < err
+        ce = tl.where(better[:, None], ce4, ce)
+        co = tl.where(better[:, None], co4, co)
+        byte = tl.where(better, byte4, byte)
+    tl.store(cache_ptr + base + DATA + b[:, None] * 8 + e[None, :], (ce | (co << 4)).to(tl.uint8))
+    tl.store(cache_ptr + base + DATA + HALF + b, byte.to(tl.uint8))
+
+
+@triton.jit
+def _nvfp4_write_kernel(k_ptr, v_ptr, slots_ptr, cache_ptr, k_global, v_global, stride_kt, stride_kh, stride_vt,
+                        stride_vh, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, K_DATA: tl.constexpr,
+                        V_DATA: tl.constexpr, D: tl.constexpr, FOUR_OVER_SIX: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    base = (tl.load(slots_ptr + t).to(tl.int64) * NUM_KV_HEADS + h) * SLOT
+    _nvfp4_store_side(cache_ptr, base, K_DATA, k_ptr + t * stride_kt + h * stride_kh, k_global, D // 16, D // 2,
+                      FOUR_OVER_SIX)
+    _nvfp4_store_side(cache_ptr, base, V_DATA, v_ptr + t * stride_vt + h * stride_vh, v_global, D // 16, D // 2,
+                      FOUR_OVER_SIX)
+
+
+def reshape_and_cache_nvfp4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,
+                            v: torch.Tensor, k_global: float, v_global: float) -> None:
+    """`write_kv_nvfp4` as a kernel, one program per token and KV head. Divisions on a GPU may round differently
+    from torch's in the last bit, so a block scale can sit one e4m3 step off where it lies on a boundary."""
+    tokens, kv_heads, d = k.shape
+    assert d == layout.head_dim and cache.shape[3] == layout.slot_bytes
+    assert d % 16 == 0 and (d // 16) & (d // 16 - 1) == 0, "head_dim / 16 must be a power of two"
+    k, v = k.contiguous(), v.contiguous()
+    _nvfp4_write_kernel[(tokens, kv_heads)](
+        k, v, slots.to(device=cache.device, dtype=torch.int64).contiguous(), cache, float(k_global), float(v_global),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), NUM_KV_HEADS=kv_heads, SLOT=layout.slot_bytes,
+        K_DATA=layout.k_data, V_DATA=layout.v_data, D=d, FOUR_OVER_SIX=layout.fmt.name == "nvfp4_4over6",
+    )
+
+
+@triton.jit
 def _e2m1(code):
     """The value of 4-bit e2m1 codes: 0, 0.5 (subnormal), then (1 + m/2) x 2^(e-1); bit 3 the sign."""
     idx = code & 7

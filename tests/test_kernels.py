@@ -424,3 +424,57 @@ def test_reshape_and_cache_kernel_writes_what_write_kv_writes(fmt):
             assert within.float().mean() > 0.95
         else:
             assert within.all()
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_int4_write_kernel_writes_what_write_kv_int4_writes(d):
+    from kvplan.kernels.int4_attention import decode_int4, reshape_and_cache_int4, write_kv_int4
+
+    gen = torch.Generator().manual_seed(31)
+    tokens, kv_heads = 24, 2
+    k = torch.randn(tokens, kv_heads, d, generator=gen) * 3
+    v = torch.randn(tokens, kv_heads, d, generator=gen)
+    slots = torch.randperm(48, generator=gen)[:tokens]
+    ref, layout = make_cache("int4_per_token_head", 3, 16, kv_heads, d)
+    out, _ = make_cache("int4_per_token_head", 3, 16, kv_heads, d)
+    write_kv_int4(ref, layout, slots, k, v)
+    reshape_and_cache_int4(out, layout, slots, k, v)
+    unused = torch.ones(48, dtype=torch.bool)
+    unused[slots] = False
+    flat_out, flat_ref = out.view(48, kv_heads, -1), ref.view(48, kv_heads, -1)
+    assert not flat_out[unused].any()  # nothing written outside the given slots
+    half = d // 2
+    for data_off, scale_off in ((layout.k_data, layout.k_scale), (layout.v_data, layout.v_scale)):
+        so = flat_out[slots, :, scale_off:scale_off + 4].contiguous().view(torch.int32)
+        sr = flat_ref[slots, :, scale_off:scale_off + 4].contiguous().view(torch.int32)
+        # the zero points (low 4 bits) agree; the scales agree to the last few bits of their mantissas
+        assert torch.equal(so & 0xF, sr & 0xF)
+        assert ((so & ~0xF).view(torch.float32) / (sr & ~0xF).view(torch.float32) - 1).abs().max() < 1e-5
+        a = decode_int4(flat_out[slots, :, data_off:data_off + half], flat_out[slots, :, scale_off:scale_off + 4])
+        b = decode_int4(flat_ref[slots, :, data_off:data_off + half], flat_ref[slots, :, scale_off:scale_off + 4])
+        step = (sr & ~0xF).view(torch.float32)  # one code step
+        assert ((a - b).abs() <= step * 1.001).all()  # at most one step apart, where a value sits on a boundary
+        assert (a == b).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_4over6"])
+def test_nvfp4_write_kernel_writes_what_write_kv_nvfp4_writes(fmt):
+    from kvplan.kernels.nvfp4_attention import global_scale, reshape_and_cache_nvfp4, write_kv_nvfp4
+
+    gen = torch.Generator().manual_seed(32)
+    tokens, kv_heads, d = 24, 2, 128
+    k = torch.randn(tokens, kv_heads, d, generator=gen) * 3
+    v = torch.randn(tokens, kv_heads, d, generator=gen)
+    v[0, 0, :16] = 0.0  # an all-zero block: scale 0, codes 0
+    v[1, 1, 16:32] = 1e-4  # a block whose scale is an e4m3 subnormal
+    kg, vg = global_scale(k), global_scale(v)
+    slots = torch.randperm(48, generator=gen)[:tokens]
+    ref, layout = make_cache(fmt, 3, 16, kv_heads, d)
+    out, _ = make_cache(fmt, 3, 16, kv_heads, d)
+    write_kv_nvfp4(ref, layout, slots, k, v, kg, vg)
+    reshape_and_cache_nvfp4(out, layout, slots, k, v, kg, vg)
+    unused = torch.ones(48, dtype=torch.bool)
+    unused[slots] = False
+    assert not out.view(48, kv_heads, -1)[unused].any()
+    # exact e4m3 rounding done with integer arithmetic, the same comparisons as the torch writer: same bytes
+    assert torch.equal(out, ref)
