@@ -13,7 +13,14 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import KvplanError
-from .specs import GPUSpec, ModelSpec, catalog_entries, load_gpu, load_model
+from .specs import (
+    GPUSpec,
+    ModelSpec,
+    catalog_entries,
+    load_catalog,
+    load_gpu,
+    load_model,
+)
 from .startup_log import StartupLog, parse_startup_log
 
 GiB = 2**30
@@ -146,7 +153,7 @@ def _weight_dtype(quant: Optional[str], repo: str) -> Optional[str]:
 
 def _gpu_named_in(text: str) -> Optional[GPUSpec]:
     """A catalog GPU whose nvidia-smi name the log mentions (driver or library messages sometimes print it)."""
-    for stem, g in catalog_entries("hardware"):
+    for g in load_catalog("hardware"):
         if g.smi_name and re.search(re.escape(g.smi_name) + r"(?![\w-])", text):
             return g
     return None

@@ -20,8 +20,8 @@ import sys
 
 KERNELS = {  # module: the kernels it launches
     "kvplan.kernels.paged_attention": ["_paged_decode_kernel", "_reshape_and_cache_kernel"],
-    "kvplan.kernels.int4_attention": ["_int4_decode_kernel"],
-    "kvplan.kernels.nvfp4_attention": ["_nvfp4_decode_kernel"],
+    "kvplan.kernels.int4_attention": ["_int4_decode_kernel", "_int4_write_kernel"],
+    "kvplan.kernels.nvfp4_attention": ["_nvfp4_decode_kernel", "_nvfp4_write_kernel"],
     "kvplan.kernels.turboquant_attention": ["_tq_decode_kernel"],
     "kvplan.kernels.kivi_attention": ["_kivi_decode_kernel"],
     "kvplan.kernels.common": ["_combine_kernel"],
@@ -87,6 +87,15 @@ def capture() -> list[dict]:
         cache, layout = make_cache(fmt, 1, 16, KV_HEADS, HEAD_DIM)
         x = torch.zeros(4, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
         reshape_and_cache(cache, layout, torch.arange(4), x, x, 0.05, 0.05)
+    from kvplan.kernels.int4_attention import reshape_and_cache_int4
+    from kvplan.kernels.nvfp4_attention import reshape_and_cache_nvfp4
+
+    x = torch.zeros(4, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    cache, layout = make_cache("int4_per_token_head", 1, 16, KV_HEADS, HEAD_DIM)
+    reshape_and_cache_int4(cache, layout, torch.arange(4), x, x)
+    for fmt in ("nvfp4", "nvfp4_4over6"):
+        cache, layout = make_cache(fmt, 1, 16, KV_HEADS, HEAD_DIM)
+        reshape_and_cache_nvfp4(cache, layout, torch.arange(4), x, x, 1.0, 1.0)
     return list(launches.values())
 
 
@@ -135,7 +144,7 @@ def compile_all(launches: list[dict], archs: list[int]) -> int:
             consts = {**launch["constants"], **({"WIDEN": False} if "WIDEN" in launch["constants"] else {})}
             what = f"sm_{arch} {launch['kernel']} " + " ".join(
                 f"{k}={v}" for k, v in {**consts, **launch["options"]}.items()
-                if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8", "num_warps"))
+                if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8", "FOUR_OVER_SIX", "num_warps"))
             try:
                 compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
                                           target=GPUTarget("cuda", arch, 32), options=launch["options"])

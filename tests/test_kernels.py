@@ -428,7 +428,11 @@ def test_reshape_and_cache_kernel_writes_what_write_kv_writes(fmt):
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_int4_write_kernel_writes_what_write_kv_int4_writes(d):
-    from kvplan.kernels.int4_attention import decode_int4, reshape_and_cache_int4, write_kv_int4
+    from kvplan.kernels.int4_attention import (
+        decode_int4,
+        reshape_and_cache_int4,
+        write_kv_int4,
+    )
 
     gen = torch.Generator().manual_seed(31)
     tokens, kv_heads = 24, 2
@@ -459,7 +463,11 @@ def test_int4_write_kernel_writes_what_write_kv_int4_writes(d):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4_4over6"])
 def test_nvfp4_write_kernel_writes_what_write_kv_nvfp4_writes(fmt):
-    from kvplan.kernels.nvfp4_attention import global_scale, reshape_and_cache_nvfp4, write_kv_nvfp4
+    from kvplan.kernels.nvfp4_attention import (
+        global_scale,
+        reshape_and_cache_nvfp4,
+        write_kv_nvfp4,
+    )
 
     gen = torch.Generator().manual_seed(32)
     tokens, kv_heads, d = 24, 2, 128

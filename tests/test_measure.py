@@ -186,3 +186,17 @@ def test_write_path_check(monkeypatch):
         assert bench._write_path_matches(cache, layout, torch.Generator().manual_seed(1), torch.device("cpu"))
     monkeypatch.setattr(paged_attention, "reshape_and_cache", lambda *a, **k: None)
     assert not bench._write_path_matches(cache, layout, torch.Generator().manual_seed(1), torch.device("cpu"))
+
+
+def test_quantized_write_path_check(monkeypatch):
+    # the int4 and NVFP4 write kernels against the torch writers (a GPU-only check, run here under the
+    # interpreter, where these kernels use no float conversion); a write kernel that stores nothing fails it
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import bench, int4_attention, nvfp4_attention
+
+    assert bench._quantized_write_paths(torch.Generator().manual_seed(2), torch.device("cpu")) == []
+    monkeypatch.setattr(int4_attention, "reshape_and_cache_int4", lambda *a, **k: None)
+    monkeypatch.setattr(nvfp4_attention, "reshape_and_cache_nvfp4", lambda *a, **k: None)
+    assert bench._quantized_write_paths(torch.Generator().manual_seed(2), torch.device("cpu")) == [
+        "int4_per_token_head (write path)", "nvfp4 (write path)", "nvfp4_4over6 (write path)"]
