@@ -12,7 +12,8 @@ One module per kernel family, each with its launcher and a plain torch reference
   nvfp4_attention       NVFP4: e2m1 pairs, an e4m3 scale per 16 values, an fp32 global scale; its write path in
                         torch and as a Triton kernel (reshape_and_cache_nvfp4)
   turboquant_attention  the TurboQuant presets: Lloyd-Max keys on rotated coordinates with a stored norm, uniform
-                        asymmetric values (k8v4: fp8 keys)
+                        asymmetric values (k8v4: fp8 keys); its write path in torch and as a Triton kernel
+                        (reshape_and_cache_turboquant)
   kivi_attention        KIVI: per-channel key groups, per-token values, a full-precision residual window
   gemv                  weight streaming at decode batch sizes, bf16 and fp8 weights
   stream                read-only and copy probes: the bandwidth ceiling

@@ -59,6 +59,37 @@ def packed_codes(cache_ptr, base, d_offs, t_ok, BITS: tl.constexpr):
 
 
 @triton.jit
+def pack_codes(codes, BITS: tl.constexpr, D: tl.constexpr, NB_PAD: tl.constexpr):
+    """The little-endian bit stream `packed_codes` reads, from b-bit codes [D] (int32): bytes [NB_PAD], of which
+    the first ceil(D x b / 8) are meant. A code spans at most two bytes; the bits of different codes do not
+    overlap, so summing the contributions is OR-ing them."""
+    i = tl.arange(0, D)
+    j = tl.arange(0, NB_PAD)
+    bit = i * BITS
+    shifted = codes << (bit % 8)
+    low = tl.where((bit // 8)[None, :] == j[:, None], (shifted & 0xFF)[None, :], 0)
+    high = tl.where((bit // 8 + 1)[None, :] == j[:, None], (shifted >> 8)[None, :], 0)
+    return tl.sum(low + high, axis=1)
+
+
+@triton.jit
+def round_half_even(t):
+    """Round to nearest, halves to even (torch.round, and what float conversions do)."""
+    r = tl.floor(t + 0.5)
+    return tl.where((r - t == 0.5) & (r - 2.0 * tl.floor(r * 0.5) == 1.0), r - 1.0, r)
+
+
+@triton.jit
+def e4m3_byte(v):
+    """The e4m3 byte nearest v (0 <= v <= 448), computed exactly from v's exponent bits e: 8 (e + 6) + round(v /
+    2^(e - 3)); a mantissa that rounds up to 16 lands on the next exponent's 0, and with e held at -6 below the
+    normals the same formula gives the subnormals, round(v / 2^-9). Float conversions in Triton's interpreter are
+    unreliable, so no conversion is used."""
+    e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    return (8.0 * (e + 6).to(tl.float32) + round_half_even(v * tl.exp2((3 - e).to(tl.float32)))).to(tl.int32)
+
+
+@triton.jit
 def program_coords(group, G_PAD: tl.constexpr):
     """A decode program's place: its sequence, KV head, context split and partial-output row, and the query heads
     of its GQA group [G_PAD] with their mask (the group padded to G_PAD)."""

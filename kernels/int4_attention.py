@@ -22,6 +22,7 @@ from .common import (
     combine_splits,
     load_query_lanes,
     program_coords,
+    round_half_even,
     safe_sum,
     slot_offsets,
     softmax_step,
@@ -97,13 +98,6 @@ def write_kv_int4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, 
 
 
 @triton.jit
-def _round_half_even(t):
-    """torch.round: to nearest, halves to even."""
-    r = tl.floor(t + 0.5)
-    return tl.where((r - t == 0.5) & (r - 2.0 * tl.floor(r * 0.5) == 1.0), r - 1.0, r)
-
-
-@triton.jit
 def _int4_store_side(cache_ptr, base, DATA: tl.constexpr, SCALE: tl.constexpr, x_ptr, signs_ptr, had_ptr,
                      D: tl.constexpr, HALF: tl.constexpr):
     """`encode_int4` for one head: rotate x [D] (y = H D x, as even and odd halves, so that pairs pack into bytes),
@@ -116,12 +110,12 @@ def _int4_store_side(cache_ptr, base, DATA: tl.constexpr, SCALE: tl.constexpr, x
     lo = tl.minimum(tl.min(y0, axis=0), tl.min(y1, axis=0))
     hi = tl.maximum(tl.max(y0, axis=0), tl.max(y1, axis=0))
     scale = tl.maximum((hi - lo) / 15.0, 1e-8)
-    zp = tl.minimum(tl.maximum(_round_half_even(-lo / scale), 0.0), 15.0)
+    zp = tl.minimum(tl.maximum(round_half_even(-lo / scale), 0.0), 15.0)
     bits = (scale.to(tl.int32, bitcast=True) & -16) | zp.to(tl.int32)
     s = bits.to(tl.float32, bitcast=True)  # the scale the reader sees
     tl.store((cache_ptr + base + SCALE).to(tl.pointer_type(tl.int32)), bits)
-    q0 = tl.minimum(tl.maximum(_round_half_even(y0 / s + zp), 0.0), 15.0).to(tl.int32)
-    q1 = tl.minimum(tl.maximum(_round_half_even(y1 / s + zp), 0.0), 15.0).to(tl.int32)
+    q0 = tl.minimum(tl.maximum(round_half_even(y0 / s + zp), 0.0), 15.0).to(tl.int32)
+    q1 = tl.minimum(tl.maximum(round_half_even(y1 / s + zp), 0.0), 15.0).to(tl.int32)
     tl.store(cache_ptr + base + DATA + j, (q0 | (q1 << 4)).to(tl.uint8))
 
 

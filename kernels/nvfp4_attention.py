@@ -16,6 +16,7 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    e4m3_byte,
     load_query_lanes,
     program_coords,
     safe_sum,
@@ -88,23 +89,6 @@ def write_kv_nvfp4(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor,
 
 
 @triton.jit
-def _rne(t):
-    """Round to nearest, halves to even (what float conversions do)."""
-    r = tl.floor(t + 0.5)
-    return tl.where((r - t == 0.5) & (r - 2.0 * tl.floor(r * 0.5) == 1.0), r - 1.0, r)
-
-
-@triton.jit
-def _e4m3_byte(v):
-    """The e4m3 byte nearest v (0 <= v <= 448), computed exactly from v's exponent bits e: 8 (e + 6) + round(v /
-    2^(e - 3)); a mantissa that rounds up to 16 lands on the next exponent's 0, and with e held at -6 below the
-    normals the same formula gives the subnormals, round(v / 2^-9). Float conversions in Triton's interpreter are
-    unreliable, so no conversion is used."""
-    e = tl.maximum(((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
-    return (8.0 * (e + 6).to(tl.float32) + _rne(v * tl.exp2((3 - e).to(tl.float32)))).to(tl.int32)
-
-
-@triton.jit
 def _e4m3_value(byte):
     man = (byte & 7).to(tl.float32)
     ex = byte >> 3
@@ -123,7 +107,7 @@ def _e2m1_code(y):
 @triton.jit
 def _nvfp4_candidate(xe, xo, amax, g, top):
     """Codes, scale byte and squared error of one block scaling (amax / top) for blocks [NB, 8] x 2."""
-    byte = _e4m3_byte(tl.minimum(amax / top / g, 448.0))
+    byte = e4m3_byte(tl.minimum(amax / top / g, 448.0))
     sc = _e4m3_value(byte) * g
     div = tl.where(sc > 0, sc, 1.0)[:, None]
     ce = _e2m1_code(tl.where(sc[:, None] > 0, xe / div, 0.0))

@@ -20,8 +20,11 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    e4m3_byte,
+    pack_codes,
     packed_codes,
     program_coords,
+    round_half_even,
     safe_sum,
     slot_offsets,
     softmax_step,
@@ -130,6 +133,72 @@ def write_kv_turboquant(cache: torch.Tensor, layout: SlotLayout, slots: torch.Te
     packed, meta = encode_values(v, vb)
     flat[slots, :, layout.v_data:layout.v_data + packed.shape[-1]] = packed
     flat[slots, :, layout.v_scale:layout.v_scale + 4] = meta
+
+
+@triton.jit
+def _tq_store_values(cache_ptr, base, V_DATA: tl.constexpr, V_META: tl.constexpr, x, D: tl.constexpr,
+                     BITS: tl.constexpr, NB_PAD: tl.constexpr):
+    """`encode_values` for one head: uniform asymmetric codes, the fp16 scale and zero after them."""
+    lo = tl.min(x, axis=0)
+    hi = tl.max(x, axis=0)
+    scale16 = ((hi - lo) / ((1 << BITS) - 1)).to(tl.float16)
+    zero16 = lo.to(tl.float16)
+    scale = tl.maximum(scale16.to(tl.float32), 1e-6)
+    zero = zero16.to(tl.float32)
+    codes = tl.minimum(tl.maximum(round_half_even((x - zero) / scale), 0.0), (1 << BITS) - 1.0).to(tl.int32)
+    j = tl.arange(0, NB_PAD)
+    tl.store(cache_ptr + base + V_DATA + j, pack_codes(codes, BITS, D, NB_PAD).to(tl.uint8),
+             mask=j < (D * BITS + 7) // 8)
+    meta = (cache_ptr + base + V_META).to(tl.pointer_type(tl.float16))
+    tl.store(meta, scale.to(tl.float16))
+    tl.store(meta + 1, zero16)
+
+
+@triton.jit
+def _tq_write_kernel(k_ptr, v_ptr, slots_ptr, cache_ptr, had_ptr, mid_ptr, stride_kt, stride_kh, stride_vt,
+                     stride_vh, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, K_DATA: tl.constexpr,
+                     K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr, D: tl.constexpr,
+                     K_BITS: tl.constexpr, V_BITS: tl.constexpr, N_MID: tl.constexpr, NB_PAD: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    base = (tl.load(slots_ptr + t).to(tl.int64) * NUM_KV_HEADS + h) * SLOT
+    i = tl.arange(0, D)
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + i).to(tl.float32)
+    if K_BITS == 8:  # fp8 e4m3 keys, rounded to nearest with saturation at 448, the sign from the sign bit
+        byte = e4m3_byte(tl.minimum(tl.abs(k), 448.0)) | (((k.to(tl.int32, bitcast=True) >> 31) & 1) << 7)
+        tl.store(cache_ptr + base + K_DATA + i, byte.to(tl.uint8))
+    else:  # the norm as fp16, the rotated direction coded as its nearest Lloyd-Max centroid
+        norm = tl.sqrt(tl.sum(k * k, axis=0))
+        u = k / tl.maximum(norm, 1e-12)
+        y = tl.sum(u[:, None] * tl.load(had_ptr + i[:, None] * D + i[None, :]), axis=0) / tl.sqrt(D * 1.0)
+        m = tl.arange(0, N_MID)
+        mids = tl.load(mid_ptr + m)  # the cell boundaries, ascending; a tie goes to the lower centroid
+        codes = tl.sum((y[:, None] > mids[None, :]).to(tl.int32), axis=1)
+        j = tl.arange(0, NB_PAD)
+        tl.store(cache_ptr + base + K_DATA + j, pack_codes(codes, K_BITS, D, NB_PAD).to(tl.uint8),
+                 mask=j < (D * K_BITS + 7) // 8)
+        tl.store((cache_ptr + base + K_NORM).to(tl.pointer_type(tl.float16)), norm.to(tl.float16))
+    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + i).to(tl.float32)
+    _tq_store_values(cache_ptr, base, V_DATA, V_META, v, D, V_BITS, NB_PAD)
+
+
+def reshape_and_cache_turboquant(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,
+                                 v: torch.Tensor) -> None:
+    """`write_kv_turboquant` as a kernel, one program per token and KV head. The rotation and the norm sum in
+    another order than torch, so a coordinate that sits on a cell boundary can take the neighbouring centroid."""
+    tokens, kv_heads, d = k.shape
+    assert d == layout.head_dim and cache.shape[3] == layout.slot_bytes and d & (d - 1) == 0
+    kb, vb, _ = _params(layout)
+    cent = lloyd_max_centroids(kb if kb != 8 else 4, d)
+    mids = torch.tensor([(a + b) / 2 for a, b in zip(cent, cent[1:], strict=False)] + [math.inf],
+                        dtype=torch.float32, device=cache.device)  # padded to a power of two with +inf
+    k, v = k.contiguous(), v.contiguous()
+    _tq_write_kernel[(tokens, kv_heads)](
+        k, v, slots.to(device=cache.device, dtype=torch.int64).contiguous(), cache, hadamard(d, cache.device),
+        mids, k.stride(0), k.stride(1), v.stride(0), v.stride(1), NUM_KV_HEADS=kv_heads, SLOT=layout.slot_bytes,
+        K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0), V_DATA=layout.v_data, V_META=layout.v_scale, D=d,
+        K_BITS=kb, V_BITS=vb, N_MID=mids.numel(), NB_PAD=triton.next_power_of_2((d * max(b for b in (kb, vb) if b != 8) + 7) // 8),
+    )
 
 
 def dequantize_cache_turboquant(cache: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,7 +22,7 @@ KERNELS = {  # module: the kernels it launches
     "kvplan.kernels.paged_attention": ["_paged_decode_kernel", "_reshape_and_cache_kernel"],
     "kvplan.kernels.int4_attention": ["_int4_decode_kernel", "_int4_write_kernel"],
     "kvplan.kernels.nvfp4_attention": ["_nvfp4_decode_kernel", "_nvfp4_write_kernel"],
-    "kvplan.kernels.turboquant_attention": ["_tq_decode_kernel"],
+    "kvplan.kernels.turboquant_attention": ["_tq_decode_kernel", "_tq_write_kernel"],
     "kvplan.kernels.kivi_attention": ["_kivi_decode_kernel"],
     "kvplan.kernels.common": ["_combine_kernel"],
     "kvplan.kernels.gemv": ["_gemv_kernel"],
@@ -96,6 +96,11 @@ def capture() -> list[dict]:
     for fmt in ("nvfp4", "nvfp4_4over6"):
         cache, layout = make_cache(fmt, 1, 16, KV_HEADS, HEAD_DIM)
         reshape_and_cache_nvfp4(cache, layout, torch.arange(4), x, x, 1.0, 1.0)
+    from kvplan.kernels.turboquant_attention import reshape_and_cache_turboquant
+
+    for fmt in ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
+        cache, layout = make_cache(fmt, 1, 16, KV_HEADS, HEAD_DIM)
+        reshape_and_cache_turboquant(cache, layout, torch.arange(4), x + 1, x + 1)
     return list(launches.values())
 
 

@@ -486,3 +486,40 @@ def test_nvfp4_write_kernel_writes_what_write_kv_nvfp4_writes(fmt):
     assert not out.view(48, kv_heads, -1)[unused].any()
     # exact e4m3 rounding done with integer arithmetic, the same comparisons as the torch writer: same bytes
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("fmt", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"])
+def test_turboquant_write_kernel_writes_what_write_kv_turboquant_writes(fmt):
+    from kvplan.kernels.turboquant_attention import (
+        dequantize_cache_turboquant,
+        reshape_and_cache_turboquant,
+        write_kv_turboquant,
+    )
+
+    gen = torch.Generator().manual_seed(33)
+    tokens, kv_heads, d = 24, 2, 128
+    k = torch.randn(tokens, kv_heads, d, generator=gen) * 3
+    v = torch.randn(tokens, kv_heads, d, generator=gen)
+    k[0, 0, :4] = torch.tensor([-0.0, 0.0, 500.0, -1e-5])  # fp8 keys: negative zero, saturation, a subnormal
+    slots = torch.randperm(48, generator=gen)[:tokens]
+    ref, layout = make_cache(fmt, 3, 16, kv_heads, d)
+    out, _ = make_cache(fmt, 3, 16, kv_heads, d)
+    write_kv_turboquant(ref, layout, slots, k, v)
+    reshape_and_cache_turboquant(out, layout, slots, k, v)
+    unused = torch.ones(48, dtype=torch.bool)
+    unused[slots] = False
+    flat_out, flat_ref = out.view(48, kv_heads, -1), ref.view(48, kv_heads, -1)
+    assert not flat_out[unused].any()
+    # values, their fp16 scale and zero, fp8 keys and the keys' fp16 norms: the same bytes; 3- and 4-bit key codes
+    # are rotated in another summation order, so a coordinate on a cell boundary may take the next centroid
+    v_end = layout.v_scale + 4
+    assert torch.equal(flat_out[slots, :, layout.v_data:v_end], flat_ref[slots, :, layout.v_data:v_end])
+    if fmt == "turboquant_k8v4":
+        assert torch.equal(flat_out[slots, :, :layout.v_data], flat_ref[slots, :, :layout.v_data])
+    else:
+        norm = slice(layout.k_scale, layout.k_scale + 2)
+        assert torch.equal(flat_out[slots, :, norm], flat_ref[slots, :, norm])
+        assert (flat_out[slots, :, :layout.v_data] == flat_ref[slots, :, :layout.v_data]).float().mean() > 0.99
+        ko, _ = dequantize_cache_turboquant(out, layout)
+        kr, _ = dequantize_cache_turboquant(ref, layout)
+        assert torch.allclose(ko, kr, atol=0.05 * k.abs().max().item())

@@ -189,14 +189,21 @@ def test_write_path_check(monkeypatch):
 
 
 def test_quantized_write_path_check(monkeypatch):
-    # the int4 and NVFP4 write kernels against the torch writers (a GPU-only check, run here under the
-    # interpreter, where these kernels use no float conversion); a write kernel that stores nothing fails it
+    # the int4, NVFP4 and TurboQuant write kernels against the torch writers (a GPU-only check, run here under
+    # the interpreter, where these kernels convert only to fp16); a write kernel that stores nothing fails it
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from kvplan.kernels import bench, int4_attention, nvfp4_attention
+    from kvplan.kernels import (
+        bench,
+        int4_attention,
+        nvfp4_attention,
+        turboquant_attention,
+    )
 
     assert bench._quantized_write_paths(torch.Generator().manual_seed(2), torch.device("cpu")) == []
     monkeypatch.setattr(int4_attention, "reshape_and_cache_int4", lambda *a, **k: None)
     monkeypatch.setattr(nvfp4_attention, "reshape_and_cache_nvfp4", lambda *a, **k: None)
+    monkeypatch.setattr(turboquant_attention, "reshape_and_cache_turboquant", lambda *a, **k: None)
     assert bench._quantized_write_paths(torch.Generator().manual_seed(2), torch.device("cpu")) == [
-        "int4_per_token_head (write path)", "nvfp4 (write path)", "nvfp4_4over6 (write path)"]
+        f"{fmt} (write path)" for fmt in ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4",
+                                          "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")]
