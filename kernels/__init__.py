@@ -14,7 +14,8 @@ One module per kernel family, each with its launcher and a plain torch reference
   turboquant_attention  the TurboQuant presets: Lloyd-Max keys on rotated coordinates with a stored norm, uniform
                         asymmetric values (k8v4: fp8 keys); its write path in torch and as a Triton kernel
                         (reshape_and_cache_turboquant)
-  kivi_attention        KIVI: per-channel key groups, per-token values, a full-precision residual window
+  kivi_attention        KIVI: per-channel key groups, per-token values, a full-precision residual window; a whole
+                        group's write in torch and as a Triton kernel (reshape_and_cache_kivi)
   gemv                  weight streaming at decode batch sizes, bf16 and fp8 weights
   stream                read-only and copy probes: the bandwidth ceiling
   bench                 the timed workloads of `kvplan measure` and `kvplan measure --validate`

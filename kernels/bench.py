@@ -148,9 +148,10 @@ def self_check(device: torch.device) -> list[str]:
 
 
 def _quantized_write_paths(gen, device) -> list[str]:
-    """On a GPU, the int4, NVFP4 and TurboQuant write kernels against the torch writers, byte by byte: the bytes
-    may differ only where a value sits on a rounding boundary (well under 1% of them)."""
+    """On a GPU, the int4, NVFP4, TurboQuant and KIVI write kernels against the torch writers, byte by byte: the
+    bytes may differ only where a value sits on a rounding boundary (well under 1% of them)."""
     from .int4_attention import reshape_and_cache_int4, write_kv_int4
+    from .kivi_attention import encode_group, reshape_and_cache_kivi
     from .nvfp4_attention import global_scale, reshape_and_cache_nvfp4, write_kv_nvfp4
     from .paged_attention import make_cache
     from .turboquant_attention import reshape_and_cache_turboquant, write_kv_turboquant
@@ -160,10 +161,14 @@ def _quantized_write_paths(gen, device) -> list[str]:
     v = torch.randn(n, kv_heads, d, generator=gen)
     bad = []
     for fmt in ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4", "turboquant_4bit_nc",
-                "turboquant_k3v4_nc", "turboquant_3bit_nc"):
+                "turboquant_k3v4_nc", "turboquant_3bit_nc", "kivi2", "kivi4"):
         ref, layout = make_cache(fmt, n // 16, 16, kv_heads, d)
         mine = torch.zeros_like(ref, device=device)
-        if fmt.startswith("int4"):
+        if fmt.startswith("kivi"):  # two token groups of 32
+            flat = ref.view(n, kv_heads, -1)
+            flat[:32], flat[32:] = encode_group(k[:32], v[:32], layout), encode_group(k[32:], v[32:], layout)
+            reshape_and_cache_kivi(mine, layout, torch.arange(n, device=device), k.to(device), v.to(device))
+        elif fmt.startswith("int4"):
             write_kv_int4(ref, layout, torch.arange(n), k, v)
             reshape_and_cache_int4(mine, layout, torch.arange(n, device=device), k.to(device), v.to(device))
         elif fmt.startswith("turboquant"):

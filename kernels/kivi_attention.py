@@ -19,8 +19,10 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    pack_codes,
     packed_codes,
     program_coords,
+    round_half_even,
     safe_sum,
     slot_offsets,
     softmax_step,
@@ -112,6 +114,69 @@ def write_sequence(cache: torch.Tensor, residual: torch.Tensor, layout: SlotLayo
                                                                           layout)
     residual[seq, : n - nq, :, 0] = k[nq:].to(residual.dtype)
     residual[seq, : n - nq, :, 1] = v[nq:].to(residual.dtype)
+
+
+@triton.jit
+def _kivi_write_kernel(k_ptr, v_ptr, slots_ptr, cache_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
+                       NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr,
+                       G: tl.constexpr, K_SCALE: tl.constexpr, K_ZERO: tl.constexpr, V_CODES: tl.constexpr,
+                       V_SCALE: tl.constexpr, V_ZERO: tl.constexpr, NB_PAD: tl.constexpr):
+    """`encode_group` for one token of a group and one KV head: its key codes against the group's per-channel
+    scales and zeros (and its share of them), its value codes, scales and zeros per G channels."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    r = t % G  # this token's place in its group
+    levels: tl.constexpr = (1 << BITS) - 1
+    base = (tl.load(slots_ptr + t).to(tl.int64) * NUM_KV_HEADS + h) * SLOT
+    c = tl.arange(0, D)
+    rows = (t - r) + tl.arange(0, G)
+    kg = tl.load(k_ptr + rows[:, None] * stride_kt + h * stride_kh + c[None, :]).to(tl.float32)  # the group [G, D]
+    lo = tl.min(kg, axis=0)
+    ks16 = ((tl.max(kg, axis=0) - lo) / levels).to(tl.float16)
+    kz16 = lo.to(tl.float16)
+    ks = tl.maximum(ks16.to(tl.float32), 1e-6)
+    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + c).to(tl.float32)
+    kq = tl.minimum(tl.maximum(round_half_even((k - kz16.to(tl.float32)) / ks), 0.0), levels).to(tl.int32)
+    j = tl.arange(0, NB_PAD)
+    nbytes: tl.constexpr = D * BITS // 8
+    tl.store(cache_ptr + base + j, pack_codes(kq, BITS, D, NB_PAD).to(tl.uint8), mask=j < nbytes)
+    per: tl.constexpr = D // G  # token r carries the scales and zeros of channels [r per, (r + 1) per)
+    mine = (c >= r * per) & (c < (r + 1) * per)
+    tl.store((cache_ptr + base + K_SCALE).to(tl.pointer_type(tl.float16)) + (c - r * per), ks.to(tl.float16),
+             mask=mine)
+    tl.store((cache_ptr + base + K_ZERO).to(tl.pointer_type(tl.float16)) + (c - r * per), kz16, mask=mine)
+    # values: this token's channels in groups of G, as [D / G, G]
+    NV: tl.constexpr = D // G
+    vg = tl.load(v_ptr + t * stride_vt + h * stride_vh + tl.arange(0, NV)[:, None] * G
+                 + tl.arange(0, G)[None, :]).to(tl.float32)
+    vlo = tl.min(vg, axis=1)
+    vs16 = ((tl.max(vg, axis=1) - vlo) / levels).to(tl.float16)
+    vz16 = vlo.to(tl.float16)
+    vs = tl.maximum(vs16.to(tl.float32), 1e-6)
+    vq = tl.minimum(tl.maximum(round_half_even((vg - vz16.to(tl.float32)[:, None]) / vs[:, None]), 0.0), levels)
+    tl.store(cache_ptr + base + V_CODES + j, pack_codes(tl.reshape(vq.to(tl.int32), [D]), BITS, D, NB_PAD)
+             .to(tl.uint8), mask=j < nbytes)
+    g_idx = tl.arange(0, NV)
+    tl.store((cache_ptr + base + V_SCALE).to(tl.pointer_type(tl.float16)) + g_idx, vs.to(tl.float16))
+    tl.store((cache_ptr + base + V_ZERO).to(tl.pointer_type(tl.float16)) + g_idx, vz16)
+
+
+def reshape_and_cache_kivi(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor) -> None:
+    """`encode_group` as a kernel: K and V [groups x G, kv_heads, d], whole token groups in order, stored at
+    `slots` (one program per token and KV head). Each program reads its whole group for the key statistics."""
+    bits, g, _ = _params(layout)
+    tokens, kv_heads, d = k.shape
+    assert d == layout.head_dim and cache.shape[3] == layout.slot_bytes and tokens % g == 0
+    assert d % g == 0 and (d // g) & (d // g - 1) == 0, "head_dim / group must be a power of two"
+    o = _offsets(layout)
+    k, v = k.contiguous(), v.contiguous()
+    _kivi_write_kernel[(tokens, kv_heads)](
+        k, v, slots.to(device=cache.device, dtype=torch.int64).contiguous(), cache, k.stride(0), k.stride(1),
+        v.stride(0), v.stride(1), NUM_KV_HEADS=kv_heads, SLOT=layout.slot_bytes, D=d, BITS=bits, G=g,
+        K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"], V_SCALE=o["v_scale"], V_ZERO=o["v_zero"],
+        NB_PAD=triton.next_power_of_2(d * bits // 8),
+    )
 
 
 @triton.jit

@@ -23,7 +23,7 @@ KERNELS = {  # module: the kernels it launches
     "kvplan.kernels.int4_attention": ["_int4_decode_kernel", "_int4_write_kernel"],
     "kvplan.kernels.nvfp4_attention": ["_nvfp4_decode_kernel", "_nvfp4_write_kernel"],
     "kvplan.kernels.turboquant_attention": ["_tq_decode_kernel", "_tq_write_kernel"],
-    "kvplan.kernels.kivi_attention": ["_kivi_decode_kernel"],
+    "kvplan.kernels.kivi_attention": ["_kivi_decode_kernel", "_kivi_write_kernel"],
     "kvplan.kernels.common": ["_combine_kernel"],
     "kvplan.kernels.gemv": ["_gemv_kernel"],
     "kvplan.kernels.stream": ["_read_kernel", "_copy_kernel"],
@@ -101,6 +101,12 @@ def capture() -> list[dict]:
     for fmt in ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
         cache, layout = make_cache(fmt, 1, 16, KV_HEADS, HEAD_DIM)
         reshape_and_cache_turboquant(cache, layout, torch.arange(4), x + 1, x + 1)
+    from kvplan.kernels.kivi_attention import reshape_and_cache_kivi
+
+    x = torch.zeros(32, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    for fmt in ("kivi2", "kivi4"):
+        cache, layout = make_cache(fmt, 2, 16, KV_HEADS, HEAD_DIM)
+        reshape_and_cache_kivi(cache, layout, torch.arange(32), x, x)
     return list(launches.values())
 
 

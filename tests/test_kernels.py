@@ -523,3 +523,26 @@ def test_turboquant_write_kernel_writes_what_write_kv_turboquant_writes(fmt):
         ko, _ = dequantize_cache_turboquant(out, layout)
         kr, _ = dequantize_cache_turboquant(ref, layout)
         assert torch.allclose(ko, kr, atol=0.05 * k.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["kivi2", "kivi4"])
+def test_kivi_write_kernel_writes_what_encode_group_writes(fmt):
+    from kvplan.kernels.kivi_attention import encode_group, reshape_and_cache_kivi
+
+    gen = torch.Generator().manual_seed(34)
+    kv_heads, d, g = 2, 128, 32
+    k = torch.randn(2 * g, kv_heads, d, generator=gen) * 3
+    v = torch.randn(2 * g, kv_heads, d, generator=gen)
+    k[:g, 0, 5] = 1.25  # a constant channel: scale 0 clamped to 1e-6
+    ref, layout = make_cache(fmt, 6, 16, kv_heads, d)
+    out, _ = make_cache(fmt, 6, 16, kv_heads, d)
+    slots = torch.randperm(96, generator=gen)[:2 * g]
+    flat = ref.view(96, kv_heads, -1)
+    for grp in range(2):
+        flat[slots[grp * g:(grp + 1) * g]] = encode_group(k[grp * g:(grp + 1) * g], v[grp * g:(grp + 1) * g], layout)
+    reshape_and_cache_kivi(out, layout, slots, k, v)
+    unused = torch.ones(96, dtype=torch.bool)
+    unused[slots] = False
+    assert not out.view(96, kv_heads, -1)[unused].any()
+    # the same statistics in the same order: the same bytes
+    assert torch.equal(out, ref)

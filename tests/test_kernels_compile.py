@@ -21,10 +21,10 @@ def test_every_kernel_compiles_for_sm90():
     ok = [line.split()[2] for line in r.stdout.splitlines() if line.startswith("ok ")]
     # the 18 families `kvplan measure` runs use 8 kernels (the paged kernel in 5 modes, turboquant in 4 bit
     # layouts, KIVI in 2), each launch with its own constants: 19 distinct launches counting the combine kernel's
-    # two; the paged write path in its 6 modes (fp16 too), the int4 write path, the NVFP4 one in 2 and the
-    # TurboQuant one in its 4 bit layouts: 32
+    # two; the paged write path in its 6 modes (fp16 too), the int4 write path, the NVFP4 one in 2, the
+    # TurboQuant one in its 4 bit layouts and the KIVI one in 2: 34
     assert set(ok) == {"_read_kernel", "_copy_kernel", "_gemv_kernel", "_paged_decode_kernel", "_combine_kernel",
                        "_int4_decode_kernel", "_nvfp4_decode_kernel", "_tq_decode_kernel", "_kivi_decode_kernel",
                        "_reshape_and_cache_kernel", "_int4_write_kernel", "_nvfp4_write_kernel",
-                       "_tq_write_kernel"}
-    assert len(ok) == 32 and "FAILED" not in r.stdout
+                       "_tq_write_kernel", "_kivi_write_kernel"}
+    assert len(ok) == 34 and "FAILED" not in r.stdout

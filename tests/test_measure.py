@@ -189,13 +189,14 @@ def test_write_path_check(monkeypatch):
 
 
 def test_quantized_write_path_check(monkeypatch):
-    # the int4, NVFP4 and TurboQuant write kernels against the torch writers (a GPU-only check, run here under
+    # the int4, NVFP4, TurboQuant and KIVI write kernels against the torch writers (a GPU-only check, run here under
     # the interpreter, where these kernels convert only to fp16); a write kernel that stores nothing fails it
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
     from kvplan.kernels import (
         bench,
         int4_attention,
+        kivi_attention,
         nvfp4_attention,
         turboquant_attention,
     )
@@ -204,6 +205,8 @@ def test_quantized_write_path_check(monkeypatch):
     monkeypatch.setattr(int4_attention, "reshape_and_cache_int4", lambda *a, **k: None)
     monkeypatch.setattr(nvfp4_attention, "reshape_and_cache_nvfp4", lambda *a, **k: None)
     monkeypatch.setattr(turboquant_attention, "reshape_and_cache_turboquant", lambda *a, **k: None)
+    monkeypatch.setattr(kivi_attention, "reshape_and_cache_kivi", lambda *a, **k: None)
     assert bench._quantized_write_paths(torch.Generator().manual_seed(2), torch.device("cpu")) == [
         f"{fmt} (write path)" for fmt in ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4",
-                                          "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")]
+                                          "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+                                          "kivi2", "kivi4")]
