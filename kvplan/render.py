@@ -183,7 +183,8 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     con = console()
     r0 = results[0]
     par = f"TP {r0.tp}" + (f"  PP {r0.pp}" if r0.pp > 1 else "") + (f"  DCP {r0.dcp}" if r0.dcp > 1 else "")
-    con.print(f"[bold]{model.name}[/bold] on {gpu.name if gpu else 'a GPU'}  {par}  weights {r0.weight_dtype}  "
+    where = gpu.name if gpu else (r0.gpu or "a GPU")
+    con.print(f"[bold]{model.name}[/bold] on {where}  {par}  weights {r0.weight_dtype}  "
               f"max_model_len {r0.max_model_len:,}  vLLM {r0.engine_version} rules")
     t = Table(title="KV pool per rank", title_justify="left", show_header=False)
     t.add_column("", no_wrap=True)
@@ -204,7 +205,12 @@ def capacity_table(results: Sequence, model, gpu) -> None:
                   f"{min(nk['max_num_seqs'], nk['max_num_batched_tokens']):,} sampled rows)", gib(nk["activation"]))
         t.add_row("- persistent buffers (sampler state, cuBLAS)", gib(nk["persistent"]))
         t.add_row("- non-torch (all-reduce workspaces)", gib(nk["non_torch"]))
-        t.add_row("- CUDA-graph estimate", gib(nk["cudagraph"]))
+        parts = nk.get("parts", {})
+        if parts.get("cudagraph_estimate") and not parts.get("cudagraph_subtracted"):
+            t.add_row(f"- CUDA-graph estimate ({gib(parts['cudagraph_estimate'])} logged, not subtracted)",
+                      gib(nk["cudagraph"]))
+        else:
+            t.add_row("- CUDA-graph estimate", gib(nk["cudagraph"]))
     t.add_row("= KV cache pool", gib(r0.available_kv_bytes))
     con.print(t)
 
