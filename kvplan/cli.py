@@ -64,6 +64,20 @@ def _sizes(values: Optional[List[str]], option: str) -> list[int]:
     return out
 
 
+def _model_len(value: Optional[str]) -> Optional[int | str]:
+    """--max-model-len: a token count (32768, 32k), or auto / -1 for the longest that fits."""
+    from .errors import KvplanError
+
+    if value is None:
+        return None
+    if value.strip().lower() in ("auto", "-1"):
+        return "auto"
+    sizes = _sizes([value], "--max-model-len")
+    if len(sizes) != 1:
+        raise KvplanError(f"--max-model-len '{value}': give one length (or auto)")
+    return sizes[0]
+
+
 @app.command()
 def crossover(
     model: str = typer.Argument(..., help="catalog name (e.g. llama3-8b), a YAML spec path, or a config.json path"),
@@ -151,8 +165,9 @@ def capacity(
     gpu_memory_utilization: Optional[float] = typer.Option(
         None, "--gpu-memory-utilization", help="fraction of TOTAL memory vLLM may use (default: vLLM's 0.92, or "
         "the profile's)"),
-    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="tokens per sequence (default: the "
-                                                "model's max_position_embeddings)"),
+    max_model_len_opt: Optional[str] = typer.Option(
+        None, "--max-model-len", help="tokens per sequence, e.g. 32768 or 32k (default: the model's "
+        "max_position_embeddings); auto (or -1, as in vLLM): the longest that fits the pool"),
     dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="tokens per KV block (default: the attention "
                                              "backend's: 16, or 64 for MLA on FlashMLA, 128 on CUTLASS MLA)"),
@@ -177,7 +192,7 @@ def capacity(
         None, "--max-num-batched-tokens", help="caps sliding-window allocation (default: vLLM serve's for the GPU)"),
     engine: str = typer.Option("vllm", "--engine", help="serving engine whose rules plan the pool: vllm or sglang"),
     engine_version: Optional[str] = typer.Option(None, "--engine-version", help="vLLM version whose rules apply: "
-                                                 "0.20 (and earlier), 0.25, 0.28, 0.30, 0.33 (default, newest)"),
+                                                 "0.19 (and earlier), 0.20, 0.25, 0.28, 0.30, 0.33 (default, newest)"),
     pp: int = typer.Option(1, "--pp", help="pipeline-parallel size: layers split over stages, the fewest blocks "
                            "of any rank set the pool"),
     dcp: int = typer.Option(1, "--dcp", help="decode-context-parallel size (divides --tp): each sequence's tokens "
@@ -201,6 +216,7 @@ def capacity(
     from .pool import capacity as run
     from .specs import load_gpu
 
+    max_model_len = _model_len(max_model_len_opt)
     prof = None
     if profile:
         from .deploy import load_profile
@@ -215,6 +231,8 @@ def capacity(
     skip = parse_skip_layers(skip_layers)
     engine = (prof.engine if prof is not None and engine == "vllm" else engine).lower()
     if engine == "sglang":
+        if max_model_len == "auto":
+            raise KvplanError("--max-model-len auto is vLLM's; SGLang takes a context length (or its model's)")
         _sglang_capacity(model, g, dtype, tp, mem_fraction_static, max_model_len, page_size, prof, as_json)
         return
     if engine != "vllm":
@@ -277,7 +295,7 @@ def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
     rows = []
     for key, m in catalog_entries("models"):
         per_model = dict(opts)
-        if per_model["max_model_len"] and per_model["max_model_len"] > m.max_position_embeddings:
+        if isinstance(per_model["max_model_len"], int) and per_model["max_model_len"] > m.max_position_embeddings:
             per_model["max_model_len"] = m.max_position_embeddings  # the model's own limit; the row says so
         try:
             rows.append((key, run(m, g, fmts[0], **per_model)))

@@ -369,7 +369,8 @@ def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat
 def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
              pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
              num_gpu_blocks_override: Optional[int] = None,
-             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, max_model_len: Optional[int] = None,
+             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+             max_model_len: Optional[int | Literal["auto"]] = None,
              block_size: Optional[int] = None, activation_gib: Optional[float] = None,
              non_torch_gib: Optional[float] = None, cudagraph_gib: Optional[float] = None,
              gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
@@ -408,9 +409,14 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
                      kv_cache_memory_gib=kv_cache_memory_gib, weight_dtype=weight_dtype, skip=skip,
                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                      enforce_eager=enforce_eager, measured_non_kv=measured)
-    mlen = model.max_position_embeddings if max_model_len is None else max_model_len
+    auto = max_model_len in ("auto", -1)
+    if auto:  # vLLM's -1: the longest length the pool holds one sequence of, up to the model's own
+        fitted = _longest_fitting(plan.blocks_per_request, plan.num_blocks - 1, model.max_position_embeddings)
+        mlen = fitted or model.max_position_embeddings  # nothing fits: the problem below says why
+    else:
+        mlen = model.max_position_embeddings if max_model_len is None else int(max_model_len)
     if mlen < 1:
-        raise KvplanError(f"--max-model-len must be positive, got {mlen}")
+        raise KvplanError(f"--max-model-len must be positive (or auto), got {mlen}")
     if mlen > model.max_position_embeddings:
         raise KvplanError(
             f"--max-model-len {mlen} exceeds {model.name}'s max_position_embeddings "
@@ -435,6 +441,9 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
             f"raise --tp, or quantize the KV cache"
         )
     notes = []
+    if auto and mlen < model.max_position_embeddings:
+        notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
+                     f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")
     if inferred is not None:
         notes.append(f"GPU taken to be {inferred.name}, the catalog GPU nearest {gpu_memory_gib:g} GiB (its "
                      f"architecture sets vLLM's batch defaults and workspaces); pass --gpu to name another")

@@ -243,7 +243,8 @@ def capacity_table(results: Sequence, model, gpu) -> None:
 def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, max_model_len) -> None:
     con = console()
     t = Table(title=f"KV capacity on {gpu.name if gpu else 'the given memory'}, TP {tp}, KV dtype {dtype}"
-              + (f", max_model_len {max_model_len:,}" if max_model_len else ", each model's own context"),
+              + (", max_model_len auto (the longest that fits)" if max_model_len == "auto" else
+                 f", max_model_len {max_model_len:,}" if max_model_len else ", each model's own context"),
               title_justify="left")
     for col in ["model", "weights/rank", "KV pool", "B/token", "context", "concurrency", "fits"]:
         t.add_column(col, justify="left" if col in ("model", "fits") else "right", no_wrap=col == "model",
@@ -253,7 +254,8 @@ def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, 
             t.add_row(key, "-", "-", "-", "-", "-", f"[red]no[/red]: {r}")
             continue
         if r.fits:
-            fits = "yes" if not max_model_len or r.max_model_len == max_model_len else "yes (its max context)"
+            fits = ("yes" if max_model_len in (None, "auto") or r.max_model_len == max_model_len
+                    else "yes (its max context)")
         elif r.longest_fitting_len:
             fits = f"[red]no[/red]: {r.longest_fitting_len:,} tokens fit"
         else:

@@ -113,6 +113,20 @@ def test_pool_too_small_for_one_sequence():
     assert "81,904" in r.problem
 
 
+def test_max_model_len_auto():
+    m = load_model("llama-3.1-8b")
+    # vLLM's -1: the longest length whose blocks fit in the pool less the null block. 10 GiB / 2 MiB = 5,120
+    # blocks, 5,119 usable x 16 = 81,904 tokens, below the model's 131,072: reduced, and one sequence fits
+    r = capacity(m, None, "auto", kv_cache_memory_gib=10, max_model_len="auto")
+    assert r.fits and r.max_model_len == 81_904 and r.blocks_per_request == 5_119
+    assert any("reduced from 131,072 to 81,904" in n for n in r.notes)
+    # 60.5 GiB: 30,976 blocks hold the model's whole 131,072 (8,192 blocks): nothing to reduce
+    big = capacity(m, None, "auto", kv_cache_memory_gib=60.5, max_model_len=-1)
+    assert big.max_model_len == 131_072 and not any("Auto-fit" in n for n in big.notes)
+    # weights that do not fit still say so
+    assert not capacity(load_model("llama3-70b"), H100, max_model_len="auto").fits
+
+
 def test_weights_do_not_fit():
     r = capacity(load_model("llama3-70b"), H100)
     assert not r.fits and "exceed" in r.problem
@@ -155,3 +169,14 @@ def test_capacity_cli_pool_too_small(cli):
     r = cli("capacity", "llama-3.1-8b", "--kv-cache-memory", "10", "--max-model-len", "131072")
     assert r.code == 2
     assert "81,904" in r.err and r.err.count("\n") == 1 and "Traceback" not in r.err
+
+
+def test_capacity_cli_max_model_len_forms(cli):
+    r = cli("capacity", "llama-3.1-8b", "--kv-cache-memory", "10", "--max-model-len", "auto", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["max_model_len"] == 81_904
+    r = cli("capacity", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", "32k", "--json")
+    assert json.loads(r.out)["max_model_len"] == 32 * 1024
+    for bad in ("3x", "8k,16k"):
+        r = cli("capacity", "llama-3.1-8b", "--gpu", "h100", "--max-model-len", bad)
+        assert r.code == 2 and r.err.count("\n") == 1 and "--max-model-len" in r.err
