@@ -72,6 +72,8 @@ def _model_len(value: Optional[str]) -> Optional[int | str]:
         return None
     if value.strip().lower() in ("auto", "-1"):
         return "auto"
+    if value.strip().lstrip("-").isdigit() and int(value) < 1:
+        raise KvplanError(f"--max-model-len must be positive (or auto, the longest that fits), got {value}")
     sizes = _sizes([value], "--max-model-len")
     if len(sizes) != 1:
         raise KvplanError(f"--max-model-len '{value}': give one length (or auto)")
