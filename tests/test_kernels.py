@@ -426,6 +426,24 @@ def test_reshape_and_cache_kernel_writes_what_write_kv_writes(fmt):
             assert within.all()
 
 
+def _write_setup(fmt, seed, tokens=24, kv_heads=2, d=128, num_blocks=3):
+    """K, V [tokens, kv_heads, d], scattered slots of a num_blocks x 16 cache, and two empty caches of `fmt`."""
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(tokens, kv_heads, d, generator=gen) * 3
+    v = torch.randn(tokens, kv_heads, d, generator=gen)
+    slots = torch.randperm(num_blocks * 16, generator=gen)[:tokens]
+    ref, layout = make_cache(fmt, num_blocks, 16, kv_heads, d)
+    out, _ = make_cache(fmt, num_blocks, 16, kv_heads, d)
+    return k, v, slots, ref, out, layout
+
+
+def _only_slots_written(cache, slots) -> bool:
+    flat = cache.view(cache.shape[0] * cache.shape[1], cache.shape[2], -1)
+    unused = torch.ones(flat.shape[0], dtype=torch.bool)
+    unused[slots] = False
+    return not flat[unused].any()
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_int4_write_kernel_writes_what_write_kv_int4_writes(d):
     from kvplan.kernels.int4_attention import (
@@ -434,19 +452,11 @@ def test_int4_write_kernel_writes_what_write_kv_int4_writes(d):
         write_kv_int4,
     )
 
-    gen = torch.Generator().manual_seed(31)
-    tokens, kv_heads = 24, 2
-    k = torch.randn(tokens, kv_heads, d, generator=gen) * 3
-    v = torch.randn(tokens, kv_heads, d, generator=gen)
-    slots = torch.randperm(48, generator=gen)[:tokens]
-    ref, layout = make_cache("int4_per_token_head", 3, 16, kv_heads, d)
-    out, _ = make_cache("int4_per_token_head", 3, 16, kv_heads, d)
+    k, v, slots, ref, out, layout = _write_setup("int4_per_token_head", 31, d=d)
     write_kv_int4(ref, layout, slots, k, v)
     reshape_and_cache_int4(out, layout, slots, k, v)
-    unused = torch.ones(48, dtype=torch.bool)
-    unused[slots] = False
-    flat_out, flat_ref = out.view(48, kv_heads, -1), ref.view(48, kv_heads, -1)
-    assert not flat_out[unused].any()  # nothing written outside the given slots
+    assert _only_slots_written(out, slots)
+    flat_out, flat_ref = out.view(48, 2, -1), ref.view(48, 2, -1)
     half = d // 2
     for data_off, scale_off in ((layout.k_data, layout.k_scale), (layout.v_data, layout.v_scale)):
         so = flat_out[slots, :, scale_off:scale_off + 4].contiguous().view(torch.int32)
@@ -469,21 +479,13 @@ def test_nvfp4_write_kernel_writes_what_write_kv_nvfp4_writes(fmt):
         write_kv_nvfp4,
     )
 
-    gen = torch.Generator().manual_seed(32)
-    tokens, kv_heads, d = 24, 2, 128
-    k = torch.randn(tokens, kv_heads, d, generator=gen) * 3
-    v = torch.randn(tokens, kv_heads, d, generator=gen)
+    k, v, slots, ref, out, layout = _write_setup(fmt, 32)
     v[0, 0, :16] = 0.0  # an all-zero block: scale 0, codes 0
     v[1, 1, 16:32] = 1e-4  # a block whose scale is an e4m3 subnormal
     kg, vg = global_scale(k), global_scale(v)
-    slots = torch.randperm(48, generator=gen)[:tokens]
-    ref, layout = make_cache(fmt, 3, 16, kv_heads, d)
-    out, _ = make_cache(fmt, 3, 16, kv_heads, d)
     write_kv_nvfp4(ref, layout, slots, k, v, kg, vg)
     reshape_and_cache_nvfp4(out, layout, slots, k, v, kg, vg)
-    unused = torch.ones(48, dtype=torch.bool)
-    unused[slots] = False
-    assert not out.view(48, kv_heads, -1)[unused].any()
+    assert _only_slots_written(out, slots)
     # exact e4m3 rounding done with integer arithmetic, the same comparisons as the torch writer: same bytes
     assert torch.equal(out, ref)
 
@@ -496,20 +498,12 @@ def test_turboquant_write_kernel_writes_what_write_kv_turboquant_writes(fmt):
         write_kv_turboquant,
     )
 
-    gen = torch.Generator().manual_seed(33)
-    tokens, kv_heads, d = 24, 2, 128
-    k = torch.randn(tokens, kv_heads, d, generator=gen) * 3
-    v = torch.randn(tokens, kv_heads, d, generator=gen)
+    k, v, slots, ref, out, layout = _write_setup(fmt, 33)
     k[0, 0, :4] = torch.tensor([-0.0, 0.0, 500.0, -1e-5])  # fp8 keys: negative zero, saturation, a subnormal
-    slots = torch.randperm(48, generator=gen)[:tokens]
-    ref, layout = make_cache(fmt, 3, 16, kv_heads, d)
-    out, _ = make_cache(fmt, 3, 16, kv_heads, d)
     write_kv_turboquant(ref, layout, slots, k, v)
     reshape_and_cache_turboquant(out, layout, slots, k, v)
-    unused = torch.ones(48, dtype=torch.bool)
-    unused[slots] = False
-    flat_out, flat_ref = out.view(48, kv_heads, -1), ref.view(48, kv_heads, -1)
-    assert not flat_out[unused].any()
+    assert _only_slots_written(out, slots)
+    flat_out, flat_ref = out.view(48, 2, -1), ref.view(48, 2, -1)
     # values, their fp16 scale and zero, fp8 keys and the keys' fp16 norms: the same bytes; 3- and 4-bit key codes
     # are rotated in another summation order, so a coordinate on a cell boundary may take the next centroid
     v_end = layout.v_scale + 4
@@ -529,20 +523,13 @@ def test_turboquant_write_kernel_writes_what_write_kv_turboquant_writes(fmt):
 def test_kivi_write_kernel_writes_what_encode_group_writes(fmt):
     from kvplan.kernels.kivi_attention import encode_group, reshape_and_cache_kivi
 
-    gen = torch.Generator().manual_seed(34)
-    kv_heads, d, g = 2, 128, 32
-    k = torch.randn(2 * g, kv_heads, d, generator=gen) * 3
-    v = torch.randn(2 * g, kv_heads, d, generator=gen)
+    g = 32
+    k, v, slots, ref, out, layout = _write_setup(fmt, 34, tokens=2 * g, num_blocks=6)
     k[:g, 0, 5] = 1.25  # a constant channel: scale 0 clamped to 1e-6
-    ref, layout = make_cache(fmt, 6, 16, kv_heads, d)
-    out, _ = make_cache(fmt, 6, 16, kv_heads, d)
-    slots = torch.randperm(96, generator=gen)[:2 * g]
-    flat = ref.view(96, kv_heads, -1)
+    flat = ref.view(96, 2, -1)
     for grp in range(2):
         flat[slots[grp * g:(grp + 1) * g]] = encode_group(k[grp * g:(grp + 1) * g], v[grp * g:(grp + 1) * g], layout)
     reshape_and_cache_kivi(out, layout, slots, k, v)
-    unused = torch.ones(96, dtype=torch.bool)
-    unused[slots] = False
-    assert not out.view(96, kv_heads, -1)[unused].any()
+    assert _only_slots_written(out, slots)
     # the same statistics in the same order: the same bytes
     assert torch.equal(out, ref)
