@@ -519,7 +519,8 @@ def gate(
 def log_import(
     file: str = typer.Argument(..., help="a vLLM (V0 or V1) or SGLang startup log, or - for stdin"),
     model: Optional[str] = typer.Option(None, "--model", help="the model, when the log's name is not in the catalog"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="the GPU (needed when the log does not state its memory)"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="the GPU (default: the one the log names, else the "
+                                      "catalog GPU nearest the memory total it states; needed when it states none)"),
     save_profile: Optional[str] = typer.Option(None, "--save-profile", help="keep the measured overheads here "
                                                "(YAML) for `kvplan capacity --profile`"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
