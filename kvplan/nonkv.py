@@ -5,7 +5,8 @@ field of the version's rules in kvplan.engines:
 
   weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches
   activation  the peak of the profile run: one forward over max_num_batched_tokens (the widest layer's live
-              tensors, the MoE workspace) and the dummy sampler over min(max_num_seqs, tokens) rows x vocab
+              tensors, the MoE workspace) and the dummy sampler over min(max_num_seqs, tokens) rows x vocab (on top
+              of the MoE workspace, which the workspace manager keeps)
   persistent  torch buffers charged outside the peak: 0.30+ allocates the sampler's penalty state
               (max_num_seqs x vocab int32); 0.30 charges the main stream's cuBLAS workspace
   non_torch   memory that appears after vLLM's baseline snapshot outside torch: the FlashInfer all-reduce
@@ -180,7 +181,8 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     forward, parts = _forward_peak(m, T, tp, b, eager=enforce_eager)
     if last_stage:
         hold = T * H * b + 2 * R * H * b  # hidden states, sampled rows and their random copy
-        activation = max(forward, hold + _sampler_peak(m, R, tp, b, rules, gpu))
+        # the MoE workspace is the workspace manager's persistent buffer: still allocated while the sampler runs
+        activation = max(forward, parts["moe_workspace"] + hold + _sampler_peak(m, R, tp, b, rules, gpu))
     else:
         activation = forward
     if not first_stage:

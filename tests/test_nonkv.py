@@ -159,3 +159,17 @@ def test_capacity_uses_the_model_by_default():
 def test_bad_overrides(cli, args):
     r = cli("capacity", "llama3-8b", "--gpu", "h100", *args)
     assert r.code == 2 and r.err.count("\n") == 1
+
+
+def test_moe_workspace_stays_through_the_sampler():
+    # Qwen3-30B-A3B at 8,192 tokens: the Triton experts' workspace, 8192 x 8 x (max(768, 2048) + max(1536, 2048))
+    # x 2 B = 512 MiB, is the workspace manager's persistent buffer, so the dummy sampler runs on top of it
+    m = load_model("qwen3-30b-a3b")
+    nk = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=1, weights=0, version="0.33",
+                       max_model_len=32768)
+    w_moe = 8192 * 8 * (2048 + 2048) * 2
+    assert w_moe == 512 * MiB and nk.parts["moe_workspace"] == w_moe
+    V = 151_936  # already a multiple of 64
+    hold = 8192 * 2048 * 2 + 2 * 1024 * 2048 * 2
+    sampler = 2 * 1024 * V + 12 * 1024 * V  # bf16 logits; fp32 copy, top-k mask, probs (0.33's warm-up pass)
+    assert nk.activation == w_moe + hold + sampler
