@@ -141,6 +141,19 @@ _COMPRESSED_TENSORS = [(r"nvfp4|fp4", "nvfp4"), (r"fp8", "fp8_channel"), (r"w4a1
                        (r"w8a8|w8a16|int8", "int8")]
 
 
+def human_bytes(value) -> int:
+    """vLLM's human-readable byte counts: an integer, or one with a suffix, upper case binary (1G = 2^30), lower
+    case decimal (1g = 10^9)."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgGtT]?)\s*", str(value))
+    if not m:
+        raise KvplanError(f"kv_cache_memory_bytes '{value}': expected a byte count such as 4294967296, 4G or 4g")
+    unit = m.group(2)
+    power = " kmgt".index(unit.lower()) if unit else 0
+    return int(float(m.group(1)) * (1024 if unit.isupper() else 1000) ** power)
+
+
 def _weight_dtype(quant: Optional[str], repo: str) -> Optional[str]:
     q = str(quant).lower()
     if q == "compressed-tensors":
@@ -198,6 +211,9 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
               enforce_eager=bool(c.get("enforce_eager", False)))
     if total_gib is not None:
         kw["gpu_memory_gib"] = total_gib
+    if c.get("kv_cache_memory_bytes"):  # the pool given directly: vLLM skips the memory profile
+        kw["kv_cache_memory_gib"] = human_bytes(c["kv_cache_memory_bytes"]) / GiB
+        notes.append("kv_cache_memory_bytes set: the pool is the size given, not what the profile leaves")
     dtype = str(c.get("kv_cache_dtype") or "auto")
     pred = capacity(m, g, dtype, **kw)
 

@@ -55,6 +55,7 @@ _VLLM_FIGURES = [
     ("peak_torch_gib", rf"peak_torch_memory={_NUM} ?GiB"),
     ("kv_reserved_gib", rf"(?:memory reserved for KV Cache is |kv_cache_size=){_NUM} ?GiB"),
     ("cudagraph_actual_gib", rf"CUDA graph pool memory: {_NUM} GiB \(actual\)"),
+    ("available_kv_gib", rf"reserved {_NUM} GiB memory for KV Cache as specified by kv_cache_memory_bytes"),
     ("cudagraph_estimated_gib", rf"{_NUM} GiB \(estimated\)"),
     ("graph_capture_gib", rf"Graph capturing finished in [0-9.]+ secs?, took {_NUM} GiB"),
 ]

@@ -193,3 +193,32 @@ def test_model_from_quantized_repo_names():
     assert model_for_repo("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4").name == "Llama-3.1-70B"
     assert model_for_repo("Qwen/Qwen2.5-7B-Instruct-AWQ").name == "Qwen2.5-7B"
     assert model_for_repo("/models/Llama-3.1-8B-Instruct/").name == "Llama-3.1-8B"
+
+
+def test_log_with_kv_cache_memory_bytes():
+    text = (
+        "INFO 11-20 10:01:05 [api_server.py:1880] vLLM API server version 0.33.0\n"
+        "INFO 11-20 10:01:05 [utils.py:326] non-default args: {'model': 'meta-llama/Llama-3.1-8B-Instruct', "
+        "'max_model_len': 32768, 'kv_cache_memory_bytes': '20G'}\n"
+        "INFO 11-20 10:01:31 [gpu_worker.py:660] reserved 20.0 GiB memory for KV Cache as specified by "
+        "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
+        "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control of KV "
+        "cache memory size. If OOM'ed, check the difference of initial free memory between the current run and "
+        "the previous run where kv_cache_memory_bytes is suggested and update it correspondingly.\n"
+        "INFO 11-20 10:01:31 [kv_cache_utils.py:1150] GPU KV cache size: 163,840 tokens, Maximum concurrency for "
+        "32,768 tokens per request: 5.00x\n")
+    result = import_log(text, "kvmem.log", gpu="h100")
+    fig = {f.name: f for f in result.figures}
+    # 20G = 20 x 2^30 B: 10,240 blocks of 2 MiB; 10,240 / 2,048 blocks per request = 5.00x, 163,840 tokens
+    assert fig["available KV cache memory"].measured == 20.0 and fig["available KV cache memory"].predicted == 20.0
+    assert fig["KV blocks"].measured == fig["KV blocks"].predicted == 10_240
+    assert fig["GPU KV cache size"].predicted == 163_840
+
+
+def test_human_bytes():
+    from kvplan.deploy import human_bytes
+
+    assert human_bytes("4G") == 4 * 2**30 and human_bytes("4g") == 4 * 10**9 and human_bytes(1024) == 1024
+    assert human_bytes("512M") == 512 * 2**20
+    with pytest.raises(KvplanError, match="kv_cache_memory_bytes"):
+        human_bytes("lots")
