@@ -165,8 +165,8 @@ def capacity(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or YAML spec (memory total as CUDA reports it)"),
     tp: int = typer.Option(1, "--tp", help="tensor-parallel size (figures are per rank)"),
     gpu_memory_utilization: Optional[float] = typer.Option(
-        None, "--gpu-memory-utilization", help="fraction of TOTAL memory vLLM may use (default: vLLM's 0.92, or "
-        "the profile's)"),
+        None, "--gpu-memory-utilization", help="fraction of TOTAL memory vLLM may use (default: the profile's, or "
+        "vLLM's: 0.92 from 0.20 on, 0.9 before)"),
     max_model_len_opt: Optional[str] = typer.Option(
         None, "--max-model-len", help="tokens per sequence, e.g. 32768 or 32k (default: the model's "
         "max_position_embeddings); auto (or -1, as in vLLM): the longest that fits the pool"),
@@ -248,9 +248,8 @@ def capacity(
     cal, cal_path = _calibration(calibration, g)
     if cal is not None and gpu_memory_gib is None and cal.device.get("memory_total_bytes"):
         opts["gpu_memory_gib"] = cal.device["memory_total_bytes"] / 2**30  # as `kvplan measure` read it
-    if gpu_memory_utilization is None:
-        opts["gpu_memory_utilization"] = (prof.gpu_memory_utilization if prof is not None
-                                          and prof.gpu_memory_utilization else 0.92)
+    if gpu_memory_utilization is None and prof is not None and prof.gpu_memory_utilization:
+        opts["gpu_memory_utilization"] = prof.gpu_memory_utilization  # else the engine version's default
     if prof is not None:
         opts["profile"] = prof
     if model is None:

@@ -198,7 +198,7 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
     total_gib = meas.get("total_gpu_memory_gib")
     if total_gib is None and g is None:
         raise KvplanError("the log does not state the GPU's total memory; pass --gpu")
-    util = c.get("gpu_memory_utilization") or (0.92 if rules.version >= "0.20" else 0.9)
+    util = c.get("gpu_memory_utilization") or rules.default_gpu_memory_utilization
     quant = c.get("quantization")
     weight_dtype = _weight_dtype(quant, str(c.get("model", ""))) if quant else None
     if quant and weight_dtype is None:

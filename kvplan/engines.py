@@ -49,6 +49,8 @@ class VllmRules:
     batched_tokens_160gib: int = 8192
     # the largest CUDA-graph capture size on SM100-family GPUs: 512 before 0.30, 1,024 from 0.30
     max_capture_sm100: int = 512
+    # CacheConfig.gpu_memory_utilization's default: 0.92 in 0.20 and later (vllm/config/cache.py), 0.9 before
+    default_gpu_memory_utilization: float = 0.92
 
     def log_lines(self, available_bytes: int, kv_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
         """The startup lines vLLM prints for this pool, digit for digit (gpu_worker.py's "Available KV cache memory",
@@ -63,7 +65,7 @@ _OLD_DTYPES = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
 _MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _OLD_DTYPES,
-              subtracts_cudagraphs=False),
+              subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9),
     VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES),
     VllmRules("0.25", "vLLM 0.25 to 0.27", 1, False, "concurrency", False, True,
               frozenset({"nvfp4_ds_mla", "nvfp4_4over6"})),

@@ -258,7 +258,7 @@ class PoolPlan:
 
 def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
               pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
-              gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: Optional[int] = None,
+              gpu_memory_utilization: Optional[float] = None, block_size: Optional[int] = None,
               activation_gib: Optional[float] = None, non_torch_gib: Optional[float] = None,
               cudagraph_gib: Optional[float] = None, gpu_memory_gib: Optional[float] = None,
               kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
@@ -275,6 +275,8 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
     measured, modelled weights otherwise."""
     check_tp(model, tp)
     rules = vllm_rules(engine_version)
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = rules.default_gpu_memory_utilization
     if not 0 < gpu_memory_utilization <= 1:
         raise KvplanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
     if block_size is not None and block_size < 1:
@@ -369,7 +371,7 @@ def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat
 def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
              pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
              num_gpu_blocks_override: Optional[int] = None,
-             gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+             gpu_memory_utilization: Optional[float] = None,
              max_model_len: Optional[int | Literal["auto"]] = None,
              block_size: Optional[int] = None, activation_gib: Optional[float] = None,
              non_torch_gib: Optional[float] = None, cudagraph_gib: Optional[float] = None,
@@ -477,7 +479,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         total_bytes=plan.total,
         memory_source="measured" if profile is not None and profile.total_memory_bytes
         and plan.total == int(round(profile.total_memory_bytes / GiB * GiB)) else plan.memory_source,
-        gpu_memory_utilization=gpu_memory_utilization,
+        gpu_memory_utilization=plan.gpu_memory_utilization,
         requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.non_kv.activation,
         available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
         page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,

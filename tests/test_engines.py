@@ -144,3 +144,13 @@ def test_mla_backend_block_sizes(gpu, dtype, block):
     r = capacity(load_model("deepseek-v3"), load_gpu(gpu), dtype, tp=8, kv_cache_memory_gib=20, max_model_len=8192)
     assert r.block_size == block
     assert capacity(load_model("llama3-8b"), load_gpu(gpu), tp=1).block_size == 16
+
+
+def test_default_utilization_by_version():
+    # CacheConfig's default: 0.92 from 0.20 (vllm/config/cache.py), 0.9 before
+    m, h100 = load_model("llama-3.1-8b"), load_gpu("h100")
+    assert capacity(m, h100, max_model_len=8192).gpu_memory_utilization == 0.92
+    old = capacity(m, h100, max_model_len=8192, engine_version="0.10")
+    assert old.gpu_memory_utilization == 0.9 and old.requested_bytes == -(-h100.memory_total_bytes * 9 // 10)
+    assert capacity(m, h100, max_model_len=8192, engine_version="0.10",
+                    gpu_memory_utilization=0.8).gpu_memory_utilization == 0.8
