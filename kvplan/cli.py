@@ -184,6 +184,9 @@ def capacity(
     max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sizes the sampler and its state "
                                                "(default: vLLM serve's for the GPU)"),
     enforce_eager: bool = typer.Option(False, "--enforce-eager", help="no CUDA graphs (and no estimate for them)"),
+    entrypoint: str = typer.Option("serve", "--entrypoint", help="how vLLM is started, which sets its batch "
+                                   "defaults: serve (the API server) or llm (the offline LLM class, twice the "
+                                   "batched tokens)"),
     gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="override the total memory, GiB"),
     kv_cache_memory: Optional[float] = typer.Option(None, "--kv-cache-memory", help="KV pool size in GiB, given "
                                                     "directly (skips the budget, like vLLM's option)"),
@@ -243,7 +246,8 @@ def capacity(
                 num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
                 max_model_len=max_model_len, block_size=block_size, activation_gib=activation_gib,
                 non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib, max_num_seqs=max_num_seqs,
-                enforce_eager=enforce_eager, gpu_memory_gib=gpu_memory_gib, kv_cache_memory_gib=kv_cache_memory,
+                enforce_eager=enforce_eager, entrypoint=entrypoint, gpu_memory_gib=gpu_memory_gib,
+                kv_cache_memory_gib=kv_cache_memory,
                 weight_dtype=weight_dtype, skip=skip, max_num_batched_tokens=max_num_batched_tokens)
     cal, cal_path = _calibration(calibration, g)
     if cal is not None and gpu_memory_gib is None and cal.device.get("memory_total_bytes"):

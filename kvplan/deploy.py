@@ -208,7 +208,10 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
               gpu_memory_utilization=float(util), max_model_len=int(c.get("max_model_len") or m.max_position_embeddings),
               block_size=int(c.get("block_size") or 16), weight_dtype=weight_dtype,
               max_num_seqs=c.get("max_num_seqs"), max_num_batched_tokens=c.get("max_num_batched_tokens"),
-              enforce_eager=bool(c.get("enforce_eager", False)))
+              enforce_eager=bool(c.get("enforce_eager", False)), entrypoint=c.get("entrypoint", "serve"))
+    if "entrypoint" not in c and not (c.get("max_num_batched_tokens") and c.get("max_num_seqs")):
+        notes.append("the log does not show how vLLM was started: `vllm serve`'s batch defaults assumed (the "
+                     "offline LLM class batches twice the tokens)")
     if total_gib is not None:
         kw["gpu_memory_gib"] = total_gib
     if c.get("kv_cache_memory_bytes"):  # the pool given directly: vLLM skips the memory profile

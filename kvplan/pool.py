@@ -264,7 +264,7 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
               kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
               skip: SkipLayers = None, max_num_batched_tokens: Optional[int] = None,
               max_num_seqs: Optional[int] = None, enforce_eager: bool = False,
-              num_gpu_blocks_override: Optional[int] = None,
+              num_gpu_blocks_override: Optional[int] = None, entrypoint: str = "serve",
               measured_non_kv: Optional[tuple[Optional[int], int]] = None) -> PoolPlan:
     """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules); checks the options.
 
@@ -313,7 +313,7 @@ def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFo
         raise KvplanError(f"--max-num-batched-tokens must be positive, got {max_num_batched_tokens}")
     if kv_cache_memory_gib is not None and kv_cache_memory_gib <= 0:
         raise KvplanError(f"--kv-cache-memory must be positive, got {kv_cache_memory_gib}")
-    defaults = serve_defaults(total, gpu, rules, model.max_position_embeddings)
+    defaults = serve_defaults(total, gpu, rules, model.max_position_embeddings, entrypoint)
     t_batched = max_num_batched_tokens or defaults.max_num_batched_tokens
     seqs = max_num_seqs or defaults.max_num_seqs
     requested = math.ceil(total * gpu_memory_utilization)
@@ -378,7 +378,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
              gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
              weight_dtype: Optional[str] = None, skip: SkipLayers = None,
              max_num_batched_tokens: Optional[int] = None, max_num_seqs: Optional[int] = None,
-             enforce_eager: bool = False, profile=None) -> CapacityResult:
+             enforce_eager: bool = False, entrypoint: str = "serve", profile=None) -> CapacityResult:
     """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
@@ -410,7 +410,7 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
                      cudagraph_gib=cudagraph_gib, gpu_memory_gib=gpu_memory_gib,
                      kv_cache_memory_gib=kv_cache_memory_gib, weight_dtype=weight_dtype, skip=skip,
                      max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                     enforce_eager=enforce_eager, measured_non_kv=measured)
+                     enforce_eager=enforce_eager, entrypoint=entrypoint, measured_non_kv=measured)
     auto = max_model_len in ("auto", -1)
     if auto:  # vLLM's -1: the longest length the pool holds one sequence of, up to the model's own
         fitted = _longest_fitting(plan.blocks_per_request, plan.num_blocks - 1, model.max_position_embeddings)

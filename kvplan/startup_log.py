@@ -107,6 +107,10 @@ def _key_values(text: str) -> dict[str, Any]:
 def _parse_vllm(text: str) -> StartupLog:
     log = StartupLog("vllm")
     log.v0 = bool(re.search(r"Initializing an LLM engine|# GPU blocks:", text))
+    if re.search(r"api_server|API server", text):
+        log.config["entrypoint"] = "serve"
+    elif re.search(r"\[llm\.py:\d+\]|entrypoints/llm\.py", text):
+        log.config["entrypoint"] = "llm"
     m = re.search(r"(?:engine \(v|vLLM API server version |version[ =]v?)([0-9]+\.[0-9]+(?:\.[0-9]+)?)", text)
     if m:
         log.version = m.group(1)

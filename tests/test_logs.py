@@ -222,3 +222,12 @@ def test_human_bytes():
     assert human_bytes("512M") == 512 * 2**20
     with pytest.raises(KvplanError, match="kv_cache_memory_bytes"):
         human_bytes("lots")
+
+
+def test_entrypoint_from_the_log():
+    # an API server's log runs `vllm serve`'s defaults; the offline LLM class logs from entrypoints/llm.py
+    assert parse_startup_log(TP2_LOG).config["entrypoint"] == "serve"
+    offline = TP2_LOG.replace("(APIServer pid=1) INFO 03-02 10:00:00 [api_server.py:1885] vLLM API server version "
+                              "0.20.1", "INFO 03-02 10:00:00 [llm.py:347] Supported tasks: ['generate']")
+    assert parse_startup_log(offline).config["entrypoint"] == "llm"
+    assert import_log(offline, "offline.log").config["entrypoint"] == "llm"

@@ -27,6 +27,14 @@ def test_serve_defaults():
     assert d("a100", "0.33") == (2048, 256)  # 80 GB, but A100s keep the small defaults
     assert d("b200", "0.33") == (16384, 1024)
     assert d("b200", "0.20") == (8192, 1024)
+    # the offline LLM class batches more: 16,384 tokens on 70 GiB+ GPUs (A100s excepted, 8,192 with 256 seqs)
+    def llm(gpu, version):
+        g = load_gpu(gpu)
+        r = serve_defaults(g.memory_total_bytes, g, version, 131072, "llm")
+        return r.max_num_batched_tokens, r.max_num_seqs
+
+    assert llm("h100", "0.33") == (16384, 1024) and llm("a100", "0.33") == (8192, 256)
+    assert llm("b200", "0.20") == (16384, 1024)
 
 
 def test_forward_terms():
