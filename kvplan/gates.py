@@ -89,7 +89,7 @@ class Options(_Strict):
     kv_cache_dtype: Optional[str] = None
     dtype: Optional[str] = None
     max_model_len: Optional[int] = Field(None, ge=1)
-    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    gpu_memory_utilization: Optional[float] = Field(None, gt=0, le=1)  # default: the engine version's
     block_size: Optional[int] = Field(None, ge=1)
     activation_gib: Optional[float] = Field(None, ge=0)
     non_torch_gib: Optional[float] = Field(None, ge=0)
