@@ -23,10 +23,7 @@ from .engine import (
 )
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
-from .pool import (
-    DEFAULT_GPU_MEMORY_UTILIZATION,
-    pool_plan,
-)
+from .pool import pool_plan
 from .specs import GPUSpec, ModelSpec, load_gpu, load_model
 from .weights import weight_bytes
 
@@ -42,7 +39,7 @@ COLUMNS = (
 def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, tps: Sequence[int] = (1,),
           dtypes: Sequence[str | KVFormat] = ("auto",), max_model_lens: Sequence[int] = (8192,),
           batches: Sequence[int] = (1,), contexts: Sequence[int] = (8192,),
-          gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, block_size: Optional[int] = None,
+          gpu_memory_utilization: Optional[float] = None, block_size: Optional[int] = None,
           activation_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
           weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
           max_num_batched_tokens: Optional[int] = None):

@@ -25,7 +25,6 @@ from .weights import pipeline_stages, weight_bytes
 from .xp import SCALAR
 
 SEEDS_ALLOWANCE_GIB = 6.0  # the back-of-envelope allowance for activations, CUDA graphs, NCCL and the CUDA context
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default (vllm/config/cache.py)
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 
 

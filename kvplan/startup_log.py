@@ -6,9 +6,9 @@ summary ("the current vLLM instance can use total_gpu_memory (T GiB) x gpu_memor
 "model weights take W GiB; non_torch_memory takes ...; PyTorch activation peak memory takes ...; the rest of the
 memory reserved for KV Cache is K GiB"; V0 0.6 "Memory profiling results: total_gpu_memory=T GiB ...
 kv_cache_size=K GiB gpu_memory_utilization=U"), and V0 "# GPU blocks: N". Lines that each rank prints (prefixed
-"(VllmWorker rank=N pid=P)") count at their smallest, as the engine sizes the pool by its tightest rank. SGLang prints "Load weight end. ... avail
-mem=A GB, mem usage=W GB", "KV Cache is allocated. dtype: D, #tokens: N, K size: ...", and
-"max_total_num_tokens=N, ... available_gpu_mem=X GB". A pure parser: text in, figures out.
+"(VllmWorker rank=N pid=P)") count at their smallest, as the engine sizes the pool by its tightest rank. SGLang
+prints "Load weight end. ... avail mem=A GB, mem usage=W GB", "KV Cache is allocated. dtype: D, #tokens: N, K
+size: ...", and "max_total_num_tokens=N, ... available_gpu_mem=X GB". A pure parser: text in, figures out.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ _VLLM_FIGURES = [
     ("requested_gib", rf"gpu_memory_utilization \({_NUM}\) = {_NUM} ?GiB"),
     ("non_torch_gib", rf"non_torch_memory(?: takes |=){_NUM} ?GiB"),
     ("activation_peak_gib", rf"PyTorch activation peak memory takes {_NUM} ?GiB"),
-    ("peak_torch_gib", rf"peak_torch_memory={_NUM} ?GiB"),
     ("kv_reserved_gib", rf"(?:memory reserved for KV Cache is |kv_cache_size=){_NUM} ?GiB"),
     ("cudagraph_actual_gib", rf"CUDA graph pool memory: {_NUM} GiB \(actual\)"),
     ("available_kv_gib", rf"reserved {_NUM} GiB memory for KV Cache as specified by kv_cache_memory_bytes"),
