@@ -80,6 +80,20 @@ def round_half_even(t):
 
 
 @triton.jit
+def uniform_scale_zero(lo, hi, BITS: tl.constexpr):
+    """The b-bit uniform asymmetric quantizer for values in [lo, hi], as the torch writers store it: the scale
+    (hi - lo) / (2^b - 1) rounded to fp16 and held at 1e-6 at least, the zero lo rounded to fp16 (both in fp32)."""
+    scale = tl.maximum(((hi - lo) / ((1 << BITS) - 1)).to(tl.float16).to(tl.float32), 1e-6)
+    return scale, lo.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def uniform_codes(x, scale, zero, BITS: tl.constexpr):
+    """round((x - zero) / scale), halves to even, clamped to [0, 2^b - 1]."""
+    return tl.minimum(tl.maximum(round_half_even((x - zero) / scale), 0.0), (1 << BITS) - 1.0).to(tl.int32)
+
+
+@triton.jit
 def e4m3_byte(v):
     """The e4m3 byte nearest v (0 <= v <= 448), computed exactly from v's exponent bits e: 8 (e + 6) + round(v /
     2^(e - 3)); a mantissa that rounds up to 16 lands on the next exponent's 0, and with e held at -6 below the

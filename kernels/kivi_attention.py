@@ -22,13 +22,14 @@ from .common import (
     pack_codes,
     packed_codes,
     program_coords,
-    round_half_even,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
     split_buffers,
     store_split_stats,
+    uniform_codes,
+    uniform_scale_zero,
 )
 from .layouts import SlotLayout
 from .turboquant_attention import _pack, _unpack
@@ -126,17 +127,13 @@ def _kivi_write_kernel(k_ptr, v_ptr, slots_ptr, cache_ptr, stride_kt, stride_kh,
     t = tl.program_id(0)
     h = tl.program_id(1)
     r = t % G  # this token's place in its group
-    levels: tl.constexpr = (1 << BITS) - 1
     base = (tl.load(slots_ptr + t).to(tl.int64) * NUM_KV_HEADS + h) * SLOT
     c = tl.arange(0, D)
     rows = (t - r) + tl.arange(0, G)
     kg = tl.load(k_ptr + rows[:, None] * stride_kt + h * stride_kh + c[None, :]).to(tl.float32)  # the group [G, D]
-    lo = tl.min(kg, axis=0)
-    ks16 = ((tl.max(kg, axis=0) - lo) / levels).to(tl.float16)
-    kz16 = lo.to(tl.float16)
-    ks = tl.maximum(ks16.to(tl.float32), 1e-6)
+    ks, kz = uniform_scale_zero(tl.min(kg, axis=0), tl.max(kg, axis=0), BITS)
     k = tl.load(k_ptr + t * stride_kt + h * stride_kh + c).to(tl.float32)
-    kq = tl.minimum(tl.maximum(round_half_even((k - kz16.to(tl.float32)) / ks), 0.0), levels).to(tl.int32)
+    kq = uniform_codes(k, ks, kz, BITS)
     j = tl.arange(0, NB_PAD)
     nbytes: tl.constexpr = D * BITS // 8
     tl.store(cache_ptr + base + j, pack_codes(kq, BITS, D, NB_PAD).to(tl.uint8), mask=j < nbytes)
@@ -144,21 +141,19 @@ def _kivi_write_kernel(k_ptr, v_ptr, slots_ptr, cache_ptr, stride_kt, stride_kh,
     mine = (c >= r * per) & (c < (r + 1) * per)
     tl.store((cache_ptr + base + K_SCALE).to(tl.pointer_type(tl.float16)) + (c - r * per), ks.to(tl.float16),
              mask=mine)
-    tl.store((cache_ptr + base + K_ZERO).to(tl.pointer_type(tl.float16)) + (c - r * per), kz16, mask=mine)
+    tl.store((cache_ptr + base + K_ZERO).to(tl.pointer_type(tl.float16)) + (c - r * per), kz.to(tl.float16),
+             mask=mine)
     # values: this token's channels in groups of G, as [D / G, G]
     NV: tl.constexpr = D // G
     vg = tl.load(v_ptr + t * stride_vt + h * stride_vh + tl.arange(0, NV)[:, None] * G
                  + tl.arange(0, G)[None, :]).to(tl.float32)
-    vlo = tl.min(vg, axis=1)
-    vs16 = ((tl.max(vg, axis=1) - vlo) / levels).to(tl.float16)
-    vz16 = vlo.to(tl.float16)
-    vs = tl.maximum(vs16.to(tl.float32), 1e-6)
-    vq = tl.minimum(tl.maximum(round_half_even((vg - vz16.to(tl.float32)[:, None]) / vs[:, None]), 0.0), levels)
-    tl.store(cache_ptr + base + V_CODES + j, pack_codes(tl.reshape(vq.to(tl.int32), [D]), BITS, D, NB_PAD)
-             .to(tl.uint8), mask=j < nbytes)
+    vs, vz = uniform_scale_zero(tl.min(vg, axis=1), tl.max(vg, axis=1), BITS)
+    vq = uniform_codes(vg, vs[:, None], vz[:, None], BITS)
+    tl.store(cache_ptr + base + V_CODES + j, pack_codes(tl.reshape(vq, [D]), BITS, D, NB_PAD).to(tl.uint8),
+             mask=j < nbytes)
     g_idx = tl.arange(0, NV)
     tl.store((cache_ptr + base + V_SCALE).to(tl.pointer_type(tl.float16)) + g_idx, vs.to(tl.float16))
-    tl.store((cache_ptr + base + V_ZERO).to(tl.pointer_type(tl.float16)) + g_idx, vz16)
+    tl.store((cache_ptr + base + V_ZERO).to(tl.pointer_type(tl.float16)) + g_idx, vz.to(tl.float16))
 
 
 def reshape_and_cache_kivi(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tensor, k: torch.Tensor,

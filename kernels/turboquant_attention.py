@@ -24,13 +24,14 @@ from .common import (
     pack_codes,
     packed_codes,
     program_coords,
-    round_half_even,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
     split_buffers,
     store_split_stats,
+    uniform_codes,
+    uniform_scale_zero,
 )
 from .int4_attention import hadamard
 from .layouts import SlotLayout
@@ -139,19 +140,14 @@ def write_kv_turboquant(cache: torch.Tensor, layout: SlotLayout, slots: torch.Te
 def _tq_store_values(cache_ptr, base, V_DATA: tl.constexpr, V_META: tl.constexpr, x, D: tl.constexpr,
                      BITS: tl.constexpr, NB_PAD: tl.constexpr):
     """`encode_values` for one head: uniform asymmetric codes, the fp16 scale and zero after them."""
-    lo = tl.min(x, axis=0)
-    hi = tl.max(x, axis=0)
-    scale16 = ((hi - lo) / ((1 << BITS) - 1)).to(tl.float16)
-    zero16 = lo.to(tl.float16)
-    scale = tl.maximum(scale16.to(tl.float32), 1e-6)
-    zero = zero16.to(tl.float32)
-    codes = tl.minimum(tl.maximum(round_half_even((x - zero) / scale), 0.0), (1 << BITS) - 1.0).to(tl.int32)
+    scale, zero = uniform_scale_zero(tl.min(x, axis=0), tl.max(x, axis=0), BITS)
+    codes = uniform_codes(x, scale, zero, BITS)
     j = tl.arange(0, NB_PAD)
     tl.store(cache_ptr + base + V_DATA + j, pack_codes(codes, BITS, D, NB_PAD).to(tl.uint8),
              mask=j < (D * BITS + 7) // 8)
     meta = (cache_ptr + base + V_META).to(tl.pointer_type(tl.float16))
     tl.store(meta, scale.to(tl.float16))
-    tl.store(meta + 1, zero16)
+    tl.store(meta + 1, zero.to(tl.float16))
 
 
 @triton.jit
