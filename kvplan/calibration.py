@@ -4,7 +4,6 @@ predictions read."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,23 +153,52 @@ def save_calibration(profile: CalibrationProfile, path: str | Path) -> None:
 
 
 def load_calibration(path: str | Path) -> CalibrationProfile:
-    from .specs import read_yaml
+    """A profile `kvplan measure` wrote; anything missing or of the wrong type is one line naming the field."""
+    from .files import check_finite, read_yaml, type_name
 
-    p = Path(path)
-    if not p.is_file():
-        raise KvplanError(f"no such calibration profile: {path} (`kvplan measure` writes one)")
-    d = read_yaml(p)
+    d = read_yaml(path, "calibration profile", "`kvplan measure` writes one")
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:
         raise KvplanError(f"{path}: not a kvplan calibration profile (schema {SCHEMA})")
-    try:
-        fams = {k: FamilyFit(k, float(v["t0_s"]), float(v["eta"]), v.get("points", []))
-                for k, v in d["families"].items()}
-        if any(f.eta <= 0 or f.t0_s < 0 or not math.isfinite(f.eta) for f in fams.values()):
-            raise ValueError("eta must be positive and t0 not negative")
-        return CalibrationProfile(dict(d["device"]), float(d["peak_bandwidth_bytes_per_s"]), fams,
-                                  bool(d.get("quick", False)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise KvplanError(f"{path}: malformed calibration profile: {e}") from None
+    check_finite(d, path)
+
+    def field(where: str, value, expected: str, ok) -> None:
+        if value is None:
+            raise KvplanError(f"{path}: field '{where}' is missing; `kvplan measure` writes a complete profile")
+        if not ok(value):
+            raise KvplanError(f"{path}: field '{where}': expected {expected}, found {type_name(value)}")
+
+    def number(where: str, value, minimum: float = 0.0, strict: bool = True) -> float:
+        above = f"{'above' if strict else 'at least'} {minimum:g}"
+        field(where, value, f"a number {above}", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+              and (v > minimum if strict else v >= minimum))
+        return float(value)
+
+    field("device", d.get("device"), "a mapping of the GPU's properties", lambda v: isinstance(v, dict))
+    device = dict(d["device"])
+    if device.get("memory_total_bytes") is not None:
+        number("device.memory_total_bytes", device["memory_total_bytes"])
+    peak = number("peak_bandwidth_bytes_per_s", d.get("peak_bandwidth_bytes_per_s"))
+    quick = d.get("quick", False)
+    field("quick", quick, "true or false", lambda v: isinstance(v, bool))
+    field("families", d.get("families"), "a mapping of kernel families to their fits",
+          lambda v: isinstance(v, dict))
+    fams = {}
+    for name, v in d["families"].items():
+        at = f"families.{name}"
+        field(at, v, "a mapping with t0_s, eta and points", lambda x: isinstance(x, dict))
+        t0 = number(f"{at}.t0_s", v.get("t0_s"), strict=False)
+        eta = number(f"{at}.eta", v.get("eta"))
+        points = v.get("points", [])
+        field(f"{at}.points", points, "a list of [bytes, median s, p10 s, p90 s]", lambda x: isinstance(x, list))
+        for i, p in enumerate(points):
+            field(f"{at}.points.{i}", p, "a list of [bytes, median s, p10 s, p90 s]",
+                  lambda x: isinstance(x, list) and len(x) >= 2)
+            number(f"{at}.points.{i}.0", p[0])
+            number(f"{at}.points.{i}.1", p[1])
+            for j in range(2, len(p)):
+                number(f"{at}.points.{i}.{j}", p[j], strict=False)
+        fams[str(name)] = FamilyFit(str(name), t0, eta, [[float(x) for x in p] for p in points])
+    return CalibrationProfile(device, peak, fams, quick)
 
 
 def cache_dir() -> Path:
@@ -184,9 +212,16 @@ def profile_name(device_name: str) -> str:
 
 
 def find_calibration(gpu_names: list[str]) -> Optional[Path]:
-    """A profile saved for this GPU in the user's cache directory (by the device name CUDA reports)."""
+    """A profile saved for this GPU in the user's cache directory (by the device name CUDA reports). A file there
+    that cannot be read is still returned, so that loading it says what is wrong with it."""
     d = cache_dir()
     for name in gpu_names:
-        if name and (d / profile_name(name)).is_file():
-            return d / profile_name(name)
+        if not name:
+            continue
+        p = d / profile_name(name)
+        try:
+            if p.exists() and not p.is_dir():
+                return p
+        except OSError:  # a cache directory that cannot be searched holds nothing kvplan can use
+            return None
     return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -17,6 +17,27 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+# The exit status of the running command so far: a command that will exit non-zero after printing sets it first,
+# so that output cut short by a closed pipe (`kvplan gate gates.yaml | head -1`) still exits with it.
+_exit = {"status": 0}
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"kvplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _kvplan(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="print kvplan's version and exit"),
+) -> None:
+    pass
+
+
 models_app = typer.Typer(help="The model catalog: `kvplan models` lists it, `kvplan models show NAME` shows one.",
                          invoke_without_command=True, no_args_is_help=False)
 gpus_app = typer.Typer(help="The GPU catalog: `kvplan gpus` lists it, `kvplan gpus show NAME` shows one.",
@@ -27,12 +48,77 @@ app.add_typer(models_app, name="models")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(plot_app, name="plot")
 
-# Options shared by several commands
+# Options shared by several commands: each is declared once here, and every command that takes it uses the same
+# declaration, so an option means the same thing everywhere (its meaning lives in kvplan.deployment).
 DTYPE_HELP = ("KV cache dtype: a name from `kvplan formats`, several (repeat the option or separate with commas), "
               "'all', or custom:bits=4,group=32,...")
 SKIP_HELP = ("layers kept in the model dtype: indices (0,1,30,31), 'sliding_window', or 'none'; "
              "default: the format's own (the turboquant presets keep the first and last two layers)")
 JSON_HELP = "print machine-readable JSON instead of tables"
+
+ModelArg = Annotated[str, typer.Argument(help="catalog name (e.g. llama3-8b), a YAML spec path, or a config.json path")]
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="GPU name or YAML spec (memory total as CUDA reports it)")]
+DtypesOpt = Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP)]
+TpOpt = Annotated[int, typer.Option("--tp", help="tensor-parallel size (figures are per rank)")]
+WeightDtypeOpt = Annotated[Optional[str], typer.Option(
+    "--weight-dtype", help="store every decoder linear layer in this format (bf16, fp8, int8, int4_g128, mxfp4, "
+    "nvfp4, ...); default: the checkpoint's own")]
+SkipOpt = Annotated[Optional[str], typer.Option("--kv-cache-dtype-skip-layers", help=SKIP_HELP)]
+JsonOpt = Annotated[bool, typer.Option("--json", help=JSON_HELP)]
+CalibrationOpt = Annotated[Optional[str], typer.Option(
+    "--calibration", help="a profile from `kvplan measure`: step times from measured bandwidth and per-call cost, "
+    "and its measured memory total (default: one saved for --gpu in kvplan's cache, if any)")]
+WeightReadOpt = Annotated[str, typer.Option(
+    "--weight-read", help="weights a step reads: 'streamed' (no untied input-embedding table, only touched experts) "
+    "or 'all' (every parameter, the back-of-envelope convention)")]
+EngineOpt = Annotated[Optional[str], typer.Option(
+    "--engine", help="serving engine whose rules plan the pool: vllm (default) or sglang")]
+EngineVersionOpt = Annotated[Optional[str], typer.Option(
+    "--engine-version", help="vLLM version whose rules apply: 0.19 (and earlier), 0.20, 0.25, 0.28, 0.30, 0.33 "
+    "(default, newest); SGLang is planned with 0.5's rules")]
+PpOpt = Annotated[int, typer.Option("--pp", help="vLLM pipeline-parallel size: layers split over stages, the fewest "
+                                    "blocks of any rank set the pool")]
+DcpOpt = Annotated[int, typer.Option("--dcp", help="vLLM decode-context-parallel size (divides --tp, at most tp // KV "
+                                     "heads on GQA models): each sequence's tokens spread over this many ranks")]
+UtilOpt = Annotated[Optional[float], typer.Option(
+    "--gpu-memory-utilization", help="vLLM: fraction of TOTAL memory it may use (default: the profile's, or vLLM's: "
+    "0.92 from 0.20 on, 0.9 before)")]
+BlockSizeOpt = Annotated[Optional[int], typer.Option(
+    "--block-size", help="vLLM: tokens per KV block, a multiple of 16 (default: the attention backend's: 16, or 64 "
+    "for MLA on FlashMLA, 128 on CUTLASS MLA)")]
+ActivationOpt = Annotated[Optional[float], typer.Option(
+    "--activation-gib", help="vLLM, GiB. Alone: one flat allowance for everything beyond the weights (the "
+    "back-of-envelope 6.0); with --non-torch-gib or --cudagraph-gib: the activation peak only. Default: vLLM's "
+    "non-KV memory modelled part by part")]
+NonTorchOpt = Annotated[Optional[float], typer.Option(
+    "--non-torch-gib", help="vLLM: replace the modelled non-torch memory (all-reduce workspaces, ...), GiB")]
+CudagraphOpt = Annotated[Optional[float], typer.Option(
+    "--cudagraph-gib", help="vLLM: replace the modelled CUDA-graph estimate, GiB")]
+MaxSeqsOpt = Annotated[Optional[int], typer.Option(
+    "--max-num-seqs", help="vLLM: sizes the sampler and its state (default: vLLM serve's for the GPU)")]
+EagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="vLLM: no CUDA graphs (and no estimate for them)")]
+EntrypointOpt = Annotated[Optional[str], typer.Option(
+    "--entrypoint", help="how vLLM is started, which sets its batch defaults: serve (the API server, default) or llm "
+    "(the offline LLM class, twice the batched tokens)")]
+GpuMemOpt = Annotated[Optional[float], typer.Option("--gpu-memory-gib", help="override the total memory, GiB")]
+KvMemOpt = Annotated[Optional[float], typer.Option(
+    "--kv-cache-memory", help="vLLM: KV pool size in GiB, given directly (skips the budget, like vLLM's "
+    "--kv-cache-memory-bytes)")]
+BatchedOpt = Annotated[Optional[int], typer.Option(
+    "--max-num-batched-tokens", help="vLLM: sizes the profile run and caps sliding-window allocation (default: "
+    "vLLM serve's for the GPU)")]
+OverrideOpt = Annotated[Optional[int], typer.Option(
+    "--num-gpu-blocks-override", help="vLLM: use this many blocks, whatever the memory (like vLLM's option)")]
+ProfileOpt = Annotated[Optional[str], typer.Option(
+    "--profile", help="a deployment profile (`kvplan log ... --save-profile`): start from the overheads that "
+    "deployment measured")]
+MemFractionOpt = Annotated[Optional[float], typer.Option(
+    "--mem-fraction-static", help="SGLang: the share of free memory for weights and KV (default: SGLang's rule)")]
+PageSizeOpt = Annotated[Optional[int], typer.Option("--page-size", help="SGLang: tokens per page (default 1)")]
+MaxModelLenOpt = Annotated[Optional[str], typer.Option(
+    "--max-model-len", help="tokens per sequence, e.g. 32768 or 32k (default: the model's max_position_embeddings); "
+    "auto (or -1, as in vLLM): the longest that fits the pool")]
+OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="a .png or .svg file")]
 
 
 def _show(as_json: bool, data, table: str, *args) -> None:
@@ -46,7 +132,8 @@ def _show(as_json: bool, data, table: str, *args) -> None:
 
 
 def _sizes(values: Optional[List[str]], option: str) -> list[int]:
-    """Token counts from the command line: 131072, 128k (x1024), 2m (x1024^2), comma-separated or repeated."""
+    """Token counts from the command line: 131072, 128k (x1024), 2m (x1024^2), comma-separated or repeated; each a
+    whole number (1.5k is 1,536; 1.5 is refused)."""
     from .errors import KvplanError
 
     out: list[int] = []
@@ -55,12 +142,14 @@ def _sizes(values: Optional[List[str]], option: str) -> list[int]:
             mult = {"k": 1024, "m": 1024**2}.get(part[-1], 1)
             digits = part[:-1] if mult > 1 else part
             try:
-                n = int(float(digits) * mult)
+                x = float(digits) * mult
             except ValueError:
                 raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k") from None
-            if n < 1:
+            if x != x or x in (float("inf"), float("-inf")) or not x.is_integer():
+                raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k")
+            if x < 1:
                 raise KvplanError(f"{option} must be at least 1, got {part}")
-            out.append(n)
+            out.append(int(x))
     return out
 
 
@@ -80,69 +169,6 @@ def _model_len(value: Optional[str]) -> Optional[int | str]:
     return sizes[0]
 
 
-@app.command()
-def crossover(
-    model: str = typer.Argument(..., help="catalog name (e.g. llama3-8b), a YAML spec path, or a config.json path"),
-    dtype: Optional[List[str]] = typer.Option(None, "--dtype", "--kv-cache-dtype", "-d", help=DTYPE_HELP),
-    tp: int = typer.Option(1, "--tp", help="tensor-parallel size (figures are per rank)"),
-    weight_dtype: Optional[str] = typer.Option(
-        None, "--weight-dtype", help="store every decoder linear layer in this format (bf16, fp8, int8, int4_g128, "
-        "mxfp4, nvfp4, ...); default: the checkpoint's own"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="add roofline step times on this GPU"),
-    context: Optional[List[str]] = typer.Option(
-        None, "--context", "-c", help="cached tokens per sequence at an operating point (e.g. 2304, 128k); "
-        "default 2048,8192,32768,131072"),
-    batch: Optional[List[str]] = typer.Option(None, "--batch", "-b", help="sequences in the batch (default 1)"),
-    weight_read: str = typer.Option(
-        "streamed", "--weight-read", help="weights a step reads: 'streamed' (no untied input-embedding table, only "
-        "touched experts) or 'all' (every parameter, the back-of-envelope convention)"),
-    baseline: str = typer.Option("auto", "--baseline", help="KV dtype the saving is measured against"),
-    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="a profile from `kvplan measure`: step "
-                                              "times from measured bandwidth and per-call cost (default: one saved "
-                                              "for --gpu in kvplan's cache, if any)"),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
-) -> None:
-    """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
-    weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
-    from .engine import crossover as run
-    from .engine import parse_skip_layers
-    from .errors import KvplanError
-    from .specs import load_gpu, load_model
-
-    if weight_read not in ("streamed", "all"):
-        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
-    m = load_model(model)
-    g = load_gpu(gpu) if gpu else None
-    fmts = _formats_for(m, dtype)
-    skip = parse_skip_layers(skip_layers)
-    contexts = _sizes(context, "--context") or [2048, 8192, 32768, 131072]
-    batches = _sizes(batch, "--batch") or [1]
-    cal, cal_path = _calibration(calibration, g)
-    results = [run(m, f, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches, contexts=contexts,
-                   weight_read=weight_read, baseline=baseline, skip=skip, calibration=cal,
-                   calibration_source=cal_path) for f in fmts]  # type: ignore[arg-type]
-    data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
-    if not as_json and not any(r.dtype == results[0].baseline_dtype for r in results):
-        # the table shows the pile being compared against as well
-        results.insert(0, run(m, baseline, tp=tp, weight_dtype=weight_dtype, gpu=g, batches=batches,
-                              contexts=contexts, weight_read=weight_read, baseline=baseline, skip=skip,
-                              calibration=cal, calibration_source=cal_path))
-    _show(as_json, data, "crossover_tables", results, m, g)
-
-
-def _calibration(path: Optional[str], gpu) -> tuple:
-    """The calibration profile asked for, or one saved for this GPU in kvplan's cache; (None, "") without."""
-    from .calibration import find_calibration, load_calibration
-
-    if path is None and gpu is not None:
-        found = find_calibration([gpu.smi_name or "", gpu.name])
-        path = str(found) if found else None
-    if path is None:
-        return None, ""
-    return load_calibration(path), path
-
-
 def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None) -> list:
     """The KV formats asked for. With several (or 'all'), formats for the other attention layout (MLA or heads)
     are left out; a single one that does not apply is an error, raised where it is used."""
@@ -158,246 +184,276 @@ def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]
     return kept
 
 
+def _deployment_args(**given):
+    """The deployment the command line describes (kvplan.deployment.DeploymentArgs): every command builds it the
+    same way, from the options it declares."""
+    from .deployment import DeploymentArgs
+
+    if "max_model_len" in given:
+        given["max_model_len"] = _model_len(given["max_model_len"])
+    if "kv_cache_memory" in given:
+        given["kv_cache_memory_gib"] = given.pop("kv_cache_memory")
+    return DeploymentArgs(**given)
+
+
+def _unfit(results) -> None:
+    """Dtypes whose pool does not hold the configuration: one line, exit 2 (after the tables, when others fit)."""
+    from .errors import KvplanError
+
+    bad = [r for r in results if not r.fits]
+    if not bad:
+        return
+    if len(results) == 1:
+        raise KvplanError(bad[0].problem)
+    others = f" (and {', '.join(r.dtype for r in bad[1:])})" if len(bad) > 1 else ""
+    raise KvplanError(f"{bad[0].dtype} does not fit{others}: {bad[0].problem}")
+
+
 @app.command()
-def capacity(
-    model: Optional[str] = typer.Argument(None, help="catalog name, YAML or config.json path; omit to list every "
-                                          "catalog model"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or YAML spec (memory total as CUDA reports it)"),
-    tp: int = typer.Option(1, "--tp", help="tensor-parallel size (figures are per rank)"),
-    gpu_memory_utilization: Optional[float] = typer.Option(
-        None, "--gpu-memory-utilization", help="fraction of TOTAL memory vLLM may use (default: the profile's, or "
-        "vLLM's: 0.92 from 0.20 on, 0.9 before)"),
-    max_model_len_opt: Optional[str] = typer.Option(
-        None, "--max-model-len", help="tokens per sequence, e.g. 32768 or 32k (default: the model's "
-        "max_position_embeddings); auto (or -1, as in vLLM): the longest that fits the pool"),
-    dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="tokens per KV block (default: the attention "
-                                             "backend's: 16, or 64 for MLA on FlashMLA, 128 on CUTLASS MLA)"),
-    activation_gib: Optional[float] = typer.Option(
-        None, "--activation-gib", help="GiB. Alone: one flat allowance for everything beyond the weights (the "
-        "back-of-envelope 6.0); with --non-torch-gib or --cudagraph-gib: the activation peak only. Default: vLLM's "
-        "non-KV memory modelled part by part"),
-    non_torch_gib: Optional[float] = typer.Option(None, "--non-torch-gib", help="replace the modelled non-torch "
-                                                  "memory (all-reduce workspaces, ...), GiB"),
-    cudagraph_gib: Optional[float] = typer.Option(None, "--cudagraph-gib", help="replace the modelled CUDA-graph "
-                                                  "estimate, GiB"),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help="sizes the sampler and its state "
-                                               "(default: vLLM serve's for the GPU)"),
-    enforce_eager: bool = typer.Option(False, "--enforce-eager", help="no CUDA graphs (and no estimate for them)"),
-    entrypoint: str = typer.Option("serve", "--entrypoint", help="how vLLM is started, which sets its batch "
-                                   "defaults: serve (the API server) or llm (the offline LLM class, twice the "
-                                   "batched tokens)"),
-    gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib", help="override the total memory, GiB"),
-    kv_cache_memory: Optional[float] = typer.Option(None, "--kv-cache-memory", help="KV pool size in GiB, given "
-                                                    "directly (skips the budget, like vLLM's option)"),
-    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype", help="store every decoder linear layer in "
-                                               "this format; default: the checkpoint's own"),
-    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
-    max_num_batched_tokens: Optional[int] = typer.Option(
-        None, "--max-num-batched-tokens", help="caps sliding-window allocation (default: vLLM serve's for the GPU)"),
-    engine: str = typer.Option("vllm", "--engine", help="serving engine whose rules plan the pool: vllm or sglang"),
-    engine_version: Optional[str] = typer.Option(None, "--engine-version", help="vLLM version whose rules apply: "
-                                                 "0.19 (and earlier), 0.20, 0.25, 0.28, 0.30, 0.33 (default, newest)"),
-    pp: int = typer.Option(1, "--pp", help="pipeline-parallel size: layers split over stages, the fewest blocks "
-                           "of any rank set the pool"),
-    dcp: int = typer.Option(1, "--dcp", help="decode-context-parallel size (divides --tp): each sequence's tokens "
-                            "spread over this many ranks"),
-    num_gpu_blocks_override: Optional[int] = typer.Option(None, "--num-gpu-blocks-override", help="use this many "
-                                                          "blocks, whatever the memory (like vLLM's option)"),
-    profile: Optional[str] = typer.Option(None, "--profile", help="a deployment profile (`kvplan log ... "
-                                          "--save-profile`): start from the overheads that deployment measured"),
-    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang: the share of "
-                                                        "free memory for weights and KV (default: SGLang's rule)"),
-    page_size: int = typer.Option(1, "--page-size", help="SGLang: tokens per page"),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="a profile from `kvplan measure`: its "
-                                              "measured memory total (default: one saved for --gpu, if any)"),
-    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+def crossover(
+    model: ModelArg,
+    dtype: DtypesOpt = None,
+    tp: TpOpt = 1,
+    weight_dtype: WeightDtypeOpt = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="add roofline step times on this GPU")] = None,
+    context: Annotated[Optional[List[str]], typer.Option(
+        "--context", "-c", help="cached tokens per sequence at an operating point (e.g. 2304, 128k); "
+        "default 2048,8192,32768,131072 up to the model's context")] = None,
+    batch: Annotated[Optional[List[str]], typer.Option(
+        "--batch", "-b", help="sequences in the batch (default 1)")] = None,
+    weight_read: WeightReadOpt = "streamed",
+    baseline: Annotated[str, typer.Option("--baseline", help="KV dtype the saving is measured against")] = "auto",
+    skip_layers: SkipOpt = None,
+    calibration: CalibrationOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency,
-    side by side per KV dtype. Without MODEL, one row per catalog model."""
-    from .engine import parse_skip_layers
+    """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
+    weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
+    from .deployment import deployments
+    from .engine import crossover_of
     from .errors import KvplanError
-    from .formats import parse_dtypes
-    from .pool import capacity as run
-    from .specs import load_gpu
-
-    max_model_len = _model_len(max_model_len_opt)
-    prof = None
-    if profile:
-        from .deploy import load_profile
-
-        prof = load_profile(profile)
-        model = model or prof.model
-        gpu = gpu or prof.gpu
-        dtype = dtype or [prof.kv_cache_dtype]
-        max_model_len = max_model_len or prof.max_model_len
-    g = load_gpu(gpu) if gpu else None
-    fmts = parse_dtypes(dtype)
-    skip = parse_skip_layers(skip_layers)
-    engine = (prof.engine if prof is not None and engine == "vllm" else engine).lower()
-    if engine == "sglang":
-        if max_model_len == "auto":
-            raise KvplanError("--max-model-len auto is vLLM's; SGLang takes a context length (or its model's)")
-        _sglang_capacity(model, g, dtype, tp, mem_fraction_static, max_model_len, page_size, prof, as_json)
-        return
-    if engine != "vllm":
-        raise KvplanError(f"--engine {engine}: choose vllm or sglang")
-    opts = dict(tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
-                num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
-                max_model_len=max_model_len, block_size=block_size, activation_gib=activation_gib,
-                non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib, max_num_seqs=max_num_seqs,
-                enforce_eager=enforce_eager, entrypoint=entrypoint, gpu_memory_gib=gpu_memory_gib,
-                kv_cache_memory_gib=kv_cache_memory,
-                weight_dtype=weight_dtype, skip=skip, max_num_batched_tokens=max_num_batched_tokens)
-    cal, cal_path = _calibration(calibration, g)
-    if cal is not None and gpu_memory_gib is None and cal.device.get("memory_total_bytes"):
-        opts["gpu_memory_gib"] = cal.device["memory_total_bytes"] / 2**30  # as `kvplan measure` read it
-    if gpu_memory_utilization is None and prof is not None and prof.gpu_memory_utilization:
-        opts["gpu_memory_utilization"] = prof.gpu_memory_utilization  # else the engine version's default
-    if prof is not None:
-        opts["profile"] = prof
-    if model is None:
-        _capacity_listing(g, fmts, opts, as_json)
-        return
-    from .specs import load_model
-
-    m = load_model(model)
-    results = [run(m, g, f, **opts) for f in _formats_for(m, dtype)]
-    if all(not r.fits for r in results):
-        raise KvplanError(results[0].problem)
-    data = [r.to_dict() for r in results] if len(fmts) > 1 else results[0].to_dict()
-    _show(as_json, data, "capacity_table", results, m, g)
-
-
-def _sglang_capacity(model, g, dtype, tp, mem_fraction_static, max_model_len, page_size, prof, as_json) -> None:
-    from .errors import KvplanError
-    from .sglang import sglang_pool
-    from .specs import load_model
-
-    if model is None:
-        raise KvplanError("--engine sglang needs a MODEL")
-    m = load_model(model)
-    measured = {}
-    if prof is not None:
-        if prof.model != m.name:
-            raise KvplanError(f"the profile was measured on {prof.model}, not {m.name}")
-        measured = dict(free_before_load_gib=prof.free_before_load_bytes / 2**30,
-                        weight_gib=prof.weights_bytes / 2**30)
-        mem_fraction_static = mem_fraction_static or prof.mem_fraction_static
-    results = [sglang_pool(m, g, f, tp=tp, mem_fraction_static=mem_fraction_static, context_len=max_model_len,
-                           page_size=page_size, **measured) for f in _formats_for(m, dtype)]
-    data = [r.to_dict() for r in results] if len(results) > 1 else results[0].to_dict()
-    _show(as_json, data, "sglang_table", results, m, g)
-
-
-def _capacity_listing(g, fmts, opts, as_json: bool) -> None:
-    from .errors import KvplanError
-    from .pool import capacity as run
-    from .specs import catalog_entries
-
-    if len(fmts) != 1:
-        raise KvplanError("without MODEL, capacity lists every model for one --kv-cache-dtype; pick one")
-    rows = []
-    for key, m in catalog_entries("models"):
-        per_model = dict(opts)
-        if isinstance(per_model["max_model_len"], int) and per_model["max_model_len"] > m.max_position_embeddings:
-            per_model["max_model_len"] = m.max_position_embeddings  # the model's own limit; the row says so
-        try:
-            rows.append((key, run(m, g, fmts[0], **per_model)))
-        except KvplanError as e:
-            rows.append((key, _short_reason(m, opts["tp"], str(e))))
-    data = [{"model_key": k, **(r.to_dict() if not isinstance(r, str) else {"fits": False, "problem": r})}
-            for k, r in rows]
-    _show(as_json, data, "capacity_listing", rows, g, opts["tp"], fmts[0].name, opts["max_model_len"])
-
-
-def _short_reason(model, tp: int, message: str) -> str:
-    from .engine import check_tp
-    from .errors import KvplanError
-
-    try:
-        check_tp(model, tp)
-    except KvplanError:
-        return f"--tp {tp} splits {model.num_heads} heads unevenly"
-    return message.split(";")[0]
-
-
-def _draw(fig, output: Optional[str]) -> None:
-    from .plots import save, text_chart
-
-    if output:
-        save(fig, output)
-        print(f"wrote {output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text_chart(fig))
-
-
-@plot_app.command("crossover")
-def plot_crossover(
-    model: str = typer.Argument(..., help="catalog name, YAML spec or config.json path"),
-    dtype: Optional[List[str]] = typer.Option(None, "--dtype", "--kv-cache-dtype", "-d", help=DTYPE_HELP
-                                              + " (default: auto and fp8)"),
-    tp: int = typer.Option(1, "--tp"),
-    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
-    weight_read: str = typer.Option("streamed", "--weight-read", help="'streamed' or 'all'"),
-    batch: Optional[int] = typer.Option(None, "--batch", "-b", help="operating point: sequences"),
-    context: Optional[str] = typer.Option(None, "--context", "-c", help="operating point: tokens per sequence"),
-    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="a .png or .svg file"),
-) -> None:
-    """KV bytes per step against resident tokens for each dtype, the flat weight line, and the crossover N* of
-    each dtype marked; an operating point if given."""
-    from .engine import parse_skip_layers
-    from .errors import KvplanError
-    from .plots import crossover_figure
     from .specs import load_model
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
     m = load_model(model)
-    fmts = _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"])
+    args = _deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype,
+                            kv_cache_dtype_skip_layers=skip_layers, calibration=calibration)
+    ds = deployments(args, _formats_for(m, dtype))
+    # by default, operating points up to the model's own context
+    contexts = _sizes(context, "--context") or ([c for c in (2048, 8192, 32768, 131072)
+                                                 if c <= m.max_position_embeddings] or [m.max_position_embeddings])
+    batches = _sizes(batch, "--batch") or [1]
+
+    def run(d):
+        return crossover_of(d, batches=batches, contexts=contexts, weight_read=weight_read, baseline=baseline)
+
+    results = [run(d) for d in ds]
+    data = [r.to_dict() for r in results] if len(ds) > 1 else results[0].to_dict()
+    if not as_json and not any(r.dtype == results[0].baseline_dtype for r in results):
+        # the table shows the pile being compared against as well
+        from dataclasses import replace
+
+        from .formats import kv_format
+
+        results.insert(0, run(replace(ds[0], kv=kv_format(baseline), skip=None)))
+    _show(as_json, data, "crossover_tables", results, m, ds[0].gpu)
+
+
+@app.command()
+def capacity(
+    model: Annotated[Optional[str], typer.Argument(help="catalog name, YAML or config.json path; omit to list every "
+                                                   "catalog model")] = None,
+    gpu: GpuOpt = None,
+    tp: TpOpt = 1,
+    gpu_memory_utilization: UtilOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    dtype: DtypesOpt = None,
+    block_size: BlockSizeOpt = None,
+    activation_gib: ActivationOpt = None,
+    non_torch_gib: NonTorchOpt = None,
+    cudagraph_gib: CudagraphOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    enforce_eager: EagerOpt = False,
+    entrypoint: EntrypointOpt = None,
+    gpu_memory_gib: GpuMemOpt = None,
+    kv_cache_memory: KvMemOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    skip_layers: SkipOpt = None,
+    max_num_batched_tokens: BatchedOpt = None,
+    engine: EngineOpt = None,
+    engine_version: EngineVersionOpt = None,
+    pp: PpOpt = 1,
+    dcp: DcpOpt = 1,
+    num_gpu_blocks_override: OverrideOpt = None,
+    profile: ProfileOpt = None,
+    mem_fraction_static: MemFractionOpt = None,
+    page_size: PageSizeOpt = None,
+    calibration: CalibrationOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency (or
+    SGLang's pool), side by side per KV dtype. Without MODEL, one row per catalog model."""
+    opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json")}
+    from dataclasses import replace
+
+    from .deployment import deployments
+    from .formats import parse_dtypes
+    from .specs import load_model
+
+    args = _deployment_args(model=model, **{("kv_cache_dtype_skip_layers" if k == "skip_layers" else k): v
+                                            for k, v in opts.items()})
+    if model is None and profile is None:
+        _capacity_listing(args, parse_dtypes(dtype), as_json)
+        return
+    m = load_model(model) if model else None
+    if m is None:  # the profile names the model
+        from .deploy import load_profile
+
+        m = load_model(load_profile(profile).model)
+    fmts = _formats_for(m, dtype) if dtype else [None]
+    ds = deployments(replace(args, model=m), fmts, needs_memory=True)
+    if ds[0].engine == "sglang":
+        from .sglang import sglang_capacity
+
+        results = [sglang_capacity(d) for d in ds]
+        table = "sglang_table"
+    else:
+        from .pool import capacity_of
+
+        results = [capacity_of(d) for d in ds]
+        table = "capacity_table"
+    if all(not r.fits for r in results):
+        _unfit(results)
+    data = [r.to_dict() for r in results] if len(results) > 1 else results[0].to_dict()
+    _exit["status"] = 2 if any(not r.fits for r in results) else 0
+    _show(as_json, data, table, results, m, ds[0].gpu)
+    _unfit(results)
+
+
+def _capacity_listing(args, fmts, as_json: bool) -> None:
+    from dataclasses import replace
+
+    from .errors import KvplanError
+    from .pool import capacity_of
+    from .specs import catalog_entries
+
+    if len(fmts) != 1:
+        raise KvplanError("without MODEL, capacity lists every model for one --kv-cache-dtype; pick one")
+    if (args.engine or "vllm") != "vllm":
+        raise KvplanError("without MODEL, capacity lists the catalog with vLLM's rules; name a model for SGLang")
+    first = None
+    rows = []
+    for key, m in catalog_entries("models"):
+        per_model = replace(args, model=m, kv_cache_dtype=fmts[0])
+        if isinstance(args.max_model_len, int) and args.max_model_len > m.max_position_embeddings:
+            per_model = replace(per_model, max_model_len=m.max_position_embeddings)  # the model's own; the row says
+        try:
+            d = per_model.resolve(needs_memory=True)
+            first = first or d
+            rows.append((key, capacity_of(d)))
+        except KvplanError as e:
+            if "capacity needs --gpu" in str(e) or "unknown GPU" in str(e):
+                raise
+            rows.append((key, str(e).split(";")[0]))
+    data = [{"model_key": k, **(r.to_dict() if not isinstance(r, str) else {"fits": False, "problem": r})}
+            for k, r in rows]
+    gpu = first.gpu if first else None
+    _show(as_json, data, "capacity_listing", rows, gpu, args.tp, fmts[0].name, args.max_model_len)
+
+
+def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
+    from .plots import figure_data, save, text_chart
+
+    if output:
+        save(fig, output)
+        print(f"wrote {output}", file=sys.stderr)
+    if as_json:
+        from .render import print_json
+
+        print_json(figure_data(fig))
+    elif not output:
+        sys.stdout.write(text_chart(fig))
+
+
+@plot_app.command("crossover")
+def plot_crossover(
+    model: ModelArg,
+    dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
+                                                       help=DTYPE_HELP + " (default: auto and fp8)")] = None,
+    tp: TpOpt = 1,
+    weight_dtype: WeightDtypeOpt = None,
+    weight_read: WeightReadOpt = "streamed",
+    batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="operating point: sequences")] = None,
+    context: Annotated[Optional[str], typer.Option("--context", "-c", help="operating point: tokens per "
+                                                   "sequence")] = None,
+    skip_layers: SkipOpt = None,
+    output: OutputOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """KV bytes per step against resident tokens for each dtype, the flat weight line, and the crossover N* of
+    each dtype marked; an operating point if given."""
+    from .deployment import deployments
+    from .errors import KvplanError
+    from .plots import crossover_figure
+    from .specs import load_model
+
+    m = load_model(model)
+    ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
+                                      kv_cache_dtype_skip_layers=skip_layers),
+                     _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]))
     ctx = _sizes([context], "--context")[0] if context else None
-    if ctx is None and batch is not None:
+    b = _sizes([batch], "--batch")[0] if batch else None
+    if ctx is None and b is not None:
         raise KvplanError("an operating point needs --context (and optionally --batch)")
-    if ctx is not None and batch is None:
-        batch = 1
-    if batch is not None and batch < 1:
-        raise KvplanError(f"--batch must be at least 1, got {batch}")
-    fig = crossover_figure(m, fmts, tp=tp, weight_dtype=weight_dtype, weight_read=weight_read,  # type: ignore
-                           skip=parse_skip_layers(skip_layers), batch=batch, context=ctx)
-    _draw(fig, output)
+    if ctx is not None and b is None:
+        b = 1
+    fig = crossover_figure(m, [d.kv for d in ds], tp=tp, weight_dtype=weight_dtype, weight_read=weight_read,
+                           skip=ds[0].skip, batch=b, context=ctx)  # type: ignore[arg-type]
+    _draw(fig, output, as_json)
 
 
 @plot_app.command("capacity")
 def plot_capacity(
-    model: str = typer.Argument(..., help="catalog name, YAML spec or config.json path"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU name or YAML spec"),
-    dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP
-                                              + " (default: auto and fp8)"),
-    tp: int = typer.Option(1, "--tp"),
-    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
-    block_size: Optional[int] = typer.Option(None, "--block-size"),
-    activation_gib: Optional[float] = typer.Option(None, "--activation-gib", help="flat allowance beyond the "
-                                                   "weights, GiB (default: vLLM's non-KV memory modelled)"),
-    gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib"),
-    kv_cache_memory: Optional[float] = typer.Option(None, "--kv-cache-memory"),
-    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
-    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="a .png or .svg file"),
+    model: ModelArg,
+    gpu: GpuOpt = None,
+    dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
+                                                       help=DTYPE_HELP + " (default: auto and fp8)")] = None,
+    tp: TpOpt = 1,
+    gpu_memory_utilization: UtilOpt = None,
+    block_size: BlockSizeOpt = None,
+    activation_gib: ActivationOpt = None,
+    non_torch_gib: NonTorchOpt = None,
+    cudagraph_gib: CudagraphOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    enforce_eager: EagerOpt = False,
+    entrypoint: EntrypointOpt = None,
+    gpu_memory_gib: GpuMemOpt = None,
+    kv_cache_memory: KvMemOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    skip_layers: SkipOpt = None,
+    max_num_batched_tokens: BatchedOpt = None,
+    engine_version: EngineVersionOpt = None,
+    pp: PpOpt = 1,
+    dcp: DcpOpt = 1,
+    num_gpu_blocks_override: OverrideOpt = None,
+    profile: ProfileOpt = None,
+    calibration: CalibrationOpt = None,
+    output: OutputOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Sequences the KV pool holds against max_model_len, one curve per dtype."""
-    from .engine import parse_skip_layers
+    """Sequences the KV pool holds against max_model_len, one curve per dtype (vLLM's rules, the same plan as
+    `capacity`)."""
+    opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json", "output")}
+    from .deployment import deployments
     from .plots import capacity_figure
-    from .specs import load_gpu, load_model
+    from .specs import load_model
 
     m = load_model(model)
-    g = load_gpu(gpu) if gpu else None
-    fmts = _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"])
-    fig = capacity_figure(m, g, fmts, tp=tp, gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                          activation_gib=activation_gib, gpu_memory_gib=gpu_memory_gib,
-                          kv_cache_memory_gib=kv_cache_memory, weight_dtype=weight_dtype,
-                          skip=parse_skip_layers(skip_layers))
-    _draw(fig, output)
+    args = _deployment_args(model=m, engine="vllm", **{("kv_cache_dtype_skip_layers" if k == "skip_layers" else k): v
+                                                       for k, v in opts.items()})
+    ds = deployments(args, _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]), needs_memory=True)
+    _draw(capacity_figure(ds), output, as_json)
 
 
 def _names(values: Optional[List[str]]) -> list[str]:
@@ -406,27 +462,38 @@ def _names(values: Optional[List[str]]) -> list[str]:
 
 @app.command()
 def sweep(
-    model: List[str] = typer.Option(..., "--model", "-m", help="models (repeat or separate with commas)"),
-    gpu: List[str] = typer.Option(..., "--gpu", "-g", help="GPUs (repeat or separate with commas)"),
-    tp: Optional[List[str]] = typer.Option(None, "--tp", help="tensor-parallel sizes (default 1)"),
-    dtype: Optional[List[str]] = typer.Option(None, "--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP),
-    max_model_len: Optional[List[str]] = typer.Option(None, "--max-model-len", help="lengths (default 8192)"),
-    batch: Optional[List[str]] = typer.Option(None, "--batch", "-b", help="batch sizes (default 1)"),
-    context: Optional[List[str]] = typer.Option(None, "--context", "-c", help="cached tokens per sequence "
-                                                "(default 8192)"),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="file to write: .csv, .parquet, .json or .md "
-                                         "(default: CSV on stdout)"),
-    fmt: Optional[str] = typer.Option(None, "--format", help="csv, parquet, json or markdown (default: from "
-                                      "--output's suffix)"),
-    columns: Optional[str] = typer.Option(None, "--columns", help="keep only these columns (comma-separated)"),
-    gpu_memory_utilization: float = typer.Option(0.92, "--gpu-memory-utilization"),
-    block_size: Optional[int] = typer.Option(None, "--block-size"),
-    activation_gib: Optional[float] = typer.Option(None, "--activation-gib", help="flat allowance beyond the "
-                                                   "weights, GiB (default: vLLM's non-KV memory modelled)"),
-    weight_dtype: Optional[str] = typer.Option(None, "--weight-dtype"),
-    weight_read: str = typer.Option("streamed", "--weight-read", help="'streamed' or 'all'"),
-    skip_layers: Optional[str] = typer.Option(None, "--kv-cache-dtype-skip-layers", help=SKIP_HELP),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
+    model: Annotated[List[str], typer.Option("--model", "-m", help="models (repeat or separate with commas)")],
+    gpu: Annotated[List[str], typer.Option("--gpu", "-g", help="GPUs (repeat or separate with commas)")],
+    tp: Annotated[Optional[List[str]], typer.Option("--tp", help="tensor-parallel sizes (default 1)")] = None,
+    dtype: DtypesOpt = None,
+    max_model_len: Annotated[Optional[List[str]], typer.Option("--max-model-len", help="lengths (default "
+                                                                "8192)")] = None,
+    batch: Annotated[Optional[List[str]], typer.Option("--batch", "-b", help="batch sizes (default 1)")] = None,
+    context: Annotated[Optional[List[str]], typer.Option("--context", "-c", help="cached tokens per sequence "
+                                                         "(default 8192)")] = None,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="file to write: .csv, .parquet, .json or .md "
+                                                  "(default: CSV on stdout)")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="csv, parquet, json or markdown (default: from "
+                                               "--output's suffix)")] = None,
+    columns: Annotated[Optional[str], typer.Option("--columns", help="keep only these columns "
+                                                   "(comma-separated)")] = None,
+    gpu_memory_utilization: UtilOpt = None,
+    block_size: BlockSizeOpt = None,
+    activation_gib: ActivationOpt = None,
+    non_torch_gib: NonTorchOpt = None,
+    cudagraph_gib: CudagraphOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    enforce_eager: EagerOpt = False,
+    entrypoint: EntrypointOpt = None,
+    gpu_memory_gib: GpuMemOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    weight_read: WeightReadOpt = "streamed",
+    skip_layers: SkipOpt = None,
+    max_num_batched_tokens: BatchedOpt = None,
+    engine_version: EngineVersionOpt = None,
+    pp: PpOpt = 1,
+    dcp: DcpOpt = 1,
+    as_json: JsonOpt = False,
 ) -> None:
     """A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context: one row per combination, with
     the capacity and crossover figures of each, written as CSV, Parquet, JSON or Markdown."""
@@ -438,13 +505,20 @@ def sweep(
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
+    if as_json:
+        if fmt not in (None, "json"):
+            raise KvplanError(f"--json and --format {fmt} disagree; give one")
+        fmt = "json"
     kind = frame_format(output, fmt)
+    options = dict(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                   activation_gib=activation_gib, non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib,
+                   max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, entrypoint=entrypoint,
+                   gpu_memory_gib=gpu_memory_gib, weight_dtype=weight_dtype,
+                   max_num_batched_tokens=max_num_batched_tokens, engine_version=engine_version, pp=pp, dcp=dcp)
     df = run(_names(model), _names(gpu), tps=_sizes(tp, "--tp") or [1], dtypes=parse_dtypes(dtype),
              max_model_lens=_sizes(max_model_len, "--max-model-len") or [8192],
              batches=_sizes(batch, "--batch") or [1], contexts=_sizes(context, "--context") or [8192],
-             gpu_memory_utilization=gpu_memory_utilization, block_size=block_size, activation_gib=activation_gib,
-             weight_dtype=weight_dtype, weight_read=weight_read, skip=parse_skip_layers(skip_layers),
-             max_num_batched_tokens=max_num_batched_tokens)  # type: ignore[arg-type]
+             weight_read=weight_read, skip=parse_skip_layers(skip_layers), **options)  # type: ignore[arg-type]
     if df.empty:
         raise KvplanError("no combination of the sweep can run: " + "; ".join(df.attrs["skipped"][:3]))
     if columns:
@@ -511,6 +585,7 @@ def gate(
             f.write(markdown_summary(report))
         for line in failure_lines(report):
             print(f"::error title=kvplan gate::{line}")
+    _exit["status"] = 0 if report.passed else 1
     _show(as_json, report.to_dict(), "gate_table", report)
     if not report.passed:
         for line in failure_lines(report):
@@ -739,18 +814,30 @@ def _join_wrapped_lines(command) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback."""
+    """Entry point: bad input becomes one line on stderr and exit code 2, never a traceback. Output cut short by a
+    closed pipe (`kvplan ... | head`) ends quietly, with the status the command had."""
+    import errno
+
     from .errors import KvplanError
 
     command = typer.main.get_command(app)
     _join_wrapped_lines(command)
+    _flags_without_type(command)
+    _exit["status"] = 0
+    streams = sys.stdout, sys.stderr
     try:
         rv = command.main(args=argv, prog_name="kvplan", standalone_mode=False)
     except KvplanError as e:
         print(f"kvplan: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
-        return 0
+        return _discard_stdout()
+    except SystemExit as e:
+        # typer answers a closed pipe with status 1, whatever the command's own
+        if getattr(e.__context__, "errno", None) == errno.EPIPE:
+            sys.stdout, sys.stderr = streams
+            return _discard_stdout()
+        raise
     except Exception as e:  # click's usage errors (vendored inside typer) and Ctrl-C
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             print(f"kvplan: error: {e.format_message()}", file=sys.stderr)
@@ -762,8 +849,46 @@ def main(argv: Optional[List[str]] = None) -> int:
     return rv if isinstance(rv, int) else 0
 
 
+def _flags_without_type(command) -> None:
+    """A flag takes no value, so its help line shows no type (such as `<bool>`) beside it."""
+    for param in command.params:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    get_help_option = command.get_help_option
+
+    def help_option(ctx):
+        option = get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        _flags_without_type(sub)
+
+
+def _discard_stdout() -> int:
+    """stdout's reader has gone: whatever is still buffered for it goes nowhere, so that exiting raises no second
+    error. Returns the status the command had."""
+    import os
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return _exit["status"]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return _exit["status"]
+
+
 def entry() -> None:
-    sys.exit(main())
+    status = main()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+    sys.exit(status)
 
 
 if __name__ == "__main__":

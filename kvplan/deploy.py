@@ -66,21 +66,32 @@ def save_profile(profile: DeploymentProfile, path: str | Path) -> None:
 
 
 def load_profile(path: str | Path) -> DeploymentProfile:
-    from .specs import read_yaml
+    from .errors import did_you_mean
+    from .files import check_finite, read_yaml, type_name
 
-    p = Path(path)
-    if not p.is_file():
-        raise KvplanError(f"no such profile: {path} (`kvplan log STARTUP.log --save-profile {path}` makes one)")
-    data = read_yaml(p)
+    data = read_yaml(path, "deployment profile", f"`kvplan log STARTUP.log --save-profile {path}` makes one")
     if not isinstance(data, dict):
-        raise KvplanError(f"{path}: not a kvplan deployment profile (expected a mapping)")
+        raise KvplanError(f"{path}: not a kvplan deployment profile (expected a mapping, found {type_name(data)})")
     if data.get("schema") != PROFILE_SCHEMA:
-        raise KvplanError(f"{path}: schema {data.get('schema')!r} is not {PROFILE_SCHEMA!r}; re-import the log")
+        schema = data.get("schema")
+        shown = repr(schema) if isinstance(schema, str) or schema is None else type_name(schema)
+        raise KvplanError(f"{path}: schema {' '.join(shown.split())} is not {PROFILE_SCHEMA!r}; re-import the log")
+    check_finite(data, path)
+    for key in ("max_num_batched_tokens", "max_num_seqs"):  # engine limits: at least one token, one sequence
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise KvplanError(f"{path}: field '{key}': expected a whole number of at least 1, found {value}")
     try:
         return DeploymentProfile.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise KvplanError(f"{path}: field '{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
+        errors = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+        err = errors[0]
+        where = ".".join(map(str, err["loc"])) or "(top level)"
+        msg = " ".join(err["msg"].split())
+        if err["type"] == "extra_forbidden":
+            msg = "not a deployment profile field" + did_you_mean(str(err["loc"][-1]), list(
+                {f.alias or k for k, f in DeploymentProfile.model_fields.items()}))
+        raise KvplanError(f"{path}: field '{where}': {msg}") from None
 
 
 def model_for_repo(repo: str) -> ModelSpec:
@@ -177,6 +188,8 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
     """Read a startup log, predict the same configuration, and keep what it measured as a profile."""
     log = parse_startup_log(text, source)
     m = load_model(model) if model else model_for_repo(str(log.config.get("model", "")))
+    if model and log.config.get("model"):
+        _check_same_model(m, str(log.config["model"]))
     g = load_gpu(gpu) if gpu else _gpu_named_in(text)
     sha = hashlib.sha256(text.encode()).hexdigest()
     if log.engine == "sglang":
@@ -205,8 +218,9 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         notes.append(f"quantization '{quant}' is not modelled; weights are predicted in the checkpoint's format")
     tp, pp = int(c.get("tp", 1)), int(c.get("pp", 1))
     kw = dict(tp=tp, pp=pp, dcp=int(c.get("dcp") or 1), engine_version=log.version,
-              gpu_memory_utilization=float(util), max_model_len=int(c.get("max_model_len") or m.max_position_embeddings),
-              block_size=int(c.get("block_size") or 16), weight_dtype=weight_dtype,
+              gpu_memory_utilization=float(util),
+              max_model_len=int(c.get("max_model_len") or m.max_position_embeddings),
+              block_size=int(c["block_size"]) if c.get("block_size") else None, weight_dtype=weight_dtype,
               max_num_seqs=c.get("max_num_seqs"), max_num_batched_tokens=c.get("max_num_batched_tokens"),
               enforce_eager=bool(c.get("enforce_eager", False)), entrypoint=c.get("entrypoint", "serve"))
     if "entrypoint" not in c and not (c.get("max_num_batched_tokens") and c.get("max_num_seqs")):
@@ -216,9 +230,14 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         kw["gpu_memory_gib"] = total_gib
     if c.get("kv_cache_memory_bytes"):  # the pool given directly: vLLM skips the memory profile
         kw["kv_cache_memory_gib"] = human_bytes(c["kv_cache_memory_bytes"]) / GiB
+        kw.pop("gpu_memory_utilization")
         notes.append("kv_cache_memory_bytes set: the pool is the size given, not what the profile leaves")
     dtype = str(c.get("kv_cache_dtype") or "auto")
-    pred = capacity(m, g, dtype, **kw)
+    from .deployment import DeploymentArgs
+    from .pool import capacity_of
+
+    pred = capacity_of(DeploymentArgs(model=m, gpu=g, kv_cache_dtype=dtype, engine="vllm", **kw)
+                       .resolve(needs_memory=True))
 
     # what the engine measured, in bytes, consistent with its block count
     bpb, mlen = pred.bytes_per_block, pred.max_model_len
@@ -238,6 +257,10 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
     total = int(round(total_gib * GiB)) if total_gib is not None else pred.total_bytes
     requested = math.ceil(total * float(util))
     weights = int(round(meas["weights_gib"] * GiB)) if "weights_gib" in meas else pred.non_kv["weights"]
+    if c.get("kv_cache_memory_bytes") is None and requested - weights - available < 0:
+        raise KvplanError(f"the log's weights ({weights / GiB:.2f} GiB) and KV cache ({available / GiB:.2f} GiB) "
+                          f"exceed its budget ({requested / GiB:.2f} GiB): the figures do not belong to {m.name} on "
+                          f"this memory (is --model the model the log ran? is --gpu its GPU?)")
     profile = DeploymentProfile(
         engine="vllm", engine_version=rules.version, model=m.name, gpu=pred.gpu, tp=tp, pp=pp,
         weight_dtype=weight_dtype, kv_cache_dtype=dtype, max_model_len=mlen, gpu_memory_utilization=float(util),
@@ -260,6 +283,21 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
     ]
     config = {"model": m.name, "gpu": pred.gpu, "total_memory_gib": _gib(total), **kw, "kv_cache_dtype": dtype}
     return LogImport("vllm", log.version, m.name, config, figures, profile, notes + pred.notes)
+
+
+_ARCHITECTURE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+                 "intermediate_size", "mla", "moe")
+
+
+def _check_same_model(m: ModelSpec, repo: str) -> None:
+    """--model must describe the model the log ran: its figures are that model's."""
+    try:
+        ran = model_for_repo(repo)
+    except KvplanError:
+        return  # not in the catalog: --model is how the user names it
+    if any(getattr(ran, f) != getattr(m, f) for f in _ARCHITECTURE):
+        raise KvplanError(f"the log ran {repo} ({ran.name}), not {m.name}: its figures are that model's; drop "
+                          f"--model (or give a spec of {ran.name})")
 
 
 def _blocks_from_tokens(tokens: int, pred, reported: str) -> int:

@@ -43,7 +43,7 @@ WeightRead = Literal["streamed", "all"]
 
 def check_tp(model: ModelSpec, tp: int) -> None:
     """vLLM's rule: TP divides the attention heads, and the KV heads divide TP or TP divides them."""
-    if tp < 1:
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise KvplanError(f"--tp must be at least 1, got {tp}")
     ok = [t for t in range(1, 65) if _tp_ok(model, t)]
     if not _tp_ok(model, tp):
@@ -262,6 +262,7 @@ class CrossoverResult:
     gpu: Optional[str] = None
     operating_points: list[OperatingPoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -270,7 +271,8 @@ class CrossoverResult:
         """One row per operating point, with the dtype's summary figures beside it (needs pandas)."""
         import pandas as pd
 
-        summary = {k: v for k, v in self.to_dict().items() if k not in ("operating_points", "notes", "skip_layers")}
+        summary = {k: v for k, v in self.to_dict().items()
+                   if k not in ("operating_points", "notes", "skip_layers", "deployment")}
         rows = [{**summary, **{f"point_{k}" if k == "crossover_tokens" else k: v for k, v in asdict(p).items()}}
                 for p in self.operating_points]
         return pd.DataFrame(rows or [summary])
@@ -390,12 +392,32 @@ def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:
     return gpu.dense_tflops.get(key, 0.0) * 1e12
 
 
-def crossover(model: ModelSpec, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
+def crossover(model, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
               gpu: Optional[GPUSpec] = None, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
               weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
-              calibration=None, calibration_source: str = "") -> CrossoverResult:
-    """Where the KV pile overtakes the weight pile, and the step bytes (and roofline time) at operating points."""
-    check_tp(model, tp)
+              calibration=None) -> CrossoverResult:
+    """Where the KV pile overtakes the weight pile, and the step bytes (and roofline time) at operating points.
+
+    `model` is a resolved kvplan.deployment.Deployment, or a model (resolved here with the KV dtype, tp,
+    weight_dtype, gpu, skip layers and calibration given)."""
+    from .deployment import Deployment, DeploymentArgs
+
+    if isinstance(model, Deployment):
+        d = model
+    else:
+        d = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, tp=tp, weight_dtype=weight_dtype,
+                           kv_cache_dtype_skip_layers=skip, calibration=calibration).resolve()
+    return crossover_of(d, batches=batches, contexts=contexts, weight_read=weight_read, baseline=baseline)
+
+
+def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
+                 weight_read: WeightRead = "streamed", baseline: str = "auto") -> CrossoverResult:
+    """The crossover of a resolved Deployment."""
+    if weight_read not in ("streamed", "all"):
+        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
+    model, tp, weight_dtype, gpu, skip = d.model, d.tp, d.weight_dtype, d.gpu, d.skip
+    calibration, calibration_source = d.calibration, d.calibration_source
+    dtype = d.kv
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
     base_fmt = kv_format(baseline)
     layers = kv_layers(model, fmt, tp, skip)
@@ -420,6 +442,10 @@ def crossover(model: ModelSpec, dtype: str | KVFormat = "auto", *, tp: int = 1, 
     points = [step_point(model, layers, base_layers, wb, b, c, weight_read, tp, gpu, wdtype)
               for b in batches for c in contexts]
     notes = []
+    longer = [c for c in contexts if c > model.max_position_embeddings]
+    if longer:
+        notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
+                     f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
     if calibration is not None:
         from dataclasses import replace as _replace
 
@@ -443,7 +469,7 @@ def crossover(model: ModelSpec, dtype: str | KVFormat = "auto", *, tp: int = 1, 
         weight_read=weight_read, kv_bytes_per_token=per_token, kv_bytes_per_token_per_kv_head_layer=unit,
         bits_per_element=bpe, skip_layers=skipped, weight_bytes=w1, weight_bytes_held=wb.total,
         crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all, kv_ratio=base_per_token / per_token,
-        gpu=gpu.name if gpu else None, operating_points=points, notes=notes,
+        gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
     )
 
 

@@ -1,34 +1,180 @@
-"""Writing results to files: atomically (a temporary file beside the target, then a rename), so a reader never
-sees half a file and an interrupted run leaves none."""
+"""Reading the files kvplan is given and writing its results.
+
+Every file kvplan reads (a spec, a config.json, a profile, a gates file) goes through `read_text`, so whatever is
+wrong with it (missing, a directory, unreadable, not UTF-8, not valid YAML or JSON) is one line naming the file.
+Results are written atomically (a temporary file beside the target, then a rename), so a reader never sees half a
+file and an interrupted run leaves none; a new file gets the permissions the umask allows, a replaced one keeps its
+own.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import KvplanError
 
 FRAME_FORMATS = {".csv": "csv", ".parquet": "parquet", ".json": "json", ".md": "markdown", ".markdown": "markdown"}
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def read_text(path: str | Path, what: str = "file", hint: str = "") -> str:
+    """The text of a file kvplan was given, decoded as UTF-8 (a leading byte-order mark is dropped).
+
+    `what` names the file for people ("gates file", "calibration profile"); `hint` says where to get one, for a
+    file that does not exist. Each failure is a KvplanError of one line naming the file.
+    """
+    data = _read_bytes(path, what, hint)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise KvplanError(f"{path}: line {line}: byte 0x{data[e.start]:02x} is not UTF-8; save the {what} as "
+                          "UTF-8 text") from None
+
+
+def _read_bytes(path: str | Path, what: str, hint: str) -> bytes:
+    p = Path(path)
+    try:
+        return p.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        raise KvplanError(f"no such {what}: {path}" + (f" ({hint})" if hint else "")) from None
+    except IsADirectoryError:
+        raise KvplanError(f"{path} is a directory, not a {what}; name the file itself") from None
+    except PermissionError:
+        if p.is_dir():  # what Windows raises for a directory
+            raise KvplanError(f"{path} is a directory, not a {what}; name the file itself") from None
+        raise KvplanError(f"cannot read {what} {path}: permission denied; make it readable "
+                          f"(chmod u+r {path})") from None
+    except OSError as e:
+        raise KvplanError(f"cannot read {what} {path}: {e.strerror or e}") from None
+
+
+def read_yaml(path: str | Path, what: str = "YAML file", hint: str = "") -> Any:
+    """A YAML file, parsed; a syntax error becomes one line naming the file and line."""
+    import yaml
+
+    text = read_text(path, what, hint)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    kind = "JSON" if str(path).endswith(".json") else "YAML"  # JSON files are read as the YAML they are
+    try:
+        return yaml.load(text, Loader=loader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" line {mark.line + 1}"
+        elif isinstance(getattr(e, "position", None), int):  # a character YAML does not allow
+            where = f" line {text[: e.position].count(chr(10)) + 1}"
+        else:
+            where = ""
+        problem = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e).splitlines()[0]
+        raise KvplanError(f"{path}:{where} is not valid {kind}: {_one_line(problem)}") from None
+    except (ValueError, TypeError, OverflowError) as e:  # a value YAML parses but cannot build, e.g. 2024-13-45
+        raise KvplanError(f"{path}: is not valid {kind}: {_one_line(str(e))}") from None
+    except RecursionError:
+        raise KvplanError(f"{path}: is not valid {kind}: nested too deeply") from None
+
+
+def read_json(path: str | Path, what: str = "JSON file", hint: str = "") -> Any:
+    """A JSON file, parsed; a syntax error becomes one line naming the file and line."""
+    import json
+
+    text = read_text(path, what, hint)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise KvplanError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from None
+    except RecursionError:
+        raise KvplanError(f"{path}: not valid JSON: nested too deeply") from None
+
+
+def check_finite(data: Any, path: str | Path, where: str = "") -> None:
+    """Refuse a NaN or infinite number anywhere in parsed YAML or JSON (YAML spells them .nan and .inf)."""
+    todo = [(where, data)]
+    while todo:
+        at, value = todo.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise KvplanError(f"{path}: field '{at or '(top level)'}': expected a finite number, found {value}")
+        if isinstance(value, dict):
+            todo.extend((f"{at}.{k}" if at else str(k), v) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((f"{at}.{i}" if at else str(i), v) for i, v in enumerate(value))
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def type_name(value: Any) -> str:
+    """How a parsed YAML or JSON value is called in an error: 'a string ("32")', 'a list', 'a number (32.5)'."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string ({_one_line(repr(shown))})"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call `write(tmp_path)` to fill a temporary file in the target's folder, then move it into place."""
+    """Call `write(tmp_path)` to fill a temporary file in the target's folder, then move it into place.
+
+    The file ends up with the permissions of the one it replaces, or those a plain open() would give a new file
+    (0o666 less the umask)."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise KvplanError(f"cannot write {path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
         write(tmp)
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     except OSError as e:
         raise KvplanError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits a written file gets: the replaced file's, or 0o666 less the umask for a new one."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode):
+            return stat.S_IMODE(st.st_mode)
+    except OSError:
+        pass
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux reports it without changing it
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -126,39 +126,54 @@ class GateFile(_Strict):
 # Loading
 
 
+def _first_error(e: ValidationError) -> dict:
+    return sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")[0]  # a typo shows as extra + missing
+
+
 def _error_line(path: str, e: ValidationError, where: str, fields: list[str]) -> str:
-    err = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")[0]
-    loc = ".".join(str(p) for p in err["loc"])
+    err = _first_error(e)
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
     if err["type"] == "extra_forbidden":
-        if err["loc"][0] == "require":
+        parts = [str(p) for p in err["loc"]]
+        if parts[:1] == ["require"]:
             fields = list(Require.model_fields)
-        return f"{path}: {where}: field '{loc}' is not allowed{did_you_mean(str(err['loc'][-1]), fields)}"
-    return f"{path}: {where}: field '{loc}': {err['msg'].removeprefix('Value error, ')}"
+            nested = Require.model_fields.get(parts[1]) if len(parts) > 2 else None
+            for cand in getattr(nested and nested.annotation, "__args__", ()):  # require.max_step_ms.<typo>
+                if isinstance(cand, type) and issubclass(cand, BaseModel):
+                    fields = list(cand.model_fields)
+        return f"{path}: {where}: field '{loc}' is not allowed{did_you_mean(parts[-1] if parts else '', fields)}"
+    if err["loc"][:1] == ("kv_cache_dtype_skip_layers",):  # a union: pydantic's error names one of its members
+        return (f"{path}: {where}: field 'kv_cache_dtype_skip_layers': expected layer indices such as [0, 1, 30, 31],"
+                " one index, or a string such as 'sliding_window' or 'none'")
+    msg = " ".join(err["msg"].removeprefix("Value error, ").split())
+    return f"{path}: {where}: field '{loc}': {msg}"
 
 
 def load_gates(source: str | Path | dict) -> list[Gate]:
     """The gates of a file (or an already parsed mapping), each with the defaults applied."""
-    from .specs import read_yaml
+    from .files import check_finite, read_yaml, type_name
 
     path = "gates" if isinstance(source, dict) else str(source)
     if isinstance(source, dict):
         data = source
     else:
-        if not Path(source).is_file():
-            raise KvplanError(f"no such gates file: {source}")
-        data = read_yaml(Path(source))
+        data = read_yaml(source, "gates file")
     if not isinstance(data, dict):
-        raise KvplanError(f"{path}: expected a mapping with 'gates' (and optionally 'defaults') at the top level")
+        raise KvplanError(f"{path}: expected a mapping with 'gates' (and optionally 'defaults') at the top level, "
+                          f"found {type_name(data)}")
+    check_finite(data, path)
     try:
         doc = GateFile.model_validate(data)
     except ValidationError as e:
-        in_defaults = e.errors()[0]["loc"][0] == "defaults"
+        in_defaults = _first_error(e)["loc"][:1] == ("defaults",)
         fields = list(Options.model_fields) if in_defaults else list(GateFile.model_fields)
         raise KvplanError(_error_line(path, e, "defaults" if in_defaults else "top level", fields)) from None
     defaults = doc.defaults.model_dump(exclude_unset=True)
     gates, seen = [], set()
     for i, raw in enumerate(doc.gates):
-        where = f"gate '{raw.get('name')}'" if raw.get("name") else f"gate #{i + 1}"
+        name = raw.get("name")
+        plain = isinstance(name, str) and name and "\n" not in name and "\r" not in name
+        where = f"gate '{name}'" if plain else f"gate #{i + 1}"
         try:
             g = Gate.model_validate({**defaults, **raw})
         except ValidationError as e:

@@ -23,7 +23,8 @@ from .engine import (
 )
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
-from .pool import pool_plan
+from .deployment import DeploymentArgs
+from .pool import plan_for
 from .specs import GPUSpec, ModelSpec, load_gpu, load_model
 from .weights import weight_bytes
 
@@ -39,11 +40,12 @@ COLUMNS = (
 def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, tps: Sequence[int] = (1,),
           dtypes: Sequence[str | KVFormat] = ("auto",), max_model_lens: Sequence[int] = (8192,),
           batches: Sequence[int] = (1,), contexts: Sequence[int] = (8192,),
-          gpu_memory_utilization: Optional[float] = None, block_size: Optional[int] = None,
-          activation_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
-          weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
-          max_num_batched_tokens: Optional[int] = None):
+          weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None, **options):
     """One row per combination, in the order of the arguments (the last axis varies fastest).
+
+    Every other option of a vLLM deployment (kvplan.deployment.DeploymentArgs: gpu_memory_utilization, block_size,
+    activation_gib, weight_dtype, pp, dcp, engine_version, max_num_batched_tokens, ...) applies to every row, and
+    each combination is resolved the way `capacity` resolves it, so every row equals what `capacity` answers.
 
     Combinations that cannot run (a TP that does not split the heads, a dtype for the other attention layout) are
     left out and listed in `df.attrs["skipped"]`. A configuration whose weights or sequences do not fit stays in,
@@ -80,13 +82,18 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     codes = {"model": [], "gpu": [], "dtype": []}
     skipped: list[str] = []
     base_fmt = kv_format(baseline)
+    if weight_read not in ("streamed", "all"):
+        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
+    if "engine" in options and options["engine"] not in (None, "vllm"):
+        raise KvplanError("sweep plans vLLM's pool; --engine sglang is not swept (use `kvplan capacity --engine sglang`)")
+    weight_dtype = options.get("weight_dtype")
     for (mi, m), (gi, g), tp, (fi, fmt) in itertools.product(enumerate(mspecs), enumerate(gspecs), tps,
                                                                enumerate(fmts)):
         try:
             check_tp(m, tp)
-            plan = pool_plan(m, g, fmt, tp=tp, gpu_memory_utilization=gpu_memory_utilization,
-                             block_size=block_size, activation_gib=activation_gib, weight_dtype=weight_dtype,
-                             skip=skip, max_num_batched_tokens=max_num_batched_tokens)
+            d = DeploymentArgs(model=m, gpu=g, kv_cache_dtype=fmt, tp=tp, kv_cache_dtype_skip_layers=skip,
+                               **options).resolve(needs_memory=True)
+            plan = plan_for(d)
         except KvplanError as e:
             skipped.append(f"{m.name} {g.name} tp{tp} {fmt.name}: {e}")
             continue
@@ -136,13 +143,24 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
 
     frame: dict = {}
     categories = {"model": [m.name for m in mspecs], "gpu": [g.name for g in gspecs], "dtype": [f.name for f in fmts]}
+    # counts (and bytes) are whole numbers, `fits` a yes/no; every other column is a real number
+    integers = {"tp", "max_model_len", "batch", "context", "weight_bytes_held", "available_kv_bytes", "num_blocks",
+                "blocks_per_request", "kv_tokens"}
     for c in COLUMNS:
         if c in categories:
             frame[c] = pd.Categorical.from_codes(_concat(codes[c], np.int32), categories=categories[c])
         elif c == "bound":
             frame[c] = pd.Categorical.from_codes(_concat(cols[c], np.int8), categories=["weights", "kv"])
+        elif c in integers:
+            values = _concat(cols[c], np.int64)
+            if values.dtype.kind == "f" and np.isnan(values).any():  # a figure some rows lack
+                frame[c] = pd.array(values, dtype="Int64")
+            else:
+                frame[c] = values.astype(np.int64, copy=False)
+        elif c == "fits":
+            frame[c] = _concat(cols[c], np.bool_).astype(np.bool_, copy=False)
         else:
-            frame[c] = _concat(cols[c], np.float64)
+            frame[c] = _concat(cols[c], np.float64).astype(np.float64, copy=False)
     df = pd.DataFrame(frame, copy=False)
     df.attrs["skipped"] = skipped
     df.attrs["weight_read"] = weight_read

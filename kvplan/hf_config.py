@@ -1,51 +1,126 @@
-"""Read a model's architecture from its Hugging Face config.json into ModelSpec fields."""
+"""Read a model's architecture from its Hugging Face config.json into ModelSpec fields.
+
+Every field is read with its type checked: a value of the wrong type (a string where a number belongs, a list
+where an object belongs) is one error line naming the file and the field.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from .errors import KvplanError
+from .files import type_name
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "falcon"}  # transformers' config defaults
 
 
+class _Fields:
+    """One object of a config.json, read field by field with the type checked. A field that is absent or null
+    reads as None."""
+
+    def __init__(self, data: dict, path: Path | str, prefix: str = ""):
+        self.data, self.path, self.prefix = data, path, prefix
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def _error(self, key: str, expected: str, value: Any) -> KvplanError:
+        return KvplanError(f"{self.path}: field '{self.prefix}{key}': expected {expected}, found {type_name(value)}")
+
+    def integer(self, key: str, minimum: int = 0) -> Optional[int]:
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self._error(key, "a whole number", v)
+        if v < minimum:
+            raise self._error(key, f"a whole number of at least {minimum}", v)
+        return v
+
+    def need(self, key: str, *alts: str) -> int:
+        """A positive whole number the config must have, under `key` or one of its older names."""
+        for k in (key, *alts):
+            if self.has(k):
+                return self.integer(k, minimum=1)  # type: ignore[return-value]
+        raise KvplanError(f"{self.path}: field '{self.prefix}{key}' is missing; a Hugging Face config.json for a "
+                          "decoder has it")
+
+    def flag(self, key: str) -> Optional[bool]:
+        v = self.data.get(key)
+        if v is None or isinstance(v, bool):
+            return v
+        raise self._error(key, "true or false", v)
+
+    def text(self, key: str) -> Optional[str]:
+        v = self.data.get(key)
+        if v is None or isinstance(v, str):
+            return v
+        raise self._error(key, "a string", v)
+
+    def section(self, key: str) -> Optional["_Fields"]:
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise self._error(key, "an object ({...})", v)
+        return _Fields(v, self.path, f"{self.prefix}{key}.")
+
+    def items(self, key: str, ok: Callable[[Any], bool], expected: str) -> Optional[list]:
+        """A list whose every item passes `ok`; `expected` describes such a list."""
+        v = self.data.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list):
+            raise self._error(key, expected, v)
+        for i, item in enumerate(v):
+            if not ok(item):
+                raise KvplanError(f"{self.path}: field '{self.prefix}{key}.{i}': expected {expected}, found "
+                                  f"{type_name(item)} in it")
+        return v
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if not isinstance(cfg, dict):
-        raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json)")
-    model_type = str(cfg.get("model_type", "")).lower()
-    c = dict(cfg)
-    if "text_config" in cfg and "num_hidden_layers" not in cfg:  # multimodal wrappers (Gemma 3, Llama 4)
-        c = {**cfg["text_config"]}
-        model_type = str(c.get("model_type") or model_type).lower()
+        raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
+    top = _Fields(cfg, path)
+    model_type = (top.text("model_type") or "").lower()
+    c = top
+    text_config = top.section("text_config")
+    if text_config is not None and "num_hidden_layers" not in cfg:  # multimodal wrappers (Gemma 3, Llama 4)
+        c = text_config
+        model_type = (c.text("model_type") or model_type).lower()
 
-    def need(key: str, *alts: str) -> int:
-        for k in (key, *alts):
-            if c.get(k) is not None:
-                return c[k]
-        raise KvplanError(f"{path}: field '{key}' is missing; a Hugging Face config.json for a decoder has it")
-
-    layers = need("num_hidden_layers", "n_layer")
-    hidden = need("hidden_size", "d_model")
-    heads = need("num_attention_heads", "n_head")
-    vocab = need("vocab_size")
+    layers = c.need("num_hidden_layers", "n_layer")
+    hidden = c.need("hidden_size", "d_model")
+    heads = c.need("num_attention_heads", "n_head")
+    vocab = c.need("vocab_size")
     family = model_type or "unknown"
     falcon = family in ("falcon", "refinedweb", "refinedwebmodel")
 
-    if falcon and c.get("multi_query") and not c.get("new_decoder_architecture"):
+    if falcon and c.flag("multi_query") and not c.flag("new_decoder_architecture"):
         kv_heads = 1
     else:
-        kv_heads = c.get("num_key_value_heads") or c.get("num_kv_heads") or heads
-    head_dim = c.get("head_dim") or hidden // heads  # transformers' own definition when the config omits it
-    intermediate = c.get("intermediate_size") or (4 * hidden if falcon else None)
-    if intermediate is None and c.get("ffn_hidden_size"):
-        intermediate = c["ffn_hidden_size"]
+        kv_heads = c.integer("num_key_value_heads") or c.integer("num_kv_heads") or heads
+    head_dim = c.integer("head_dim") or hidden // heads  # transformers' own definition when the config omits it
+    intermediate = c.integer("intermediate_size") or (4 * hidden if falcon else None)
+    if intermediate is None and c.integer("ffn_hidden_size"):
+        intermediate = c.integer("ffn_hidden_size")
     if intermediate is None:
-        raise KvplanError(f"{path}: field 'intermediate_size' is missing")
+        raise KvplanError(f"{path}: field '{c.prefix}intermediate_size' is missing")
+    for f in (top, c):  # read by nothing here, but a wrong type means a broken config
+        f.section("rope_scaling")
 
+    tied = c.flag("tie_word_embeddings")
+    if tied is None:
+        tied = top.flag("tie_word_embeddings")
     out: dict[str, Any] = {
-        "name": str(cfg.get("_name_or_path") or Path(path).resolve().parent.name or "config.json"),
+        "name": top.text("_name_or_path") or Path(path).resolve().parent.name or "config.json",
         "family": family,
         "num_layers": layers,
         "hidden_size": hidden,
@@ -54,22 +129,28 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         "num_kv_heads": kv_heads,
         "head_dim": head_dim,
         "vocab_size": vocab,
-        "tie_word_embeddings": bool(c.get("tie_word_embeddings", cfg.get("tie_word_embeddings", family in _TIED_BY_DEFAULT))),
-        "max_position_embeddings": c.get("max_position_embeddings") or (2048 if falcon else None) or need("max_position_embeddings"),
+        "tie_word_embeddings": family in _TIED_BY_DEFAULT if tied is None else tied,
+        "max_position_embeddings": (c.integer("max_position_embeddings") or (2048 if falcon else None)
+                                    or c.need("max_position_embeddings")),
     }
-    dtype = str(c.get("torch_dtype") or cfg.get("torch_dtype") or c.get("dtype") or cfg.get("dtype") or "bfloat16")
+    dtype = (c.text("torch_dtype") or top.text("torch_dtype") or c.text("dtype") or top.text("dtype")
+             or "bfloat16")
     out["dtype"] = _DTYPES.get(dtype.replace("torch.", ""), "bf16")
     out["weight_dtype"] = out["dtype"]
 
     # Quantized checkpoints
-    q = cfg.get("quantization_config") or c.get("quantization_config")
-    if q:
-        method = str(q.get("quant_method", "")).lower()
+    q = top.section("quantization_config")
+    if not (q and q.data):
+        q = c.section("quantization_config")
+    if q and q.data:
+        method = (q.text("quant_method") or "").lower()
+        block = q.items("weight_block_size", _is_int, "a list of whole numbers such as [128, 128]")
+        bits = q.integer("bits", minimum=1)
         if method == "fp8":
-            out["weight_dtype"] = "fp8_block128" if q.get("weight_block_size") else "fp8"
+            out["weight_dtype"] = "fp8_block128" if block else "fp8"
         elif method == "mxfp4":
             out["weight_dtype"], out["weight_scope"] = "mxfp4", "experts"
-        elif method in ("awq", "gptq") and q.get("bits", 4) == 4:
+        elif method in ("awq", "gptq") and (bits is None or bits == 4):
             out["weight_dtype"] = "int4_g128"
         else:
             raise KvplanError(
@@ -79,70 +160,75 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
 
     # Attention layout
     pattern = None
-    window = c.get("sliding_window")
-    if c.get("layer_types"):
+    window = c.integer("sliding_window")
+    layer_types = c.items("layer_types", lambda t: isinstance(t, str),
+                          'a list of attention types such as ["sliding_attention", "full_attention"]')
+    if layer_types:
         names = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "chunked"}
         try:
-            pattern = [names[t] for t in c["layer_types"]]
+            pattern = [names[t] for t in layer_types]
         except KeyError as e:
-            raise KvplanError(f"{path}: layer_types holds an unknown attention type {e.args[0]!r}") from None
-    elif family in ("gemma3", "gemma3_text") and c.get("sliding_window_pattern"):
-        n = c["sliding_window_pattern"]
-        pattern = ["sliding"] * (n - 1) + ["full"]
+            raise KvplanError(f"{path}: {c.prefix}layer_types holds an unknown attention type {e.args[0]!r}") from None
+    elif family in ("gemma3", "gemma3_text") and c.integer("sliding_window_pattern"):
+        n = c.integer("sliding_window_pattern") or 1
+        # the pattern repeats over the layers: one longer than the model means every layer slides
+        pattern = ["sliding"] * (n - 1) + ["full"] if n <= layers else ["sliding"]
     elif family == "gemma2":
         pattern = ["sliding", "full"]
-    elif family in ("llama4", "llama4_text") and c.get("attention_chunk_size"):
-        rope = c.get("no_rope_layers") or [1, 1, 1, 0]
+    elif family in ("llama4", "llama4_text") and c.integer("attention_chunk_size"):
+        rope = c.items("no_rope_layers", lambda r: isinstance(r, (int, bool)), "a list of 0s and 1s") or [1, 1, 1, 0]
         pattern = ["chunked" if r else "full" for r in rope]
-    elif window and c.get("use_sliding_window", True):
+    elif window and c.flag("use_sliding_window") is not False:
         pattern = ["sliding"]
     if pattern:
         att: dict[str, Any] = {"pattern": pattern}
         if "sliding" in pattern:
             att["sliding_window"] = window
         if "chunked" in pattern:
-            att["chunk_size"] = c.get("attention_chunk_size")
+            att["chunk_size"] = c.integer("attention_chunk_size")
         out["attention"] = att
 
     # MLA
-    if c.get("kv_lora_rank"):
-        out["mla"] = {k: c.get(k) for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")}
+    if c.integer("kv_lora_rank"):
+        out["mla"] = {k: c.integer(k) for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                                                "qk_nope_head_dim", "v_head_dim")}
         out["head_dim"] = None
 
     # MoE
-    experts = c.get("num_local_experts") or c.get("n_routed_experts") or c.get("num_experts")
+    experts = c.integer("num_local_experts") or c.integer("n_routed_experts") or c.integer("num_experts")
     if experts:
         moe: dict[str, Any] = {
             "num_experts": experts,
-            "experts_per_token": need("num_experts_per_tok", "experts_per_token"),
-            "expert_intermediate_size": c.get("moe_intermediate_size") or intermediate,
+            "experts_per_token": c.need("num_experts_per_tok", "experts_per_token"),
+            "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
-        shared = c.get("n_shared_experts") or (1 if family in ("llama4", "llama4_text") else 0)
+        shared = c.integer("n_shared_experts") or (1 if family in ("llama4", "llama4_text") else 0)
         if shared:
             moe["shared_experts"] = shared
-            if c.get("shared_expert_intermediate_size"):
-                moe["shared_expert_intermediate_size"] = c["shared_expert_intermediate_size"]
-        if c.get("first_k_dense_replace"):
-            moe["first_dense_layers"] = c["first_k_dense_replace"]
+            if c.integer("shared_expert_intermediate_size"):
+                moe["shared_expert_intermediate_size"] = c.integer("shared_expert_intermediate_size")
+        if c.integer("first_k_dense_replace"):
+            moe["first_dense_layers"] = c.integer("first_k_dense_replace")
         if family == "gpt_oss":
             moe["router_bias"] = moe["expert_bias"] = True
-        if c.get("topk_method") == "noaux_tc" or family == "glm4_moe":
+        if c.text("topk_method") == "noaux_tc" or family == "glm4_moe":
             moe["score_correction_bias"] = True
         out["moe"] = moe
-        if family in ("llama4", "llama4_text") and c.get("intermediate_size_mlp"):
-            out["intermediate_size"] = c["intermediate_size_mlp"]
+        if family in ("llama4", "llama4_text") and c.integer("intermediate_size_mlp"):
+            out["intermediate_size"] = c.integer("intermediate_size_mlp")
 
     # Biases and norms the architecture carries
-    attention_bias = bool(c.get("attention_bias", False))
-    out["qkv_bias"] = attention_bias or family == "qwen2" or bool(c.get("qkv_bias"))
+    attention_bias = bool(c.flag("attention_bias"))
+    out["qkv_bias"] = attention_bias or family == "qwen2" or bool(c.flag("qkv_bias"))
     out["o_bias"] = attention_bias and family != "glm4_moe"
-    out["qk_norm"] = family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") or bool(c.get("use_qk_norm") and family == "glm4_moe")
+    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
+                      or bool(c.flag("use_qk_norm") and family == "glm4_moe"))
     if family in ("gemma2", "gemma3", "gemma3_text"):
         out["norms_per_layer"] = 4
     if falcon:
         out.update(norms_per_layer=1, norm_bias=True, gated_mlp=False)
     if family == "gpt_oss":
         out["attention_sinks"] = True
-    if family == "phi3" and c.get("sliding_window"):
+    if family == "phi3" and window:
         out.setdefault("notes", []).append("Phi-3 config sets a sliding window; engines differ on honouring it")
     return out

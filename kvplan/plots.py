@@ -17,6 +17,7 @@ from .engine import (
     kv_read_bytes,
     weight_read_bytes,
 )
+from .errors import KvplanError
 from .formats import KVFormat
 from .specs import GPUSpec, ModelSpec
 from .weights import weight_bytes
@@ -55,6 +56,8 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
                      batch: Optional[int] = None, context: Optional[int] = None, points: int = 200) -> Figure:
     """KV bytes a step reads against the cached tokens of one sequence, per dtype, with the flat weight line."""
     check_tp(model, tp)
+    if weight_read not in ("streamed", "all"):
+        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
     wb = weight_bytes(model, tp, weight_dtype)
     w1 = weight_read_bytes(model, wb, 1, weight_read)
     all_layers = [(f, kv_layers(model, f, tp, skip)) for f in fmts]
@@ -88,19 +91,21 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
     return fig
 
 
-def capacity_figure(model: ModelSpec, gpu: Optional[GPUSpec], fmts: Sequence[KVFormat], *, tp: int = 1,
-                    lengths: Optional[Sequence[int]] = None, **pool_options) -> Figure:
-    """Sequences the pool holds against max_model_len, per dtype (vLLM's concurrency)."""
-    from .pool import pool_plan
+def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = None) -> Figure:
+    """Sequences the pool holds against max_model_len, one curve per resolved Deployment (kvplan.deployment), by
+    vLLM's concurrency: the same plan `capacity` computes."""
+    from .pool import plan_for
 
+    d0 = deployments[0]
+    model, gpu = d0.model, d0.gpu
     top = model.max_position_embeddings
     if lengths is None:
         lengths = sorted({int(round(x)) for x in _geomspace(min(1024, top), top, 60)} | {top})
     series, notes = [], []
-    for f in fmts:
-        plan = pool_plan(model, gpu, f, tp=tp, **pool_options)
-        if plan.available <= 0:
-            notes.append(f"{f.name}: the weights leave no room for a KV pool")
+    for d in deployments:
+        plan = plan_for(d)
+        if plan.available <= 0 and not plan.overridden:
+            notes.append(f"{d.kv.name}: the weights leave no room for a KV pool")
             continue
         ys, xs = [], []
         for n in lengths:
@@ -110,14 +115,21 @@ def capacity_figure(model: ModelSpec, gpu: Optional[GPUSpec], fmts: Sequence[KVF
                 ys.append(fig["max_concurrency"])
         same = next((s for s in series if s.y == ys and s.x == xs), None)
         if same:
-            same.label += f", {f.name}"
+            same.label += f", {d.kv.name}"
         else:
-            series.append(Series(f.name, xs, ys))
+            series.append(Series(d.kv.name, xs, ys))
     return Figure(
-        title=f"{model.name} on {gpu.name if gpu else 'the given memory'}, TP {tp}: sequences the KV pool holds",
+        title=f"{model.name} on {gpu.name if gpu else 'the given memory'}, TP {d0.tp}: sequences the KV pool holds",
         xlabel="max_model_len (tokens per sequence)", ylabel="max concurrency (sequences)", series=series,
-        hline=("1 sequence", 1.0), notes=notes,
+        hline=("1 sequence", 1.0), notes=notes + [n for n in d0.notes],
     )
+
+
+def figure_data(fig: Figure) -> dict:
+    """The figure's numbers as plain values (`kvplan plot ... --json`)."""
+    from dataclasses import asdict
+
+    return asdict(fig)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -10,23 +10,17 @@ from typing import Literal, Optional, Sequence
 from .engine import (
     GiB,
     LayerKV,
-    SkipLayers,
-    check_tp,
     kv_bytes_per_token,
     kv_heads_per_rank,
     kv_layers,
 )
-from .engines import VllmRules, backend_block_size, vllm_rules
+from .engines import VllmRules
 from .errors import KvplanError
-from .formats import KVFormat, kv_format
-from .nonkv import NonKVMemory, flat_allowance, non_kv_memory, serve_defaults
-from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu
+from .formats import KVFormat
+from .nonkv import NonKVMemory, flat_allowance, non_kv_memory
+from .specs import GPUSpec, ModelSpec
 from .weights import pipeline_stages, weight_bytes
 from .xp import SCALAR
-
-SEEDS_ALLOWANCE_GIB = 6.0  # the back-of-envelope allowance for activations, CUDA graphs, NCCL and the CUDA context
-DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
-
 
 @dataclass(frozen=True)
 class _LayerSpec:
@@ -159,6 +153,7 @@ class CapacityResult:
     stage_layers: list[list[int]] = field(default_factory=list)  # [first, last + 1] per pipeline stage
     log_lines: list[str] = field(default_factory=list)  # what the engine's startup log prints for this pool
     non_kv: dict = field(default_factory=dict)  # weights, activation, persistent, non_torch, cudagraph, total
+    deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -167,7 +162,8 @@ class CapacityResult:
         """The result as a one-row DataFrame (needs pandas); `pd.concat` several to compare."""
         import pandas as pd
 
-        return pd.DataFrame([{k: v for k, v in self.to_dict().items() if k not in ("notes", "skip_layers")}])
+        return pd.DataFrame([{k: v for k, v in self.to_dict().items()
+                             if k not in ("notes", "skip_layers", "deployment")}])
 
 
 @dataclass(frozen=True)
@@ -255,104 +251,92 @@ class PoolPlan:
                     & (max_model_len <= self.model.max_position_embeddings))
 
 
-def pool_plan(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
-              pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
-              gpu_memory_utilization: Optional[float] = None, block_size: Optional[int] = None,
-              activation_gib: Optional[float] = None, non_torch_gib: Optional[float] = None,
-              cudagraph_gib: Optional[float] = None, gpu_memory_gib: Optional[float] = None,
-              kv_cache_memory_gib: Optional[float] = None, weight_dtype: Optional[str] = None,
-              skip: SkipLayers = None, max_num_batched_tokens: Optional[int] = None,
-              max_num_seqs: Optional[int] = None, enforce_eager: bool = False,
-              num_gpu_blocks_override: Optional[int] = None, entrypoint: str = "serve",
-              measured_non_kv: Optional[tuple[Optional[int], int]] = None) -> PoolPlan:
-    """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules); checks the options.
+def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto",
+              **options) -> PoolPlan:
+    """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules), for a resolved Deployment (or a
+    model, GPU, dtype and the options of kvplan.deployment.DeploymentArgs, resolved here)."""
+    return plan_for(_deployment(model_or_deployment, gpu, dtype, options))
 
-    The non-KV memory is vLLM's, part by part (kvplan.nonkv); `non_torch_gib` and `cudagraph_gib` replace those
-    parts and `activation_gib` the activation peak. `activation_gib` alone is one flat allowance for everything
-    beyond the weights, as in the back-of-envelope budget (6.0 GiB). `measured_non_kv` (weights or None, overhead
-    beyond them), from a deployment profile, replaces the model: measured weights when the layout is the one
-    measured, modelled weights otherwise."""
-    check_tp(model, tp)
-    rules = vllm_rules(engine_version)
-    if gpu_memory_utilization is None:
-        gpu_memory_utilization = rules.default_gpu_memory_utilization
-    if not 0 < gpu_memory_utilization <= 1:
-        raise KvplanError(f"--gpu-memory-utilization must be in (0, 1], got {gpu_memory_utilization}")
-    if block_size is not None and block_size < 1:
-        raise KvplanError(f"--block-size must be positive, got {block_size}")
-    for name, v in (("--activation-gib", activation_gib), ("--non-torch-gib", non_torch_gib),
-                    ("--cudagraph-gib", cudagraph_gib)):
-        if v is not None and v < 0:
-            raise KvplanError(f"{name} must not be negative, got {v}")
-    if max_num_seqs is not None and max_num_seqs < 1:
-        raise KvplanError(f"--max-num-seqs must be positive, got {max_num_seqs}")
-    if not 1 <= pp <= model.num_layers:
-        raise KvplanError(f"--pp must be between 1 and {model.name}'s {model.num_layers} layers, got {pp}")
-    if dcp < 1 or tp % dcp:
-        raise KvplanError(f"--dcp {dcp} must divide --tp {tp} (decode-context parallelism reuses the TP ranks)")
-    if num_gpu_blocks_override is not None and num_gpu_blocks_override < 1:
-        raise KvplanError(f"--num-gpu-blocks-override must be positive, got {num_gpu_blocks_override}")
-    fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
-    if block_size is None:  # the attention backend's (FlashMLA 64, CUTLASS MLA 128, else vLLM's 16)
-        block_size = backend_block_size(model.is_mla, gpu.compute_capability if gpu else None, fmt.name)
-    if fmt.name in rules.cache_dtypes_missing:
-        raise KvplanError(f"KV cache dtype '{fmt.name}' does not exist in {rules.label}; it arrived later "
-                          f"(choose a later --engine-version)")
-    if gpu_memory_gib is not None:
-        if gpu_memory_gib <= 0:
-            raise KvplanError(f"--gpu-memory-gib must be positive, got {gpu_memory_gib}")
-        total, source = int(round(gpu_memory_gib * GiB)), "--gpu-memory-gib"
-    elif gpu is not None:
-        total, source = gpu.memory_total_bytes, f"{gpu.name}: {gpu.memory_source}"
-    elif kv_cache_memory_gib is None and num_gpu_blocks_override is None:
-        raise KvplanError("capacity needs --gpu (or --gpu-memory-gib, or --kv-cache-memory)")
-    else:
-        total, source = 0, "not used (--kv-cache-memory)" if kv_cache_memory_gib else "not used"
-    if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
-        raise KvplanError(f"--max-num-batched-tokens must be positive, got {max_num_batched_tokens}")
-    if kv_cache_memory_gib is not None and kv_cache_memory_gib <= 0:
-        raise KvplanError(f"--kv-cache-memory must be positive, got {kv_cache_memory_gib}")
-    defaults = serve_defaults(total, gpu, rules, model.max_position_embeddings, entrypoint)
-    t_batched = max_num_batched_tokens or defaults.max_num_batched_tokens
-    seqs = max_num_seqs or defaults.max_num_seqs
-    requested = math.ceil(total * gpu_memory_utilization)
-    flat = activation_gib is not None and non_torch_gib is None and cudagraph_gib is None
 
-    all_layers = _version_layers(kv_layers(model, fmt, tp, skip), model, fmt, tp, rules)
+def _deployment(model, gpu, dtype, options: dict):
+    from .deployment import Deployment, DeploymentArgs
+
+    if isinstance(model, Deployment):
+        if gpu is not None or options or dtype != "auto":
+            raise TypeError("a Deployment carries its own options")
+        return model
+    if "skip" in options:
+        options["kv_cache_dtype_skip_layers"] = options.pop("skip")
+    args = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, engine="vllm", **options)
+    return args.resolve(needs_memory=True)
+
+
+def _modelled_non_kv(d, rng: range, weights: int) -> NonKVMemory:
+    nk = non_kv_memory(d.model, d.gpu, total_bytes=d.total_bytes, tp=d.tp, weights=weights, version=d.rules,
+                       pp=d.pp, max_model_len=d.model.max_position_embeddings,
+                       max_num_batched_tokens=d.max_num_batched_tokens, max_num_seqs=d.max_num_seqs,
+                       first_stage=rng.start == 0, last_stage=rng.stop == d.model.num_layers,
+                       enforce_eager=d.enforce_eager)
+    return replace(nk, **{k: v for k, v in (("activation", d.activation_bytes), ("non_torch", d.non_torch_bytes),
+                                            ("cudagraph", d.cudagraph_bytes)) if v is not None})
+
+
+def _base_overhead(base) -> int:
+    """The modelled non-KV memory beyond the weights of the configuration a profile measured (its binding stage)."""
     stages = []
-    for rng in pipeline_stages(model.num_layers, pp):
-        wb = weight_bytes(model, tp, weight_dtype, stage=rng)
-        if measured_non_kv is not None:
-            w, overhead = measured_non_kv
-            nk = NonKVMemory(w if w is not None else wb.total, overhead, 0, 0, 0, t_batched, seqs, "profile")
-        elif flat:
-            nk = flat_allowance(wb.total, int(round(activation_gib * GiB)), t_batched, seqs)
+    for rng in pipeline_stages(base.model.num_layers, base.pp):
+        wb = weight_bytes(base.model, base.tp, base.weight_dtype, stage=rng)
+        nk = _modelled_non_kv(base, rng, wb.total)
+        stages.append(nk.total - nk.weights)
+    return max(stages)
+
+
+def plan_for(d) -> PoolPlan:
+    """The pool of a resolved vLLM Deployment.
+
+    The non-KV memory is vLLM's, part by part (kvplan.nonkv); --non-torch-gib and --cudagraph-gib replace those
+    parts and --activation-gib the activation peak. --activation-gib alone is one flat allowance for everything
+    beyond the weights, as in the back-of-envelope budget (6.0 GiB). A deployment profile's measured weights and
+    overhead replace the model: measured weights when the layout is the one measured, modelled weights otherwise,
+    and the overhead re-based by the modelled difference when the configuration differs from the measured one."""
+    if d.engine != "vllm":
+        raise KvplanError(f"the vLLM pool of an {d.engine} deployment was asked for")
+    model, fmt, rules = d.model, d.kv, d.rules
+    requested = math.ceil(d.total_bytes * d.gpu_memory_utilization)
+    all_layers = _version_layers(kv_layers(model, fmt, d.tp, d.skip), model, fmt, d.tp, rules)
+    base_overhead = _base_overhead(d.measured.base) if d.measured and d.measured.base is not None else None
+    stages = []
+    for rng in pipeline_stages(model.num_layers, d.pp):
+        wb = weight_bytes(model, d.tp, d.weight_dtype, stage=rng)
+        if d.measured is not None:
+            w = d.measured.weights if d.measured.weights is not None else wb.total
+            overhead = d.measured.overhead
+            if base_overhead is not None:
+                nk_now = _modelled_non_kv(d, rng, wb.total)
+                overhead += (nk_now.total - nk_now.weights) - base_overhead
+            nk = NonKVMemory(w, overhead, 0, 0, 0, d.max_num_batched_tokens, d.max_num_seqs, "profile")
+        elif d.flat_allowance:
+            nk = flat_allowance(wb.total, d.activation_bytes, d.max_num_batched_tokens, d.max_num_seqs)
         else:
-            nk = non_kv_memory(model, gpu, total_bytes=total, tp=tp, weights=wb.total, version=rules, pp=pp,
-                               max_model_len=model.max_position_embeddings, max_num_batched_tokens=t_batched,
-                               max_num_seqs=seqs, first_stage=rng.start == 0,
-                               last_stage=rng.stop == model.num_layers,
-                               enforce_eager=enforce_eager)
-            nk = replace(nk, **{k: int(round(v * GiB)) for k, v in (("activation", activation_gib),
-                                                                     ("non_torch", non_torch_gib),
-                                                                     ("cudagraph", cudagraph_gib)) if v is not None})
-        if kv_cache_memory_gib is not None:
-            available = int(round(kv_cache_memory_gib * GiB))
+            nk = _modelled_non_kv(d, rng, wb.total)
+        if d.kv_cache_memory_bytes is not None:
+            available = d.kv_cache_memory_bytes
         else:
             available = requested - nk.total
         layers = all_layers[rng.start:rng.stop]
-        groups = kv_cache_groups(layers, block_size, fmt.name, rules.raise_block_for_skip_layers)
+        groups = kv_cache_groups(layers, d.block_size, fmt.name, rules.raise_block_for_skip_layers)
         residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
         stages.append(StagePlan(rng, wb.total, nk, available, layers, groups,
                                 math.ceil(residual / groups.bytes_per_block) if residual else 0,
                                 max(0, available // groups.bytes_per_block)))
     binding = min(stages, key=lambda st: st.num_blocks)
+    override = d.num_gpu_blocks_override
     return PoolPlan(
-        model=model, fmt=fmt, gpu=gpu, rules=rules, tp=tp, pp=pp, dcp=dcp,
-        weight_dtype=weight_dtype or model.weight_dtype, total=total, memory_source=source,
-        gpu_memory_utilization=gpu_memory_utilization, requested=requested, stages=tuple(stages), binding=binding,
-        num_blocks=num_gpu_blocks_override if num_gpu_blocks_override is not None else binding.num_blocks,
-        overridden=num_gpu_blocks_override is not None, max_num_batched_tokens=t_batched,
+        model=model, fmt=fmt, gpu=d.gpu, rules=rules, tp=d.tp, pp=d.pp, dcp=d.dcp,
+        weight_dtype=d.weight_dtype or model.weight_dtype, total=d.total_bytes, memory_source=d.memory_source,
+        gpu_memory_utilization=d.gpu_memory_utilization, requested=requested, stages=tuple(stages),
+        binding=binding, num_blocks=override if override is not None else binding.num_blocks,
+        overridden=override is not None, max_num_batched_tokens=d.max_num_batched_tokens,
     )
 
 
@@ -367,66 +351,41 @@ def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat
                  for lay in layers)
 
 
-def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", *, tp: int = 1,
-             pp: int = 1, dcp: int = 1, engine_version: Optional[str] = None,
-             num_gpu_blocks_override: Optional[int] = None,
-             gpu_memory_utilization: Optional[float] = None,
-             max_model_len: Optional[int | Literal["auto"]] = None,
-             block_size: Optional[int] = None, activation_gib: Optional[float] = None,
-             non_torch_gib: Optional[float] = None, cudagraph_gib: Optional[float] = None,
-             gpu_memory_gib: Optional[float] = None, kv_cache_memory_gib: Optional[float] = None,
-             weight_dtype: Optional[str] = None, skip: SkipLayers = None,
-             max_num_batched_tokens: Optional[int] = None, max_num_seqs: Optional[int] = None,
-             enforce_eager: bool = False, entrypoint: str = "serve", profile=None) -> CapacityResult:
+def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", **options) -> CapacityResult:
     """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
+
+    Takes a resolved kvplan.deployment.Deployment, or a model, GPU, KV dtype and any option of
+    kvplan.deployment.DeploymentArgs (tp, pp, dcp, max_model_len, gpu_memory_utilization, block_size,
+    profile, ...), resolved the way the command line resolves them.
 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
     can show it; raise on it where a single answer was asked for.
 
     With a deployment `profile` (kvplan.deploy), the total memory, the engine version and the measured weights and
     overheads of that deployment stand in for the model of them."""
-    measured = None
-    if profile is not None:
-        if profile.engine != "vllm":
-            raise KvplanError(f"the profile was measured on {profile.engine}; use --engine {profile.engine}")
-        if profile.model != model.name:
-            raise KvplanError(f"the profile was measured on {profile.model}, not {model.name}; its overheads do "
-                              f"not carry over (import a log of {model.name})")
-        same_layout = (tp, pp, weight_dtype) == (profile.tp, profile.pp, profile.weight_dtype)
-        measured = (profile.weights_bytes if same_layout else None, profile.overhead_bytes or 0)
-        if gpu_memory_gib is None and profile.total_memory_bytes:
-            gpu_memory_gib = profile.total_memory_bytes / GiB
-        engine_version = engine_version or profile.engine_version
-        if gpu is None and profile.gpu:
-            gpu = load_gpu(profile.gpu)
-    inferred = None
-    if gpu is None and gpu_memory_gib is not None and gpu_memory_gib > 0:
-        # the architecture sets vLLM's batch defaults and its workspaces: take the GPU this much memory suggests
-        gpu = inferred = gpu_by_memory(int(round(gpu_memory_gib * GiB)))
-    plan = pool_plan(model, gpu, dtype, tp=tp, pp=pp, dcp=dcp, engine_version=engine_version,
-                     num_gpu_blocks_override=num_gpu_blocks_override, gpu_memory_utilization=gpu_memory_utilization,
-                     block_size=block_size, activation_gib=activation_gib, non_torch_gib=non_torch_gib,
-                     cudagraph_gib=cudagraph_gib, gpu_memory_gib=gpu_memory_gib,
-                     kv_cache_memory_gib=kv_cache_memory_gib, weight_dtype=weight_dtype, skip=skip,
-                     max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                     enforce_eager=enforce_eager, entrypoint=entrypoint, measured_non_kv=measured)
-    auto = max_model_len in ("auto", -1)
+    return capacity_of(_deployment(model, gpu, dtype, options))
+
+
+def capacity_of(d) -> CapacityResult:
+    """The capacity of a resolved vLLM Deployment."""
+    model = d.model
+    plan = plan_for(d)
+    auto = d.max_model_len == "auto"
     if auto:  # vLLM's -1: the longest length the pool holds one sequence of, up to the model's own
         fitted = _longest_fitting(plan.blocks_per_request, plan.num_blocks - 1, model.max_position_embeddings)
         mlen = fitted or model.max_position_embeddings  # nothing fits: the problem below says why
     else:
-        mlen = model.max_position_embeddings if max_model_len is None else int(max_model_len)
-    if mlen < 1:
-        raise KvplanError(f"--max-model-len must be positive (or auto), got {mlen}")
-    if mlen > model.max_position_embeddings:
-        raise KvplanError(
-            f"--max-model-len {mlen} exceeds {model.name}'s max_position_embeddings "
-            f"{model.max_position_embeddings}; vLLM refuses it (lower it, or use a spec with a longer context)"
-        )
+        mlen = model.max_position_embeddings if d.max_model_len is None else int(d.max_model_len)
     fig = plan.per_length(mlen)
     per_request, num_blocks, groups = fig["blocks_per_request"], plan.num_blocks, plan.groups
     problem = longest = None
-    if plan.available <= 0 and not plan.overridden:
+    if d.kv_cache_memory_bytes is not None and d.total_bytes and plan.weights + plan.available > d.total_bytes:
+        problem = (
+            f"--kv-cache-memory {plan.available / GiB:.2f} GiB and {model.name}'s weights "
+            f"({plan.weights / GiB:.2f} GiB per rank) exceed the GPU's {d.total_bytes / GiB:.2f} GiB; vLLM would "
+            f"run out of memory allocating the pool (lower --kv-cache-memory)"
+        )
+    elif plan.available <= 0 and not plan.overridden:
         problem = (
             f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the "
             f"{(plan.non_kv.total - plan.non_kv.weights) / GiB:.2f} GiB beyond them exceed the "
@@ -441,31 +400,21 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
             f"({per_request:,} blocks needed, {max(0, num_blocks - 1):,} usable); {fix}: lower --max-model-len, "
             f"raise --tp, or quantize the KV cache"
         )
-    notes = []
+    notes = list(d.notes)
     if auto and mlen < model.max_position_embeddings:
         notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
                      f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")
-    if inferred is not None:
-        notes.append(f"GPU taken to be {inferred.name}, the catalog GPU nearest {gpu_memory_gib:g} GiB (its "
-                     f"architecture sets vLLM's batch defaults and workspaces); pass --gpu to name another")
-    elif gpu is None and gpu_memory_gib is not None and kv_cache_memory_gib is None:
-        notes.append(f"no catalog GPU has {gpu_memory_gib:g} GiB: architecture-dependent defaults and workspaces "
-                     f"are those of an unknown GPU; pass --gpu (a catalog name or a YAML spec)")
     fmt, layers = plan.fmt, plan.layers
     skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
     if groups.padding_layers:
         notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
                      f"{groups.padding_layers} padding layers")
-    asked = block_size or backend_block_size(model.is_mla, gpu.compute_capability if gpu else None, fmt.name)
-    if plan.block_size > asked and skipped:
-        notes.append(f"block size raised from {asked} to {plan.block_size} so a skip layer's block fits the "
+    if plan.block_size > d.block_size and skipped:
+        notes.append(f"block size raised from {d.block_size} to {plan.block_size} so a skip layer's block fits the "
                      f"{fmt.name} page (vLLM 0.30+)")
-    if profile is not None:
-        notes.append(f"non-KV memory measured by {profile.source or 'a startup log'}"
-                     + ("" if measured[0] is not None else "; weights modelled (another layout than measured)"))
     if plan.overridden:
         notes.append(f"--num-gpu-blocks-override: {num_blocks:,} blocks whatever the memory (vLLM does not clamp it)")
-    if pp > 1:
+    if d.pp > 1:
         b = plan.binding.layers_range
         notes.append(f"pipeline stages of {', '.join(str(len(st.layers_range)) for st in plan.stages)} layers; the "
                      f"stage with layers {b.start}-{b.stop - 1} holds the fewest blocks and sets the pool")
@@ -473,11 +422,11 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         notes.append(f"{fmt.name} is not a vLLM cache dtype; planned with vLLM's rules as a what-if")
     if any(lay.kind == "chunked" for lay in layers):
         notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
+    nk = plan.non_kv.to_dict()
+    nk["weights_measured"] = bool(d.measured is not None and d.measured.weights is not None)
     return CapacityResult(
-        model=model.name, gpu=gpu.name if gpu else None, dtype=fmt.name, tp=tp, weight_dtype=plan.weight_dtype,
-        total_bytes=plan.total,
-        memory_source="measured" if profile is not None and profile.total_memory_bytes
-        and plan.total == int(round(profile.total_memory_bytes / GiB * GiB)) else plan.memory_source,
+        model=model.name, gpu=d.gpu.name if d.gpu else None, dtype=fmt.name, tp=d.tp, weight_dtype=plan.weight_dtype,
+        total_bytes=plan.total, memory_source=plan.memory_source,
         gpu_memory_utilization=plan.gpu_memory_utilization,
         requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.non_kv.activation,
         available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
@@ -487,10 +436,11 @@ def capacity(model: ModelSpec, gpu: Optional[GPUSpec] = None, dtype: str | KVFor
         max_model_len=mlen, blocks_per_request=per_request, max_concurrency=fig["max_concurrency"],
         max_num_batched_tokens=plan.max_num_batched_tokens, fits=problem is None, problem=problem,
         longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
-        engine="vllm", engine_version=plan.rules.version, pp=pp, dcp=dcp,
+        engine="vllm", engine_version=plan.rules.version, pp=d.pp, dcp=d.dcp,
         stage_layers=[[st.layers_range.start, st.layers_range.stop] for st in plan.stages],
-        non_kv=plan.non_kv.to_dict(),
+        non_kv=nk,
         log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
+        deployment=d.to_dict(),
     )
 
 

@@ -6,23 +6,71 @@ import json
 import math
 import sys
 from dataclasses import asdict, is_dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
-from rich import box
-from rich.console import Console
-from rich.table import Table as _RichTable
+if TYPE_CHECKING:  # rich is imported where a table is drawn, so --json output never loads it
+    from rich.console import Console
+    from rich.table import Table as _RichTable
 
 GiB = 2**30
 
 
 def Table(**kwargs) -> _RichTable:  # noqa: N802 - one look for every table
+    from rich import box
+    from rich.table import Table as _RichTable
+
     kwargs.setdefault("box", box.SIMPLE_HEAD)
     kwargs.setdefault("pad_edge", False)
     return _RichTable(**kwargs)
 
 
 def console() -> Console:
-    return Console(highlight=False)
+    from rich.console import Console
+
+    # emoji=False: no text kvplan prints means an emoji code, and resolving ':name:' would load rich's emoji table
+    return Console(highlight=False, emoji=False)
+
+
+def print_table(con: Console, table: _RichTable) -> None:
+    """Print a table without cutting any cell short.
+
+    Right-aligned columns hold numbers: they never wrap and are never truncated. Other columns hold text, which
+    may wrap between words but never inside one. When the table is wider than the console, the text columns give
+    up their width first; when even the narrowest such layout does not fit, the table prints at the width it needs
+    (a line longer than the terminal is better than a lost digit).
+    """
+    cols = table.columns
+    for col in cols:
+        if col.justify == "right":
+            col.no_wrap = True
+    unbounded = con.options.update_width(10**6)
+    ranges = [table._measure_column(con, unbounded, col) for col in cols]
+    room = con.width - table._extra_width
+    if sum(r.maximum for r in ranges) <= room:
+        con.print(table)
+        return
+    widths = [r.maximum if col.no_wrap else r.minimum for col, r in zip(cols, ranges)]
+    wrap = [i for i, col in enumerate(cols) if not col.no_wrap and ranges[i].maximum > widths[i]]
+    spare = room - sum(widths)
+    while spare > 0 and wrap:
+        # widen the narrowest text column that still wraps, one character at a time
+        i = min(wrap, key=lambda k: widths[k])
+        widths[i] += 1
+        spare -= 1
+        if widths[i] >= ranges[i].maximum:
+            wrap.remove(i)
+    for i, col in enumerate(cols):
+        col.width = max(widths[i] - table._get_padding_width(i), 1)
+    needed = sum(widths) + table._extra_width
+    if needed <= con.width:
+        con.print(table)
+        return
+    width = con.width
+    con.width = needed
+    try:
+        con.print(table)
+    finally:
+        con.width = width
 
 
 def print_json(obj: Any) -> None:
@@ -119,7 +167,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
         if any_skip:
             row += [_layer_list(r.skip_layers), tokens(r.crossover_tokens_without_skip) if r.skip_layers else ""]
         t.add_row(*row)
-    con.print(t)
+    print_table(con, t)
     con.print("KV B/token: this rank, all layers, skip layers included. `kvplan formats` has the byte layouts.")
 
     if not r0.operating_points:
@@ -153,7 +201,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
             if calibrated:
                 row.append("-" if p.calibrated_step_ms is None else f"{p.calibrated_step_ms:.3f}")
             t.add_row(*row, end_section=(j == len(results) - 1 and i < n_points - 1))
-    con.print(t)
+    print_table(con, t)
     for note in dict.fromkeys(n for r in results for n in r.notes):
         con.print(f"note: {note}")
     note = f"saving: step bytes saved against {_dname(r0.baseline_dtype, model)}."
@@ -187,9 +235,9 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     con.print(f"[bold]{model.name}[/bold] on {where}  {par}  weights {r0.weight_dtype}  "
               f"max_model_len {r0.max_model_len:,}  vLLM {r0.engine_version} rules")
     t = Table(title="KV pool per rank", title_justify="left", show_header=False)
-    t.add_column("", no_wrap=True)
+    t.add_column("")
     t.add_column("", justify="right", no_wrap=True)
-    t.add_row("total memory", f"{gib(r0.total_bytes)}  ({r0.memory_source})")
+    t.add_row(f"total memory ({r0.memory_source})", gib(r0.total_bytes))
     t.add_row(f"ceil(x gpu_memory_utilization {r0.gpu_memory_utilization:g})", gib(r0.requested_bytes))
     nk = r0.non_kv
     if nk.get("source") == "profile":
@@ -212,7 +260,7 @@ def capacity_table(results: Sequence, model, gpu) -> None:
         else:
             t.add_row("- CUDA-graph estimate", gib(nk["cudagraph"]))
     t.add_row("= KV cache pool", gib(r0.available_kv_bytes))
-    con.print(t)
+    print_table(con, t)
 
     t = Table(title=f"KV cache per dtype, sequences of {r0.max_model_len:,} tokens", title_justify="left")
     any_skip = any(r.skip_layers for r in results)
@@ -225,7 +273,7 @@ def capacity_table(results: Sequence, model, gpu) -> None:
                f"{r.token_slots:,}", f"{r.kv_tokens:,}" if r.fits else "-",
                f"{r.max_concurrency:.2f}x" if r.fits else "does not fit"]
         t.add_row(*row, *([_layer_list(r.skip_layers)] if any_skip else []))
-    con.print(t)
+    print_table(con, t)
     con.print("B/token: this rank, all layers. block B: one block across the layers of a KV-cache group. blocks: "
               "vLLM's '# GPU blocks' (null block included). KV tokens and concurrency: as vLLM's startup log "
               "prints them ('GPU KV cache size', 'Maximum concurrency')")
@@ -263,7 +311,7 @@ def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, 
         t.add_row(key, gib(r.weight_bytes), gib(r.available_kv_bytes) if r.available_kv_bytes > 0 else "-",
                   num(r.kv_bytes_per_token), f"{r.max_model_len:,}",
                   f"{r.max_concurrency:.2f}x" if r.fits else "-", fits)
-    con.print(t)
+    print_table(con, t)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -275,12 +323,13 @@ def formats_table(rows: Iterable[dict], head_dim: int, mla_dims: tuple[int, int]
     t = Table(title=f"KV cache formats: bytes per token per KV head (K+V) at head_dim {head_dim}; "
               f"MLA latent {mla_dims[0]}+{mla_dims[1]} per token per layer", title_justify="left")
     for col in ["name", "engines", "K B", "V B", "K+V B", "bits/elem", "MLA B", "default skip layers"]:
-        t.add_column(col, justify="right" if col.endswith("B") or col == "bits/elem" else "left", no_wrap=True)
+        t.add_column(col, justify="right" if col.endswith("B") or col == "bits/elem" else "left",
+                     no_wrap=col != "default skip layers")
     for r in rows:
         t.add_row(r["name"], ",".join(r["engines"]), _opt(r["k_bytes"]), _opt(r["v_bytes"]),
                   _opt(r["bytes_per_token_per_kv_head"]), _opt(r["bits_per_element"], ".3g"),
                   _opt(r["mla_bytes_per_token"]), r["default_skip"])
-    con.print(t)
+    print_table(con, t)
     con.print("K+V B: one token of one KV head, every scale, zero point, norm and pad byte included. MLA B: one "
               "token's latent in one layer. `kvplan formats --json` adds each layout's description.")
 
@@ -301,7 +350,7 @@ def models_table(rows: Iterable[dict]) -> None:
         heads = r["heads"] + (f" x{r['head_dim']}" if r["head_dim"] != "-" else "")
         t.add_row(r["key"], f"{r['params'] / 1e9:,.1f}B", str(r["layers"]), heads, r["attention"], r["moe"],
                   r["weights"], f"{r['context']:,}", num(r["kv_bytes_per_token"]))
-    con.print(t)
+    print_table(con, t)
 
 
 def gpus_table(rows: Iterable[tuple[str, Any]]) -> None:
@@ -315,7 +364,7 @@ def gpus_table(rows: Iterable[tuple[str, Any]]) -> None:
         tf = g.dense_tflops
         t.add_row(key, g.name, mem, f"{g.peak_bandwidth_tbps:g}", _opt(tf.get("bf16"), "g"),
                   _opt(tf.get("fp8"), "g"), _opt(tf.get("fp4"), "g"), _opt(g.l2_mb, "g"), _opt(g.sm_count))
-    con.print(t)
+    print_table(con, t)
 
 
 def spec_detail(spec, extra: dict) -> None:
@@ -328,7 +377,7 @@ def spec_detail(spec, extra: dict) -> None:
         if v in (None, {}, (), []):
             continue
         t.add_row(k, _fmt_value(v))
-    con.print(t)
+    print_table(con, t)
     for n in spec.notes:
         con.print(f"note: {n}")
     for s in spec.sources:
@@ -363,7 +412,7 @@ def gate_table(report) -> None:
             res = "[green]pass[/green]" if c.passed else "[red bold]FAIL[/red bold]"
             t.add_row(g.name if i == 0 else "", f"{c.figure}{at}", _fmt(c.measured), req, res,
                       end_section=i == len(g.checks) - 1)
-    con.print(t)
+    print_table(con, t)
     for r in report.regressions:
         at = f" at {r['at']}" if r["at"] else ""
         con.print(f"[red]regression[/red]: {r['gate']}: {r['figure']}{at} {_fmt(r['before'])} -> {_fmt(r['now'])} "
@@ -391,7 +440,7 @@ def log_table(result) -> None:
         err = "-" if f.error_pct is None else f"{f.error_pct:+.2f}%"
         t.add_row(f.name, fmt(f.measured) + (unit if f.measured is not None else ""),
                   fmt(f.predicted) + (unit if f.predicted is not None else ""), err)
-    con.print(t)
+    print_table(con, t)
     for n in result.notes:
         con.print(f"note: {n}")
 
@@ -409,7 +458,7 @@ def sglang_table(results, model, gpu) -> None:
     for r in results:
         t.add_row(_dname(r.dtype, model), num(r.cell_bytes), f"{r.max_total_num_tokens:,}",
                   f"{r.max_total_num_tokens / r.context_len:.2f}", f"{r.max_running_requests:,}")
-    con.print(t)
+    print_table(con, t)
     con.print("SGLang would log (per dtype):")
     for r in results:
         con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), soft_wrap=True)
@@ -430,7 +479,7 @@ def measure_plan_table(plan, gpu) -> None:
         sizes = ", ".join(f"{i.size_bytes / MB:,.0f}" for i in items) + " MB"
         total = sum(i.size_bytes * (i.samples + plan.warmup) for i in items)
         t.add_row(fam, sizes, f"{items[0].samples} (+{plan.warmup} warm-up)", gb(total))
-    con.print(t)
+    print_table(con, t)
     con.print(f"{len(plan.items)} points, {gb(plan.total_bytes)} read; expected about "
               f"{plan.expected_seconds() / 60:.1f} minutes")
     for n in plan.notes:
@@ -448,7 +497,7 @@ def calibration_table(profile) -> None:
         sf = profile.stream_fraction(fam)
         t.add_row(fam, f"{f.t0_s * 1e6:,.1f}", f"{f.eta:.3f}", f"{big[0] / big[1] / 1e9:,.0f}",
                   f"{profile.peak_fraction(fam):.2f}", "-" if sf is None else f"{sf:.2f}")
-    con.print(t)
+    print_table(con, t)
     con.print("of peak: at the largest size, against the datasheet bandwidth. of stream read: against the streaming "
               "read at the same size, averaged over sizes of 256 MB and more.")
 
@@ -466,6 +515,6 @@ def validate_table(r: dict) -> None:
         v = r[key]
         err = "-" if v is None else f"{(v - r['measured_ms']) / r['measured_ms'] * 100:+.1f}%"
         t.add_row(label, "-" if v is None else f"{v:.3f}", err)
-    con.print(t)
+    print_table(con, t)
     if r["calibrated_ms"] is None:
         con.print("no calibration profile for this GPU: `kvplan measure` writes one")

@@ -58,23 +58,21 @@ def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[
     if fmt.name not in SGLANG_DTYPES:
         raise KvplanError(f"SGLang has no KV cache dtype '{fmt.name}'; it takes "
                           f"{', '.join(sorted(set(SGLANG_DTYPES.values())))}")
-    elem = DTYPE_BYTES[model.dtype] if fmt.is_model_dtype else 1
+    bits = DTYPE_BYTES[model.dtype] * 8
     L = model.num_layers
     if model.mla:
         latent = model.mla.latent_dim
         if fmt.family in ("nvfp4", "mx") and fmt.name != "mxfp8":
             per_layer = latent / 2 + latent // 16
-        else:
-            per_layer = latent * elem
+        else:  # the latent in the format's element size (fp8: 1 byte, bf16 and auto: 2)
+            data = fmt.k[0]
+            per_layer = latent * (bits if data.bits is None else data.bits) // 8
         return per_layer * L, 0.0, L, 0
     n = max(1, model.num_kv_heads // max(1, tp // dcp))
-    d = model.head_dim or 0
-    if fmt.name == "mxfp8":
-        per_layer = n * 2 * d + n * 2 * d / 32
-    elif fmt.family in ("nvfp4", "mx"):
-        per_layer = n * (d / 2) * 2 + n * (d / 16) * 2
-    else:
-        per_layer = n * 2 * d * elem
+    # K and V of one head, every scale included, from the format catalog (the same bytes SGLang's
+    # _compute_cell_size counts: fp8 1 byte per element, mxfp8 one e8m0 scale per 32, fp4 two per byte plus an
+    # fp8 scale per 16)
+    per_layer = n * fmt.bytes_per_token_per_kv_head(model.head_dim or 0, model_bits=bits)
     kinds = model.layer_kinds
     full = sum(1 for k in kinds if k != "sliding")
     return per_layer * full, per_layer, full, L - full
@@ -97,6 +95,13 @@ class SglangPool:
     context_len: int
     k_size_gb: float  # the K buffers as logged (GB = 2^30), padding page included
     log_lines: list[str] = field(default_factory=list)
+    gpu: Optional[str] = None
+    weight_dtype: Optional[str] = None
+    fits: bool = True
+    problem: Optional[str] = None
+    notes: list[str] = field(default_factory=list)
+    engine: str = "sglang"
+    deployment: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,7 +111,8 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
                 mem_fraction_static: Optional[float] = None, context_len: Optional[int] = None, page_size: int = 1,
                 free_before_load_gib: Optional[float] = None, weight_gib: Optional[float] = None,
                 avail_after_load_gib: Optional[float] = None, swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO,
-                max_running_requests: Optional[int] = None) -> SglangPool:
+                max_running_requests: Optional[int] = None, weight_dtype: Optional[str] = None,
+                total_gib: Optional[float] = None) -> SglangPool:
     """SGLang's max_total_num_tokens for a model on a GPU; measured free memories (from a log) replace the
     estimates."""
     check_tp(model, tp)
@@ -118,9 +124,10 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(model, gpu, tp)
     if not 0 < f <= 1:
         raise KvplanError(f"--mem-fraction-static must be in (0, 1], got {f}")
+    total = total_gib * GiB if total_gib is not None else (gpu.memory_total_bytes if gpu is not None else None)
     free_before = (free_before_load_gib * GiB if free_before_load_gib is not None
-                   else gpu.memory_total_bytes - CONTEXT_GIB * GiB)
-    weights = weight_gib * GiB if weight_gib is not None else weight_bytes(model, tp).total
+                   else total - CONTEXT_GIB * GiB)
+    weights = weight_gib * GiB if weight_gib is not None else weight_bytes(model, tp, weight_dtype).total
     after_load = avail_after_load_gib * GiB if avail_after_load_gib is not None else free_before - weights
     # _profile_available_bytes works in GiB floats and truncates once
     available = int((after_load / GiB - free_before / GiB * (1 - f)) * GiB)
@@ -136,7 +143,7 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
         tokens = max(0, int(available // cell)) // page_size * page_size
     if max_running_requests is None:
         max_running_requests = min(max(2048, min(4096, int(tokens / ctx * 512))), tokens // 2)
-    k_size = (tokens + page_size) * (full_cell if not model.mla else full_cell) / 2 / GiB
+    k_size = (tokens + page_size) * full_cell / 2 / GiB
     storage = {"auto": model.dtype, "bfloat16": "bf16"}.get(fmt.name, fmt.name)
     torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
                    "fp8_e4m3": "torch.float8_e4m3fn", "fp8": "torch.float8_e4m3fn", "mxfp8": "torch.float8_e4m3fn",
@@ -145,5 +152,29 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     lines = [f"KV Cache is allocated. dtype: {torch_dtype}, #tokens: {tokens}, "
              + (f"KV size: {2 * k_size:.2f} GB" if model.mla else f"K size: {k_size:.2f} GB, V size: {k_size:.2f} GB"),
              f"max_total_num_tokens={tokens}, max_running_requests={max_running_requests}, context_len={ctx}"]
+    problem, notes = None, []
+    if tokens < 1:
+        problem = (f"{model.name}'s weights ({weights / GiB:.2f} GiB per rank) leave SGLang no KV pool at "
+                   f"--mem-fraction-static {f:g}; raise --tp, use a smaller --weight-dtype, or raise "
+                   f"--mem-fraction-static")
+    elif tokens < ctx:  # SGLang caps a request's input at max_total_num_tokens - 1 (scheduler.max_req_input_len)
+        notes.append(f"the pool holds {tokens:,} tokens, fewer than one sequence of {ctx:,}: SGLang caps each "
+                     f"request's input at {tokens - 1:,} tokens")
     return SglangPool(model.name, fmt.name, tp, f, int(free_before), int(weights), available, cell, tokens,
-                      swa_tokens, page_size, max_running_requests, ctx, round(k_size, 2), lines)
+                      swa_tokens, page_size, max_running_requests, ctx, round(k_size, 2), lines,
+                      gpu=gpu.name if gpu else None, weight_dtype=weight_dtype or model.weight_dtype,
+                      fits=problem is None, problem=problem, notes=notes)
+
+
+def sglang_capacity(d) -> SglangPool:
+    """SGLang's pool for a resolved Deployment (kvplan.deployment) with engine sglang."""
+    from dataclasses import replace
+
+    measured_w = d.measured.weights if d.measured is not None else None
+    pool = sglang_pool(
+        d.model, d.gpu, d.kv, tp=d.tp, mem_fraction_static=d.mem_fraction_static,
+        context_len=d.max_model_len, page_size=d.page_size or 1,
+        free_before_load_gib=None if d.free_before_load_bytes is None else d.free_before_load_bytes / GiB,
+        weight_gib=None if measured_w is None else measured_w / GiB, weight_dtype=d.weight_dtype,
+        total_gib=d.total_bytes / GiB if d.total_bytes else None)
+    return replace(pool, notes=list(d.notes) + pool.notes, deployment=d.to_dict())

@@ -7,7 +7,6 @@ lives in `weights` and `engine`.
 
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import ClassVar, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import KvplanError, did_you_mean
+from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 
 LayerKind = Literal["full", "sliding", "chunked"]
 
@@ -217,24 +217,6 @@ def catalog_dir(kind: Literal["models", "hardware"]) -> Path:
     return _package_root().parent / kind
 
 
-def read_yaml(path: Path):
-    """Parse a YAML file; a syntax error becomes one line naming the file and line."""
-    import yaml
-
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.load(f, Loader=loader)
-    except OSError as e:
-        raise KvplanError(f"cannot read {path}: {e.strerror}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        kind = "JSON" if str(path).endswith(".json") else "YAML"  # JSON files are read as the YAML they are
-        raise KvplanError(f"{path}:{where} is not valid {kind}: {problem}") from None
-
-
 def _validation_message(path: Path | str, e: ValidationError, cls) -> str:
     errors = sorted(e.errors(), key=lambda err: err["type"] != "extra_forbidden")  # a typo shows as extra + missing
     err = errors[0]
@@ -249,13 +231,14 @@ def _validation_message(path: Path | str, e: ValidationError, cls) -> str:
                 if isinstance(cand, type) and issubclass(cand, BaseModel):
                     fields, cls = list(cand.model_fields), cand
         return f"{path}: field '{field}' is not a spec field{did_you_mean(str(err['loc'][-1]), fields)}{more}"
-    msg = err["msg"].removeprefix("Value error, ")
+    msg = " ".join(err["msg"].removeprefix("Value error, ").split())
     return f"{path}: field '{field}': {msg}{more}"
 
 
 def _build(cls, data, path):
     if not isinstance(data, dict):
-        raise KvplanError(f"{path}: expected a mapping of fields at the top level, found {type(data).__name__}")
+        raise KvplanError(f"{path}: expected a mapping of fields at the top level, found {type_name(data)}")
+    check_finite(data, path)
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -274,7 +257,53 @@ def _catalog_files(kind: str) -> list[Path]:
 @lru_cache(maxsize=None)
 def _load_catalog_file(kind: str, path: Path):
     cls = ModelSpec if kind == "models" else GPUSpec
-    return _build(cls, read_yaml(path), path)
+    return _build(cls, _catalog_data(path), path)
+
+
+# Bump when read_yaml would parse the same text differently, so that no earlier parse is taken from the cache.
+_CATALOG_CACHE_VERSION = 1
+
+
+def _catalog_cache_file(path: Path) -> Path:
+    base = os.environ.get("KVPLAN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvplan")
+    return Path(base) / "catalog" / f"{path.parent.name}-{path.stem}.json"
+
+
+def _catalog_data(path: Path):
+    """A catalog file's YAML, parsed. The parse is a function of the text alone, so it is kept as JSON, with the
+    text it came from, in kvplan's cache directory: a later run that finds the same text there takes the JSON and
+    never imports PyYAML (a tenth of a planning command's start-up beyond typer's). A cache that cannot be read or
+    written is no cache; a file that does not parse is never cached, so its error is read_yaml's every time."""
+    import json
+
+    from .files import read_text
+
+    text = read_text(path, "YAML file")
+    cached = _catalog_cache_file(path)
+    try:
+        with open(cached, encoding="utf-8") as f:
+            entry = json.load(f)
+        if entry["version"] == _CATALOG_CACHE_VERSION and entry["text"] == text:
+            return entry["data"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    data = read_yaml(path)
+    try:
+        blob = json.dumps({"version": _CATALOG_CACHE_VERSION, "text": text, "data": data}, allow_nan=False)
+        # only what JSON gives back unchanged (no dates, no integer keys), and only the text that was parsed
+        if json.loads(blob)["data"] == data and read_text(path, "YAML file") == text:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
+            try:
+                tmp.write_text(blob, encoding="utf-8")
+                os.replace(tmp, cached)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+    except (OSError, TypeError, ValueError, RecursionError, KvplanError):
+        pass
+    return data
 
 
 def catalog_entries(kind: Literal["models", "hardware"]) -> list[tuple[str, ModelSpec | GPUSpec]]:
@@ -288,11 +317,23 @@ def load_catalog(kind: Literal["models", "hardware"]) -> list:
 
 def _resolve(kind: Literal["models", "hardware"], name: str):
     """A catalog entry by file stem, name or alias (case, dashes and dots ignored). Reads one file when the name
-    matches a file stem; scans the aliases otherwise."""
+    matches a file stem; scans the aliases otherwise, building only the entries whose text holds the name."""
+    import re
+
     key = _norm(name)
-    for p in _catalog_files(kind):
+    files = _catalog_files(kind)
+    for p in files:
         if _norm(p.stem) == key:
             return _load_catalog_file(kind, p)
+    for p in files:
+        try:  # the name's letters and digits, in order, lie in the text of any file naming it ([\W_]: not isalnum)
+            if key not in re.sub(r"[\W_]+", "", p.read_text(encoding="utf-8", errors="replace").lower()):
+                continue
+        except OSError:
+            pass  # let loading the file say what is wrong with it
+        spec = _load_catalog_file(kind, p)
+        if key in {_norm(spec.name), *(_norm(a) for a in spec.aliases)}:
+            return spec
     entries = load_catalog(kind)
     for spec in entries:
         if key in {_norm(spec.name), *(_norm(a) for a in spec.aliases)}:
@@ -314,30 +355,20 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A model by catalog name or alias, a path to a YAML spec, or a path to a Hugging Face config.json."""
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
-        if not path.is_file():
-            raise KvplanError(f"no such file: {path} (name a catalog model, a YAML spec or a config.json)")
+        hint = "name a catalog model, a YAML spec or a config.json"
         if path.suffix == ".json":
             from .hf_config import model_from_hf_config
 
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise KvplanError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from None
-            except OSError as e:
-                raise KvplanError(f"cannot read {path}: {e.strerror}") from None
-            fields = model_from_hf_config(data, path)
+            fields = model_from_hf_config(read_json(path, "file", hint), path)
             return _build(ModelSpec, fields, path)
-        return _build(ModelSpec, read_yaml(path), path)
+        return _build(ModelSpec, read_yaml(path, "file", hint), path)
     return _resolve("models", name_or_path)
 
 
 def load_gpu(name_or_path: str) -> GPUSpec:
     """A GPU by catalog name or alias, or a path to a YAML spec."""
     if _looks_like_path(name_or_path):
-        path = Path(name_or_path)
-        if not path.is_file():
-            raise KvplanError(f"no such file: {path} (name a catalog GPU or a YAML spec)")
-        return _build(GPUSpec, read_yaml(path), path)
+        return _build(GPUSpec, read_yaml(name_or_path, "file", "name a catalog GPU or a YAML spec"), name_or_path)
     return _resolve("hardware", name_or_path)
 
 

@@ -13,6 +13,7 @@ size: ...", and "max_total_num_tokens=N, ... available_gpu_mem=X GB". A pure par
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -23,7 +24,36 @@ _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 
 
 def _f(s: str) -> float:
-    return float(s.replace(",", ""))
+    value = float(s.replace(",", ""))
+    if not math.isfinite(value):
+        raise KvplanError(f"the number {s[:20]}... is too large to be a memory figure or a count")
+    return value
+
+
+# the kind of value each configuration setting holds, by kvplan's name for it
+_WHOLE = {"tp", "pp", "dcp", "dp", "max_model_len", "block_size", "page_size", "max_num_seqs",
+          "max_num_batched_tokens", "num_gpu_blocks_override", "chunked_prefill_size", "max_running_requests",
+          "max_total_tokens"}
+_FRACTION = {"gpu_memory_utilization", "mem_fraction_static", "swa_full_tokens_ratio"}
+_FLAG = {"enforce_eager"}
+
+
+def _check_config(config: dict[str, Any]) -> None:
+    """Refuse a setting of the wrong kind (tensor_parallel_size=auto): everything downstream does arithmetic."""
+    for key, value in config.items():
+        if key in _WHOLE and (isinstance(value, bool) or not isinstance(value, int)):
+            expected = "a whole number"
+        elif key in _FRACTION and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                   or not math.isfinite(value)):
+            expected = "a number"
+        elif key in _FLAG and not isinstance(value, bool):
+            expected = "True or False"
+        else:
+            continue
+        shown = " ".join(str(value).split())
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise KvplanError(f"the engine's configuration sets {key} to '{shown}', expected {expected}; pass the log "
+                          "as the engine wrote it")
 
 
 @dataclass
@@ -200,13 +230,23 @@ def _parse_sglang(text: str) -> StartupLog:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _parse(parser, text: str, source: str) -> StartupLog:
+    """Run one engine's parser; what is wrong with the log is one line naming it."""
+    try:
+        log = parser(text)
+        _check_config(log.config)
+    except KvplanError as e:
+        raise KvplanError(f"{source}: {e}") from None
+    return log
+
+
 def parse_startup_log(text: str, source: str = "log") -> StartupLog:
     """The engine, configuration and measured figures of a vLLM or SGLang startup log."""
     if re.search(r"KV Cache is allocated|max_total_num_tokens=|ServerArgs\(", text):
-        log = _parse_sglang(text)
+        log = _parse(_parse_sglang, text, source)
         need = [("max_total_num_tokens", "max_total_num_tokens=N (the scheduler's summary line)")]
     elif re.search(r"KV cache memory|KV cache size|# GPU blocks|vLLM|vllm", text):
-        log = _parse_vllm(text)
+        log = _parse(_parse_vllm, text, source)
         need = []
         if not ({"available_kv_gib", "kv_reserved_gib", "num_gpu_blocks"} & set(log.measured)):
             need.append(("available_kv_gib", "'Available KV cache memory: X GiB' (or the memory-profiling summary, "

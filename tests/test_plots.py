@@ -44,9 +44,13 @@ def test_png_svg_and_text(cli, tmp_path, name):
 def test_capacity_figure_follows_capacity():
     from kvplan import capacity
 
+    from kvplan.deployment import DeploymentArgs
+
     m, g = load_model("llama3-8b"), load_gpu("h100")
-    fig = capacity_figure(m, g, [kv_format("fp8")], lengths=[1024, 4096, 8192])
+    d = DeploymentArgs(model=m, gpu=g, kv_cache_dtype="fp8").resolve(needs_memory=True)
+    fig = capacity_figure([d], lengths=[1024, 4096, 8192])
     s = fig.series[0]
+    assert s.x == [1024, 4096, 8192]
     assert s.y == [capacity(m, g, "fp8", max_model_len=n).max_concurrency for n in s.x]
 
 

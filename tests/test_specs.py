@@ -108,3 +108,37 @@ def test_malformed_config_json(tmp_path):
 def test_missing_file():
     with pytest.raises(KvplanError, match="no such file"):
         load_model("./nope/model.yaml")
+
+
+def test_catalog_parse_cache(tmp_path, monkeypatch):
+    """A catalog file's parse is taken from the cache only for the very text it came from."""
+    from kvplan import specs
+    from kvplan.files import read_yaml
+
+    src = specs.catalog_dir("models") / "llama-3-8b.yaml"
+    monkeypatch.setenv("KVPLAN_MODELS_DIR", str(tmp_path / "models"))
+    (tmp_path / "models").mkdir()
+    p = tmp_path / "models" / "llama-3-8b.yaml"
+    shutil.copy(src, p)
+    cold = specs._catalog_data(p)
+    cached = specs._catalog_cache_file(p)
+    assert cached.is_file() and cold == read_yaml(p)
+    assert repr(specs._catalog_data(p)) == repr(cold)  # warm: same values, same types
+    p.write_text(p.read_text().replace("num_layers: 32", "num_layers: 33"))
+    assert specs._catalog_data(p)["num_layers"] == 33  # a changed file is parsed again
+    cached.write_text("{not json")
+    assert specs._catalog_data(p)["num_layers"] == 33  # a broken cache is no cache
+    p.write_text("name: [unclosed\n")
+    with pytest.raises(KvplanError, match="is not valid YAML"):
+        specs._catalog_data(p)
+
+
+def test_alias_lookup_builds_only_the_entry_named():
+    from kvplan import specs
+
+    specs._load_catalog_file.cache_clear()
+    try:
+        assert load_model("meta-llama-3-8b").name == "Llama-3-8B"
+        assert specs._load_catalog_file.cache_info().currsize == 1
+    finally:
+        specs._load_catalog_file.cache_clear()

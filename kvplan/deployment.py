@@ -1,0 +1,528 @@
+"""One deployment: what the user asked for, and the validated value every question about it is answered from.
+
+`DeploymentArgs` is what was said (on the command line, in a gate, a sweep row or a saved profile), `None` where
+nothing was said. `resolve()` is the one place where kvplan decides every default, applies a deployment profile
+and a calibration profile, infers the GPU from a memory total, and checks every value and every combination
+against the engine's rules. It returns a frozen `Deployment` that `capacity`, `crossover`, `sweep`, `gate`, the
+plots and the log import all take, so an option means the same thing everywhere, and an option the chosen engine
+does not read is refused by name rather than dropped.
+
+    >>> from kvplan.deployment import DeploymentArgs
+    >>> d = DeploymentArgs(model="llama3-8b", gpu="h100", kv_cache_dtype="fp8").resolve()
+    >>> d.engine, d.block_size, d.gpu_memory_utilization, d.max_num_batched_tokens
+    ('vllm', 16, 0.92, 8192)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal, Optional, Union
+
+from .errors import KvplanError
+from .formats import KVFormat, kv_format
+from .specs import GPUSpec, ModelSpec
+
+GiB = 2**30
+ENGINES = ("vllm", "sglang")
+ENTRYPOINTS = ("serve", "llm")
+# vLLM takes a block size its attention backends support: FlashAttention and Triton take multiples of 16
+# (v1/attention/backends: MultipleOf(16)); the MLA backends pick theirs among multiples of 16 as well
+VLLM_BLOCK_MULTIPLE = 16
+SGLANG_VERSION = "0.5"
+
+# Options one engine reads and the other does not. kvplan plans SGLang's pool at PP 1, without vLLM's memory
+# profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
+VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_gib",
+             "max_num_seqs", "max_num_batched_tokens", "entrypoint", "enforce_eager", "activation_gib",
+             "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers")
+SGLANG_ONLY = ("mem_fraction_static", "page_size")
+# what a field is called on the command line (and, with underscores, in a gate file)
+FLAGS = {"kv_cache_dtype": "--kv-cache-dtype", "kv_cache_memory_gib": "--kv-cache-memory"}
+
+
+def flag(name: str) -> str:
+    return FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+@dataclass(frozen=True)
+class DeploymentArgs:
+    """What the user said; None (or the neutral value: TP 1, PP 1, DCP 1, not eager) where nothing was."""
+
+    model: Union[str, ModelSpec, None] = None
+    gpu: Union[str, GPUSpec, None] = None
+    engine: Optional[str] = None
+    engine_version: Optional[str] = None
+    kv_cache_dtype: Union[str, KVFormat, None] = None
+    kv_cache_dtype_skip_layers: Union[str, int, tuple, list, None] = None
+    weight_dtype: Optional[str] = None
+    tp: int = 1
+    pp: int = 1
+    dcp: int = 1
+    max_model_len: Union[int, str, None] = None
+    gpu_memory_utilization: Optional[float] = None
+    mem_fraction_static: Optional[float] = None
+    gpu_memory_gib: Optional[float] = None
+    kv_cache_memory_gib: Optional[float] = None
+    num_gpu_blocks_override: Optional[int] = None
+    block_size: Optional[int] = None
+    page_size: Optional[int] = None
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    entrypoint: Optional[str] = None
+    enforce_eager: bool = False
+    activation_gib: Optional[float] = None
+    non_torch_gib: Optional[float] = None
+    cudagraph_gib: Optional[float] = None
+    profile: Any = None  # a path, or a kvplan.deploy.DeploymentProfile
+    calibration: Any = None  # a path, or a kvplan.calibration.CalibrationProfile
+
+    def given(self) -> list[str]:
+        """The fields the user set (anything but None and the neutral values)."""
+        neutral = {"tp": 1, "pp": 1, "dcp": 1, "enforce_eager": False}
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None
+                and getattr(self, f.name) != neutral.get(f.name, None)]
+
+    def resolve(self, *, needs_memory: bool = False) -> "Deployment":
+        return resolve(self, needs_memory=needs_memory)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Non-KV memory a startup log measured (a deployment profile): the weights (None where the layout differs
+    from the one measured, so they are modelled) and everything beyond them. `base` is the profile's own
+    configuration when this one differs from it in what the non-KV memory depends on: the overhead is then
+    re-based by the modelled difference between the two."""
+
+    weights: Optional[int]
+    overhead: int
+    source: str
+    base: Optional["Deployment"] = None
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A resolved deployment: every default decided, every value checked. Build it with DeploymentArgs.resolve()."""
+
+    model: ModelSpec
+    gpu: Optional[GPUSpec]
+    engine: Literal["vllm", "sglang"]
+    engine_version: str
+    kv: KVFormat
+    skip: Optional[tuple]  # None: the format's own; ("none",); ("sliding_window",); or layer indices
+    weight_dtype: Optional[str]  # None: the checkpoint's own
+    tp: int
+    pp: int
+    dcp: int
+    total_bytes: int  # device memory (0 where only the pool size or a block count was given)
+    memory_source: str
+    max_model_len: Union[int, Literal["auto"], None]  # None: the model's own
+    # vLLM
+    gpu_memory_utilization: Optional[float] = None
+    block_size: Optional[int] = None  # what was asked or the attention backend's default
+    block_size_given: bool = False
+    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = None
+    entrypoint: str = "serve"
+    enforce_eager: bool = False
+    kv_cache_memory_bytes: Optional[int] = None
+    num_gpu_blocks_override: Optional[int] = None
+    activation_bytes: Optional[int] = None
+    non_torch_bytes: Optional[int] = None
+    cudagraph_bytes: Optional[int] = None
+    # SGLang
+    mem_fraction_static: Optional[float] = None
+    page_size: Optional[int] = None
+    free_before_load_bytes: Optional[int] = None  # measured by a profile
+    # measured inputs
+    measured: Optional[Measured] = None
+    calibration: Any = None
+    calibration_source: str = ""
+    notes: tuple[str, ...] = ()
+    inferred_gpu: bool = False
+
+    @property
+    def flat_allowance(self) -> bool:
+        """--activation-gib alone: one flat allowance for everything beyond the weights."""
+        return self.activation_bytes is not None and self.non_torch_bytes is None and self.cudagraph_bytes is None
+
+    @property
+    def rules(self):
+        from .engines import vllm_rules
+
+        return vllm_rules(self.engine_version)
+
+    def to_dict(self) -> dict:
+        """The deployment as plain values: what every command reports it ran."""
+        out = {
+            "model": self.model.name, "gpu": self.gpu.name if self.gpu else None, "engine": self.engine,
+            "engine_version": self.engine_version, "kv_cache_dtype": self.kv.name,
+            "kv_cache_dtype_skip_layers": list(self.skip) if self.skip is not None else None,
+            "weight_dtype": self.weight_dtype or self.model.weight_dtype, "tp": self.tp, "pp": self.pp,
+            "dcp": self.dcp, "total_memory_bytes": self.total_bytes, "memory_source": self.memory_source,
+            "max_model_len": self.max_model_len,
+        }
+        if self.engine == "vllm":
+            out.update(gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
+                       max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                       entrypoint=self.entrypoint, enforce_eager=self.enforce_eager,
+                       kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                       num_gpu_blocks_override=self.num_gpu_blocks_override,
+                       activation_bytes=self.activation_bytes, non_torch_bytes=self.non_torch_bytes,
+                       cudagraph_bytes=self.cudagraph_bytes)
+        else:
+            out.update(mem_fraction_static=self.mem_fraction_static, page_size=self.page_size)
+        out["profile"] = self.measured.source if self.measured else None
+        out["calibration"] = self.calibration_source or None
+        out["notes"] = list(self.notes)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _positive(name: str, value, *, zero_ok: bool = False, integer: bool = False) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise KvplanError(f"{flag(name)} must be a number, got {value!r}")
+    if integer and not float(value).is_integer():
+        raise KvplanError(f"{flag(name)} must be a whole number, got {value}")
+    if value < 0 or (value == 0 and not zero_ok) or value in (float("inf"),):
+        raise KvplanError(f"{flag(name)} must be {'non-negative' if zero_ok else 'positive'}, got {value}")
+
+
+def _load_profile(p):
+    if p is None or not isinstance(p, str):
+        return p
+    from .deploy import load_profile
+
+    return load_profile(p)
+
+
+def _skip_value(v) -> Optional[tuple]:
+    """The skip-layer option in any of its spellings: '0,1,30', 'none', 'sliding_window', 5, [0, 1]."""
+    from .engine import parse_skip_layers
+
+    if v is None or isinstance(v, tuple):
+        return v
+    if isinstance(v, bool):
+        raise KvplanError(f"--kv-cache-dtype-skip-layers: expected layer indices, 'none' or 'sliding_window', got {v}")
+    if isinstance(v, int):
+        v = str(v)
+    elif isinstance(v, list):
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+            raise KvplanError(f"--kv-cache-dtype-skip-layers: expected a list of layer indices, got {v}")
+        v = ",".join(map(str, v))
+    return parse_skip_layers(str(v))
+
+
+def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
+    """Every default decided and every value checked, once. `needs_memory`: the question is the pool's size, so a
+    GPU (or a memory total, a pool size or a block count) is required."""
+    from .engine import check_tp, skipped_layers
+    from .specs import gpu_by_memory, load_gpu, load_model
+
+    notes: list[str] = []
+    prof = _load_profile(args.profile)
+    engine = (args.engine or (prof.engine if prof is not None else "vllm")).lower()
+    if engine not in ENGINES:
+        raise KvplanError(f"--engine {args.engine}: choose vllm or sglang")
+    if prof is not None and prof.engine != engine:
+        raise KvplanError(f"the profile was measured with {prof.engine}, not {engine}: its overheads are "
+                          f"{prof.engine}'s (drop --engine, or import a {engine} startup log)")
+    given = set(args.given())
+    foreign = [n for n in (VLLM_ONLY if engine == "sglang" else SGLANG_ONLY) if n in given]
+    if foreign:
+        other = "vllm" if engine == "sglang" else "sglang"
+        raise KvplanError(f"{flag(foreign[0])} applies to --engine {other}, not {engine}; drop it (or plan with "
+                          f"--engine {other})")
+
+    # the model, the GPU and the format: a profile supplies any the user did not name
+    model = args.model
+    if model is None and prof is not None:
+        model = prof.model
+    if model is None:
+        raise KvplanError("no model: name one (a catalog name, a YAML spec or a config.json)")
+    m = model if isinstance(model, ModelSpec) else load_model(model)
+    if prof is not None and prof.model != m.name:
+        raise KvplanError(f"the profile was measured on {prof.model}, not {m.name}; its overheads do not carry "
+                          f"over (import a startup log of {m.name})")
+    gpu = args.gpu
+    g = gpu if isinstance(gpu, GPUSpec) or gpu is None else load_gpu(gpu)
+    if prof is not None and prof.gpu:
+        measured_on = load_gpu(prof.gpu)
+        if g is not None and g.name != measured_on.name:
+            raise KvplanError(f"the profile was measured on {measured_on.name}, not {g.name}: its memory and "
+                              f"overheads are that GPU's (drop --gpu, or import a startup log from {g.name})")
+        g = measured_on
+    fmt_arg = args.kv_cache_dtype
+    if fmt_arg is None and prof is not None:
+        fmt_arg = prof.kv_cache_dtype
+    fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
+
+    # parallelism
+    for name in ("tp", "pp", "dcp"):
+        v = getattr(args, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise KvplanError(f"{flag(name)} must be a whole number of at least 1, got {v!r}")
+    check_tp(m, args.tp)
+    if not 1 <= args.pp <= m.num_layers:
+        raise KvplanError(f"--pp must be between 1 and {m.name}'s {m.num_layers} layers, got {args.pp}")
+    if args.dcp > 1:
+        _check_dcp(m, args.tp, args.dcp)
+
+    # the format on this model and engine
+    bits = {"bf16": 16, "fp16": 16, "fp32": 32}[m.dtype]
+    if m.is_mla:
+        fmt.mla_bytes_per_token(m.mla.kv_lora_rank, m.mla.qk_rope_head_dim, bits)  # refuses MHA-only formats
+    elif fmt.applies_to == "mla":
+        raise KvplanError(f"KV cache dtype '{fmt.name}' applies only to MLA models; {m.name} uses "
+                          f"{'multi-query' if m.num_kv_heads == 1 else 'grouped-query'} attention")
+    skip = _skip_value(args.kv_cache_dtype_skip_layers)
+    skipped_layers(m, fmt, skip)  # checks the indices
+
+    # numbers
+    for name in ("gpu_memory_utilization", "mem_fraction_static"):
+        v = getattr(args, name)
+        _positive(name, v)
+        if v is not None and v > 1:
+            raise KvplanError(f"{flag(name)} must be in (0, 1], got {v}")
+    for name in ("gpu_memory_gib", "kv_cache_memory_gib"):
+        _positive(name, getattr(args, name))
+    for name in ("activation_gib", "non_torch_gib", "cudagraph_gib"):
+        _positive(name, getattr(args, name), zero_ok=True)
+    for name in ("num_gpu_blocks_override", "block_size", "page_size", "max_num_seqs", "max_num_batched_tokens"):
+        _positive(name, getattr(args, name), integer=True)
+    if args.entrypoint is not None and args.entrypoint not in ENTRYPOINTS:
+        raise KvplanError(f"--entrypoint '{args.entrypoint}': choose serve (vllm serve, the API server) or llm (the "
+                          f"offline LLM class)")
+
+    # combinations vLLM would ignore without a word
+    if args.kv_cache_memory_gib is not None:
+        for name in ("gpu_memory_utilization", "activation_gib", "non_torch_gib", "cudagraph_gib",
+                     "num_gpu_blocks_override"):
+            if name in given:
+                raise KvplanError(f"--kv-cache-memory sets the pool's size directly, so {flag(name)} has no effect "
+                                  f"on it; give one of the two")
+    if args.enforce_eager and args.cudagraph_gib is not None:
+        raise KvplanError("--enforce-eager captures no CUDA graphs, so --cudagraph-gib has no effect; give one")
+    if prof is not None:
+        for name in ("activation_gib", "non_torch_gib", "cudagraph_gib"):
+            if name in given:
+                raise KvplanError(f"the profile's measured non-KV memory replaces the modelled one, so {flag(name)} "
+                                  f"has no effect with --profile; give one of the two")
+
+    # max_model_len
+    mlen = args.max_model_len
+    if mlen is None and prof is not None:
+        mlen = prof.max_model_len
+    if isinstance(mlen, str):
+        if mlen.strip().lower() in ("auto", "-1"):
+            mlen = "auto"
+        else:
+            raise KvplanError(f"--max-model-len '{mlen}': give a token count or auto")
+    elif mlen == -1:
+        mlen = "auto"
+    elif mlen is not None:
+        _positive("max_model_len", mlen, integer=True)
+        mlen = int(mlen)
+        if mlen > m.max_position_embeddings:
+            raise KvplanError(
+                f"--max-model-len {mlen} exceeds {m.name}'s max_position_embeddings {m.max_position_embeddings}; "
+                f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer "
+                f"context)")
+    if mlen == "auto" and engine == "sglang":
+        raise KvplanError("--max-model-len auto is vLLM's; SGLang takes a context length (or its model's)")
+
+    # the calibration profile: the one asked for, or one saved for this GPU
+    cal, cal_source = _calibration(args.calibration, g)
+
+    # memory: --gpu-memory-gib, the profile's measured total, the calibration's measured total, the GPU's
+    total, source = 0, "not used"
+    if args.gpu_memory_gib is not None:
+        total, source = int(round(args.gpu_memory_gib * GiB)), "--gpu-memory-gib"
+    elif prof is not None and prof.total_memory_bytes:
+        total, source = prof.total_memory_bytes, f"measured ({prof.source or 'the profile'})"
+    elif cal is not None and cal.device.get("memory_total_bytes") and g is not None:
+        total, source = int(cal.device["memory_total_bytes"]), f"measured by kvplan measure ({cal_source})"
+        notes.append(f"total memory as `kvplan measure` read it on this GPU ({cal_source})")
+    elif g is not None:
+        total, source = g.memory_total_bytes, f"{g.name}: {g.memory_source}"
+    inferred = False
+    if g is None and total:
+        # the architecture sets vLLM's batch defaults and its workspaces: take the GPU this much memory suggests
+        g = gpu_by_memory(total)
+        if g is not None:
+            inferred = True
+            notes.append(f"GPU taken to be {g.name}, the catalog GPU nearest {total / GiB:g} GiB (its architecture "
+                         f"sets the engine's batch defaults and workspaces); pass --gpu to name another")
+        elif engine == "vllm" and args.kv_cache_memory_gib is None:
+            notes.append(f"no catalog GPU has {total / GiB:g} GiB: architecture-dependent defaults and workspaces "
+                         f"are those of an unknown GPU; pass --gpu (a catalog name or a YAML spec)")
+    if engine == "vllm" and args.kv_cache_memory_gib is not None and not total:
+        source = "not used (--kv-cache-memory)"
+    if needs_memory and not total and args.kv_cache_memory_gib is None and args.num_gpu_blocks_override is None:
+        raise KvplanError("capacity needs --gpu (or --gpu-memory-gib" + (", or --kv-cache-memory)" if engine == "vllm"
+                                                                       else ")"))
+
+    common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=args.weight_dtype, tp=args.tp,
+                  pp=args.pp, dcp=args.dcp, total_bytes=total, memory_source=source, max_model_len=mlen,
+                  calibration=cal, calibration_source=cal_source, inferred_gpu=inferred)
+    if args.weight_dtype is not None:
+        from .weights import weight_format
+
+        weight_format(args.weight_dtype)  # an unknown name is refused here, whichever question is asked
+    if engine == "sglang":
+        return _resolve_sglang(args, prof, common, notes)
+    return _resolve_vllm(args, prof, common, notes)
+
+
+def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
+    from .engines import backend_block_size, vllm_rules
+    from .nonkv import serve_defaults
+
+    m, g, fmt = common["model"], common["gpu"], common["kv"]
+    version = args.engine_version or (prof.engine_version if prof is not None else None)
+    rules = vllm_rules(version)
+    if fmt.name in rules.cache_dtypes_missing:
+        raise KvplanError(f"KV cache dtype '{fmt.name}' does not exist in {rules.label}; it arrived later "
+                          f"(choose a later --engine-version)")
+    util = args.gpu_memory_utilization
+    if util is None and prof is not None and prof.gpu_memory_utilization and args.kv_cache_memory_gib is None:
+        util = prof.gpu_memory_utilization
+    if util is None:
+        util = rules.default_gpu_memory_utilization
+    if args.block_size is not None and int(args.block_size) % VLLM_BLOCK_MULTIPLE:
+        raise KvplanError(f"--block-size {args.block_size}: vLLM's attention backends take multiples of "
+                          f"{VLLM_BLOCK_MULTIPLE} (16, 32, 48, 64, ...); no backend supports it")
+    block = (int(args.block_size) if args.block_size is not None
+             else backend_block_size(m.is_mla, g.compute_capability if g else None, fmt.name))
+    entrypoint = args.entrypoint or "serve"
+    # batch defaults are taken at the model's own length, so that the pool does not depend on max_model_len
+    defaults = serve_defaults(common["total_bytes"], g, rules, m.max_position_embeddings, entrypoint)
+    batched = int(args.max_num_batched_tokens) if args.max_num_batched_tokens is not None else None
+    seqs = int(args.max_num_seqs) if args.max_num_seqs is not None else None
+    d = Deployment(
+        **common, engine_version=rules.version, gpu_memory_utilization=float(util), block_size=block,
+        block_size_given=args.block_size is not None,
+        max_num_seqs=seqs or defaults.max_num_seqs,
+        max_num_batched_tokens=batched or defaults.max_num_batched_tokens, entrypoint=entrypoint,
+        enforce_eager=bool(args.enforce_eager),
+        kv_cache_memory_bytes=None if args.kv_cache_memory_gib is None else int(round(args.kv_cache_memory_gib * GiB)),
+        num_gpu_blocks_override=None if args.num_gpu_blocks_override is None else int(args.num_gpu_blocks_override),
+        activation_bytes=_gib_bytes(args.activation_gib), non_torch_bytes=_gib_bytes(args.non_torch_gib),
+        cudagraph_bytes=_gib_bytes(args.cudagraph_gib), notes=tuple(notes),
+    )
+    if prof is not None:
+        d = _with_profile(d, prof)
+    return d
+
+
+def _with_profile(d: Deployment, prof) -> Deployment:
+    """The profile's measured weights and overhead; re-based where this deployment differs from the measured one in
+    what the non-KV memory depends on (layout, batch sizes, eager mode)."""
+    source = prof.source or "a startup log"
+    same_layout = (d.tp, d.pp, d.weight_dtype) == (prof.tp, prof.pp, prof.weight_dtype)
+    differs = [name for name, now, then in (
+        ("--tp", d.tp, prof.tp), ("--pp", d.pp, prof.pp), ("--weight-dtype", d.weight_dtype, prof.weight_dtype),
+        ("--max-num-batched-tokens", d.max_num_batched_tokens, prof.max_num_batched_tokens or d.max_num_batched_tokens),
+        ("--max-num-seqs", d.max_num_seqs, prof.max_num_seqs or d.max_num_seqs),
+        ("--enforce-eager", d.enforce_eager, False)) if now != then]
+    base = None
+    note = f"non-KV memory measured by {source}"
+    if differs:
+        base = replace(d, tp=prof.tp, pp=prof.pp, weight_dtype=prof.weight_dtype,
+                       max_num_batched_tokens=prof.max_num_batched_tokens or d.max_num_batched_tokens,
+                       max_num_seqs=prof.max_num_seqs or d.max_num_seqs, enforce_eager=False, measured=None)
+        note += (f", re-based for {', '.join(differs)} (the measured overhead plus the modelled change"
+                 + ("; weights modelled" if not same_layout else "") + ")")
+    measured = Measured(prof.weights_bytes if same_layout else None, prof.overhead_bytes or 0, source, base)
+    return replace(d, measured=measured, notes=d.notes + (note,))
+
+
+def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
+    from .sglang import SGLANG_DTYPES, default_mem_fraction_static
+
+    m, g, fmt = common["model"], common["gpu"], common["kv"]
+    if args.engine_version is not None and not args.engine_version.strip().lstrip("v").startswith(SGLANG_VERSION):
+        raise KvplanError(f"--engine-version {args.engine_version}: kvplan plans SGLang with the rules of SGLang "
+                          f"{SGLANG_VERSION}; drop --engine-version (or give {SGLANG_VERSION}.x)")
+    if fmt.name not in SGLANG_DTYPES:
+        raise KvplanError(f"SGLang has no KV cache dtype '{fmt.name}'; it takes "
+                          f"{', '.join(sorted(set(SGLANG_DTYPES)))}")
+    f = args.mem_fraction_static
+    if f is None and prof is not None:
+        f = prof.mem_fraction_static
+    if f is None and g is not None:
+        f = default_mem_fraction_static(m, g, args.tp)
+    free_before = None
+    weights = None
+    if prof is not None:
+        free_before = prof.free_before_load_bytes
+        same = (args.tp, args.weight_dtype) == (prof.tp, prof.weight_dtype)
+        weights = prof.weights_bytes if same else None
+        notes.append(f"free memory before loading measured by {prof.source or 'a startup log'}"
+                     + ("" if same else f"; weights modelled at TP {args.tp} (the profile measured TP {prof.tp})"))
+    if f is None and free_before is None:
+        raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
+    return Deployment(**common, engine_version=SGLANG_VERSION, mem_fraction_static=f,
+                      page_size=int(args.page_size) if args.page_size is not None else 1,
+                      free_before_load_bytes=free_before,
+                      measured=Measured(weights, 0, prof.source or "a startup log") if prof is not None else None,
+                      notes=tuple(notes))
+
+
+def _gib_bytes(v: Optional[float]) -> Optional[int]:
+    return None if v is None else int(round(v * GiB))
+
+
+def _check_dcp(m: ModelSpec, tp: int, dcp: int) -> None:
+    """vLLM's rule (config/parallel.py, config/model.py): decode-context parallelism reuses TP ranks, so it divides
+    TP; on GQA and MQA models it shards the tokens of KV heads that TP replicates, so TP must exceed the KV heads,
+    DCP cannot exceed tp // kv_heads, and it divides the query heads per KV head. MLA has none of these limits."""
+    if tp % dcp:
+        raise KvplanError(f"--dcp {dcp} must divide --tp {tp} (decode-context parallelism reuses the TP ranks)")
+    if not m.is_mla:
+        most = tp // m.num_kv_heads
+        if most < dcp:
+            raise KvplanError(
+                f"--dcp {dcp}: vLLM shards the tokens of KV heads that TP replicates, and TP {tp} over "
+                f"{m.name}'s {m.num_kv_heads} KV heads replicates " + ("none" if most <= 1 else f"each {most}x")
+                + f"; the largest DCP at TP {tp} is {max(1, most)} (raise --tp to {m.num_kv_heads * dcp})")
+        q_per_kv = m.num_heads // m.num_kv_heads
+        if q_per_kv % dcp:
+            raise KvplanError(f"--dcp {dcp} must divide {m.name}'s {q_per_kv} query heads per KV head (vLLM's rule "
+                              f"for GQA/MQA)")
+
+
+def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
+    """The calibration profile asked for, or one saved for this GPU in kvplan's cache; (None, "") without. One
+    measured on another GPU than --gpu is refused."""
+    from .calibration import CalibrationProfile, find_calibration, load_calibration
+
+    if isinstance(path, CalibrationProfile):
+        return path, "a calibration profile"
+    explicit = path is not None
+    if path is None and gpu is not None:
+        found = find_calibration([gpu.smi_name or "", gpu.name])
+        path = str(found) if found else None
+    if path is None:
+        return None, ""
+    cal = load_calibration(path)
+    measured = str(cal.device.get("name") or "")
+    if explicit and gpu is not None and measured and measured not in (gpu.name, gpu.smi_name):
+        raise KvplanError(f"the calibration profile {path} was measured on {measured}, not {gpu.name}; measure this "
+                          f"GPU (`kvplan measure`) or drop --gpu")
+    return cal, str(path)
+
+
+def deployments(args: DeploymentArgs, dtypes, *, needs_memory: bool = False) -> list[Deployment]:
+    """One resolved deployment per KV dtype asked for."""
+    return [resolve(replace(args, kv_cache_dtype=f), needs_memory=needs_memory) for f in dtypes]
+
+
+def as_dict(d: Deployment) -> dict:
+    return d.to_dict()
+
+
+__all__ = ["DeploymentArgs", "Deployment", "Measured", "resolve", "deployments", "flag", "asdict", "field"]

@@ -1,0 +1,163 @@
+"""What reaches the terminal: tables at any width, closed pipes, --version and help."""
+
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+import kvplan
+from kvplan.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+GATES = str(ROOT / "examples" / "gates.yaml")
+
+
+@pytest.fixture
+def cli_at(monkeypatch):
+    """Run the kvplan CLI in-process at a given terminal width, its output not a terminal (as when piped)."""
+
+    def run(width: int, *args: str):
+        monkeypatch.setenv("COLUMNS", str(width))
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = main(list(args))
+        return code, out.getvalue(), err.getvalue()
+
+    return run
+
+
+TABLES = [
+    ("capacity llama3-8b --gpu h100 -d auto,fp8,turboquant_4bit_nc --gpu-memory-gib 79.65 --activation-gib 6",
+     ["1,210,688", "1,048,576", "2,969,600", "147.79x", "79.65 GiB", "52.32 GiB", "0-1,30-31"]),
+    ("capacity llama-3.1-8b --gpu h100 -d auto,fp8 --max-model-len 32768",
+     ["79.11 GiB", "H100-SXM5-80GB:", "903,280", "1,048,576", "27.57x"]),
+    ("crossover llama3-8b -d turboquant_4bit_nc --weight-read all --context 128k",
+     ["122,532", "346,132", "468,182", "131,072", "1 x 131,072", "turboquant_4bit_nc", "weights"]),
+    ("crossover qwen3-30b-a3b --batch 1,64 --context 8k --gpu h100",
+     ["61,887", "605,368", "33.149", "0.8053", "64 x 8,192", "weights"]),
+    ("capacity --gpu h100", ["626.92 GiB", "10,485,760", "3730.53x", "llama-4-scout-17b-16e", "112,720"]),
+    ("formats", ["fp8_per_token_head", "turboquant_4bit_nc", "vllm,sglang", "1,152", "6.12"]),
+    ("models", ["1,026.4B", "10,485,760", "507,904", "llama-4-scout-17b-16e", "fp8_block128"]),
+    ("gpus", ["287.50 GiB est.", "10066.3", "126.5", "A100-PCIE-40GB"]),
+    (f"gate {GATES}", ["877,360", ">= 400,000", "26.77", "long-context-70b-tp8", "2 of 2 gates passed"]),
+]
+
+
+@pytest.mark.parametrize("width", [60, 80, 200])
+@pytest.mark.parametrize("cmd, figures", TABLES, ids=[c.split(" /")[0][:50] for c, _ in TABLES])
+def test_tables_never_cut_a_cell_short(cli_at, width, cmd, figures):
+    code, out, err = cli_at(width, *shlex.split(cmd))
+    assert code == 0, err
+    assert "…" not in out
+    for figure in figures:
+        assert figure in out, f"{figure!r} missing at {width} columns:\n{out}"
+
+
+def test_a_table_that_fits_keeps_the_console_width(cli_at):
+    # wrapping text columns is the first resort; the table grows past the terminal only when that is not enough
+    _, out, _ = cli_at(80, "gate", GATES)
+    table = [ln for ln in out.splitlines() if ln.strip()][1:-1]
+    assert max(len(ln) for ln in table) <= 80
+    _, out, _ = cli_at(60, "capacity", "llama3-8b", "--gpu", "h100", "-d", "auto,fp8,turboquant_4bit_nc",
+                       "--gpu-memory-gib", "79.65", "--activation-gib", "6")
+    assert any(len(ln) > 60 and "1,210,688" in ln for ln in out.splitlines())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A closed pipe
+
+
+def _kvplan() -> str:
+    exe = Path(sys.executable).with_name("kvplan")
+    found = str(exe) if exe.exists() else shutil.which("kvplan")
+    if not found:
+        pytest.skip("the kvplan console script is not installed")
+    return found
+
+
+@pytest.fixture
+def failing_gates(tmp_path):
+    path = tmp_path / "gates.yaml"
+    path.write_text(Path(GATES).read_text().replace("min_concurrency: 12 ", "min_concurrency: 1000 "))
+    return str(path)
+
+
+def _pipeline(cmd: str) -> subprocess.CompletedProcess:
+    """`cmd | head -1`, with pipefail: the status is kvplan's own."""
+    env = {**os.environ, "COLUMNS": "80"}
+    return subprocess.run(["bash", "-c", f"set -o pipefail; {cmd} | head -1"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _closed_pipe(*args: str) -> subprocess.CompletedProcess:
+    """Run kvplan with its stdout a pipe whose reader has already gone: every write fails."""
+    env = {**os.environ, "COLUMNS": "80"}
+    p = subprocess.Popen([_kvplan(), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.stderr.close()
+    return subprocess.CompletedProcess(p.args, p.wait(timeout=120), "", err)
+
+
+def test_head_on_a_passing_gate_exits_0_quietly():
+    r = _pipeline(f"{shlex.quote(_kvplan())} gate examples/gates.yaml")
+    assert r.stdout.startswith("Capacity gates")
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_head_on_a_failing_gate_exits_1_without_a_traceback(failing_gates):
+    r = _pipeline(f"{shlex.quote(_kvplan())} gate {shlex.quote(failing_gates)}")
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr and "Exception" not in r.stderr
+
+
+def test_head_on_capacity_exits_0_quietly():
+    r = _pipeline(f"{shlex.quote(_kvplan())} capacity llama3-8b --gpu h100 -d auto,fp8,turboquant_4bit_nc "
+                  "--gpu-memory-gib 79.65 --activation-gib 6")
+    assert r.stdout.startswith("Llama-3-8B")
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+@pytest.mark.parametrize("args, status", [
+    (["gate", GATES], 0),
+    (["capacity", "--gpu", "h100"], 0),
+    (["crossover", "llama3-8b", "-d", "fp8"], 0),
+    (["formats", "--json"], 0),
+])
+def test_a_closed_pipe_keeps_the_commands_status(args, status):
+    r = _closed_pipe(*args)
+    assert (r.returncode, r.stderr) == (status, "")
+
+
+def test_a_closed_pipe_keeps_a_failing_gates_status(failing_gates):
+    r = _closed_pipe("gate", failing_gates)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr and "Exception" not in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --version and help
+
+
+def test_version(cli_at):
+    code, out, err = cli_at(80, "--version")
+    assert (code, out, err) == (0, f"kvplan {kvplan.__version__}\n", "")
+    assert out == "kvplan 0.1.0\n"
+
+
+HELP = ["", "crossover", "capacity", "sweep", "gate", "log", "measure", "formats", "models", "models show", "gpus",
+        "gpus show", "plot", "plot crossover", "plot capacity"]
+
+
+@pytest.mark.parametrize("cmd", HELP, ids=lambda c: c or "kvplan")
+def test_flags_show_no_type_in_help(cli_at, cmd):
+    code, out, _ = cli_at(200, *cmd.split(), "--help")
+    assert code == 0
+    assert "--help" in out
+    assert "<bool>" not in out
