@@ -549,7 +549,6 @@ def gate(
 ) -> None:
     """Check capacity gates: exit 0 when every gate passes, 1 when any fails (or regresses against --baseline),
     2 when the file is malformed. Under GitHub Actions, also a step summary and error annotations."""
-    import json
     import os
 
     from .errors import KvplanError
@@ -567,13 +566,9 @@ def gate(
         raise KvplanError(f"--max-regression must not be negative, got {max_regression}")
     report = run_gates(load_gates(file), file)
     if baseline:
-        try:
-            with open(baseline, encoding="utf-8") as f:
-                before = json.load(f)
-        except OSError as e:
-            raise KvplanError(f"cannot read --baseline {baseline}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise KvplanError(f"--baseline {baseline}: line {e.lineno}: not valid JSON: {e.msg}") from None
+        from .files import read_json
+
+        before = read_json(baseline, "--baseline", "`kvplan gate FILE --json > baseline.json` makes one")
         if not isinstance(before, dict) or not isinstance(before.get("gates"), list):
             raise KvplanError(f"--baseline {baseline}: not a `kvplan gate --json` result (no 'gates' list)")
         report.regressions = compare_baseline(report, before, max_regression)
@@ -581,8 +576,12 @@ def gate(
         atomic_write_text(junit, junit_xml(report))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a", encoding="utf-8") as f:
-            f.write(markdown_summary(report))
+        try:
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(markdown_summary(report))
+        except OSError as e:  # the gates' verdict stands; the summary is a convenience
+            print(f"kvplan: warning: cannot append the step summary to GITHUB_STEP_SUMMARY={summary}: "
+                  f"{e.strerror or e}", file=sys.stderr)
         for line in failure_lines(report):
             print(f"::error title=kvplan gate::{line}")
     _exit["status"] = 0 if report.passed else 1
@@ -626,24 +625,31 @@ def log_import(
 
 @app.command()
 def measure(
-    quick: bool = typer.Option(False, "--quick", help="4 sizes up to 1 GB, 10 samples each (about 2 minutes on an "
-                               "H100); the full sweep goes to 2 GB with 30 samples"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="print the plan (kernels, sizes, bytes, expected "
-                                 "duration) and measure nothing; works without a GPU"),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="where to write the calibration profile "
-                                         "(default: kvplan's cache directory, named after the GPU)"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="for --dry-run: the GPU to plan for (default: H100 SXM)"),
-    device: str = typer.Option("cuda", "--device", hidden=True, help="cpu runs the kernels under Triton's "
-                               "interpreter with tiny sizes: a check of the pipeline, not a measurement"),
-    validate: Optional[str] = typer.Option(None, "--validate", help="MODEL: time a synthetic decode step of its "
-                                           "shapes and print it beside the roofline and the calibrated prediction"),
-    dtype: str = typer.Option("auto", "--kv-cache-dtype", "--dtype", "-d", help="with --validate: the KV dtype"),
-    batch: int = typer.Option(8, "--batch", "-b", help="with --validate: sequences"),
-    context: str = typer.Option("4096", "--context", "-c", help="with --validate: cached tokens per sequence"),
-    layers: Optional[int] = typer.Option(None, "--layers", help="with --validate: layers to run (default: as "
-                                         "many as fit in 40% of the free memory)"),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="with --validate: the profile to check "
-                                              "(default: the one saved for this GPU)"),
+    quick: Annotated[bool, typer.Option("--quick", help="4 sizes up to 1 GB, 10 samples each (about 2 minutes on an "
+                                        "H100); the full sweep goes to 2 GB with 30 samples")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (kernels, sizes, bytes, expected "
+                                          "duration) and measure nothing; works without a GPU")] = False,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to write the calibration profile "
+                                                  "(default: kvplan's cache directory, named after the GPU)")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="for --dry-run: the GPU to plan for (default: H100 "
+                                               "SXM)")] = None,
+    device: Annotated[str, typer.Option("--device", hidden=True, help="cpu runs the kernels under Triton's "
+                                        "interpreter with tiny sizes: a check of the pipeline, not a "
+                                        "measurement")] = "cuda",
+    validate: Annotated[Optional[str], typer.Option("--validate", help="MODEL: time a synthetic decode step of its "
+                                                    "shapes and print it beside the roofline and the calibrated "
+                                                    "prediction")] = None,
+    dtype: Annotated[Optional[str], typer.Option("--kv-cache-dtype", "--dtype", "-d", help="with --validate: the KV "
+                                                 "dtype (default auto)")] = None,
+    batch: Annotated[Optional[int], typer.Option("--batch", "-b", help="with --validate: sequences (default "
+                                                 "8)")] = None,
+    context: Annotated[Optional[str], typer.Option("--context", "-c", help="with --validate: cached tokens per "
+                                                   "sequence (default 4096)")] = None,
+    layers: Annotated[Optional[int], typer.Option("--layers", help="with --validate: layers to run (default: as "
+                                                  "many as fit in 40% of the free memory)")] = None,
+    calibration: Annotated[Optional[str], typer.Option("--calibration", help="with --validate: the profile to check "
+                                                       "(default: the one saved for this GPU)")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Measure this GPU: streaming probes, weight GEMVs and the paged decode kernel of every KV format over sizes
     from 8 MB up, with L2 flushed between samples; fit t = t0 + bytes / (eta x peak bandwidth) per kernel family
@@ -652,27 +658,56 @@ def measure(
     from .errors import KvplanError
     from .specs import load_gpu
 
-    spec = load_gpu(gpu or "h100")
+    validate_only = {"--kv-cache-dtype": dtype, "--batch": batch, "--context": context, "--layers": layers,
+                     "--calibration": calibration}
+    if validate is None:
+        stray = [k for k, v in validate_only.items() if v is not None]
+        if stray:
+            raise KvplanError(f"{stray[0]} applies with --validate MODEL; add --validate or drop it")
+    if dry_run and validate is not None:
+        raise KvplanError("--dry-run plans the calibration sweep; --validate times a model's decode step on the GPU: "
+                          "give one of the two")
+    if gpu is not None and not dry_run:
+        raise KvplanError("--gpu names the GPU to plan for with --dry-run; a measurement runs on the GPU torch sees")
+    if output is not None and (dry_run or validate is not None):
+        raise KvplanError("--output is where a measurement writes its calibration profile; --dry-run and --validate "
+                          "write none")
+    if quick and validate is not None:
+        raise KvplanError("--quick shortens the calibration sweep; --validate times one decode step: drop --quick")
     if dry_run:
+        spec = load_gpu(gpu or "h100")
         plan = measure_plan(quick, l2_bytes=int((spec.l2_mb or 50) * MB),
                             bandwidth_bytes_per_s=spec.peak_bandwidth_bytes_per_s)
+        if as_json:
+            from dataclasses import asdict
+
+            _show(True, {"gpu": spec.name, **asdict(plan), "total_bytes": plan.total_bytes,
+                         "expected_seconds": plan.expected_seconds()}, "")
+            return
         from .render import measure_plan_table
 
         measure_plan_table(plan, spec)
         return
+    if validate is not None:
+        batch = 8 if batch is None else batch
+        if batch < 1 or (layers is not None and layers < 1):
+            raise KvplanError("--batch and --layers must be positive")
+        ctx = _sizes([context or "4096"], "--context")
+        if len(ctx) != 1:
+            raise KvplanError("--context: give one length")
     try:
         import torch  # noqa: F401
         import triton  # noqa: F401
     except ImportError:
         raise KvplanError("kvplan measure needs torch and triton: pip install 'kvplan[gpu]' (--dry-run works "
                           "without them)") from None
-    if validate:
+    if validate is not None:
         from .measure_run import run_validate
 
-        if batch < 1 or (layers is not None and layers < 1):
-            raise KvplanError("--batch and --layers must be positive")
-        result = run_validate(validate, dtype, batch, _sizes([context], "--context")[0], layers, device,
-                              calibration)
+        result = run_validate(validate, dtype or "auto", batch, ctx[0], layers, device, calibration)
+        if as_json:
+            _show(True, result, "")
+            return
         from .render import validate_table
 
         validate_table(result)
@@ -680,6 +715,8 @@ def measure(
     from .measure_run import run_measure
 
     path = run_measure(quick=quick, output=output, device_name=device)
+    if as_json:
+        _show(True, {"calibration_profile": str(path)}, "")
     print(f"wrote the calibration profile {path}", file=sys.stderr)
 
 

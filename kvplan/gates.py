@@ -88,7 +88,7 @@ class Options(_Strict):
     num_gpu_blocks_override: Optional[int] = Field(None, ge=1)
     kv_cache_dtype: Optional[str] = None
     dtype: Optional[str] = None
-    max_model_len: Optional[int] = Field(None, ge=1)
+    max_model_len: Optional[Union[Literal["auto"], int]] = Field(None, ge=1)
     gpu_memory_utilization: Optional[float] = Field(None, gt=0, le=1)  # default: the engine version's
     block_size: Optional[int] = Field(None, ge=1)
     activation_gib: Optional[float] = Field(None, ge=0)
@@ -101,8 +101,20 @@ class Options(_Strict):
     weight_dtype: Optional[str] = None
     kv_cache_dtype_skip_layers: Optional[Union[str, int, list[int]]] = None
     max_num_batched_tokens: Optional[int] = Field(None, ge=1)
+    entrypoint: Optional[Literal["serve", "llm"]] = None
+    profile: Optional[str] = Field(None, description="a deployment profile (`kvplan log ... --save-profile`)")
+    calibration: Optional[str] = Field(None, description="a calibration profile (`kvplan measure`)")
     weight_read: Literal["streamed", "all"] = "streamed"
     baseline: str = "auto"
+
+    def deployment_args(self):
+        """The deployment this gate describes (kvplan.deployment.DeploymentArgs)."""
+        from .deployment import DeploymentArgs
+
+        fields = self.model_dump(exclude={"require", "name", "weight_read", "baseline", "dtype", "kv_cache_dtype",
+                                          "kv_cache_memory"})
+        return DeploymentArgs(**fields, kv_cache_dtype=self.kv_cache_dtype or self.dtype,
+                              kv_cache_memory_gib=self.kv_cache_memory)
 
 
 class Gate(Options):
@@ -243,6 +255,7 @@ class GateResult:
     passed: bool
     checks: list[Check]
     config: dict
+    deployment: dict = field(default_factory=dict)  # the resolved deployment the figures are for
 
 
 @dataclass
@@ -268,41 +281,25 @@ class GateReport:
 
 
 def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
-    from .engine import crossover, parse_skip_layers
-    from .formats import kv_format
-    from .pool import capacity
-    from .specs import load_gpu, load_model
+    from .engine import crossover_of
+    from .pool import capacity_of
 
     results = []
     for g in gates:
+        needed = {REQUIREMENTS[k].needs for k in _set_requirements(g)}
         try:
-            model = load_model(g.model or "")
-            gpu = load_gpu(g.gpu) if g.gpu else None
-            fmt = kv_format(g.kv_cache_dtype or g.dtype or "auto")
-            skip_value = g.kv_cache_dtype_skip_layers
-            if isinstance(skip_value, list):
-                skip_value = ",".join(map(str, skip_value))
-            skip = parse_skip_layers(None if skip_value is None else str(skip_value))
-            needed = {REQUIREMENTS[k].needs for k in _set_requirements(g)}
+            d = g.deployment_args().resolve(needs_memory="capacity" in needed)
             cap = xover = None
             if "capacity" in needed:
-                cap = capacity(model, gpu, fmt, tp=g.tp, pp=g.pp, dcp=g.dcp, engine_version=g.engine_version,
-                               num_gpu_blocks_override=g.num_gpu_blocks_override,
-                               gpu_memory_utilization=g.gpu_memory_utilization,
-                               max_model_len=g.max_model_len, block_size=g.block_size,
-                               activation_gib=g.activation_gib, non_torch_gib=g.non_torch_gib,
-                               cudagraph_gib=g.cudagraph_gib, max_num_seqs=g.max_num_seqs,
-                               enforce_eager=g.enforce_eager, gpu_memory_gib=g.gpu_memory_gib,
-                               kv_cache_memory_gib=g.kv_cache_memory, weight_dtype=g.weight_dtype, skip=skip,
-                               max_num_batched_tokens=g.max_num_batched_tokens)
+                cap = capacity_of(d)
             if "crossover" in needed:
                 points = sorted({(lim.batch, lim.context) for k in _set_requirements(g)
                                  if isinstance((lim := getattr(g.require, k)), OperatingPointLimit)})
-                if g.require.max_step_ms is not None and gpu is None:
+                if g.require.max_step_ms is not None and d.gpu is None:
                     raise KvplanError("max_step_ms needs a gpu (in the gate or in defaults)")
-                xover = crossover(model, fmt, tp=g.tp, weight_dtype=g.weight_dtype, gpu=gpu,
-                                  batches=sorted({b for b, _ in points}), contexts=sorted({c for _, c in points}),
-                                  weight_read=g.weight_read, baseline=g.baseline, skip=skip)
+                xover = crossover_of(d, batches=sorted({b for b, _ in points}),
+                                     contexts=sorted({c for _, c in points}), weight_read=g.weight_read,
+                                     baseline=g.baseline)
         except KvplanError as e:
             raise KvplanError(f"{source}: gate '{g.name}': {e}") from None
         checks = []
@@ -316,7 +313,8 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
             note = cap.problem if (req.needs == "capacity" and cap is not None and not cap.fits) else None
             checks.append(Check(key, req.figure, measured, required, req.kind, ok, at, note))
         config = g.model_dump(exclude={"require", "name"}, exclude_none=True)
-        results.append(GateResult(g.name, model.name, all(c.passed for c in checks), checks, config))
+        results.append(GateResult(g.name, d.model.name, all(c.passed for c in checks), checks, config,
+                                  d.to_dict()))
     return GateReport(results)
 
 
@@ -345,13 +343,16 @@ def compare_baseline(report: GateReport, baseline: dict, max_regression_pct: flo
     """Figures that got worse than an earlier `--json` report by more than `max_regression_pct` percent."""
     old = {}
     for g in baseline.get("gates", []):
-        for c in g.get("checks", []):
-            old[(g.get("name"), c.get("requirement"), c.get("at"))] = c
+        checks = g.get("checks") if isinstance(g, dict) else None
+        for c in checks if isinstance(checks, list) else []:
+            if isinstance(c, dict):
+                old[(g.get("name"), c.get("requirement"), c.get("at"))] = c
     regressions = []
     for g in report.gates:
         for c in g.checks:
             prev = old.get((g.name, c.requirement, c.at))
-            if prev is None or not isinstance(prev.get("measured"), (int, float)):
+            if prev is None or isinstance(prev.get("measured"), bool) or not isinstance(prev.get("measured"),
+                                                                                        (int, float)):
                 continue
             before, now = float(prev["measured"]), c.measured
             if not math.isfinite(before) or before == 0:

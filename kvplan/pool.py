@@ -251,7 +251,7 @@ class PoolPlan:
                     & (max_model_len <= self.model.max_position_embeddings))
 
 
-def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto",
+def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
               **options) -> PoolPlan:
     """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules), for a resolved Deployment (or a
     model, GPU, dtype and the options of kvplan.deployment.DeploymentArgs, resolved here)."""
@@ -262,7 +262,7 @@ def _deployment(model, gpu, dtype, options: dict):
     from .deployment import Deployment, DeploymentArgs
 
     if isinstance(model, Deployment):
-        if gpu is not None or options or dtype != "auto":
+        if gpu is not None or options or dtype is not None:
             raise TypeError("a Deployment carries its own options")
         return model
     if "skip" in options:
@@ -351,12 +351,14 @@ def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat
                  for lay in layers)
 
 
-def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat = "auto", **options) -> CapacityResult:
+def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
+             **options) -> CapacityResult:
     """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
 
     Takes a resolved kvplan.deployment.Deployment, or a model, GPU, KV dtype and any option of
     kvplan.deployment.DeploymentArgs (tp, pp, dcp, max_model_len, gpu_memory_utilization, block_size,
-    profile, ...), resolved the way the command line resolves them.
+    profile, ...), resolved the way the command line resolves them: the KV dtype defaults to the profile's, or
+    auto.
 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
     can show it; raise on it where a single answer was asked for.

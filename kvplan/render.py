@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from dataclasses import asdict, is_dataclass
@@ -74,6 +73,8 @@ def print_table(con: Console, table: _RichTable) -> None:
 
 
 def print_json(obj: Any) -> None:
+    import json
+
     def default(o):
         if is_dataclass(o):
             return asdict(o)
@@ -237,11 +238,24 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     t = Table(title="KV pool per rank", title_justify="left", show_header=False)
     t.add_column("")
     t.add_column("", justify="right", no_wrap=True)
+    nk = r0.non_kv
+    if r0.deployment.get("kv_cache_memory_bytes") is not None:
+        # the pool's size was given: vLLM skips the budget; what the rest of the GPU keeps is what is left
+        if r0.total_bytes:
+            t.add_row(f"total memory ({r0.memory_source})", gib(r0.total_bytes))
+            t.add_row("- weights", gib(nk["weights"]))
+            t.add_row("- KV cache pool (--kv-cache-memory)", gib(r0.available_kv_bytes))
+            t.add_row("= left for activations, graphs and the rest",
+                      gib(r0.total_bytes - nk["weights"] - r0.available_kv_bytes))
+        else:
+            t.add_row("KV cache pool (--kv-cache-memory)", gib(r0.available_kv_bytes))
+        print_table(con, t)
+        _capacity_dtypes(con, results, model, r0)
+        return
     t.add_row(f"total memory ({r0.memory_source})", gib(r0.total_bytes))
     t.add_row(f"ceil(x gpu_memory_utilization {r0.gpu_memory_utilization:g})", gib(r0.requested_bytes))
-    nk = r0.non_kv
     if nk.get("source") == "profile":
-        t.add_row("- weights (measured)" if "weights modelled" not in " ".join(r0.notes) else "- weights",
+        t.add_row("- weights (measured)" if nk.get("weights_measured") else "- weights (modelled)",
                   gib(nk["weights"]))
         t.add_row("- other non-KV memory (measured)", gib(nk["activation"]))
     elif nk.get("source") == "flat allowance":
@@ -261,7 +275,10 @@ def capacity_table(results: Sequence, model, gpu) -> None:
             t.add_row("- CUDA-graph estimate", gib(nk["cudagraph"]))
     t.add_row("= KV cache pool", gib(r0.available_kv_bytes))
     print_table(con, t)
+    _capacity_dtypes(con, results, model, r0)
 
+
+def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
     t = Table(title=f"KV cache per dtype, sequences of {r0.max_model_len:,} tokens", title_justify="left")
     any_skip = any(r.skip_layers for r in results)
     cols = ["KV dtype", "B/token", "block B", "blocks", "token slots", "KV tokens", "concurrency"]

@@ -267,41 +267,43 @@ _CATALOG_CACHE_VERSION = 1
 def _catalog_cache_file(path: Path) -> Path:
     base = os.environ.get("KVPLAN_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvplan")
-    return Path(base) / "catalog" / f"{path.parent.name}-{path.stem}.json"
+    return Path(base) / "catalog" / f"{path.parent.name}-{path.stem}.marshal"
 
 
 def _catalog_data(path: Path):
-    """A catalog file's YAML, parsed. The parse is a function of the text alone, so it is kept as JSON, with the
-    text it came from, in kvplan's cache directory: a later run that finds the same text there takes the JSON and
-    never imports PyYAML (a tenth of a planning command's start-up beyond typer's). A cache that cannot be read or
-    written is no cache; a file that does not parse is never cached, so its error is read_yaml's every time."""
-    import json
+    """A catalog file's YAML, parsed. The parse is a function of the text alone, so it is kept, with the text it
+    came from, in kvplan's cache directory: a later run that finds the same text there takes the kept parse and
+    never imports PyYAML (a tenth of a planning command's start-up beyond typer's). It is kept with `marshal`, as
+    Python keeps its .pyc files: built in, so nothing to import, and it gives back every type YAML builds (dates
+    aside, which are not kept) exactly. A cache that cannot be read or written is no cache; a file that does not
+    parse is never kept, so its error is read_yaml's every time."""
+    import marshal
+    import sys
 
     from .files import read_text
 
+    tag = (_CATALOG_CACHE_VERSION, tuple(sys.version_info[:2]))
     text = read_text(path, "YAML file")
     cached = _catalog_cache_file(path)
     try:
-        with open(cached, encoding="utf-8") as f:
-            entry = json.load(f)
-        if entry["version"] == _CATALOG_CACHE_VERSION and entry["text"] == text:
-            return entry["data"]
-    except (OSError, ValueError, KeyError, TypeError):
+        entry = marshal.loads(cached.read_bytes())
+        if entry[0] == tag and entry[1] == text:
+            return entry[2]
+    except (OSError, ValueError, EOFError, TypeError, IndexError, KeyError):
         pass
     data = read_yaml(path)
     try:
-        blob = json.dumps({"version": _CATALOG_CACHE_VERSION, "text": text, "data": data}, allow_nan=False)
-        # only what JSON gives back unchanged (no dates, no integer keys), and only the text that was parsed
-        if json.loads(blob)["data"] == data and read_text(path, "YAML file") == text:
+        blob = marshal.dumps((tag, text, data))  # ValueError for what marshal cannot keep (a date)
+        if read_text(path, "YAML file") == text:  # keep only the text that was parsed
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
             try:
-                tmp.write_text(blob, encoding="utf-8")
+                tmp.write_bytes(blob)
                 os.replace(tmp, cached)
             finally:
                 if tmp.exists():
                     tmp.unlink()
-    except (OSError, TypeError, ValueError, RecursionError, KvplanError):
+    except (OSError, ValueError, KvplanError):
         pass
     return data
 
@@ -373,14 +375,19 @@ def load_gpu(name_or_path: str) -> GPUSpec:
 
 
 def gpu_by_memory(total_bytes: int, tolerance: float = 0.01) -> Optional[GPUSpec]:
-    """The catalog GPU whose total memory is nearest `total_bytes`, if one lies within `tolerance` (a fraction);
-    GPUs whose figure CUDA itself reported win ties over estimated ones."""
+    """The catalog GPU whose total memory is nearest `total_bytes`, if one lies within `tolerance` (a fraction).
+    A GPU matches by the total CUDA reports or by the one nvidia-smi prints (81,559 MiB = 79.65 GiB on an H100
+    SXM): users quote either. Figures a tool really printed win ties over estimated ones."""
     best = None
     for g in load_catalog("hardware"):
-        if not g.memory_total_bytes:
-            continue
-        off = abs(g.memory_total_bytes - total_bytes) / total_bytes
-        key = (off, not g.memory_source.startswith("CUDA"))
-        if off <= tolerance and (best is None or key < best[0]):
-            best = (key, g)
+        totals = [(g.memory_total_bytes, not g.memory_source.startswith("CUDA"))]
+        if g.smi_total_mib:
+            totals.append((g.smi_total_mib * 2**20, False))
+        for figure, estimated in totals:
+            if not figure:
+                continue
+            off = abs(figure - total_bytes) / total_bytes
+            key = (off, estimated)
+            if off <= tolerance and (best is None or key < best[0]):
+                best = (key, g)
     return best[1] if best else None

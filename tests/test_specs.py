@@ -126,7 +126,7 @@ def test_catalog_parse_cache(tmp_path, monkeypatch):
     assert repr(specs._catalog_data(p)) == repr(cold)  # warm: same values, same types
     p.write_text(p.read_text().replace("num_layers: 32", "num_layers: 33"))
     assert specs._catalog_data(p)["num_layers"] == 33  # a changed file is parsed again
-    cached.write_text("{not json")
+    cached.write_bytes(cached.read_bytes()[:40])
     assert specs._catalog_data(p)["num_layers"] == 33  # a broken cache is no cache
     p.write_text("name: [unclosed\n")
     with pytest.raises(KvplanError, match="is not valid YAML"):
