@@ -544,8 +544,8 @@ def gate(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="an earlier `kvplan gate --json` result: "
                                            "fail when a figure got worse than it by more than --max-regression"),
-    max_regression: float = typer.Option(1.0, "--max-regression", help="percent a figure may get worse than "
-                                         "the baseline"),
+    max_regression: Optional[float] = typer.Option(None, "--max-regression", help="percent a figure may get "
+                                                   "worse than --baseline (default 1)"),
 ) -> None:
     """Check capacity gates: exit 0 when every gate passes, 1 when any fails (or regresses against --baseline),
     2 when the file is malformed. Under GitHub Actions, also a step summary and error annotations."""
@@ -562,8 +562,8 @@ def gate(
         run_gates,
     )
 
-    if max_regression < 0:
-        raise KvplanError(f"--max-regression must not be negative, got {max_regression}")
+    if max_regression is not None and not baseline:
+        raise KvplanError("--max-regression sets how much worse than --baseline a figure may get; add --baseline")
     report = run_gates(load_gates(file), file)
     if baseline:
         from .files import read_json
@@ -571,7 +571,10 @@ def gate(
         before = read_json(baseline, "--baseline", "`kvplan gate FILE --json > baseline.json` makes one")
         if not isinstance(before, dict) or not isinstance(before.get("gates"), list):
             raise KvplanError(f"--baseline {baseline}: not a `kvplan gate --json` result (no 'gates' list)")
-        report.regressions = compare_baseline(report, before, max_regression)
+        limit = 1.0 if max_regression is None else max_regression
+        if limit < 0 or limit != limit:
+            raise KvplanError(f"--max-regression must not be negative, got {max_regression}")
+        report.regressions = compare_baseline(report, before, limit)
     if junit:
         atomic_write_text(junit, junit_xml(report))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
@@ -669,6 +672,8 @@ def measure(
                           "give one of the two")
     if gpu is not None and not dry_run:
         raise KvplanError("--gpu names the GPU to plan for with --dry-run; a measurement runs on the GPU torch sees")
+    if device != "cuda" and dry_run:
+        raise KvplanError("--device picks where the kernels run; --dry-run runs none")
     if output is not None and (dry_run or validate is not None):
         raise KvplanError("--output is where a measurement writes its calibration profile; --dry-run and --validate "
                           "write none")

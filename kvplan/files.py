@@ -77,7 +77,7 @@ def read_yaml(path: str | Path, what: str = "YAML file", hint: str = "") -> Any:
         problem = getattr(e, "problem", None) or getattr(e, "reason", None) or str(e).splitlines()[0]
         raise KvplanError(f"{path}:{where} is not valid {kind}: {_one_line(problem)}") from None
     except (ValueError, TypeError, OverflowError) as e:  # a value YAML parses but cannot build, e.g. 2024-13-45
-        raise KvplanError(f"{path}: is not valid {kind}: {_one_line(str(e))}") from None
+        raise KvplanError(f"{path}: is not valid {kind}: {_value_problem(e)}") from None
     except RecursionError:
         raise KvplanError(f"{path}: is not valid {kind}: nested too deeply") from None
 
@@ -93,6 +93,8 @@ def read_json(path: str | Path, what: str = "JSON file", hint: str = "") -> Any:
         raise KvplanError(f"{path}: line {e.lineno}: not valid JSON: {e.msg}") from None
     except RecursionError:
         raise KvplanError(f"{path}: not valid JSON: nested too deeply") from None
+    except ValueError as e:  # a number of thousands of digits
+        raise KvplanError(f"{path}: not valid JSON: {_value_problem(e)}") from None
 
 
 def check_finite(data: Any, path: str | Path, where: str = "") -> None:
@@ -119,6 +121,8 @@ def type_name(value: Any) -> str:
     if isinstance(value, bool):
         return f"a boolean ({str(value).lower()})"
     if isinstance(value, (int, float)):
+        if isinstance(value, int) and value.bit_length() > 100:  # too long to print (Python refuses past 4300 digits)
+            return "a number (of more than 30 digits)"
         return f"a number ({value})"
     if isinstance(value, str):
         shown = value if len(value) <= 40 else value[:37] + "..."
