@@ -862,7 +862,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from .errors import KvplanError
 
-    command = typer.main.get_command(app)
+    command = _command_for(sys.argv[1:] if argv is None else argv)
     _join_wrapped_lines(command)
     _flags_without_type(command)
     _exit["status"] = 0
@@ -889,6 +889,26 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 130
         raise
     return rv if isinstance(rv, int) else 0
+
+
+def _command_for(args: List[str]):
+    """The click command for these arguments: the app with only the command asked for when the first argument
+    names one (building all fifteen costs a start-up its time), the whole app otherwise (help, errors)."""
+    if args:
+        for info in app.registered_commands:
+            if (info.name or info.callback.__name__.replace("_", "-")) == args[0]:
+                break
+        else:
+            info = next((g for g in app.registered_groups if g.name == args[0]), None)
+        if info is not None:
+            one = typer.Typer()
+            one.info, one.registered_callback = app.info, app.registered_callback
+            if isinstance(info, typer.models.CommandInfo):
+                one.registered_commands = [info]
+            else:
+                one.registered_groups = [info]
+            return typer.main.get_command(one)
+    return typer.main.get_command(app)
 
 
 def _flags_without_type(command) -> None:

@@ -498,6 +498,8 @@ def _check_dcp(m: ModelSpec, tp: int, dcp: int) -> None:
 def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
     """The calibration profile asked for, or one saved for this GPU in kvplan's cache; (None, "") without. One
     measured on another GPU than --gpu is refused."""
+    if path is None and gpu is None:
+        return None, ""
     from .calibration import CalibrationProfile, find_calibration, load_calibration
 
     if isinstance(path, CalibrationProfile):

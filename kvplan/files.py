@@ -114,6 +114,12 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def _value_problem(e: Exception) -> str:
+    if "integer string conversion" in str(e):
+        return "a number has more than 4300 digits"
+    return _one_line(str(e))
+
+
 def type_name(value: Any) -> str:
     """How a parsed YAML or JSON value is called in an error: 'a string ("32")', 'a list', 'a number (32.5)'."""
     if value is None:

@@ -5,7 +5,6 @@ import json
 
 import pytest
 
-from kvplan.deployment import DeploymentArgs
 from kvplan.specs import load_gpu, load_model
 
 GiB = 2**30
@@ -269,6 +268,8 @@ def test_library_cli_gate_and_sweep_agree(cli, tmp_path):
 
 
 def test_resolve_decides_each_default_once():
+    from kvplan.deployment import DeploymentArgs
+
     d = DeploymentArgs(model="deepseek-v3", gpu="h200", kv_cache_dtype="fp8_ds_mla", tp=8).resolve()
     # MLA on SM90 runs FlashMLA: 64-token blocks; vLLM 0.33 defaults to 0.92 of the memory; a GPU of 160 GiB or
     # less gets `vllm serve`'s 8,192 batched tokens and 1,024 sequences
