@@ -59,7 +59,8 @@ JSON_HELP = "print machine-readable JSON instead of tables"
 ModelArg = Annotated[str, typer.Argument(help="catalog name (e.g. llama3-8b), a YAML spec path, or a config.json path")]
 GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="GPU name or YAML spec (memory total as CUDA reports it)")]
 DtypesOpt = Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP)]
-TpOpt = Annotated[int, typer.Option("--tp", help="tensor-parallel size (figures are per rank)")]
+TpOpt = Annotated[Optional[int], typer.Option("--tp", help="tensor-parallel size (figures are per rank; default: "
+                                              "the profile's, or 1)")]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(
     "--weight-dtype", help="store every decoder linear layer in this format (bf16, fp8, int8, int4_g128, mxfp4, "
     "nvfp4, ...); default: the checkpoint's own")]
@@ -76,10 +77,11 @@ EngineOpt = Annotated[Optional[str], typer.Option(
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
     "--engine-version", help="vLLM version whose rules apply: 0.19 (and earlier), 0.20, 0.25, 0.28, 0.30, 0.33 "
     "(default, newest); SGLang is planned with 0.5's rules")]
-PpOpt = Annotated[int, typer.Option("--pp", help="vLLM pipeline-parallel size: layers split over stages, the fewest "
-                                    "blocks of any rank set the pool")]
-DcpOpt = Annotated[int, typer.Option("--dcp", help="vLLM decode-context-parallel size (divides --tp, at most tp // KV "
-                                     "heads on GQA models): each sequence's tokens spread over this many ranks")]
+PpOpt = Annotated[Optional[int], typer.Option("--pp", help="vLLM pipeline-parallel size: layers split over stages, "
+                                              "the fewest blocks of any rank set the pool (default 1)")]
+DcpOpt = Annotated[Optional[int], typer.Option(
+    "--dcp", help="vLLM decode-context-parallel size (default 1; divides --tp, at most tp // KV heads on GQA models): "
+    "each sequence's tokens spread over this many ranks")]
 UtilOpt = Annotated[Optional[float], typer.Option(
     "--gpu-memory-utilization", help="vLLM: fraction of TOTAL memory it may use (default: the profile's, or vLLM's: "
     "0.92 from 0.20 on, 0.9 before)")]
@@ -213,7 +215,7 @@ def _unfit(results) -> None:
 def crossover(
     model: ModelArg,
     dtype: DtypesOpt = None,
-    tp: TpOpt = 1,
+    tp: TpOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="add roofline step times on this GPU")] = None,
     context: Annotated[Optional[List[str]], typer.Option(
@@ -265,7 +267,7 @@ def capacity(
     model: Annotated[Optional[str], typer.Argument(help="catalog name, YAML or config.json path; omit to list every "
                                                    "catalog model")] = None,
     gpu: GpuOpt = None,
-    tp: TpOpt = 1,
+    tp: TpOpt = None,
     gpu_memory_utilization: UtilOpt = None,
     max_model_len: MaxModelLenOpt = None,
     dtype: DtypesOpt = None,
@@ -283,8 +285,8 @@ def capacity(
     max_num_batched_tokens: BatchedOpt = None,
     engine: EngineOpt = None,
     engine_version: EngineVersionOpt = None,
-    pp: PpOpt = 1,
-    dcp: DcpOpt = 1,
+    pp: PpOpt = None,
+    dcp: DcpOpt = None,
     num_gpu_blocks_override: OverrideOpt = None,
     profile: ProfileOpt = None,
     mem_fraction_static: MemFractionOpt = None,
@@ -359,7 +361,7 @@ def _capacity_listing(args, fmts, as_json: bool) -> None:
     data = [{"model_key": k, **(r.to_dict() if not isinstance(r, str) else {"fits": False, "problem": r})}
             for k, r in rows]
     gpu = first.gpu if first else None
-    _show(as_json, data, "capacity_listing", rows, gpu, args.tp, fmts[0].name, args.max_model_len)
+    _show(as_json, data, "capacity_listing", rows, gpu, args.tp or 1, fmts[0].name, args.max_model_len)
 
 
 def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
@@ -381,7 +383,7 @@ def plot_crossover(
     model: ModelArg,
     dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
                                                        help=DTYPE_HELP + " (default: auto and fp8)")] = None,
-    tp: TpOpt = 1,
+    tp: TpOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     weight_read: WeightReadOpt = "streamed",
     batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="operating point: sequences")] = None,
@@ -408,7 +410,7 @@ def plot_crossover(
         raise KvplanError("an operating point needs --context (and optionally --batch)")
     if ctx is not None and b is None:
         b = 1
-    fig = crossover_figure(m, [d.kv for d in ds], tp=tp, weight_dtype=weight_dtype, weight_read=weight_read,
+    fig = crossover_figure(m, [d.kv for d in ds], tp=ds[0].tp, weight_dtype=weight_dtype, weight_read=weight_read,
                            skip=ds[0].skip, batch=b, context=ctx)  # type: ignore[arg-type]
     _draw(fig, output, as_json)
 
@@ -419,7 +421,7 @@ def plot_capacity(
     gpu: GpuOpt = None,
     dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
                                                        help=DTYPE_HELP + " (default: auto and fp8)")] = None,
-    tp: TpOpt = 1,
+    tp: TpOpt = None,
     gpu_memory_utilization: UtilOpt = None,
     block_size: BlockSizeOpt = None,
     activation_gib: ActivationOpt = None,
@@ -434,8 +436,8 @@ def plot_capacity(
     skip_layers: SkipOpt = None,
     max_num_batched_tokens: BatchedOpt = None,
     engine_version: EngineVersionOpt = None,
-    pp: PpOpt = 1,
-    dcp: DcpOpt = 1,
+    pp: PpOpt = None,
+    dcp: DcpOpt = None,
     num_gpu_blocks_override: OverrideOpt = None,
     profile: ProfileOpt = None,
     calibration: CalibrationOpt = None,
@@ -491,8 +493,8 @@ def sweep(
     skip_layers: SkipOpt = None,
     max_num_batched_tokens: BatchedOpt = None,
     engine_version: EngineVersionOpt = None,
-    pp: PpOpt = 1,
-    dcp: DcpOpt = 1,
+    pp: PpOpt = None,
+    dcp: DcpOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context: one row per combination, with

@@ -55,9 +55,9 @@ class DeploymentArgs:
     kv_cache_dtype: Union[str, KVFormat, None] = None
     kv_cache_dtype_skip_layers: Union[str, int, tuple, list, None] = None
     weight_dtype: Optional[str] = None
-    tp: int = 1
-    pp: int = 1
-    dcp: int = 1
+    tp: Optional[int] = None  # None: the profile's, or 1
+    pp: Optional[int] = None
+    dcp: Optional[int] = None
     max_model_len: Union[int, str, None] = None
     gpu_memory_utilization: Optional[float] = None
     mem_fraction_static: Optional[float] = None
@@ -78,7 +78,7 @@ class DeploymentArgs:
 
     def given(self) -> list[str]:
         """The fields the user set (anything but None and the neutral values)."""
-        neutral = {"tp": 1, "pp": 1, "dcp": 1, "enforce_eager": False}
+        neutral = {"pp": 1, "dcp": 1, "enforce_eager": False}
         return [f.name for f in fields(self) if getattr(self, f.name) is not None
                 and getattr(self, f.name) != neutral.get(f.name, None)]
 
@@ -260,16 +260,24 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         fmt_arg = prof.kv_cache_dtype
     fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
 
-    # parallelism
+    # parallelism and the weights' format: what was said, else what the profile measured
+    layout = {}
     for name in ("tp", "pp", "dcp"):
         v = getattr(args, name)
+        if v is None:
+            v = getattr(prof, name, 1) if prof is not None else 1
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise KvplanError(f"{flag(name)} must be a whole number of at least 1, got {v!r}")
-    check_tp(m, args.tp)
-    if not 1 <= args.pp <= m.num_layers:
-        raise KvplanError(f"--pp must be between 1 and {m.name}'s {m.num_layers} layers, got {args.pp}")
-    if args.dcp > 1:
-        _check_dcp(m, args.tp, args.dcp)
+        layout[name] = v
+    tp, pp, dcp = layout["tp"], layout["pp"], layout["dcp"]
+    weight_dtype = args.weight_dtype
+    if weight_dtype is None and prof is not None:
+        weight_dtype = prof.weight_dtype
+    check_tp(m, tp)
+    if not 1 <= pp <= m.num_layers:
+        raise KvplanError(f"--pp must be between 1 and {m.name}'s {m.num_layers} layers, got {pp}")
+    if dcp > 1:
+        _check_dcp(m, tp, dcp)
 
     # the format on this model and engine
     bits = {"bf16": 16, "fp16": 16, "fp32": 32}[m.dtype]
@@ -361,17 +369,19 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
                          f"are those of an unknown GPU; pass --gpu (a catalog name or a YAML spec)")
     if engine == "vllm" and args.kv_cache_memory_gib is not None and not total:
         source = "not used (--kv-cache-memory)"
-    if needs_memory and not total and args.kv_cache_memory_gib is None and args.num_gpu_blocks_override is None:
+    measured_free = prof is not None and prof.free_before_load_bytes is not None  # SGLang's, from its log
+    if (needs_memory and not total and not measured_free and args.kv_cache_memory_gib is None
+            and args.num_gpu_blocks_override is None):
         raise KvplanError("capacity needs --gpu (or --gpu-memory-gib" + (", or --kv-cache-memory)" if engine == "vllm"
                                                                        else ")"))
 
-    common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=args.weight_dtype, tp=args.tp,
-                  pp=args.pp, dcp=args.dcp, total_bytes=total, memory_source=source, max_model_len=mlen,
+    common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=weight_dtype, tp=tp,
+                  pp=pp, dcp=dcp, total_bytes=total, memory_source=source, max_model_len=mlen,
                   calibration=cal, calibration_source=cal_source, inferred_gpu=inferred)
-    if args.weight_dtype is not None:
+    if weight_dtype is not None:
         from .weights import weight_format
 
-        weight_format(args.weight_dtype)  # an unknown name is refused here, whichever question is asked
+        weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
     if engine == "sglang":
         return _resolve_sglang(args, prof, common, notes)
     return _resolve_vllm(args, prof, common, notes)
@@ -454,15 +464,15 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if f is None and prof is not None:
         f = prof.mem_fraction_static
     if f is None and g is not None:
-        f = default_mem_fraction_static(m, g, args.tp)
+        f = default_mem_fraction_static(m, g, common["tp"])
     free_before = None
     weights = None
     if prof is not None:
         free_before = prof.free_before_load_bytes
-        same = (args.tp, args.weight_dtype) == (prof.tp, prof.weight_dtype)
+        same = (common["tp"], common["weight_dtype"]) == (prof.tp, prof.weight_dtype)
         weights = prof.weights_bytes if same else None
         notes.append(f"free memory before loading measured by {prof.source or 'a startup log'}"
-                     + ("" if same else f"; weights modelled at TP {args.tp} (the profile measured TP {prof.tp})"))
+                     + ("" if same else f"; weights modelled at TP {common['tp']} (the profile measured TP {prof.tp})"))
     if f is None and free_before is None:
         raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
     return Deployment(**common, engine_version=SGLANG_VERSION, mem_fraction_static=f,

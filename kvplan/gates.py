@@ -82,9 +82,9 @@ class Options(_Strict):
     gpu: Optional[str] = None
     engine: Literal["vllm"] = "vllm"
     engine_version: Optional[str] = None
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dcp: int = Field(1, ge=1)
+    tp: Optional[int] = Field(None, ge=1)  # default: the profile's, or 1
+    pp: Optional[int] = Field(None, ge=1)
+    dcp: Optional[int] = Field(None, ge=1)
     num_gpu_blocks_override: Optional[int] = Field(None, ge=1)
     kv_cache_dtype: Optional[str] = None
     dtype: Optional[str] = None

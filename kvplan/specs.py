@@ -86,15 +86,16 @@ class ModelSpec(_Frozen):
     aliases: tuple[str, ...] = ()
     hf_repo: Optional[str] = None
     family: str = "llama"
-    num_layers: int = Field(gt=0)
-    hidden_size: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0, description="dense MLP width")
-    num_heads: int = Field(gt=0)
-    num_kv_heads: int = Field(gt=0)
-    head_dim: Optional[int] = Field(None, gt=0, description="explicit; never derived from hidden_size/num_heads")
-    vocab_size: int = Field(gt=0)
+    # upper bounds far beyond any real model, so that a mistyped figure is refused instead of exhausting memory
+    num_layers: int = Field(gt=0, le=10_000)
+    hidden_size: int = Field(gt=0, le=2**24)
+    intermediate_size: int = Field(gt=0, le=2**26, description="dense MLP width")
+    num_heads: int = Field(gt=0, le=2**16)
+    num_kv_heads: int = Field(gt=0, le=2**16)
+    head_dim: Optional[int] = Field(None, gt=0, le=2**16, description="explicit; never derived from hidden_size/num_heads")
+    vocab_size: int = Field(gt=0, le=2**30)
     tie_word_embeddings: bool
-    max_position_embeddings: int = Field(gt=0)
+    max_position_embeddings: int = Field(gt=0, le=2**40)
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="dtype of unquantized tensors and of 'auto' KV")
     weight_dtype: str = Field("bf16", description="checkpoint format of the quantized tensors (weight catalog name)")
     weight_scope: Literal["linear", "experts"] = Field(
