@@ -289,3 +289,13 @@ def test_multi_dtype_run_with_an_unfit_dtype_exits_2(cli):
     assert r.code == 2
     assert r.err.startswith("kvplan: error: auto does not fit") and r.err.count("\n") == 1
     assert "fp8" in r.out  # the dtypes that fit are still shown
+
+
+def test_profile_supplies_its_layout(cli, vllm_profile, tmp_path):
+    # a profile measured at TP 2: without --tp the deployment is the measured one, weights as measured
+    p = tmp_path / "tp2.yaml"
+    p.write_text(open(vllm_profile).read().replace("tp: 1\n", "tp: 2\n"))
+    d = json.loads(cli("capacity", "--profile", str(p), "--json").out)
+    assert d["tp"] == 2 and d["non_kv"]["weights_measured"] is True
+    d1 = json.loads(cli("capacity", "--profile", str(p), "--tp", "1", "--json").out)
+    assert d1["tp"] == 1 and d1["non_kv"]["weights_measured"] is False
