@@ -292,7 +292,10 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     # numbers
     for name in ("gpu_memory_utilization", "mem_fraction_static"):
         v = getattr(args, name)
-        _positive(name, v)
+        try:
+            _positive(name, v)
+        except KvplanError:
+            raise KvplanError(f"{flag(name)} must be in (0, 1], got {v}") from None
         if v is not None and v > 1:
             raise KvplanError(f"{flag(name)} must be in (0, 1], got {v}")
     for name in ("gpu_memory_gib", "kv_cache_memory_gib"):
@@ -388,8 +391,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
 
 
 def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
-    from .engines import backend_block_size, vllm_rules
-    from .nonkv import serve_defaults
+    from .engines import backend_block_size, serve_defaults, vllm_rules
 
     m, g, fmt = common["model"], common["gpu"], common["kv"]
     version = args.engine_version or (prof.engine_version if prof is not None else None)

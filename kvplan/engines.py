@@ -7,9 +7,12 @@ kv_cache_planning.py, v1/kv_cache_interface.py, platforms/interface.py, config/v
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Optional
 
 from .errors import KvplanError
+
+if TYPE_CHECKING:
+    from .specs import GPUSpec
 
 
 @dataclass(frozen=True)
@@ -113,3 +116,29 @@ def backend_block_size(is_mla: bool, compute_capability: str | None, cache_dtype
     if cc.startswith("10."):
         return 128
     return 16
+
+
+@dataclass(frozen=True)
+class ServeDefaults:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+
+def serve_defaults(total_bytes: int, gpu: Optional[GPUSpec], version: str | VllmRules, max_model_len: int,
+                   entrypoint: str = "serve") -> ServeDefaults:
+    """The batch defaults (engine/arg_utils.get_batch_defaults) of `vllm serve` or of the offline `LLM` class
+    ("llm"), then capped at max_num_seqs x max_model_len."""
+    if entrypoint not in ("serve", "llm"):
+        raise KvplanError(f"--entrypoint '{entrypoint}': choose serve (vllm serve, the API server) or llm (the "
+                          f"offline LLM class)")
+    rules = version if isinstance(version, VllmRules) else vllm_rules(version)
+    gib = total_bytes / 2**30
+    is_a100 = bool(gpu and "A100" in gpu.name.upper())
+    llm = entrypoint == "llm"
+    if gib >= 160:
+        tokens, seqs = (16384 if llm else rules.batched_tokens_160gib), 1024
+    elif gib >= 70 and not is_a100:
+        tokens, seqs = (16384 if llm else 8192), 1024
+    else:
+        tokens, seqs = (8192 if llm else 2048), 256
+    return ServeDefaults(min(tokens, seqs * max_model_len), seqs)

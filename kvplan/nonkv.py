@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .engines import VllmRules, vllm_rules
+from .engines import ServeDefaults, VllmRules, serve_defaults, vllm_rules  # noqa: F401 (re-exported)
 from .errors import KvplanError
 from .specs import GPUSpec, ModelSpec
 from .weights import DTYPE_BYTES, VOCAB_PADDING
@@ -40,33 +40,8 @@ FLASHINFER_ATTENTION_WORKSPACE = 394 * MiB  # VLLM_FLASHINFER_WORKSPACE_BUFFER_S
 _FI_ALLREDUCE_MB = {"sm90": {2: 64, 4: 2, 8: 0.5}, "sm100": {2: 64, 4: 32, 8: 1}, "sm103": {2: 64, 4: 64, 8: 4}}
 
 
-@dataclass(frozen=True)
-class ServeDefaults:
-    max_num_batched_tokens: int
-    max_num_seqs: int
-
-
 def _rules(version: str | VllmRules) -> VllmRules:
     return version if isinstance(version, VllmRules) else vllm_rules(version)
-
-
-def serve_defaults(total_bytes: int, gpu: Optional[GPUSpec], version: str | VllmRules, max_model_len: int,
-                   entrypoint: str = "serve") -> ServeDefaults:
-    """The batch defaults (engine/arg_utils.get_batch_defaults) of `vllm serve` or of the offline `LLM` class
-    ("llm"), then capped at max_num_seqs x max_model_len."""
-    if entrypoint not in ("serve", "llm"):
-        raise KvplanError(f"--entrypoint '{entrypoint}': choose serve (vllm serve, the API server) or llm (the "
-                          f"offline LLM class)")
-    gib = total_bytes / GiB
-    is_a100 = bool(gpu and "A100" in gpu.name.upper())
-    llm = entrypoint == "llm"
-    if gib >= 160:
-        tokens, seqs = (16384 if llm else _rules(version).batched_tokens_160gib), 1024
-    elif gib >= 70 and not is_a100:
-        tokens, seqs = (16384 if llm else 8192), 1024
-    else:
-        tokens, seqs = (8192 if llm else 2048), 256
-    return ServeDefaults(min(tokens, seqs * max_model_len), seqs)
 
 
 @dataclass(frozen=True)
