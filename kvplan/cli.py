@@ -151,7 +151,8 @@ def _sizes(values: Optional[List[str]], option: str) -> list[int]:
                 raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k")
             if x < 1:
                 raise KvplanError(f"{option} must be at least 1, got {part}")
-            out.append(int(x))
+            # whole numbers exactly as typed (a float holds only 53 bits: 2**53 + 1 would become 2**53)
+            out.append(int(digits) * mult if digits.isascii() and digits.isdigit() else int(x))
     return out
 
 
@@ -872,7 +873,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         rv = command.main(args=argv, prog_name="kvplan", standalone_mode=False)
     except KvplanError as e:
-        print(f"kvplan: error: {e}", file=sys.stderr)
+        print(f"kvplan: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return _discard_stdout()
@@ -884,7 +885,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise
     except Exception as e:  # click's usage errors (vendored inside typer) and Ctrl-C
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
-            print(f"kvplan: error: {e.format_message()}", file=sys.stderr)
+            print(f"kvplan: error: {_one_line(e.format_message())}", file=sys.stderr)
             return 2
         if type(e).__name__ == "Abort":
             print("kvplan: interrupted", file=sys.stderr)
@@ -911,6 +912,15 @@ def _command_for(args: List[str]):
                 one.registered_groups = [info]
             return typer.main.get_command(one)
     return typer.main.get_command(app)
+
+
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"  # what str.splitlines() breaks at
+
+
+def _one_line(message: str) -> str:
+    """An error is one line: a line break inside it (from a value the user gave, such as a name in a file) is
+    shown escaped, as \\n."""
+    return "".join(c.encode("unicode_escape").decode() if c in _LINE_BREAKS else c for c in message)
 
 
 def _flags_without_type(command) -> None:

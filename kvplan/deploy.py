@@ -49,8 +49,8 @@ class DeploymentProfile(BaseModel):
     overhead_bytes: Optional[int] = Field(None, description="vLLM: non-KV memory beyond the weights")
     free_before_load_bytes: Optional[int] = Field(None, description="SGLang: free memory before weight loading")
     available_kv_bytes: int
-    max_num_batched_tokens: Optional[int] = None
-    max_num_seqs: Optional[int] = None
+    max_num_batched_tokens: Optional[int] = Field(None, ge=1)  # engine limits: at least one token, one sequence
+    max_num_seqs: Optional[int] = Field(None, ge=1)
     source: str = ""
     source_sha256: str = ""
 
@@ -330,6 +330,9 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
     if "free_before_load_gb" not in meas or "weights_load_avail_gb" not in meas:
         raise KvplanError("the SGLang log lacks the 'Load weight begin. ... avail mem=' and 'Load weight end. ... "
                           "avail mem=' lines; pass the whole startup log")
+    if f is None and g is None:  # SGLang's default fraction depends on the GPU's memory
+        raise KvplanError("the SGLang log states no mem_fraction_static (its server_args line) and no GPU to take "
+                          "SGLang's default from; pass --gpu, or the whole startup log")
     measured = sglang_pool(m, g, dtype, tp=tp, mem_fraction_static=f, context_len=ctx, page_size=page,
                            free_before_load_gib=meas["free_before_load_gb"], weight_gib=meas.get("weights_gb"),
                            avail_after_load_gib=meas["weights_load_avail_gb"])

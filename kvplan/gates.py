@@ -341,12 +341,20 @@ def gate(source: str | Path | dict) -> GateReport:
 
 def compare_baseline(report: GateReport, baseline: dict, max_regression_pct: float) -> list[dict]:
     """Figures that got worse than an earlier `--json` report by more than `max_regression_pct` percent."""
+    from .files import type_name
+
     old = {}
-    for g in baseline.get("gates", []):
+    for i, g in enumerate(baseline.get("gates", [])):
         checks = g.get("checks") if isinstance(g, dict) else None
-        for c in checks if isinstance(checks, list) else []:
+        for j, c in enumerate(checks if isinstance(checks, list) else []):
             if isinstance(c, dict):
-                old[(g.get("name"), c.get("requirement"), c.get("at"))] = c
+                key = (g.get("name"), c.get("requirement"), c.get("at"))
+                for where, value in zip((f"gates.{i}.name", f"gates.{i}.checks.{j}.requirement",
+                                         f"gates.{i}.checks.{j}.at"), key):
+                    if isinstance(value, (list, dict)):  # `kvplan gate --json` writes text (or null) there
+                        raise KvplanError(f"--baseline: field '{where}' is {type_name(value)}, not text; use a "
+                                          "`kvplan gate --json` result as the baseline")
+                old[key] = c
     regressions = []
     for g in report.gates:
         for c in g.checks:

@@ -66,6 +66,10 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     mspecs = _unique_by_name([m if isinstance(m, ModelSpec) else load_model(m) for m in models])
     gspecs = _unique_by_name([g if isinstance(g, GPUSpec) else load_gpu(g) for g in gpus])
     fmts = _unique_by_name([d if isinstance(d, KVFormat) else kv_format(d) for d in dtypes])
+    for name, values in (("max_model_lens", max_model_lens), ("batches", batches), ("contexts", contexts)):
+        too_big = [v for v in values if isinstance(v, (int, float)) and v > _MAX_AXIS]
+        if too_big:  # beyond it, the 64-bit arithmetic of the grid is no longer exact
+            raise KvplanError(f"sweep: {name} must be at most 2**53 ({_MAX_AXIS:,}), got {too_big[0]:,}")
     lens = np.asarray(max_model_lens, dtype=np.int64)
     bs = np.asarray(batches, dtype=np.int64)
     cs = np.asarray(contexts, dtype=np.int64)
@@ -102,9 +106,16 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
         wb = weight_bytes(m, tp, weight_dtype)
         wdtype = weight_dtype or m.weight_dtype
 
-        cap = plan.per_length(lens, np)  # over max_model_len
-        step = step_figures(m, layers, base_layers, wb, grid_b, grid_c, weight_read, tp, g, wdtype, xp=np,
-                            params_read=params_read_per_token(m, tp))
+        try:
+            cap = plan.per_length(lens, np)  # over max_model_len
+            _check_int64(plan.weights, plan.available, plan.num_blocks, cap["blocks_per_request"], cap["kv_tokens"])
+        except OverflowError:
+            skipped.append(f"{m.name} {g.name} tp{tp} {fmt.name}: its pool figures exceed the sweep's 64-bit "
+                           "columns; lower the sizes given (memory, --max-num-batched-tokens, --max-num-seqs)")
+            continue
+        # in floating point, as the scalar path's figures are: batch x context x bytes would overflow 64-bit integers
+        step = step_figures(m, layers, base_layers, wb, grid_b.astype(np.float64), grid_c.astype(np.float64),
+                            weight_read, tp, g, wdtype, xp=np, params_read=params_read_per_token(m, tp))
         nstar_b = {int(b): crossover_at_batch(layers, w, int(b))
                    for b, w in zip(bs, step["weight_bytes"][::cs.size], strict=True)}
         w1 = step_figures(m, layers, base_layers, wb, 1, 1, weight_read, tp, None, wdtype)["weight_bytes"]
@@ -165,6 +176,18 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     df.attrs["skipped"] = skipped
     df.attrs["weight_read"] = weight_read
     return df
+
+
+_MAX_AXIS = 2**53  # max_model_len, batch and context: whole numbers float64 holds exactly
+
+
+def _check_int64(*figures) -> None:
+    """Raise OverflowError for a figure (a number or an array) the sweep's 64-bit integer columns cannot hold."""
+    import numpy as np
+
+    for x in figures:
+        if np.any(np.abs(np.asarray(x, dtype=np.float64)) >= 2.0**63):
+            raise OverflowError(x)
 
 
 def _unique_by_name(items: list) -> list:

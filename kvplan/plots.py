@@ -65,6 +65,7 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
     top = max([s for s in stars if s] + [1e6, (batch or 1) * (context or 1)]) * 4
     xs = _geomspace(256, top, points)
     series: list[Series] = []
+    firsts = []  # each series' first format and its layers (a label may list several, and a name hold commas)
     for (f, layers), nstar in zip(all_layers, stars, strict=True):
         ys = [kv_read_bytes(layers, 1, x) for x in xs]
         same = next((s for s in series if s.y == ys), None)
@@ -73,6 +74,7 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
             continue
         mark = (nstar, w1) if nstar else None
         series.append(Series(f.name, xs, ys, mark, f"N* {nstar:,.0f}" if nstar else "no N* at batch 1"))
+        firsts.append((f.name, layers))
     fig = Figure(
         title=f"{model.name}, TP {tp}: bytes one decode step reads per rank",
         xlabel="cached tokens of one sequence (batch 1)", ylabel="bytes per step",
@@ -82,9 +84,8 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
     if batch and context:
         wb_b = weight_read_bytes(model, wb, batch, weight_read)
         fig.vline = (f"operating point: {batch} x {context:,} = {batch * context:,} tokens", batch * context)
-        for s in series:
-            layers = dict((f.name, lay) for f, lay in all_layers)[s.label.split(",")[0]]
-            fig.points.append((f"{s.label.split(',')[0]}: {kv_read_bytes(layers, batch, context) / 1e9:.3g} GB",
+        for name, layers in firsts:
+            fig.points.append((f"{name}: {kv_read_bytes(layers, batch, context) / 1e9:.3g} GB",
                                batch * context, kv_read_bytes(layers, batch, context)))
         if model.moe and wb_b != w1:
             fig.notes.append(f"at batch {batch} the weight read grows to {wb_b / 1e9:.3g} GB (more experts touched)")

@@ -476,6 +476,11 @@ def sglang_table(results, model, gpu) -> None:
         t.add_row(_dname(r.dtype, model), num(r.cell_bytes), f"{r.max_total_num_tokens:,}",
                   f"{r.max_total_num_tokens / r.context_len:.2f}", f"{r.max_running_requests:,}")
     print_table(con, t)
+    for note in dict.fromkeys(n for r in results for n in r.notes):
+        con.print(f"note: {note}")
+    for r in results:
+        if not r.fits:
+            con.print(f"[yellow]{r.dtype}: {r.problem}[/yellow]")
     con.print("SGLang would log (per dtype):")
     for r in results:
         con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), soft_wrap=True)

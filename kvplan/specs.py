@@ -35,6 +35,8 @@ class AttentionLayout(_Frozen):
 
     @model_validator(mode="after")
     def _sizes_present(self) -> "AttentionLayout":
+        if not self.pattern:  # every layer takes its kind from the pattern
+            raise ValueError("the pattern is empty; give at least one layer kind: full, sliding or chunked")
         if "sliding" in self.pattern and self.sliding_window is None:
             raise ValueError("a 'sliding' layer needs sliding_window")
         if "chunked" in self.pattern and self.chunk_size is None:
