@@ -156,6 +156,16 @@ def _sizes(values: Optional[List[str]], option: str) -> list[int]:
     return out
 
 
+def _one_size(value: str, option: str) -> int:
+    """One token count or batch size (an operating point): 8192 or 8k, not a list."""
+    from .errors import KvplanError
+
+    sizes = _sizes([value], option)
+    if len(sizes) != 1:
+        raise KvplanError(f"{option} '{value}': give one whole number, such as 8192 or 8k")
+    return sizes[0]
+
+
 def _model_len(value: Optional[str]) -> Optional[int | str]:
     """--max-model-len: a token count (32768, 32k), or auto / -1 for the longest that fits."""
     from .errors import KvplanError
@@ -405,8 +415,8 @@ def plot_crossover(
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
                                       kv_cache_dtype_skip_layers=skip_layers),
                      _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]))
-    ctx = _sizes([context], "--context")[0] if context else None
-    b = _sizes([batch], "--batch")[0] if batch else None
+    ctx = _one_size(context, "--context") if context else None
+    b = _one_size(batch, "--batch") if batch else None
     if ctx is None and b is not None:
         raise KvplanError("an operating point needs --context (and optionally --batch)")
     if ctx is not None and b is None:

@@ -2,7 +2,12 @@
 a gate failed) or 2 (bad input), never with a traceback, and on exit 2 stderr is exactly one line starting
 "kvplan: error: ".
 
-Seeded and bounded (about 2,000 cases in all): set KVPLAN_FUZZ_SEED to explore with another seed.
+Seeded and bounded: about 3,000 cases in all, some 30 s on two cores. The cases: option values drawn from each
+command's real option list (good and bad numbers, token sizes, dtypes, engines, paths), and mutated model specs,
+GPU specs, config.json files, gates files (with --baseline), startup logs, deployment and calibration profiles.
+
+While hunting: KVPLAN_FUZZ_SEED=N another seed, KVPLAN_FUZZ_SCALE=N N times the cases, KVPLAN_FUZZ_NOSHRINK=1 the
+first failure of each test as found (no shrinking), KVPLAN_FUZZ_ERRORS=1 (with -s) every refusal printed to review.
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import io
 import json
 import os
 import re
+import signal
 import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, note, seed, settings
+from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
 
 from kvplan.cli import main
@@ -27,14 +33,18 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 SEED = int(os.environ.get("KVPLAN_FUZZ_SEED", "20260101"))
 MIN_CASES = 2000
+SCALE = int(os.environ.get("KVPLAN_FUZZ_SCALE", "1"))  # more cases per test while hunting
+# KVPLAN_FUZZ_NOSHRINK=1: report the first failing case of each test as found (faster while fixing)
+PHASES = [Phase.explicit, Phase.reuse, Phase.generate] + ([] if os.environ.get("KVPLAN_FUZZ_NOSHRINK") else
+                                                          [Phase.shrink])
 
 
 def fuzz(n: int):
     """Hypothesis settings for one fuzz test: n examples, seeded, no database, no deadline."""
 
     def wrap(f):
-        f = settings(max_examples=n, deadline=None, derandomize=False, database=None, print_blob=False,
-                     suppress_health_check=list(HealthCheck))(f)
+        f = settings(max_examples=n * SCALE, deadline=None, derandomize=False, database=None, print_blob=False,
+                     suppress_health_check=list(HealthCheck), phases=PHASES)(f)
         return seed(SEED)(f)
 
     return wrap
@@ -47,11 +57,25 @@ COUNT = {"cases": 0}
 RAN: set[str] = set()
 
 
+class CaseTimeout(BaseException):
+    """A case ran past CASE_SECONDS: kvplan hangs (or loops over a huge count) on that input."""
+
+
+CASE_SECONDS = 10
+
+
+def _alarm(signum, frame):
+    raise CaseTimeout(f"still running after {CASE_SECONDS} s")
+
+
 def run(argv: list[str]) -> tuple[int, str, str]:
-    """Call kvplan.cli.main in-process; fail the case on an escaped exception or a Python warning."""
+    """Call kvplan.cli.main in-process; fail the case on an escaped exception, a hang or a Python warning."""
     argv = [str(a) for a in argv]
-    COUNT["cases"] += 1
     out, err = io.StringIO(), io.StringIO()
+    timed = hasattr(signal, "setitimer")  # not on Windows
+    if timed:
+        previous = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, CASE_SECONDS)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -61,6 +85,10 @@ def run(argv: list[str]) -> tuple[int, str, str]:
             raise
         except BaseException as e:  # noqa: BLE001 - anything escaping main() is the bug we look for
             raise AssertionError(f"kvplan {' '.join(argv)}: {type(e).__name__} escaped main(): {e}") from e
+        finally:
+            if timed:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
     shown = [w for w in caught if not issubclass(w.category, (DeprecationWarning, PendingDeprecationWarning))]
     assert not shown, f"kvplan {' '.join(argv)}: a Python warning reached stderr: {shown[0].message}"
     return code, out.getvalue(), err.getvalue()
@@ -68,16 +96,31 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 def check(argv: list[str]) -> int:
     note(f"argv: {[str(a) for a in argv]!r}")
+    COUNT["cases"] += 1
     code, out, err = run(argv)
     note(f"exit {code}; stderr: {err!r}")
+    key = f"{argv[0]} exit {code}"
+    COUNT[key] = COUNT.get(key, 0) + 1
+    if code == 2 and os.environ.get("KVPLAN_FUZZ_ERRORS"):  # print every refusal, to review them
+        print(f"{' '.join(map(str, argv))}\n    {err.strip()}")
     assert "Traceback" not in err, f"kvplan {' '.join(map(str, argv))}: traceback on stderr:\n{err}"
     allowed = {0, 1, 2} if str(argv[0]) == "gate" else {0, 2}
     assert code in allowed, f"kvplan {' '.join(map(str, argv))}: exit {code}; stderr: {err!r}"
     if code == 2:
-        lines = err.rstrip("\n").split("\n")
+        lines = err.rstrip("\n").splitlines()  # \r, \x0b, \u2028 ... break a line in a terminal too
         assert len(lines) == 1 and lines[0].startswith("kvplan: error: "), (
             f"kvplan {' '.join(map(str, argv))}: exit 2 must say one 'kvplan: error: ' line; stderr: {err!r}")
+    words = [str(a) for a in argv]
+    if code in (0, 1) and "--json" in words and not {"--output", "-o"} & set(words):
+        try:  # machine-readable: strict JSON, no NaN or Infinity
+            json.loads(out, parse_constant=_no_constant)
+        except ValueError as e:
+            raise AssertionError(f"kvplan {' '.join(words)}: --json printed no valid JSON ({e}): {out[:300]!r}")
     return code
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def ran(name: str) -> None:
@@ -88,7 +131,10 @@ def ran(name: str) -> None:
 # The environment: a temporary working folder, cache and the valid files the mutations start from
 
 
-@pytest.fixture(scope="module")
+ENV: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
 def env(tmp_path_factory):
     work = tmp_path_factory.mktemp("fuzz")
     with pytest.MonkeyPatch.context() as mp:
@@ -109,6 +155,17 @@ def env(tmp_path_factory):
         assert run(["crossover", "llama3-8b", "--gpu", "h100", "--calibration", calibration])[0] == 0
         code, baseline, err = run(["gate", ROOT / "examples" / "gates.yaml", "--json"])
         assert code == 0, err
+        gpu_specs = {}
+        for name in ("h100", "b200", "a100-sxm-80gb"):
+            code, out, err = run(["gpus", "show", name, "--json"])
+            assert code == 0, err
+            spec = json.loads(out)
+            for k in ("memory_total_gib", "memory_source"):
+                spec.pop(k, None)
+            gpu_specs[name] = spec
+            path = files / f"gpu-{name}.yaml"
+            path.write_text(yaml.safe_dump(spec, sort_keys=False))
+            assert run(["capacity", "llama3-8b", "--gpu", path])[0] == 0, name
         specs = {}
         for name in MODELS:
             code, out, err = run(["models", "show", name, "--json"])
@@ -120,7 +177,7 @@ def env(tmp_path_factory):
             path = files / f"{name}.yaml"
             path.write_text(yaml.safe_dump(spec, sort_keys=False))
             assert run(["crossover", path])[0] == 0, name
-        yield {
+        ENV.update({
             "work": work,
             "files": files,
             "profile": profile,
@@ -128,11 +185,15 @@ def env(tmp_path_factory):
             "calibration": calibration,
             "baseline": json.loads(baseline),
             "specs": specs,
+            "gpu_specs": gpu_specs,
             "gates": yaml.safe_load((ROOT / "examples" / "gates.yaml").read_text()),
             "configs": {p.name: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.config.json"))},
             "logs": {p.name: p.read_bytes() for p in sorted((FIXTURES / "logs").glob("*.log"))},
             "n": [0],
-        }
+        })
+        _regression_files(files, ENV)
+        yield ENV
+        ENV.clear()
 
 
 def fresh(env, suffix: str) -> Path:
@@ -152,7 +213,9 @@ TOKENS = ["8k", "1.5", "1.5k", "abc", ""]
 DTYPES = ["auto", "fp8", "nvfp4", "turboquant_4bit_nc", "fp8_ds_mla", "bfloat16", "all", "custom:bits=4,group=32",
           "garbage"]
 ENGINES = ["vllm", "sglang", "foo"]
-GENERAL = INTS + FLOATS + TOKENS + DTYPES + ENGINES
+GENERAL = INTS + FLOATS + TOKENS + DTYPES + ENGINES + ["a\nb", "h100\r", " "]
+PLAUSIBLE = {"integer": ["1", "2", "4", "8", "16", "32", "64", "128", "256", "1024", "3", "0", "-1", "99999999999"],
+             "float": ["0.5", "0.8", "0.9", "0.95", "1", "1.0", "2", "4", "16", "80", "0", "1e-9", "nan", "-1"]}
 SPECIFIC = {
     "--gpu": GPUS, "-g": GPUS, "--model": MODELS + ["nope"], "-m": MODELS, "--validate": MODELS,
     "--kv-cache-dtype": DTYPES, "--baseline": DTYPES, "--engine": ENGINES,
@@ -162,12 +225,26 @@ SPECIFIC = {
     "--engine-version": ["0.19", "0.20", "0.25", "0.28", "0.30", "0.33", "0.5", "1", "abc", "0.1"],
     "--format": ["csv", "json", "markdown", "parquet", "x"], "--columns": ["model,gpu", "nope", ",", "model"],
     "--max-model-len": ["auto", "-1", "32k", "4096", "1m", "2,4"], "--context": ["2048", "128k", "1,2", "1m"],
-    "--batch": ["1", "32", "1,8"], "--device": ["cpu", "cuda", "x"],
+    "--batch": ["1", "32", "1,8"], "--device": ["cpu", "cuda", "x"], "--tp": ["1", "2", "4", "8", "1,2", "3"],
+    "--block-size": ["16", "32", "64", "128", "256", "17", "8"],
 }
+for short, long in (("-d", "--kv-cache-dtype"), ("--dtype", "--kv-cache-dtype"), ("-c", "--context"),
+                    ("-b", "--batch")):
+    SPECIFIC[short] = SPECIFIC[long]
 
 
-def _options(path: tuple[str, ...]) -> list[tuple[str, bool]]:
-    """(option name, is a flag) for every option of the command at `path`, from typer's own declaration."""
+def _kind(param) -> str:
+    """'integer', 'float' or 'text': what the option's value parses as."""
+    name = getattr(getattr(param, "type", None), "name", None)  # click's own types
+    if name:
+        return name
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)  # typer's vendored click
+    return {int: "integer", float: "float"}.get(annotation, "text")
+
+
+def _options(path: tuple[str, ...]) -> list[tuple[str, bool, str]]:
+    """(option name, is a flag, value type) for every option of the command at `path`, from typer's own
+    declaration."""
     import typer
 
     from kvplan.cli import app
@@ -180,7 +257,7 @@ def _options(path: tuple[str, ...]) -> list[tuple[str, bool]]:
         if param.param_type_name != "option":
             continue
         for name in (*param.opts, *param.secondary_opts):
-            out.append((name, bool(getattr(param, "is_flag", False))))
+            out.append((name, bool(getattr(param, "is_flag", False)), _kind(param)))
     assert out, path
     return out
 
@@ -195,34 +272,39 @@ FILE_OPTIONS = {"--profile", "--calibration", "--output", "-o"}
 def option_values(draw, path: tuple[str, ...], head: list[str], env, most: int = 4) -> list[str]:
     argv = list(path) + head
     for _ in range(draw(st.integers(0, most))):
-        name, flag = draw(st.sampled_from(OPTIONS[path]))
+        name, flag, kind = draw(st.sampled_from(OPTIONS[path]))
         argv.append(name)
         if flag:
             continue
-        choices = GENERAL + SPECIFIC.get(name, []) * 3
+        # mostly a value of the option's own kind, so that a case gets past the parsing
+        plausible = SPECIFIC.get(name) or PLAUSIBLE.get(kind) or GENERAL
         if name in FILE_OPTIONS:
             files, work = env["files"], env["work"]
-            choices = choices + [str(env["profile"]), str(env["calibration"]), str(files / "missing.yaml"),
-                                 str(files / "adir.yaml"), str(work / "out.svg"), str(work / "out.csv"),
-                                 str(work / "out.json"), str(work / "out.md"), str(work / "no" / "out.csv"),
-                                 str(FIXTURES / "logs" / "sglang-0.5-llama31-8b-h100.log"), "out.txt"]
+            plausible = [str(env["profile"]), str(env["calibration"]), str(files / "missing.yaml"),
+                         str(files / "adir.yaml"), str(work / "out.svg"), str(work / "out.csv"), str(work / "out.json"),
+                         str(work / "out.md"), str(work / "no" / "out.csv"), str(files / "gpu-h100.yaml"),
+                         str(FIXTURES / "logs" / "sglang-0.5-llama31-8b-h100.log"), "out.txt"]
+        choices = GENERAL + plausible * max(1, 3 * len(GENERAL) // len(plausible))
         argv.append(draw(st.sampled_from(choices)))
     return argv
 
 
-@fuzz(260)
+@fuzz(360)
 @given(data=st.data())
-def test_capacity_options(env, data):
+def test_capacity_options(data):
+    env = ENV
     ran("capacity")
-    head = [data.draw(st.sampled_from(MODELS)), "--engine", data.draw(st.sampled_from(["vllm", "sglang"]))]
+    model = data.draw(st.sampled_from(MODELS * 6 + [None]))  # None: the catalog listing, one row per model
+    head = ([model] if model else []) + ["--engine", data.draw(st.sampled_from(["vllm", "sglang"]))]
     gpu = data.draw(st.sampled_from(GPUS + ["h100", "h100", None]))
     head += ["--gpu", gpu] if gpu else []
     check(data.draw(option_values(("capacity",), head, env)))
 
 
-@fuzz(180)
+@fuzz(260)
 @given(data=st.data())
-def test_crossover_options(env, data):
+def test_crossover_options(data):
+    env = ENV
     ran("crossover")
     head = [data.draw(st.sampled_from(MODELS))]
     gpu = data.draw(st.sampled_from(GPUS + [None, None]))
@@ -230,18 +312,20 @@ def test_crossover_options(env, data):
     check(data.draw(option_values(("crossover",), head, env)))
 
 
-@fuzz(100)
+@fuzz(140)
 @given(data=st.data())
-def test_sweep_options(env, data):
+def test_sweep_options(data):
+    env = ENV
     ran("sweep")
     head = ["-m", data.draw(st.sampled_from(MODELS + ["llama3-8b,gemma-3-27b"])),
             "-g", data.draw(st.sampled_from(GPUS + ["h100,a100"]))]
     check(data.draw(option_values(("sweep",), head, env, most=3)))
 
 
-@fuzz(140)
+@fuzz(200)
 @given(data=st.data())
-def test_plot_capacity_options(env, data):
+def test_plot_capacity_options(data):
+    env = ENV
     ran("plot capacity")
     head = [data.draw(st.sampled_from(MODELS))]
     gpu = data.draw(st.sampled_from(GPUS + ["h100", None]))
@@ -249,38 +333,43 @@ def test_plot_capacity_options(env, data):
     check(data.draw(option_values(("plot", "capacity"), head, env)))
 
 
-@fuzz(130)
+@fuzz(180)
 @given(data=st.data())
-def test_plot_crossover_options(env, data):
+def test_plot_crossover_options(data):
+    env = ENV
     ran("plot crossover")
     check(data.draw(option_values(("plot", "crossover"), [data.draw(st.sampled_from(MODELS))], env)))
 
 
-@fuzz(60)
+@fuzz(80)
 @given(data=st.data())
-def test_formats_options(env, data):
+def test_formats_options(data):
+    env = ENV
     ran("formats")
     check(data.draw(option_values(("formats",), [], env)))
 
 
-@fuzz(80)
+@fuzz(100)
 @given(data=st.data())
-def test_measure_dry_run_options(env, data):
+def test_measure_dry_run_options(data):
+    env = ENV
     ran("measure")
     check(data.draw(option_values(("measure",), ["--dry-run"], env)))
 
 
-@fuzz(60)
+@fuzz(80)
 @given(data=st.data())
-def test_models_show_options(env, data):
+def test_models_show_options(data):
+    env = ENV
     ran("models show")
     name = data.draw(st.sampled_from(MODELS + ["llama", "", "nope", "x.yaml", "./", str(env["profile"])]))
     check(data.draw(option_values(("models", "show"), [name], env)))
 
 
-@fuzz(60)
+@fuzz(80)
 @given(data=st.data())
-def test_gpus_show_options(env, data):
+def test_gpus_show_options(data):
+    env = ENV
     ran("gpus show")
     name = data.draw(st.sampled_from(GPUS + ["a100-sxm-80gb", "", "h", "x.yaml", str(env["calibration"])]))
     check(data.draw(option_values(("gpus", "show"), [name], env)))
@@ -314,19 +403,28 @@ def _get(obj, path):
 
 @st.composite
 def odd_value(draw):
-    return draw(st.one_of(st.sampled_from(ODD), st.integers(-(2**70), 2**70), st.text(max_size=6),
-                          st.floats(allow_nan=True, allow_infinity=True)))
+    return copy.deepcopy(draw(st.one_of(st.sampled_from(ODD), st.integers(-(2**70), 2**70), st.text(max_size=6),
+                                        st.floats(allow_nan=True, allow_infinity=True))))
 
 
 @st.composite
-def mutated(draw, base, extra_keys=(), most: int = 3):
-    """`base` with 0..most random edits: a value replaced (at any depth), a key or item dropped, a key added,
-    a value wrapped in a list or a mapping."""
+def mutated(draw, base, extra_keys=(), most: int = 3, ops=None):
+    """`base` with 0..most random edits: a number scaled (the document stays well-formed, the figures change), a
+    value replaced (at any depth), a key or item dropped, a key added, a value wrapped in a list or a mapping."""
     doc = copy.deepcopy(base)
     for _ in range(draw(st.integers(0, most))):
         paths = list(_paths(doc))
+        op = draw(st.sampled_from(ops or ["scale", "scale", "scale", "set", "set", "set", "drop", "add", "wrap"]))
+        numbers = [p for p in paths if p and _is_number(_get(doc, p))]
+        if op == "scale" and numbers:
+            path = draw(st.sampled_from(numbers))
+            parent = _get(doc, path[:-1])
+            parent[path[-1]] = _scaled(parent[path[-1]], draw(st.sampled_from(FACTORS)))
+            continue
+        if op == "scale" and ops:
+            continue
         path = draw(st.sampled_from(paths))
-        op = draw(st.sampled_from(["set", "set", "set", "drop", "add", "wrap"]))
+        op = "set" if op == "scale" else op
         if not path:
             if op in ("set", "wrap"):
                 doc = draw(odd_value()) if op == "set" else [doc]
@@ -347,6 +445,18 @@ def mutated(draw, base, extra_keys=(), most: int = 3):
         else:
             parent[path[-1]] = draw(odd_value())
     return doc
+
+
+FACTORS = [0, 0.5, 2, 3, 10, 1000, 1e6, 1e12, -1, 1.5, 0.001]
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _scaled(v, factor):
+    x = v * factor
+    return int(x) if isinstance(v, int) and x == x and abs(x) != float("inf") else x
 
 
 def encode(doc, kind: str) -> bytes:
@@ -379,7 +489,7 @@ def corrupted(draw, data: bytes) -> bytes:
 def write_case(env, data, doc, kind: str, suffix: str) -> Path:
     """Write a mutated document (or, now and then, make a directory of that name) and return its path."""
     path = fresh(env, suffix)
-    if data.draw(st.integers(0, 40)) == 0:
+    if data.draw(st.sampled_from(range(40))) == 7:  # now and then (integers() favour 0)
         path.mkdir()
         return path
     path.write_bytes(data.draw(corrupted(encode(doc, kind))))
@@ -390,16 +500,41 @@ def write_case(env, data, doc, kind: str, suffix: str) -> Path:
 # 2. Model specs (YAML)
 
 
-@fuzz(220)
+@fuzz(300)
 @given(data=st.data())
-def test_model_spec_files(env, data):
+def test_model_spec_files(data):
+    env = ENV
     ran("model specs")
     base = env["specs"][data.draw(st.sampled_from(MODELS))]
+    if data.draw(st.booleans()):  # an odd but well-formed architecture, planned with options drawn as in 1.
+        path = fresh(env, ".yaml")
+        path.write_bytes(encode(data.draw(mutated(base, most=4, ops=["scale"])), "yaml"))
+        which = data.draw(st.sampled_from([("capacity",), ("crossover",), ("plot", "capacity"), ("plot", "crossover")]))
+        head = [path] + (["--gpu", data.draw(st.sampled_from(["h100", "b200"]))] if "capacity" in which else [])
+        check(data.draw(option_values(which, head, env, most=2)))
+        return
     doc = data.draw(mutated(base, extra_keys=list(base)))
     path = write_case(env, data, doc, "yaml", data.draw(st.sampled_from([".yaml", ".yml"])))
     command = data.draw(st.sampled_from([["crossover", path], ["capacity", path, "--gpu", "h100"],
                                          ["capacity", path, "--gpu", "h100", "--engine", "sglang"],
                                          ["models", "show", path, "--json"], ["crossover", path, "--gpu", "b200"]]))
+    check(command)
+
+
+@fuzz(160)
+@given(data=st.data())
+def test_gpu_spec_files(data):
+    ran("gpu specs")
+    env = ENV
+    base = env["gpu_specs"][data.draw(st.sampled_from(sorted(env["gpu_specs"])))]
+    doc = data.draw(mutated(base, extra_keys=list(base)))
+    path = write_case(env, data, doc, "yaml", ".yaml")
+    model = data.draw(st.sampled_from(MODELS))
+    command = data.draw(st.sampled_from([["gpus", "show", path], ["capacity", model, "--gpu", path],
+                                         ["capacity", model, "--gpu", path, "--engine", "sglang"],
+                                         ["crossover", model, "--gpu", path, "--json"],
+                                         ["measure", "--dry-run", "--gpu", path],
+                                         ["plot", "capacity", model, "--gpu", path]]))
     check(command)
 
 
@@ -445,9 +580,10 @@ def hf_config(draw, env):
     return draw(mutated(doc, extra_keys=list(LLAMA_CONFIG) + list(CONFIG_EXTRAS), most=2))
 
 
-@fuzz(220)
+@fuzz(300)
 @given(data=st.data())
-def test_hf_config_files(env, data):
+def test_hf_config_files(data):
+    env = ENV
     ran("config.json")
     doc = data.draw(hf_config(env))
     path = write_case(env, data, doc, "json", "-config.json")
@@ -471,6 +607,22 @@ def gates_doc(draw, env):
     if draw(st.booleans()):  # one gate only: cheaper, and mutations reach it more often
         base["gates"] = base["gates"][:1]
     doc = draw(mutated(base, extra_keys=GATE_EXTRAS))
+    if draw(st.booleans()):  # well-formed, other thresholds and settings: passes and failures
+        doc = draw(mutated(base, most=4, ops=["scale"]))
+        gate = doc["gates"][0]
+        extra = draw(st.sampled_from([None, "profile", "calibration", "model", "gpu", "engine"]))
+        if extra == "profile":  # the files a gate may name
+            gate["profile"] = str(env["profile"])
+            gate["model"] = "llama-3.1-8b"
+        elif extra == "calibration":
+            gate["calibration"] = str(env["calibration"])
+        elif extra == "model":
+            gate["model"] = str(env["files"] / f"{draw(st.sampled_from(MODELS))}.yaml")
+        elif extra == "gpu":
+            gate["gpu"] = str(env["files"] / "gpu-b200.yaml")
+        elif extra == "engine":
+            gate["engine"] = "sglang"
+        return doc
     special = draw(st.sampled_from([None] * 6 + ["gates5", "nondicts", "norequire", "huge", "nogates"]))
     if isinstance(doc, dict):
         if special == "gates5":
@@ -488,9 +640,10 @@ def gates_doc(draw, env):
     return doc
 
 
-@fuzz(180)
+@fuzz(260)
 @given(data=st.data())
-def test_gate_files(env, data):
+def test_gate_files(data):
+    env = ENV
     ran("gate")
     path = write_case(env, data, data.draw(gates_doc(env)), "yaml", ".yaml")
     argv = ["gate", path]
@@ -538,7 +691,12 @@ def mutated_log(draw, env):
             found = list(NUMBER.finditer(lines[i]))
             if found:
                 m = draw(st.sampled_from(found))
-                lines[i] = lines[i][: m.start()] + draw(st.sampled_from(NUMBERS)) + lines[i][m.end():]
+                new = draw(st.sampled_from(NUMBERS + [b"scale"] * 6))
+                if new == b"scale":  # the same kind of number, another size
+                    x = _scaled(float(m.group()) if b"." in m.group() else int(m.group()),
+                                draw(st.sampled_from(FACTORS)))
+                    new = str(round(x, 2) if isinstance(x, float) else x).encode()
+                lines[i] = lines[i][: m.start()] + new + lines[i][m.end():]
         else:
             at = draw(st.integers(0, len(lines[i])))
             lines[i] = lines[i][:at] + b"\xff\xfe" + lines[i][at:]
@@ -548,9 +706,10 @@ def mutated_log(draw, env):
     return out
 
 
-@fuzz(200)
+@fuzz(280)
 @given(data=st.data())
-def test_startup_logs(env, data):
+def test_startup_logs(data):
+    env = ENV
     ran("log")
     path = fresh(env, ".log")
     path.write_bytes(data.draw(mutated_log(env)))
@@ -576,7 +735,8 @@ VALID_CALIBRATION = {
     "quick": True,
     "peak_bandwidth_bytes_per_s": 3.35e12,
     "families": {
-        name: {"t0_s": 5e-6, "eta": eta, "points": [[8388608, 4e-6, 3.9e-6, 4.2e-6], [67108864, 2.6e-5, 2.5e-5, 2.7e-5]]}
+        name: {"t0_s": 5e-6, "eta": eta,
+               "points": [[8388608, 4e-6, 3.9e-6, 4.2e-6], [67108864, 2.6e-5, 2.5e-5, 2.7e-5]]}
         for name, eta in (("stream_read", 0.9), ("gemv_bf16", 0.8), ("gemv_fp8", 0.75), ("decode_bfloat16", 0.7),
                           ("decode_fp8_e4m3", 0.65), ("decode_nvfp4", 0.5))
     },
@@ -586,9 +746,10 @@ PROFILE_EXTRAS = ["schema", "engine", "engine_version", "model", "gpu", "tp", "p
                   "available_kv_bytes", "max_num_batched_tokens", "max_num_seqs", "block_size"]
 
 
-@fuzz(130)
+@fuzz(180)
 @given(data=st.data())
-def test_deployment_profiles(env, data):
+def test_deployment_profiles(data):
+    env = ENV
     ran("deployment profile")
     doc = data.draw(mutated(env["profile_data"], extra_keys=PROFILE_EXTRAS))
     path = write_case(env, data, doc, "yaml", ".yaml")
@@ -599,9 +760,10 @@ def test_deployment_profiles(env, data):
     check(argv)
 
 
-@fuzz(130)
+@fuzz(180)
 @given(data=st.data())
-def test_calibration_profiles(env, data):
+def test_calibration_profiles(data):
+    env = ENV
     ran("calibration profile")
     doc = data.draw(mutated(VALID_CALIBRATION, extra_keys=PROFILE_EXTRAS + ["points", "t0_s", "eta", "name"]))
     path = write_case(env, data, doc, "yaml", ".yaml")
@@ -616,26 +778,116 @@ def test_calibration_profiles(env, data):
 # ----------------------------------------------------------------------------------------------------------------
 # Regressions: inputs the fuzzing above once turned into a traceback or a malformed error
 
-REGRESSIONS: list[list[str]] = []
+HUGE = "123456789012345678901234567890"
 
 
-@pytest.mark.parametrize("argv", REGRESSIONS)
-def test_regressions_exit_2_with_one_line(env, argv):
-    code, out, err = run([a.format(files=env["files"]) for a in argv])
+def _regression_files(files: Path, env: dict) -> None:
+    """The minimised inputs of the regressions below, as files."""
+    sglang = (FIXTURES / "logs" / "sglang-0.5-llama31-8b-h100.log").read_text().splitlines(keepends=True)
+    (files / "sglang-no-server-args.log").write_text("".join(sglang[1:]))  # no mem_fraction_static, no GPU
+    for name, key, value in (("profile-negative-seqs.yaml", "max_num_seqs", -3.414938507137853e16),
+                             ("profile-zero-seqs.yaml", "max_num_seqs", 0.0),
+                             ("profile-engine-version-newline.yaml", "engine_version", "a\nb"),
+                             ("profile-gpu-newline.yaml", "gpu", "a\nb")):
+        (files / name).write_text(yaml.safe_dump({**env["profile_data"], key: value}, sort_keys=False))
+    spec = copy.deepcopy(env["specs"]["llama3-8b"])
+    spec["attention"]["pattern"] = []
+    (files / "spec-empty-pattern.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    for name, where, value in (("baseline-at-mapping.json", ("checks", 0, "at"), {"x": 1}),
+                               ("baseline-at-list.json", ("checks", 0, "at"), [1]),
+                               ("baseline-name-list.json", ("name",), ["a"])):
+        doc = copy.deepcopy(env["baseline"])
+        _get(doc["gates"][0], where[:-1])[where[-1]] = value
+        (files / name).write_text(json.dumps(doc))
+
+
+# Each once escaped main() as a traceback, or said its error on more than one line.
+REGRESSIONS: list[list[str]] = [
+    # sweep: numbers beyond 64-bit integers (OverflowError)
+    ["sweep", "-m", "gemma-3-27b", "-g", "h100", "--max-num-batched-tokens", HUGE],
+    ["sweep", "-m", "gemma-3-27b", "-g", "h100", "--max-num-batched-tokens", "9000000000000000000"],
+    ["sweep", "-m", "llama3-8b", "-g", "h100", "--max-num-seqs", HUGE],
+    ["sweep", "-m", "llama3-8b", "-g", "h100", "--max-model-len", HUGE],
+    ["sweep", "-m", "llama3-8b", "-g", "h100", "--batch", HUGE],
+    ["sweep", "-m", "llama3-8b", "-g", "h100", "--context", HUGE],
+    ["sweep", "-m", "llama3-8b", "-g", "h100", "--batch", "9000000000000000000"],
+    ["sweep", "-m", "llama3-8b", "-g", "h100", "--gpu-memory-gib", "1e30"],
+    ["sweep", "-m", "llama3-8b", "-g", "h100", "--activation-gib", "1e30"],
+    # an SGLang log without its server_args line (no mem_fraction_static) and no GPU (AttributeError)
+    ["log", "{files}/sglang-no-server-args.log", "--model", "llama3-8b"],
+    ["log", "{files}/sglang-no-server-args.log", "--model", "llama3-8b", "--json"],
+    # a profile's engine limits below one (ValueError: max() arg is an empty sequence)
+    ["capacity", "llama-3.1-8b", "--profile", "{files}/profile-negative-seqs.yaml"],
+    ["plot", "capacity", "llama-3.1-8b", "--profile", "{files}/profile-negative-seqs.yaml"],
+    ["capacity", "--profile", "{files}/profile-zero-seqs.yaml"],
+    # a line break in a value quoted by the error (two lines on stderr)
+    ["plot", "capacity", "llama-3.1-8b", "--profile", "{files}/profile-engine-version-newline.yaml"],
+    ["plot", "capacity", "llama-3.1-8b", "--profile", "{files}/profile-gpu-newline.yaml"],
+    ["capacity", "llama3-8b", "--gpu", "h100", "--engine-version", "0.3\n3"],
+    ["capacity", "llama3-8b", "--gpu", "h100", "--engine-version", "0.3\u20283"],
+    ["crossover", "lla\rma"],
+    ["crossover", "llama3-8b", "--gpu", "a\x0bb"],
+    # a model spec whose attention pattern is empty (ZeroDivisionError)
+    ["crossover", "{files}/spec-empty-pattern.yaml", "--gpu", "b200"],
+    ["capacity", "{files}/spec-empty-pattern.yaml", "--gpu", "h100"],
+    # a --baseline whose name, requirement or operating point is not text (TypeError: unhashable type)
+    ["gate", str(ROOT / "examples" / "gates.yaml"), "--baseline", "{files}/baseline-at-mapping.json"],
+    ["gate", str(ROOT / "examples" / "gates.yaml"), "--baseline", "{files}/baseline-at-list.json", "--json"],
+    ["gate", str(ROOT / "examples" / "gates.yaml"), "--baseline", "{files}/baseline-name-list.json"],
+    # plot crossover: an operating point that is no number (IndexError), or several (the first was taken)
+    ["plot", "crossover", "gemma-3-27b", "-c", " "],
+    ["plot", "crossover", "gemma-3-27b", "-c", "2k", "-b", ","],
+    ["plot", "crossover", "llama3-8b", "-c", "1,2"],
+]
+
+
+@pytest.mark.parametrize("argv", REGRESSIONS, ids=lambda a: " ".join(a)[:80])
+def test_regressions_exit_2_with_one_line(argv):
+    code, out, err = run([a.format(files=ENV["files"]) for a in argv])
     assert code == 2, err
     assert "Traceback" not in err
-    lines = err.rstrip("\n").split("\n")
+    lines = err.rstrip("\n").splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvplan: error: "), err
 
 
+def test_regression_custom_dtype_operating_point():
+    # a custom format's name holds commas; the operating point looked it up by the label's first comma part (KeyError)
+    code, out, err = run(["plot", "crossover", "llama3-8b", "-d", "custom:bits=4,group=32", "-c", "2048", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["points"][0][0].startswith("custom:bits=4,group=32: ")
+
+
+def test_regression_sweep_figures_at_a_huge_batch_match_crossover():
+    # the sweep multiplied batch x bytes in 64-bit integers: at batch 9e15 the weight read came out negative
+    batch = "9000000000000000"
+    code, out, err = run(["sweep", "-m", "llama3-8b", "-g", "h100", "--batch", batch, "--json"])
+    assert code == 0, err
+    row = json.loads(out)[0]
+    code, out, err = run(["crossover", "llama3-8b", "--gpu", "h100", "-b", batch, "-c", "8192", "--json"])
+    assert code == 0, err
+    point = json.loads(out)["operating_points"][0]
+    assert row["weight_bytes"] > 0
+    assert row["weight_bytes"] == pytest.approx(point["weight_bytes"], rel=1e-12)
+    assert row["kv_bytes"] == pytest.approx(point["kv_bytes"], rel=1e-12)
+
+
+def test_regression_sizes_keep_every_digit():
+    # 2**53 + 1 went through a float and came back as 2**53
+    code, out, err = run(["crossover", "llama3-8b", "-c", str(2**53 + 1), "--json"])
+    assert code == 0, err
+    assert json.loads(out)["operating_points"][0]["context"] == 2**53 + 1
+
+
 FUZZ_TESTS = {"capacity", "crossover", "sweep", "plot capacity", "plot crossover", "formats", "measure",
-              "models show", "gpus show", "model specs", "config.json", "gate", "log", "deployment profile",
+              "models show", "gpus show", "model specs", "gpu specs", "config.json", "gate", "log",
+              "deployment profile",
               "calibration profile"}
 
 
 def test_zz_case_count():
     """Runs last: the number of generated cases (at least MIN_CASES when the whole module ran)."""
-    print(f"\nkvplan fuzz: {COUNT['cases']} CLI cases run (seed {SEED}) over {len(RAN)} fuzz tests")
+    print(f"\nkvplan fuzz: {COUNT['cases']} CLI cases run (seed {SEED}) over {len(RAN)} fuzz tests: "
+          + ", ".join(f"{k} {v}" for k, v in sorted(COUNT.items()) if k != "cases"))
     if RAN != FUZZ_TESTS:
         pytest.skip(f"only part of the module ran ({len(RAN)} of {len(FUZZ_TESTS)} fuzz tests)")
-    assert COUNT["cases"] >= MIN_CASES
+    assert COUNT["cases"] >= MIN_CASES * SCALE
