@@ -895,7 +895,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise
     except Exception as e:  # click's usage errors (vendored inside typer) and Ctrl-C
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
-            print(f"kvplan: error: {_one_line(e.format_message())}", file=sys.stderr)
+            message = e.format_message() or "no command given: the help above lists them (`kvplan COMMAND --help`)"
+            print(f"kvplan: error: {_one_line(message)}", file=sys.stderr)
             return 2
         if type(e).__name__ == "Abort":
             print("kvplan: interrupted", file=sys.stderr)

@@ -112,3 +112,9 @@ def test_python_dash_m(tmp_path):
 
     r = subprocess.run([sys.executable, "-m", "kvplan", "formats", "--json"], capture_output=True, text=True)
     assert r.returncode == 0 and json.loads(r.stdout)[0]["name"] == "auto"
+
+
+def test_no_command_shows_the_help_and_one_line(cli):
+    r = cli()
+    assert r.code == 2 and "Usage" in r.out
+    assert r.err == "kvplan: error: no command given: the help above lists them (`kvplan COMMAND --help`)\n"
