@@ -206,6 +206,8 @@ def _deployment_args(**given):
         given["max_model_len"] = _model_len(given["max_model_len"])
     if "kv_cache_memory" in given:
         given["kv_cache_memory_gib"] = given.pop("kv_cache_memory")
+    if "skip_layers" in given:
+        given["kv_cache_dtype_skip_layers"] = given.pop("skip_layers")
     return DeploymentArgs(**given)
 
 
@@ -251,7 +253,7 @@ def crossover(
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
     m = load_model(model)
     args = _deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype,
-                            kv_cache_dtype_skip_layers=skip_layers, calibration=calibration)
+                            skip_layers=skip_layers, calibration=calibration)
     ds = deployments(args, _formats_for(m, dtype))
     # by default, operating points up to the model's own context
     contexts = _sizes(context, "--context") or ([c for c in (2048, 8192, 32768, 131072)
@@ -314,8 +316,7 @@ def capacity(
     from .formats import parse_dtypes
     from .specs import load_model
 
-    args = _deployment_args(model=model, **{("kv_cache_dtype_skip_layers" if k == "skip_layers" else k): v
-                                            for k, v in opts.items()})
+    args = _deployment_args(model=model, **opts)
     if model is None and profile is None:
         _capacity_listing(args, parse_dtypes(dtype), as_json)
         return
@@ -413,7 +414,7 @@ def plot_crossover(
 
     m = load_model(model)
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
-                                      kv_cache_dtype_skip_layers=skip_layers),
+                                      skip_layers=skip_layers),
                      _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]))
     ctx = _one_size(context, "--context") if context else None
     b = _one_size(batch, "--batch") if batch else None
@@ -463,8 +464,7 @@ def plot_capacity(
     from .specs import load_model
 
     m = load_model(model)
-    args = _deployment_args(model=m, engine="vllm", **{("kv_cache_dtype_skip_layers" if k == "skip_layers" else k): v
-                                                       for k, v in opts.items()})
+    args = _deployment_args(model=m, engine="vllm", **opts)
     ds = deployments(args, _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]), needs_memory=True)
     _draw(capacity_figure(ds), output, as_json)
 

@@ -199,7 +199,6 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
 
 def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
     from .engines import version_key, vllm_rules
-    from .pool import capacity
 
     c, meas = log.config, log.measured
     rules = vllm_rules(log.version)

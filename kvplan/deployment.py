@@ -15,7 +15,7 @@ does not read is refused by name rather than dropped.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Optional, Union
 
 from .errors import KvplanError
@@ -219,7 +219,7 @@ def _skip_value(v) -> Optional[tuple]:
 def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     """Every default decided and every value checked, once. `needs_memory`: the question is the pool's size, so a
     GPU (or a memory total, a pool size or a block count) is required."""
-    from .engine import check_tp, skipped_layers
+    from .engine import check_tp, format_bytes_per_token, skipped_layers
     from .specs import gpu_by_memory, load_gpu, load_model
 
     notes: list[str] = []
@@ -279,13 +279,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if dcp > 1:
         _check_dcp(m, tp, dcp)
 
-    # the format on this model and engine
-    bits = {"bf16": 16, "fp16": 16, "fp32": 32}[m.dtype]
-    if m.is_mla:
-        fmt.mla_bytes_per_token(m.mla.kv_lora_rank, m.mla.qk_rope_head_dim, bits)  # refuses MHA-only formats
-    elif fmt.applies_to == "mla":
-        raise KvplanError(f"KV cache dtype '{fmt.name}' applies only to MLA models; {m.name} uses "
-                          f"{'multi-query' if m.num_kv_heads == 1 else 'grouped-query'} attention")
+    format_bytes_per_token(m, fmt, tp)  # refuses a format for the other attention layout (MLA or heads)
     skip = _skip_value(args.kv_cache_dtype_skip_layers)
     skipped_layers(m, fmt, skip)  # checks the indices
 
@@ -534,9 +528,3 @@ def deployments(args: DeploymentArgs, dtypes, *, needs_memory: bool = False) -> 
     """One resolved deployment per KV dtype asked for."""
     return [resolve(replace(args, kv_cache_dtype=f), needs_memory=needs_memory) for f in dtypes]
 
-
-def as_dict(d: Deployment) -> dict:
-    return d.to_dict()
-
-
-__all__ = ["DeploymentArgs", "Deployment", "Measured", "resolve", "deployments", "flag", "asdict", "field"]

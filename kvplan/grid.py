@@ -8,13 +8,12 @@ with numpy arrays, so every row equals what `capacity` and `crossover` answer fo
 from __future__ import annotations
 
 import itertools
-from typing import Optional, Sequence
+from typing import Sequence
 
 from .engine import (
     SkipLayers,
     WeightRead,
     _solve_crossover,
-    check_tp,
     crossover_at_batch,
     kv_bytes_per_token,
     kv_layers,
@@ -94,7 +93,6 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     for (mi, m), (gi, g), tp, (fi, fmt) in itertools.product(enumerate(mspecs), enumerate(gspecs), tps,
                                                                enumerate(fmts)):
         try:
-            check_tp(m, tp)
             d = DeploymentArgs(model=m, gpu=g, kv_cache_dtype=fmt, tp=tp, kv_cache_dtype_skip_layers=skip,
                                **options).resolve(needs_memory=True)
             plan = plan_for(d)

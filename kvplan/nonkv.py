@@ -25,8 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .engines import ServeDefaults, VllmRules, serve_defaults, vllm_rules  # noqa: F401 (re-exported)
-from .errors import KvplanError
+from .engines import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
 from .specs import GPUSpec, ModelSpec
 from .weights import DTYPE_BYTES, VOCAB_PADDING
 

@@ -19,7 +19,7 @@ from .engine import (
 )
 from .errors import KvplanError
 from .formats import KVFormat
-from .specs import GPUSpec, ModelSpec
+from .specs import ModelSpec
 from .weights import weight_bytes
 
 
