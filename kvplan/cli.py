@@ -320,11 +320,11 @@ def capacity(
     if model is None and profile is None:
         _capacity_listing(args, parse_dtypes(dtype), as_json)
         return
-    m = load_model(model) if model else None
-    if m is None:  # the profile names the model
+    if profile is not None:  # read once, for the model it names and for every dtype's deployment
         from .deploy import load_profile
 
-        m = load_model(load_profile(profile).model)
+        args = replace(args, profile=load_profile(profile))
+    m = load_model(model) if model else load_model(args.profile.model)
     fmts = _formats_for(m, dtype) if dtype else [None]
     ds = deployments(replace(args, model=m), fmts, needs_memory=True)
     if ds[0].engine == "sglang":

@@ -525,6 +525,7 @@ def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
 
 
 def deployments(args: DeploymentArgs, dtypes, *, needs_memory: bool = False) -> list[Deployment]:
-    """One resolved deployment per KV dtype asked for."""
+    """One resolved deployment per KV dtype asked for (a profile file is read once for all of them)."""
+    args = replace(args, profile=_load_profile(args.profile))
     return [resolve(replace(args, kv_cache_dtype=f), needs_memory=needs_memory) for f in dtypes]
 
