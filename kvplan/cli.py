@@ -103,6 +103,9 @@ EntrypointOpt = Annotated[Optional[str], typer.Option(
     "--entrypoint", help="how vLLM is started, which sets its batch defaults: serve (the API server, default) or llm "
     "(the offline LLM class, twice the batched tokens)")]
 GpuMemOpt = Annotated[Optional[float], typer.Option("--gpu-memory-gib", help="override the total memory, GiB")]
+FreeMemOpt = Annotated[Optional[float], typer.Option(
+    "--free-memory-gib", help="the memory free on the GPU before the engine starts, GiB (another process may hold "
+    "some): vLLM refuses to start below its requested share; SGLang sizes its pool from it")]
 KvMemOpt = Annotated[Optional[float], typer.Option(
     "--kv-cache-memory", help="vLLM: KV pool size in GiB, given directly (skips the budget, like vLLM's "
     "--kv-cache-memory-bytes)")]
@@ -292,6 +295,7 @@ def capacity(
     enforce_eager: EagerOpt = False,
     entrypoint: EntrypointOpt = None,
     gpu_memory_gib: GpuMemOpt = None,
+    free_memory_gib: FreeMemOpt = None,
     kv_cache_memory: KvMemOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     skip_layers: SkipOpt = None,

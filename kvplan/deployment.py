@@ -62,6 +62,7 @@ class DeploymentArgs:
     gpu_memory_utilization: Optional[float] = None
     mem_fraction_static: Optional[float] = None
     gpu_memory_gib: Optional[float] = None
+    free_memory_gib: Optional[float] = None
     kv_cache_memory_gib: Optional[float] = None
     num_gpu_blocks_override: Optional[int] = None
     block_size: Optional[int] = None
@@ -115,6 +116,7 @@ class Deployment:
     dcp: int
     total_bytes: int  # device memory (0 where only the pool size or a block count was given)
     memory_source: str
+    free_memory_bytes: Optional[int]  # free before the engine starts, where the user gave it
     max_model_len: Union[int, Literal["auto"], None]  # None: the model's own
     # vLLM
     gpu_memory_utilization: Optional[float] = None
@@ -292,7 +294,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
             raise KvplanError(f"{flag(name)} must be in (0, 1], got {v}") from None
         if v is not None and v > 1:
             raise KvplanError(f"{flag(name)} must be in (0, 1], got {v}")
-    for name in ("gpu_memory_gib", "kv_cache_memory_gib"):
+    for name in ("gpu_memory_gib", "kv_cache_memory_gib", "free_memory_gib"):
         _positive(name, getattr(args, name))
     for name in ("activation_gib", "non_torch_gib", "cudagraph_gib"):
         _positive(name, getattr(args, name), zero_ok=True)
@@ -372,8 +374,12 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         raise KvplanError("capacity needs --gpu (or --gpu-memory-gib" + (", or --kv-cache-memory)" if engine == "vllm"
                                                                        else ")"))
 
+    free = _gib_bytes(args.free_memory_gib)
+    if free is not None and total and free > total:
+        raise KvplanError(f"--free-memory-gib {args.free_memory_gib:g} exceeds the GPU's {total / GiB:.2f} GiB in all; "
+                          f"give what nvidia-smi or torch.cuda.mem_get_info() shows free")
     common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=weight_dtype, tp=tp,
-                  pp=pp, dcp=dcp, total_bytes=total, memory_source=source, max_model_len=mlen,
+                  pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
                   calibration=cal, calibration_source=cal_source, inferred_gpu=inferred)
     if weight_dtype is not None:
         from .weights import weight_format
@@ -469,6 +475,12 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
         weights = prof.weights_bytes if same else None
         notes.append(f"free memory before loading measured by {prof.source or 'a startup log'}"
                      + ("" if same else f"; weights modelled at TP {common['tp']} (the profile measured TP {prof.tp})"))
+    if free_before is None and common["free_memory_bytes"] is not None:
+        from .sglang import CONTEXT_GIB
+
+        free_before = common["free_memory_bytes"] - int(CONTEXT_GIB * GiB)  # the CUDA context is made first
+        notes.append(f"free memory before loading: the {common['free_memory_bytes'] / GiB:.2f} GiB given less "
+                     f"{CONTEXT_GIB} GiB for the CUDA context and NCCL")
     if f is None and free_before is None:
         raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
     return Deployment(**common, engine_version=SGLANG_VERSION, mem_fraction_static=f,

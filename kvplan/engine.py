@@ -29,7 +29,7 @@ from typing import Literal, Optional, Sequence
 from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
 from .specs import GPUSpec, LayerKind, ModelSpec
-from .weights import DTYPE_BYTES, WeightBytes, weight_bytes
+from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, weight_bytes
 from .xp import SCALAR
 
 GiB = 2**30
@@ -42,16 +42,31 @@ WeightRead = Literal["streamed", "all"]
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
-    """vLLM's rule: TP divides the attention heads, and the KV heads divide TP or TP divides them."""
+    """vLLM's rules, in the order its workers meet them: the vocabulary (padded to 64 rows) splits evenly across the
+    ranks (VocabParallelEmbedding is built first), TP divides the attention heads, and the KV heads divide TP or TP
+    divides them."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise KvplanError(f"--tp must be at least 1, got {tp}")
-    ok = [t for t in range(1, 65) if _tp_ok(model, t)]
+    ok = [t for t in range(1, 65) if _tp_ok(model, t) and _vocab_ok(model, t)]
+    if not _vocab_ok(model, tp):
+        raise KvplanError(
+            f"--tp {tp} does not divide {model.name}'s vocabulary of {_padded_vocab(model):,} rows (padded to a "
+            f"multiple of {VOCAB_PADDING}): vLLM's workers stop with '{_padded_vocab(model)} is not divisible by "
+            f"{tp}'; valid: {', '.join(map(str, ok[:12]))}")
     if not _tp_ok(model, tp):
         kv = "" if model.is_mla else f" and {model.num_kv_heads} KV heads"
         raise KvplanError(
             f"--tp {tp} does not split {model.name}'s {model.num_heads} attention heads{kv} the way vLLM requires "
             f"(heads % tp == 0, and kv_heads % tp == 0 or tp % kv_heads == 0); valid: {', '.join(map(str, ok[:12]))}"
         )
+
+
+def _padded_vocab(model: ModelSpec) -> int:
+    return -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+
+
+def _vocab_ok(model: ModelSpec, tp: int) -> bool:
+    return _padded_vocab(model) % tp == 0
 
 
 def _tp_ok(model: ModelSpec, tp: int) -> bool:

@@ -97,6 +97,7 @@ class Options(_Strict):
     max_num_seqs: Optional[int] = Field(None, ge=1)
     enforce_eager: bool = False
     gpu_memory_gib: Optional[float] = Field(None, gt=0)
+    free_memory_gib: Optional[float] = Field(None, gt=0)
     kv_cache_memory: Optional[float] = Field(None, gt=0)
     weight_dtype: Optional[str] = None
     kv_cache_dtype_skip_layers: Optional[Union[str, int, list[int]]] = None

@@ -387,6 +387,15 @@ def capacity_of(d) -> CapacityResult:
             f"({plan.weights / GiB:.2f} GiB per rank) exceed the GPU's {d.total_bytes / GiB:.2f} GiB; vLLM would "
             f"run out of memory allocating the pool (lower --kv-cache-memory)"
         )
+    elif (d.free_memory_bytes is not None and d.kv_cache_memory_bytes is None
+          and d.free_memory_bytes < plan.requested):
+        fits_util = math.floor(d.free_memory_bytes / d.total_bytes * 100) / 100
+        problem = (
+            f"vLLM refuses to start: {d.free_memory_bytes / GiB:.2f} GiB free is less than the "
+            f"{plan.requested / GiB:.2f} GiB --gpu-memory-utilization {d.gpu_memory_utilization:g} asks for (of "
+            f"{d.total_bytes / GiB:.2f} GiB); --gpu-memory-utilization {fits_util:.2f} fits, or free the memory "
+            f"another process holds"
+        )
     elif plan.available <= 0 and not plan.overridden:
         problem = (
             f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the "

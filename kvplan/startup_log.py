@@ -63,6 +63,7 @@ class StartupLog:
     v0: bool = False  # vLLM's V0 engine (before V1 became the default in 0.8)
     config: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
+    failure: Optional[dict[str, Any]] = None  # the engine's own error, when it stopped: kind, message, figures
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,9 +88,18 @@ _VLLM_FIGURES = [
     ("available_kv_gib", rf"reserved {_NUM} GiB memory for KV Cache as specified by kv_cache_memory_bytes"),
     ("cudagraph_estimated_gib", rf"{_NUM} GiB \(estimated\)"),
     ("graph_capture_gib", rf"Graph capturing finished in [0-9.]+ secs?, took {_NUM} GiB"),
+    # 0.19+: the worker's snapshot before loading, and the profile's summary
+    ("init_free_gib", rf"init memory snapshot:.*?free_memory={_NUM} ?GiB"),
+    ("total_gpu_memory_gib", rf"init memory snapshot:.*?total_memory={_NUM} ?GiB"),
+    ("init_used_gib", rf"init memory snapshot:.*?cuda_memory={_NUM} ?GiB"),
+    ("requested_gib", rf"worker requested memory: {_NUM} ?GiB"),
+    ("non_kv_gib", rf"Total non KV cache memory: {_NUM} ?GiB"),
+    ("activation_peak_gib", rf"torch peak memory increase: {_NUM} ?GiB"),
+    ("non_torch_gib", rf"non-torch forward increase memory: {_NUM} ?GiB"),
+    ("cudagraph_estimated_gib", rf"Estimated CUDA graph memory: {_NUM} ?GiB total"),
 ]
 
-_PER_RANK_MIN = {"available_kv_gib", "kv_reserved_gib", "num_gpu_blocks"}
+_PER_RANK_MIN = {"available_kv_gib", "kv_reserved_gib", "num_gpu_blocks", "init_free_gib"}
 
 _VLLM_CONFIG_KEYS = {
     # key in the engine's config dump -> kvplan's name
@@ -133,6 +143,35 @@ def _key_values(text: str) -> dict[str, Any]:
     return out
 
 
+# the errors that stop vLLM's start-up, each with what it names (the engine's own wording)
+_VLLM_FAILURES = [
+    ("free_memory", rf"Free memory on device (?:cuda:)?\S+ \({_NUM}/{_NUM} ?GiB\) on startup is less than desired GPU "
+                    rf"memory utilization \({_NUM}, {_NUM} ?GiB\)", ("free_gib", "total_gib", "utilization", "requested_gib")),
+    ("sampler_warmup", r"CUDA out of memory occurred when warming up sampler with ([0-9]+) dummy requests",
+     ("rows",)),
+    ("max_model_len", r"User-specified max_model_len \(([0-9]+)\) is greater than the derived max_model_len",
+     ("max_model_len",)),
+    ("not_divisible", r"AssertionError: ([0-9]+) is not divisible by ([0-9]+)", ("value", "by")),
+    ("out_of_memory", r"(?:torch\.OutOfMemoryError|CUDA out of memory)", ()),
+]
+
+
+def _vllm_failure(text: str) -> Optional[dict[str, Any]]:
+    for kind, pattern, names in _VLLM_FAILURES:
+        found = list(re.finditer(pattern, text))
+        if not found:
+            continue
+        if kind == "free_memory":  # each refused rank prints its own; the scarcest names the problem
+            found.sort(key=lambda m: _f(m.group(1)))
+        m = found[0]
+        line = text[text.rfind("\n", 0, m.start()) + 1:text.find("\n", m.end()) % (len(text) + 1)]
+        message = re.sub(r"^.*?(?=[A-Za-z_.]*(?:Error|Exception): |User-specified|Free memory|CUDA out of)", "",
+                         line.strip(), count=1)
+        figures = {n: _f(v) for n, v in zip(names, m.groups())}
+        return {"kind": kind, "message": " ".join(message.split())[:400], **figures}
+    return None
+
+
 def _parse_vllm(text: str) -> StartupLog:
     log = StartupLog("vllm")
     log.v0 = bool(re.search(r"Initializing an LLM engine|# GPU blocks:", text))
@@ -151,8 +190,10 @@ def _parse_vllm(text: str) -> StartupLog:
     m = re.search(r"gpu_memory_utilization=([0-9.]+)", text)  # V0 0.6's "Memory profiling results" line
     if m:
         log.config.setdefault("gpu_memory_utilization", float(m.group(1).rstrip(".")))
+    # the snapshot line's own fields (non_torch_memory=...) are not the profile's figures of the same name
+    body = "\n".join(line for line in text.splitlines() if "init memory snapshot" not in line)
     for key, pattern in _VLLM_FIGURES:
-        found = re.findall(pattern, text)
+        found = re.findall(pattern, text if "snapshot" in pattern else body)
         if not found:
             continue
         last = found[-1]
@@ -161,13 +202,15 @@ def _parse_vllm(text: str) -> StartupLog:
         if key == "max_concurrency":
             log.config.setdefault("max_model_len", int(_f(last[0])))
             log.measured[key] = _f(last[1])
-        elif key == "requested_gib":
+        elif key == "requested_gib" and not isinstance(last, str):
             log.config.setdefault("gpu_memory_utilization", _f(last[0]))
             log.measured[key] = _f(last[1])
         else:
             log.measured[key] = _f(last if isinstance(last, str) else last[0])
     if "kv_tokens" in log.measured:
         log.measured["kv_tokens"] = int(log.measured["kv_tokens"])
+    if re.search(r"Engine core initialization failed|WorkerProc failed|ValidationError|Error: ", text):
+        log.failure = _vllm_failure(text)
     if log.config.get("dtype") == "auto":
         log.config.pop("dtype")
     return log
@@ -248,6 +291,8 @@ def parse_startup_log(text: str, source: str = "log") -> StartupLog:
     elif re.search(r"KV cache memory|KV cache size|# GPU blocks|vLLM|vllm", text):
         log = _parse(_parse_vllm, text, source)
         need = []
+        if log.failure is not None:
+            return log  # the engine stopped: what it printed before is all there is
         if not ({"available_kv_gib", "kv_reserved_gib", "num_gpu_blocks"} & set(log.measured)):
             need.append(("available_kv_gib", "'Available KV cache memory: X GiB' (or the memory-profiling summary, "
                          "or V0's '# GPU blocks: N')"))
