@@ -614,33 +614,64 @@ def gate(
 
 @app.command("log")
 def log_import(
-    file: str = typer.Argument(..., help="a vLLM (V0 or V1) or SGLang startup log, or - for stdin"),
+    files: List[str] = typer.Argument(..., help="vLLM (V0 or V1) or SGLang startup logs, or - for stdin"),
     model: Optional[str] = typer.Option(None, "--model", help="the model, when the log's name is not in the catalog"),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="the GPU (default: the one the log names, else the "
                                       "catalog GPU nearest the memory total it states; needed when it states none)"),
+    configs: Optional[List[str]] = typer.Option(None, "--configs", help="a folder of config.json files "
+                                                "(<org>--<name>.config.json, <org>--<name>/config.json or a Hugging "
+                                                "Face cache) where each log's model is looked up before the catalog"),
+    summary: bool = typer.Option(False, "--summary", help="one line per log (available KV memory and weights, "
+                                 "measured, predicted, error; failures and whether kvplan predicts them), then the "
+                                 "median and worst error"),
     save_profile: Optional[str] = typer.Option(None, "--save-profile", help="keep the measured overheads here "
                                                "(YAML) for `kvplan capacity --profile`"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Read a startup log: the configuration it ran and every figure it measured, kvplan's prediction for the same
-    configuration beside each with the error, and (--save-profile) a deployment profile for what-if runs."""
-    from .deploy import import_log
+    """Read startup logs: the configuration each ran and every figure it measured, kvplan's prediction for the same
+    configuration beside each with the error, and (--save-profile) a deployment profile for what-if runs. A log that
+    ends in the engine's error is checked against kvplan's refusal of the same configuration."""
+    from .deploy import import_log, log_summary
     from .deploy import save_profile as write_profile
     from .errors import KvplanError
 
-    if file == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            with open(file, encoding="utf-8", errors="replace") as f:
-                text = f.read()
-        except OSError as e:
-            raise KvplanError(f"cannot read {file}: {e.strerror}") from None
-    result = import_log(text, file if file != "-" else "stdin", model=model, gpu=gpu)
-    if save_profile:
-        write_profile(result.profile, save_profile)
-        print(f"wrote the deployment profile {save_profile}", file=sys.stderr)
-    _show(as_json, result.to_dict(), "log_table", result)
+    if save_profile and len(files) > 1:
+        raise KvplanError("--save-profile keeps one log's figures: give one log")
+    if files.count("-") > 1:
+        raise KvplanError("stdin (-) can be read once")
+    results = []
+    for file in files:
+        if file == "-":
+            text = sys.stdin.read()
+        else:
+            try:
+                with open(file, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except OSError as e:
+                raise KvplanError(f"cannot read {file}: {e.strerror}") from None
+        source = file if file != "-" else "stdin"
+        if summary:
+            try:
+                results.append((source, import_log(text, source, model=model, gpu=gpu, configs=configs or ())))
+            except KvplanError as e:  # a log kvplan cannot read is one line of the summary, not the end of it
+                results.append((source, str(e)))
+            continue
+        result = import_log(text, source, model=model, gpu=gpu, configs=configs or ())
+        if save_profile:
+            if result.profile is None:
+                raise KvplanError(f"{source}: the engine stopped before measuring its pool; no profile to save")
+            write_profile(result.profile, save_profile)
+            print(f"wrote the deployment profile {save_profile}", file=sys.stderr)
+        results.append((source, result))
+    if summary:
+        data = log_summary(results)
+        _show(as_json, data, "log_summary_table", data)
+        return
+    if as_json:
+        _show(True, results[0][1].to_dict() if len(results) == 1 else [r.to_dict() for _, r in results], "")
+        return
+    for _, result in results:
+        _show(False, None, "log_table", result)
 
 
 @app.command()

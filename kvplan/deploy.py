@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -94,7 +95,49 @@ def load_profile(path: str | Path) -> DeploymentProfile:
         raise KvplanError(f"{path}: field '{where}': {msg}") from None
 
 
-def model_for_repo(repo: str) -> ModelSpec:
+def hf_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloaded snapshots (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def find_config(repo: str, folders: Sequence[str | Path] = ()) -> Optional[Path]:
+    """The config.json of a Hugging Face repo id in the given folders or the local Hugging Face cache. A folder may
+    hold <org>--<name>.config.json (or _config.json), <org>--<name>/config.json, or a Hugging Face cache layout
+    (models--<org>--<name>/snapshots/<revision>/config.json). Repo ids match case-insensitively, as on the Hub."""
+    stem = repo.strip().strip("/").replace("/", "--").lower()
+    if not stem:
+        return None
+    wanted = {f"{stem}.config.json", f"{stem}_config.json", stem, f"models--{stem}"}
+    for folder in [*map(Path, folders), hf_cache_dir()]:
+        try:
+            entries = {e.name.lower(): e for e in folder.iterdir()}
+        except OSError:
+            continue
+        for name in sorted(wanted & set(entries)):
+            e = entries[name]
+            if e.is_file():
+                return e
+            if (e / "config.json").is_file():
+                return e / "config.json"
+            snapshots = sorted((e / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+            if snapshots:
+                return snapshots[-1]
+    return None
+
+
+def model_for_repo(repo: str, folders: Sequence[str | Path] = ()) -> ModelSpec:
+    """The model a Hugging Face repo id names: its config.json in `folders` (or the local Hugging Face cache), else
+    the catalog model of that architecture (instruct and chat variants share the base architecture)."""
+    found = find_config(repo, folders)
+    if found is not None:
+        return load_model(str(found))
+    return catalog_model_for_repo(repo)
+
+
+def catalog_model_for_repo(repo: str) -> ModelSpec:
     """The catalog model a Hugging Face repo id names (instruct and chat variants share the base architecture)."""
     def norm(s: str) -> str:
         s = s.lower().rstrip("/").split("/")[-1]
@@ -108,8 +151,8 @@ def model_for_repo(repo: str) -> ModelSpec:
         names = {stem, spec.name, *(spec.aliases), *([spec.hf_repo] if spec.hf_repo else [])}
         if key in {norm(n) for n in names}:
             return spec
-    raise KvplanError(f"the log's model '{repo}' is not in the catalog; pass --model (a catalog name, a YAML spec "
-                      f"or its config.json)")
+    raise KvplanError(f"the log's model '{repo}' is not in the catalog nor in the Hugging Face cache; pass --model "
+                      f"(a catalog name, a YAML spec or its config.json) or --configs (a folder of config.json files)")
 
 
 @dataclass
@@ -133,13 +176,24 @@ class LogImport:
     model: str
     config: dict
     figures: list[Figure]
-    profile: DeploymentProfile
+    profile: Optional[DeploymentProfile]
     notes: list[str] = field(default_factory=list)
+    failure: Optional[dict] = None  # the engine's own error, when the log shows it stopping
+    predicted_failure: Optional[str] = None  # kvplan's refusal of the same configuration (None: kvplan says it runs)
+
+    @property
+    def failure_predicted(self) -> Optional[bool]:
+        return None if self.failure is None else self.predicted_failure is not None
+
+    def figure(self, name: str) -> Optional[Figure]:
+        return next((f for f in self.figures if f.name == name), None)
 
     def to_dict(self) -> dict:
         return {"engine": self.engine, "version": self.version, "model": self.model, "config": self.config,
                 "figures": [{**asdict(f), "error_pct": f.error_pct} for f in self.figures],
-                "profile": self.profile.model_dump(by_alias=True, exclude_none=True), "notes": self.notes}
+                "profile": self.profile.model_dump(by_alias=True, exclude_none=True) if self.profile else None,
+                "failure": self.failure, "predicted_failure": self.predicted_failure,
+                "failure_predicted": self.failure_predicted, "notes": self.notes}
 
 
 _QUANT_SUFFIX = (r"(?:[-_.](?:fp8(?:-dynamic)?|fp4|nvfp4|mxfp4|awq|gptq(?:-int[48])?|int[48]|w4a16|w8a8|w8a16|"
@@ -184,10 +238,11 @@ def _gpu_named_in(text: str) -> Optional[GPUSpec]:
 
 
 def import_log(text: str, source: str = "log", model: Optional[str] = None,
-               gpu: Optional[str] = None) -> LogImport:
-    """Read a startup log, predict the same configuration, and keep what it measured as a profile."""
+               gpu: Optional[str] = None, configs: Sequence[str | Path] = ()) -> LogImport:
+    """Read a startup log, predict the same configuration, and keep what it measured as a profile. `configs`:
+    folders of config.json files where the log's model is looked up before the catalog."""
     log = parse_startup_log(text, source)
-    m = load_model(model) if model else model_for_repo(str(log.config.get("model", "")))
+    m = load_model(model) if model else model_for_repo(str(log.config.get("model", "")), configs)
     if model and log.config.get("model"):
         _check_same_model(m, str(log.config["model"]))
     g = load_gpu(gpu) if gpu else _gpu_named_in(text)
@@ -208,10 +263,12 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
                      f" is planned with the rules of {rules.label}; the profile saved from this log keeps what it "
                      f"measured")
     total_gib = meas.get("total_gpu_memory_gib")
-    if total_gib is None and g is None:
+    if total_gib is None and g is None and log.failure is None:
         raise KvplanError("the log does not state the GPU's total memory; pass --gpu")
     util = c.get("gpu_memory_utilization") or rules.default_gpu_memory_utilization
     quant = c.get("quantization")
+    if m.weight_dtype not in ("bf16", "fp16", "fp32"):
+        quant = None  # the model's own config says how its weights are stored
     weight_dtype = _weight_dtype(quant, str(c.get("model", ""))) if quant else None
     if quant and weight_dtype is None:
         notes.append(f"quantization '{quant}' is not modelled; weights are predicted in the checkpoint's format")
@@ -235,8 +292,12 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
     from .deployment import DeploymentArgs
     from .pool import capacity_of
 
+    if log.failure is not None:
+        return _vllm_failure(log, m, g, kw, dtype, notes)
     pred = capacity_of(DeploymentArgs(model=m, gpu=g, kv_cache_dtype=dtype, engine="vllm", **kw)
                        .resolve(needs_memory=True))
+    if pred.problem:
+        notes.append(f"kvplan predicts a failure the log does not show: {pred.problem}")
 
     # what the engine measured, in bytes, consistent with its block count
     bpb, mlen = pred.bytes_per_block, pred.max_model_len
@@ -282,6 +343,35 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
     ]
     config = {"model": m.name, "gpu": pred.gpu, "total_memory_gib": _gib(total), **kw, "kv_cache_dtype": dtype}
     return LogImport("vllm", log.version, m.name, config, figures, profile, notes + pred.notes)
+
+
+def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict, dtype: str,
+                  notes: list[str]) -> LogImport:
+    """A log that ends in the engine's error: kvplan plans the same configuration (with the free memory the refused
+    rank saw) and says whether it refuses it too, and why."""
+    from .deployment import DeploymentArgs
+    from .pool import capacity_of
+
+    fail = dict(log.failure or {})
+    if fail.get("kind") == "free_memory":
+        kw = {**kw, "free_memory_gib": fail["free_gib"], "gpu_memory_gib": fail.get("total_gib", kw.get("gpu_memory_gib"))}
+    if kw.get("gpu_memory_gib") is None and g is None:
+        kw["gpu_memory_gib"] = log.measured.get("total_gpu_memory_gib")
+    config = {"model": m.name, "gpu": g.name if g else None, **kw, "kv_cache_dtype": dtype}
+    try:
+        d = DeploymentArgs(model=m, gpu=g, kv_cache_dtype=dtype, engine="vllm", **kw).resolve()
+        if not d.total_bytes:  # nothing says how much memory: only the configuration's own checks apply
+            return LogImport("vllm", log.version, m.name, config, [], None, notes, failure=fail)
+        pred = capacity_of(d)
+        predicted, figures = pred.problem, [
+            Figure("available KV cache memory", log.measured.get("available_kv_gib"), _gib(pred.available_kv_bytes),
+                   "GiB"),
+            Figure("model weights", log.measured.get("weights_gib"), _gib(pred.non_kv["weights"]), "GiB")]
+        config["gpu"] = pred.gpu
+    except KvplanError as e:
+        predicted, figures = str(e), []
+    return LogImport("vllm", log.version, m.name, config, figures, None, notes, failure=fail,
+                     predicted_failure=predicted)
 
 
 _ARCHITECTURE = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
@@ -357,3 +447,36 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
               "mem_fraction_static": measured.mem_fraction_static, "context_len": measured.context_len,
               "page_size": page}
     return LogImport("sglang", log.version, m.name, config, figures, profile, notes)
+
+
+def log_summary(results: Sequence[tuple[str, "LogImport | str"]]) -> dict:
+    """One row per log (available KV memory and weights, measured and predicted; a failure and whether kvplan
+    refuses the same configuration; or why the log could not be read), and the median and worst errors."""
+    rows = []
+    for source, r in results:
+        row: dict = {"log": Path(source).name}
+        if isinstance(r, str):
+            rows.append({**row, "status": "unread", "problem": r})
+            continue
+        row.update(model=r.model, tp=r.config.get("tp"), status="failed" if r.failure else "ok")
+        for key, name in (("available_kv", "available KV cache memory"), ("weights", "model weights")):
+            f = r.figure(name)
+            if f is not None and f.measured is not None and r.failure is None:
+                row[key] = {"measured_gib": f.measured, "predicted_gib": f.predicted, "error_pct": f.error_pct}
+        if r.failure:
+            row.update(failure=r.failure.get("message"), predicted_failure=r.predicted_failure,
+                       failure_predicted=r.failure_predicted)
+        rows.append(row)
+
+    def stats(key: str) -> dict:
+        errs = sorted(abs(row[key]["error_pct"]) for row in rows if key in row and row[key]["error_pct"] is not None)
+        if not errs:
+            return {"compared": 0, "median_abs_error_pct": None, "worst_abs_error_pct": None}
+        mid = len(errs) // 2
+        median = errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2
+        return {"compared": len(errs), "median_abs_error_pct": median, "worst_abs_error_pct": errs[-1]}
+
+    failed = [row for row in rows if row["status"] == "failed"]
+    return {"logs": rows, "available_kv": stats("available_kv"), "weights": stats("weights"),
+            "failures": {"logs": len(failed), "predicted": sum(1 for row in failed if row["failure_predicted"])},
+            "unread": sum(1 for row in rows if row["status"] == "unread")}

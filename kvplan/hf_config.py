@@ -81,8 +81,75 @@ class _Fields:
         return v
 
 
+def _name_from_path(path: Path | str) -> str:
+    """A config without _name_or_path is named after its file (<org>--<name>.config.json, as saved from the Hub,
+    reads as org/name) or, for a plain config.json, its folder (a snapshot's revision folder names the repo above
+    it: models--<org>--<name>/snapshots/<revision>/config.json)."""
+    p = Path(path).resolve()
+    stem = p.name
+    for suffix in (".config.json", "_config.json", "-config.json", ".json"):
+        if stem.lower().endswith(suffix) and stem.lower() != "config.json":
+            return stem[: -len(suffix)].replace("--", "/")
+    folder = p.parent
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name[len("models--"):].replace("--", "/")
+    return folder.name or "config.json"
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def compressed_tensors_format(q: "_Fields", path: Path | str) -> str:
+    """The weight format of a compressed-tensors checkpoint (llm-compressor's quantization_config), from the scheme
+    its config groups give the Linear layers: int or float, bits, strategy (tensor, channel, group, block,
+    tensor_group) and group size. vLLM loads each as the matching CompressedTensors scheme (W8A8Int8, W8A8Fp8,
+    WNA16 through Marlin, NVFP4, W4A16 MXFP4); what it keeps per weight is the packed values and their scales.
+    The `ignore` list (lm_head, vision tower, projector) stays in the model dtype, as kvplan keeps it."""
+    groups = q.section("config_groups")
+    if groups is None or not groups.data:
+        raise KvplanError(f"{path}: field 'quantization_config.config_groups' is missing; a compressed-tensors "
+                          f"checkpoint names its schemes there")
+    schemes = set()
+    for name in groups.data:
+        g = groups.section(name)
+        w = g.section("weights") if g is not None else None
+        if w is None or not w.data:
+            continue
+        bits = w.integer("num_bits", minimum=1)
+        kind = (w.text("type") or "int").lower()
+        strategy = (w.text("strategy") or "tensor").lower()
+        size = w.integer("group_size", minimum=1)
+        block = w.items("block_structure", _is_int, "a list of whole numbers such as [128, 128]")
+        symmetric = w.flag("symmetric")
+        if kind == "float" and bits == 8:
+            fmt = {"tensor": "fp8", "channel": "fp8_channel", "block": "fp8_block128"}.get(strategy)
+            if strategy == "block" and block and list(block) != [128, 128]:
+                fmt = None
+        elif kind == "int" and bits == 8 and strategy in ("channel", "tensor"):
+            fmt = "int8" if strategy == "channel" else "int8_tensor"
+        elif kind == "int" and bits == 4 and strategy in ("group", "channel"):
+            g_size = size if strategy == "group" else None
+            fmt = f"int4_g{g_size}" if g_size else "int4_channel"
+            fmt += "_sym" if symmetric is not False else ""
+        elif kind == "float" and bits == 4 and strategy in ("tensor_group", "group") and size == 16:
+            fmt = "nvfp4"
+        elif kind == "float" and bits == 4 and size == 32:
+            fmt = "mxfp4"
+        else:
+            fmt = None
+        if fmt is None:
+            raise KvplanError(
+                f"{path}: quantization_config.config_groups.{name}: compressed-tensors weights of type {kind}, "
+                f"{bits} bits, strategy {strategy}" + (f", group size {size}" if size else "") + " are not modelled; "
+                "use the unquantized config and pass --weight-dtype (fp8, int8, int4_g128, mxfp4, nvfp4)")
+        schemes.add(fmt)
+    if not schemes:
+        raise KvplanError(f"{path}: quantization_config.config_groups holds no weights scheme")
+    if len(schemes) > 1:
+        raise KvplanError(f"{path}: quantization_config mixes weight schemes ({', '.join(sorted(schemes))}) across "
+                          f"layers; kvplan sizes one scheme per checkpoint: pass --weight-dtype with the main one")
+    return schemes.pop()
 
 
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
@@ -120,7 +187,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if tied is None:
         tied = top.flag("tie_word_embeddings")
     out: dict[str, Any] = {
-        "name": top.text("_name_or_path") or Path(path).resolve().parent.name or "config.json",
+        "name": top.text("_name_or_path") or _name_from_path(path),
         "family": family,
         "num_layers": layers,
         "hidden_size": hidden,
@@ -146,7 +213,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         method = (q.text("quant_method") or "").lower()
         block = q.items("weight_block_size", _is_int, "a list of whole numbers such as [128, 128]")
         bits = q.integer("bits", minimum=1)
-        if method == "fp8":
+        if method == "compressed-tensors":
+            out["weight_dtype"] = compressed_tensors_format(q, path)
+        elif method == "fp8":
             out["weight_dtype"] = "fp8_block128" if block else "fp8"
         elif method == "mxfp4":
             out["weight_dtype"], out["weight_scope"] = "mxfp4", "experts"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
@@ -540,3 +541,35 @@ def validate_table(r: dict) -> None:
     print_table(con, t)
     if r["calibrated_ms"] is None:
         con.print("no calibration profile for this GPU: `kvplan measure` writes one")
+
+
+def log_summary_table(data: dict) -> None:
+    con = console()
+    t = Table(title="Startup logs: the engine's figures and kvplan's prediction", title_justify="left")
+    for col in ["log", "model", "tp", "available KV (log / kvplan)", "error", "weights error", "outcome"]:
+        t.add_column(col, justify="left" if col in ("log", "model", "outcome") else "right")
+    for row in data["logs"]:
+        kv, w = row.get("available_kv"), row.get("weights")
+        if row["status"] == "unread":
+            outcome = f"not read: {row['problem']}"
+        elif row["status"] == "failed":
+            first = re.split(r"(?<=[a-z0-9)])\. ", row["failure"] or "", maxsplit=1)[0]
+            outcome = ("failure predicted" if row["failure_predicted"] else "FAILURE NOT PREDICTED") + \
+                f": {first[:90]}"
+        else:
+            outcome = "ran"
+        t.add_row(row["log"], str(row.get("model", "-")), str(row.get("tp", "-")),
+                  f"{kv['measured_gib']:.2f} / {kv['predicted_gib']:.2f} GiB" if kv else "-",
+                  f"{kv['error_pct']:+.2f}%" if kv and kv["error_pct"] is not None else "-",
+                  f"{w['error_pct']:+.2f}%" if w and w["error_pct"] is not None else "-", outcome)
+    print_table(con, t)
+    for key, name in (("available_kv", "available KV memory"), ("weights", "weights")):
+        s = data[key]
+        if s["compared"]:
+            con.print(f"{name}: {s['compared']} logs, |error| median {s['median_abs_error_pct']:.2f}%, worst "
+                      f"{s['worst_abs_error_pct']:.2f}%")
+    f = data["failures"]
+    if f["logs"]:
+        con.print(f"failures: {f['predicted']} of {f['logs']} predicted")
+    if data["unread"]:
+        con.print(f"{data['unread']} logs not read (see their lines)")

@@ -9,6 +9,8 @@ A pure module: no I/O.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -103,8 +105,41 @@ class SglangPool:
     engine: str = "sglang"
     deployment: dict = field(default_factory=dict)
 
+    # the quantities every engine's result names alike (kvplan.pool.CapacityResult's keys)
+    @property
+    def available_kv_bytes(self) -> int:
+        return self.available_bytes
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.max_total_num_tokens
+
+    @property
+    def block_size(self) -> int:
+        return self.page_size
+
+    @property
+    def num_blocks(self) -> int:
+        return self.max_total_num_tokens // self.page_size
+
+    @property
+    def page_bytes(self) -> int:
+        return math.ceil(self.cell_bytes * self.page_size)
+
+    @property
+    def max_concurrency(self) -> float:
+        """Sequences of the full context the pool holds at once (SGLang also caps them at max_running_requests)."""
+        return min(self.max_total_num_tokens / self.context_len, self.max_running_requests) if self.context_len else 0
+
+    @property
+    def activation_bytes(self) -> int:
+        """What SGLang leaves outside the pool for activations and CUDA graphs: (1 - f) x free before loading."""
+        return int(self.free_before_load_bytes * (1 - self.mem_fraction_static))
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        shared = ("available_kv_bytes", "kv_tokens", "num_blocks", "block_size", "page_bytes", "max_concurrency",
+                  "activation_bytes")
+        return {**asdict(self), **{k: getattr(self, k) for k in shared}}
 
 
 def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat = "auto", *, tp: int = 1,

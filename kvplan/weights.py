@@ -7,6 +7,7 @@ and the bytes a decode step reads (with MoE experts touched) are all sums over t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
@@ -93,6 +94,7 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
         WeightFormat("fp8_block128", 8, "fp8 e4m3, one fp32 scale per 128x128 block (DeepSeek-V3, Kimi-K2)", block=128),
         WeightFormat("fp8_channel", 8, "fp8 e4m3, one fp32 scale per output channel", per_channel_scale_bytes=4),
         WeightFormat("int8", 8, "int8, one fp32 scale per output channel (W8A8)", per_channel_scale_bytes=4),
+        WeightFormat("int8_tensor", 8, "int8, one fp32 scale per tensor (W8A8 per-tensor)", per_tensor_scale_bytes=4),
         WeightFormat(
             "int4_g128", 4, "int4, fp16 scale and 4-bit zero point per 128 inputs (AWQ/GPTQ)",
             scale_group=128, scale_bytes=2, zero_bits=4,
@@ -106,8 +108,25 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
 }
 
 
+def _int4_format(key: str) -> Optional[WeightFormat]:
+    """int4 with a 16-bit scale per `g` inputs (int4_g<g>) or per output channel (int4_channel), with a 4-bit zero
+    point per group unless symmetric (_sym): compressed-tensors W4A16 and GPTQ/AWQ, as Marlin keeps them."""
+    m = re.fullmatch(r"int4_(?:g([0-9]+)|channel)(_sym)?", key)
+    if not m or (m.group(1) and not 1 <= int(m.group(1)) <= 1 << 20):
+        return None
+    group, sym = (int(m.group(1)) if m.group(1) else None), bool(m.group(2))
+    where = f"per {group} inputs" if group else "per output channel"
+    if group is None:
+        return WeightFormat(key, 4, f"int4, a 16-bit scale {where}" + ("" if sym else " and a 4-bit zero point"),
+                            per_channel_scale_bytes=2 if sym else 3)
+    return WeightFormat(key, 4, f"int4, a 16-bit scale {where}" + ("" if sym else " and a 4-bit zero point"),
+                        scale_group=group, scale_bytes=2, zero_bits=0 if sym else 4)
+
+
 def weight_format(name: str) -> WeightFormat:
     key = name.lower()
+    if key not in WEIGHT_FORMATS and _int4_format(key) is not None:
+        return _int4_format(key)
     if key not in WEIGHT_FORMATS:
         raise KvplanError(
             f"unknown weight dtype '{name}'{did_you_mean(name, list(WEIGHT_FORMATS))}; "
