@@ -93,7 +93,7 @@ ActivationOpt = Annotated[Optional[float], typer.Option(
     "back-of-envelope 6.0); with --non-torch-gib or --cudagraph-gib: the activation peak only. Default: vLLM's "
     "non-KV memory modelled part by part")]
 NonTorchOpt = Annotated[Optional[float], typer.Option(
-    "--non-torch-gib", help="vLLM: replace the modelled non-torch memory (all-reduce workspaces, ...), GiB")]
+    "--non-torch-gib", help="vLLM: replace the modelled non-torch memory (libraries, NCCL, all-reduce workspaces), GiB")]
 CudagraphOpt = Annotated[Optional[float], typer.Option(
     "--cudagraph-gib", help="vLLM: replace the modelled CUDA-graph estimate, GiB")]
 MaxSeqsOpt = Annotated[Optional[int], typer.Option(

@@ -54,6 +54,10 @@ class VllmRules:
     max_capture_sm100: int = 512
     # CacheConfig.gpu_memory_utilization's default: 0.92 in 0.20 and later (vllm/config/cache.py), 0.9 before
     default_gpu_memory_utilization: float = 0.92
+    # torch's NCCL process group for the device groups: made lazily at the first torch.distributed collective (the
+    # logits all-gather inside the profile run, so it is charged as non-torch memory) before 0.30; eagerly at
+    # init_process_group(device_id=...) from 0.30, before the baseline snapshot
+    lazy_torch_nccl: bool = False
 
     def log_lines(self, available_bytes: int, kv_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
         """The startup lines vLLM prints for this pool, digit for digit (gpu_worker.py's "Available KV cache memory",
@@ -65,14 +69,16 @@ class VllmRules:
 
 
 _OLD_DTYPES = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
+_LAZY = dict(lazy_torch_nccl=True)
 _MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _OLD_DTYPES,
-              subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9),
-    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES),
+              subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, **_LAZY),
+    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES, **_LAZY),
     VllmRules("0.25", "vLLM 0.25 to 0.27", 1, False, "concurrency", False, True,
-              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"})),
-    VllmRules("0.28", "vLLM 0.28 and 0.29", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"})),
+              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_LAZY),
+    VllmRules("0.28", "vLLM 0.28 and 0.29", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"}),
+              **_LAZY),
     VllmRules("0.30", "vLLM 0.30 to 0.32", 2, True, "concurrency", True, True, frozenset(),
               cublas_workspace="consumed", **_MRV2),
     VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset(),

@@ -152,6 +152,89 @@ def compressed_tensors_format(q: "_Fields", path: Path | str) -> str:
     return schemes.pop()
 
 
+# transformers' defaults for what a vision_config may leave out (SiglipVisionConfig, CLIPVisionConfig,
+# PixtralVisionConfig)
+_VISION_DEFAULTS = {
+    "siglip": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "patch_size": 16,
+               "image_size": 224, "num_channels": 3},
+    "clip": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12, "patch_size": 32,
+             "image_size": 224, "num_channels": 3},
+    "pixtral": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24, "patch_size": 16,
+                "image_size": 1024, "num_channels": 3},
+}
+
+
+def _vit_layers(v: "_Fields", feature_layer: Any, kind: str) -> int:
+    """The encoder layers vLLM builds: a LLaVA-style model stops at the deepest layer it takes features from
+    (vision_feature_layer -2 of 24 builds 23)."""
+    total = v.integer("num_hidden_layers", minimum=1) or _VISION_DEFAULTS[kind]["num_hidden_layers"]
+    wanted = feature_layer if isinstance(feature_layer, list) else [feature_layer]
+    deepest = 0
+    for f in wanted:
+        if not _is_int(f):
+            return total
+        deepest = max(deepest, f if f >= 0 else total + f + 1)
+    return min(total, deepest) or total
+
+
+def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[dict, dict, list[str]]:
+    """The vision tower's and projector's parameters, split across TP ranks and whole on each, as vLLM builds them
+    (siglip.py, clip.py, pixtral.py; llava.py, llava_next.py, mistral3.py, gemma3_mm.py): the attention and MLP
+    linear layers and the position embedding are tensor-parallel, the patch convolution, the norms and Mistral 3's
+    patch merger are not. An encoder kvplan cannot size is named in a note and left out."""
+    v = top.section("vision_config")
+    if v is None or not v.data:
+        return {}, {}, []
+    kind = (v.text("model_type") or "").lower()
+    arch = (top.text("model_type") or "").lower()
+    defaults = _VISION_DEFAULTS.get(kind.removesuffix("_vision_model"), {})
+
+    def field(key: str) -> int:  # a field the config leaves out takes its transformers config class's default
+        value = v.integer(key, minimum=1)
+        return value if value is not None else defaults.get(key) or v.need(key)
+
+    d, i, patch = field("hidden_size"), field("intermediate_size"), field("patch_size")
+    channels = field("num_channels")
+    feature_layer = top.data.get("vision_feature_layer", -1)
+    sharded: dict[str, int] = {}
+    rep: dict[str, int] = {}
+    if kind in ("siglip_vision_model", "siglip", "clip_vision_model", "clip"):
+        layers = _vit_layers(v, feature_layer, kind.removesuffix("_vision_model"))
+        image = field("image_size")
+        positions = (image // patch) ** 2 + (1 if kind.startswith("clip") else 0)
+        per_layer_sharded = 4 * d * d + 3 * d + 2 * d * i + i  # q, k, v, o and fc1, fc2; column biases
+        per_layer_rep = 4 * d + 2 * d  # two LayerNorms; the row-parallel biases of o and fc2
+        sharded["vision_tower"] = layers * per_layer_sharded + positions * d
+        rep["vision_tower"] = (layers * per_layer_rep + d * channels * patch * patch
+                               + (d if kind.startswith("siglip") else 0)  # SigLIP's conv has a bias
+                               + (3 * d if kind.startswith("clip") else 0)  # CLIP: class embedding, pre-LayerNorm
+                               + (2 * d if arch == "gemma3" else 0))  # Gemma 3 keeps the post-LayerNorm
+    elif kind == "pixtral":
+        layers = _vit_layers(v, feature_layer, "pixtral")
+        sharded["vision_tower"] = layers * (4 * d * d + 3 * d * i)  # no biases; gated SiLU MLP
+        rep["vision_tower"] = layers * 2 * d + d + d * channels * patch * patch  # RMSNorms, ln_pre, patch conv
+    else:
+        return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
+                        f"are missing from the figures"]
+    bias = top.flag("multimodal_projector_bias")
+    bias = True if bias is None else bias
+    features = len(feature_layer) if isinstance(feature_layer, list) else 1
+    if arch in ("llava", "llava_next", "llava_onevision"):
+        sharded["multimodal_projector"] = d * features * text_hidden + text_hidden * text_hidden + \
+            (text_hidden if bias else 0)
+        rep["multimodal_projector"] = (text_hidden if bias else 0) + \
+            (text_hidden if arch != "llava" and top.flag("use_image_newline_parameter") is not False else 0)
+    elif arch == "mistral3":
+        merge = top.integer("spatial_merge_size") or 2
+        sharded["multimodal_projector"] = d * text_hidden + text_hidden * text_hidden + (text_hidden if bias else 0)
+        rep["multimodal_projector"] = d + d * merge * merge * d + (text_hidden if bias else 0)
+    elif arch == "gemma3":
+        rep["multimodal_projector"] = d * text_hidden + d  # mm_input_projection_weight and its soft-embedding norm
+    else:
+        return sharded, rep, [f"the projector of a '{arch}' model is not counted"]
+    return sharded, rep, []
+
+
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if not isinstance(cfg, dict):
         raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
@@ -298,6 +381,14 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         out.update(norms_per_layer=1, norm_bias=True, gated_mlp=False)
     if family == "gpt_oss":
         out["attention_sinks"] = True
+    if c is not top:  # a multimodal wrapper: the vision tower and projector are held beside the language model
+        sharded, rep, notes = vision_params(top, hidden, path)
+        if sharded:
+            out["extra_params"] = sharded
+        if rep:
+            out["replicated_params"] = rep
+        if notes:
+            out.setdefault("notes", []).extend(notes)
     if family == "phi3" and window:
         out.setdefault("notes", []).append("Phi-3 config sets a sliding window; engines differ on honouring it")
     return out

@@ -9,8 +9,9 @@ field of the version's rules in kvplan.engines:
               of the MoE workspace, which the workspace manager keeps)
   persistent  torch buffers charged outside the peak: 0.30+ allocates the sampler's penalty state
               (max_num_seqs x vocab int32); 0.30 charges the main stream's cuBLAS workspace
-  non_torch   memory that appears after vLLM's baseline snapshot outside torch: the FlashInfer all-reduce
-              workspace with TP > 1 on SM90/SM100 (driver and library internals are not modelled)
+  non_torch   memory that appears after vLLM's baseline snapshot outside torch: the libraries' own device memory
+              (cuBLAS handles, CUDA modules loaded lazily at first use), with TP > 1 torch's NCCL communicator
+              where it is made lazily (before 0.30) and the FlashInfer all-reduce workspace on SM90/SM100
   cudagraph   the CUDA-graph estimate the engine subtracts (0.20 and later; 0.19 measures it but does not
               subtract it): the capture activations, the capture stream's cuBLAS workspace, FlashInfer's attention
               workspace where that backend runs (SM100 multi-head attention), and a cost per graph
@@ -37,6 +38,51 @@ FLASHINFER_ATTENTION_WORKSPACE = 394 * MiB  # VLLM_FLASHINFER_WORKSPACE_BUFFER_S
 # FlashInfer's all-reduce workspace size per rank (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, in MiB), by arch and TP; SM103
 # (B300) doubled its TP 8 size in 0.33
 _FI_ALLREDUCE_MB = {"sm90": {2: 64, 4: 2, 8: 0.5}, "sm100": {2: 64, 4: 32, 8: 1}, "sm103": {2: 64, 4: 64, 8: 4}}
+
+
+# --- communication and library memory outside torch (driver- and library-internal: no source constant sizes them;
+# each figure below is what real startup logs show, and a log of the user's own deployment replaces them) ---------
+#
+# After vLLM's baseline snapshot a single GPU grows by the cuBLAS/cuBLASLt handles made at the first GEMM and the
+# CUDA modules loaded lazily at first use (FlashAttention, Inductor's Triton kernels, vLLM's custom ops): vLLM 0.19's
+# "non-torch forward increase memory" is 0.24-0.26 GiB in 17 TP-1 runs of 7 models on H100 (0.46 GiB for the Granite
+# text models), against 0.13 GiB in 0.10's summary line.
+LIBRARY_NON_TORCH = 256 * MiB
+# An NCCL communicator's own buffers per rank (channels x peers x protocol buffers, and NVLS buffers on NVSwitch
+# systems with multicast: Hopper and Blackwell HGX), by transport. "nvls" is measured: vLLM 0.19 with NCCL 2.27.5 on
+# H100 SXM, TP 2: the non-torch increase is 1.81-1.82 GiB above the same model's TP-1 run (Qwen2.5-7B, Mistral-Small
+# 3.1, gpt-oss-20b), and 1.84-1.86 GiB above 0.25 for Kimi-Dev-72B and Llama-3.3-70B; less the FlashInfer workspace
+# each run made (0.35-0.50 GiB), torch's lazily made communicator holds 1.31-1.47 GiB, median 1.36. The others have
+# no measurement: NCCL's ring and tree buffers without NVLS (about 9 MiB per channel and peer connection, 24-32
+# channels over NVLink, 2-4 over PCIe) give the estimates.
+NCCL_COMMUNICATOR = {"nvls": 1392 * MiB, "nvlink": 600 * MiB, "pcie": 128 * MiB}
+# Before the snapshot (so charged to nothing, but the start-up check `free >= requested` sees it): the CUDA context
+# (0.51 GiB used at vLLM 0.19's init snapshot of every TP-1 run on H100), and with TP > 1 vLLM's PyNccl communicator,
+# the custom all-reduce's IPC buffers and the symmetric-memory buffer: 1.53 GiB used at TP 2, 1.55 at TP 4, 1.48 at
+# TP 5 (no custom all-reduce) on H100 SXM.
+CUDA_CONTEXT = 522 * MiB
+PRE_SNAPSHOT_COMMUNICATION = {"nvls": 1044 * MiB, "nvlink": 600 * MiB, "pcie": 128 * MiB}
+
+
+def transport(gpu: Optional[GPUSpec]) -> str:
+    """How the GPUs of one node talk, as NCCL sizes its buffers: NVSwitch with NVLink SHARP (Hopper and Blackwell
+    SXM at 900 GB/s and up), NVLink (A100 SXM's NVSwitch, NVLink bridges), else PCIe."""
+    if gpu is None or gpu.vendor != "nvidia":
+        return "pcie"
+    bw = gpu.nvlink_gbps or 0
+    if bw >= 900 and gpu.arch.startswith(("hopper", "blackwell")):
+        return "nvls"
+    return "nvlink" if bw >= 600 else "pcie"
+
+
+def pre_snapshot_bytes(gpu: Optional[GPUSpec], tp: int, version: "str | VllmRules") -> int:
+    """Device memory in use when vLLM takes its baseline snapshot: the CUDA context, and with TP > 1 the
+    communicators made at init (from 0.30 torch's NCCL process group too)."""
+    if tp < 2:
+        return CUDA_CONTEXT
+    kind = transport(gpu)
+    eager_torch_nccl = 0 if _rules(version).lazy_torch_nccl else NCCL_COMMUNICATOR[kind]
+    return CUDA_CONTEXT + PRE_SNAPSHOT_COMMUNICATION[kind] + eager_torch_nccl
 
 
 def _rules(version: str | VllmRules) -> VllmRules:
@@ -182,11 +228,17 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     # FlashInfer all-reduce (0.30+), uncapped, when nothing is compiled
     fusion = not enforce_eager and (rules.flashinfer_allreduce_standalone or pp == 1)
     if fusion:
-        non_torch = flashinfer_allreduce_workspace(fam, tp, T * H * b)
+        fi_workspace = flashinfer_allreduce_workspace(fam, tp, T * H * b)
     elif rules.flashinfer_allreduce_standalone:
-        non_torch = flashinfer_allreduce_workspace(fam, tp)
+        fi_workspace = flashinfer_allreduce_workspace(fam, tp)
     else:
-        non_torch = 0
+        fi_workspace = 0
+    # torch's NCCL communicator for the TP group, made during the profile run before 0.30; a pipeline-only
+    # deployment sends with PyNccl (made at init) and gathers nothing
+    torch_nccl = NCCL_COMMUNICATOR[transport(gpu)] if tp > 1 and rules.lazy_torch_nccl else 0
+    non_torch = LIBRARY_NON_TORCH + torch_nccl + fi_workspace
+    parts.update(library_non_torch=LIBRARY_NON_TORCH, torch_nccl_communicator=torch_nccl,
+                 flashinfer_allreduce_workspace=fi_workspace, transport=transport(gpu))
 
     estimate = 0
     n_pw = n_full = 0

@@ -267,7 +267,7 @@ def capacity_table(results: Sequence, model, gpu) -> None:
         t.add_row(f"- activation peak (profile run: {nk['max_num_batched_tokens']:,} tokens, "
                   f"{min(nk['max_num_seqs'], nk['max_num_batched_tokens']):,} sampled rows)", gib(nk["activation"]))
         t.add_row("- persistent buffers (sampler state, cuBLAS)", gib(nk["persistent"]))
-        t.add_row("- non-torch (all-reduce workspaces)", gib(nk["non_torch"]))
+        t.add_row("- non-torch (libraries, NCCL, all-reduce workspaces)", gib(nk["non_torch"]))
         parts = nk.get("parts", {})
         if parts.get("cudagraph_estimate") and not parts.get("cudagraph_subtracted"):
             t.add_row(f"- CUDA-graph estimate ({gib(parts['cudagraph_estimate'])} logged, not subtracted)",

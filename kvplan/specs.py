@@ -115,7 +115,11 @@ class ModelSpec(_Frozen):
     gated_mlp: bool = Field(True, description="SwiGLU-style gate+up+down; False: up+down only")
     attention_sinks: bool = Field(False, description="one learned sink logit per head (gpt-oss); no KV storage")
     extra_params: dict[str, int] = Field(
-        default_factory=dict, description="held in memory, never read by a decode step (vision tower, projector)"
+        default_factory=dict, description="held in memory, never read by a decode step (vision tower, projector); "
+        "split across tensor-parallel ranks"
+    )
+    replicated_params: dict[str, int] = Field(
+        default_factory=dict, description="like extra_params, but whole on every rank (patch convolutions, norms)"
     )
     notes: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()

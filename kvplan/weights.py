@@ -220,6 +220,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts.append(Tensor("lm_head", m.vocab_size, h, 1, "vocab", "lm_head", False))
     for name, count in m.extra_params.items():
         ts.append(Tensor(f"extra.{name}", count, 1, 1, "col", "extra", False))
+    for name, count in m.replicated_params.items():
+        ts.append(Tensor(f"extra.{name}", count, 1, 1, "rep", "extra", False))
     return tuple(ts)
 
 

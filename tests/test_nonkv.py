@@ -4,7 +4,8 @@ bf16, TP 1, H100 SXM, `vllm serve` defaults: 8,192 batched tokens, 1,024 sequenc
 import pytest
 
 from kvplan import capacity, load_gpu, load_model
-from kvplan.nonkv import _capture_sizes, _forward_peak, non_kv_memory, serve_defaults
+from kvplan.nonkv import (LIBRARY_NON_TORCH, NCCL_COMMUNICATOR, _capture_sizes, _forward_peak, non_kv_memory,
+                          serve_defaults, transport)
 
 MiB, GiB = 2**20, 2**30
 H100 = load_gpu("h100")
@@ -120,11 +121,14 @@ def test_tp_adds_the_allreduce_workspace():
                         max_model_len=131072)
     nk8 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=8, weights=0, version="0.33",
                         max_model_len=131072)
-    assert nk2.non_torch == 514 * MiB and nk8.non_torch == 18 * MiB
+    fi = "flashinfer_allreduce_workspace"
+    assert nk2.parts[fi] == 514 * MiB and nk8.parts[fi] == 18 * MiB
+    # 0.33 makes torch's NCCL communicator before the snapshot: beyond the workspace only the libraries' own memory
+    assert nk2.non_torch == 514 * MiB + LIBRARY_NON_TORCH and nk2.parts["torch_nccl_communicator"] == 0
     # tp 4: round2M(4 x 2 MiB) + round2M(4 KiB) + round2M(3 x 4 x 2 MiB) = 8 + 2 + 24 = 34 MiB
     nk4 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=4, weights=0, version="0.33",
                         max_model_len=131072)
-    assert nk4.non_torch == 34 * MiB
+    assert nk4.parts[fi] == 34 * MiB
 
 
 def test_allreduce_workspace_conditions():
@@ -132,9 +136,10 @@ def test_allreduce_workspace_conditions():
     # 2048 x 3072 x 2 = 12 MiB < 64 MiB, so TP 2 takes round2M(24) + 2 + round2M(72) = 98 MiB
     m = load_model("llama-3.2-3b")
 
-    def nt(version, **kw):
-        return non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=2, weights=0, version=version,
-                             max_model_len=8192, max_num_batched_tokens=2048, **kw).non_torch
+    def nt(version, gpu=H100, **kw):
+        return non_kv_memory(m, gpu, total_bytes=gpu.memory_total_bytes, tp=2, weights=0, version=version,
+                             max_model_len=8192, max_num_batched_tokens=2048,
+                             **kw).parts["flashinfer_allreduce_workspace"]
 
     assert nt("0.33") == 98 * MiB
     # 0.33 without compilation: the standalone FlashInfer all-reduce makes the uncapped 514 MiB workspace
@@ -143,9 +148,27 @@ def test_allreduce_workspace_conditions():
     assert nt("0.20") == 98 * MiB
     assert nt("0.20", enforce_eager=True) == 0 and nt("0.20", pp=2) == 0
     # no FlashInfer all-reduce on an A100 (SM80)
-    a100 = load_gpu("a100")
-    assert non_kv_memory(m, a100, total_bytes=a100.memory_total_bytes, tp=2, weights=0, version="0.33",
-                         max_model_len=8192).non_torch == 0
+    assert nt("0.33", gpu=load_gpu("a100")) == 0
+
+
+def test_non_torch_libraries_and_lazy_nccl():
+    # vLLM 0.19/0.20 make torch's NCCL communicator inside the profile run: with TP 2 on an H100 SXM (NVLink SHARP)
+    # the non-torch increase is the libraries' 256 MiB + the communicator's 1,392 MiB + the FlashInfer workspace.
+    # Qwen2.5-7B at 8,192 batched tokens: S = 8192 x 3584 x 2 B = 56 MiB < 64 MiB, so round2M(112) + 2 + round2M(336)
+    # = 450 MiB; 256 + 1392 + 450 = 2,098 MiB = 2.05 GiB (the 0.19 log: 2.06 GiB)
+    m = load_model("qwen2.5-7b")
+
+    def nk(tp, version="0.19", gpu=H100):
+        return non_kv_memory(m, gpu, total_bytes=gpu.memory_total_bytes, tp=tp, weights=0, version=version,
+                             max_model_len=8192, max_num_batched_tokens=8192)
+
+    assert nk(2).non_torch == (256 + 1392 + 450) * MiB
+    assert nk(1).non_torch == LIBRARY_NON_TORCH == 256 * MiB  # the TP-1 logs: 0.24-0.26 GiB
+    # from 0.30 the communicator exists before the snapshot: charged to nothing
+    assert nk(2, "0.30").parts["torch_nccl_communicator"] == 0
+    # an A100 SXM has NVLink without NVLS, and no FlashInfer all-reduce (SM80)
+    assert nk(2, gpu=load_gpu("a100")).non_torch == 256 * MiB + NCCL_COMMUNICATOR["nvlink"]
+    assert transport(load_gpu("l40s")) == "pcie" and transport(H100) == "nvls"
 
 
 def test_capacity_uses_the_model_by_default():

@@ -51,7 +51,9 @@ def test_unknown_model_suggests():
     ("deepseek-v3", "deepseek-v3", 671_026_419_200),
     ("gpt-oss-120b", "gpt-oss-120b", 116_829_156_672),
     ("qwen3-30b-a3b", "qwen3-30b-a3b", 30_532_122_624),
-    ("gemma-3-27b", "gemma-3-27b", 27_009_346_304),  # text model only: the config carries no vision weights' count
+    # the text model's 27,009,346,304 plus the SigLIP tower (27 layers of 1152 x 4304, 64 x 64 patches of 14 px:
+    # 416,866,032 with its post-norm) and the projector (1152 x 5376 + 1152 = 6,194,304): the catalog's total
+    ("gemma-3-27b", "gemma-3-27b", 27_009_346_304 + 416_866_032 + 6_194_304),
     ("falcon-7b", "falcon-7b", 6_921_720_704),
 ])
 def test_hf_config_json(fixtures, fixture, name, expected):
