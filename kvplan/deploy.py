@@ -337,7 +337,8 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         Figure("model weights", meas.get("weights_gib"), _gib(nk["weights"]), "GiB"),
         Figure("activation peak", meas.get("activation_peak_gib"), _gib(nk["activation"]), "GiB"),
         Figure("non-torch memory", meas.get("non_torch_gib"), _gib(nk["non_torch"]), "GiB"),
-        Figure("CUDA-graph estimate", meas.get("cudagraph_estimated_gib"), _gib(nk["cudagraph"]), "GiB"),
+        Figure("CUDA-graph estimate", meas.get("cudagraph_estimated_gib"),
+               _gib(nk["parts"].get("cudagraph_estimate", nk["cudagraph"])), "GiB"),
         Figure("non-KV memory beyond the weights", _gib(requested - weights - available),
                _gib(nk["total"] - nk["weights"]), "GiB"),
     ]
@@ -353,8 +354,17 @@ def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict,
     from .pool import capacity_of
 
     fail = dict(log.failure or {})
-    if fail.get("kind") == "free_memory":
-        kw = {**kw, "free_memory_gib": fail["free_gib"], "gpu_memory_gib": fail.get("total_gib", kw.get("gpu_memory_gib"))}
+    if fail.get("kind") == "free_memory":  # the rank saw this much free after its context and communicators
+        from .engines import vllm_rules
+        from .nonkv import pre_snapshot_bytes
+
+        from .specs import gpu_by_memory
+
+        seen_on = g or gpu_by_memory(int(fail["total_gib"] * GiB)) if "total_gib" in fail else g
+        before = fail["free_gib"] + pre_snapshot_bytes(seen_on, int(kw.get("tp") or 1), vllm_rules(log.version),
+                                                       moe=m.moe is not None) / GiB
+        kw = {**kw, "free_memory_gib": round(before, 2),
+              "gpu_memory_gib": fail.get("total_gib", kw.get("gpu_memory_gib"))}
     if kw.get("gpu_memory_gib") is None and g is None:
         kw["gpu_memory_gib"] = log.measured.get("total_gpu_memory_gib")
     config = {"model": m.name, "gpu": g.name if g else None, **kw, "kv_cache_dtype": dtype}
@@ -363,7 +373,10 @@ def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict,
         if not d.total_bytes:  # nothing says how much memory: only the configuration's own checks apply
             return LogImport("vllm", log.version, m.name, config, [], None, notes, failure=fail)
         pred = capacity_of(d)
-        predicted, figures = pred.problem, [
+        predicted = pred.problem
+        if predicted is None and fail.get("kind") == "sampler_warmup":
+            predicted = next((n for n in pred.notes if n.startswith("sampler warm-up at risk")), None)
+        figures = [
             Figure("available KV cache memory", log.measured.get("available_kv_gib"), _gib(pred.available_kv_bytes),
                    "GiB"),
             Figure("model weights", log.measured.get("weights_gib"), _gib(pred.non_kv["weights"]), "GiB")]

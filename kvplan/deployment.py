@@ -375,6 +375,10 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
                                                                        else ")"))
 
     free = _gib_bytes(args.free_memory_gib)
+    if free is not None and total and total < free <= total * 1.01:
+        notes.append(f"--free-memory-gib {args.free_memory_gib:g} is above the {total / GiB:.2f} GiB total taken for "
+                     f"this GPU (drivers differ by a few tenths): the whole GPU taken to be free")
+        free = total
     if free is not None and total and free > total:
         raise KvplanError(f"--free-memory-gib {args.free_memory_gib:g} exceeds the GPU's {total / GiB:.2f} GiB in all; "
                           f"give what nvidia-smi or torch.cuda.mem_get_info() shows free")

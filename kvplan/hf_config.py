@@ -177,14 +177,14 @@ def _vit_layers(v: "_Fields", feature_layer: Any, kind: str) -> int:
     return min(total, deepest) or total
 
 
-def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[dict, dict, list[str]]:
+def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[dict, dict, list[str], Optional[dict]]:
     """The vision tower's and projector's parameters, split across TP ranks and whole on each, as vLLM builds them
     (siglip.py, clip.py, pixtral.py; llava.py, llava_next.py, mistral3.py, gemma3_mm.py): the attention and MLP
     linear layers and the position embedding are tensor-parallel, the patch convolution, the norms and Mistral 3's
     patch merger are not. An encoder kvplan cannot size is named in a note and left out."""
     v = top.section("vision_config")
     if v is None or not v.data:
-        return {}, {}, []
+        return {}, {}, [], None
     kind = (v.text("model_type") or "").lower()
     arch = (top.text("model_type") or "").lower()
     defaults = _VISION_DEFAULTS.get(kind.removesuffix("_vision_model"), {})
@@ -215,7 +215,8 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
         rep["vision_tower"] = layers * 2 * d + d + d * channels * patch * patch  # RMSNorms, ln_pre, patch conv
     else:
         return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
-                        f"are missing from the figures"]
+                        f"and its profile run are missing from the figures"], None
+    encoder = _vision_profile(top, v, kind, arch, d, i, patch, channels, layers, feature_layer, path)
     bias = top.flag("multimodal_projector_bias")
     bias = True if bias is None else bias
     features = len(feature_layer) if isinstance(feature_layer, list) else 1
@@ -231,8 +232,39 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
     elif arch == "gemma3":
         rep["multimodal_projector"] = d * text_hidden + d  # mm_input_projection_weight and its soft-embedding norm
     else:
-        return sharded, rep, [f"the projector of a '{arch}' model is not counted"]
-    return sharded, rep, []
+        return sharded, rep, [f"the projector of a '{arch}' model is not counted"], encoder
+    return sharded, rep, [], encoder
+
+
+def _vision_profile(top: "_Fields", v: "_Fields", kind: str, arch: str, d: int, i: int, patch: int, channels: int,
+                    layers: int, feature_layer: Any, path: Path | str) -> Optional[dict]:
+    """What one largest dummy item costs vLLM's profile run: its language-model embeddings (the encoder budget
+    counts these), its encoder tokens and pixels. Pixtral (Mistral 3) takes the processor's largest square and
+    merges 2 x 2 patches; LLaVA-NeXT tiles the largest of its image_grid_pinpoints plus a base tile, with a newline
+    embedding per feature row; LLaVA and Gemma 3 take one square image."""
+    family = kind.removesuffix("_vision_model")
+    image = v.integer("image_size", minimum=1) or _VISION_DEFAULTS[family]["image_size"]
+    side = image // patch
+    if family == "pixtral":
+        merge = top.integer("spatial_merge_size") or 1
+        return {"kind": "pixtral", "hidden_size": d, "intermediate_size": i, "num_layers": layers,
+                "tokens_per_item": (side // merge) ** 2, "patches_per_item": side * side,
+                "pixels_per_item": channels * image * image}
+    cls = 1 if family == "clip" else 0
+    tiles, tokens = 1, side * side
+    if arch == "llava_next":
+        pins = top.items("image_grid_pinpoints", lambda p: isinstance(p, list) and len(p) == 2
+                         and all(_is_int(x) for x in p), "a list of [height, width] pairs") or [[image, image]]
+        best = max(((h // image) * (w // image) * side * side + (h // image) * side, (h // image) * (w // image))
+                   for h, w in pins)
+        tokens, tiles = side * side + best[0], 1 + best[1]
+    elif arch == "gemma3":
+        tokens = top.integer("mm_tokens_per_image") or 256
+    elif arch not in ("llava", "llava_onevision"):
+        return None
+    return {"kind": family, "hidden_size": d, "intermediate_size": i, "num_layers": layers,
+            "tokens_per_item": tokens, "patches_per_item": tiles * (side * side + cls),
+            "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
@@ -382,7 +414,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if family == "gpt_oss":
         out["attention_sinks"] = True
     if c is not top:  # a multimodal wrapper: the vision tower and projector are held beside the language model
-        sharded, rep, notes = vision_params(top, hidden, path)
+        sharded, rep, notes, encoder = vision_params(top, hidden, path)
+        if encoder:
+            out["vision"] = encoder
         if sharded:
             out["extra_params"] = sharded
         if rep:

@@ -17,7 +17,7 @@ from .engine import (
 from .engines import VllmRules
 from .errors import KvplanError
 from .formats import KVFormat
-from .nonkv import NonKVMemory, flat_allowance, non_kv_memory
+from .nonkv import FRAGMENTATION_SEEN, NonKVMemory, flat_allowance, non_kv_memory, pre_snapshot_bytes, sampler_warmup
 from .specs import GPUSpec, ModelSpec
 from .weights import pipeline_stages, weight_bytes
 from .xp import SCALAR
@@ -388,13 +388,16 @@ def capacity_of(d) -> CapacityResult:
             f"run out of memory allocating the pool (lower --kv-cache-memory)"
         )
     elif (d.free_memory_bytes is not None and d.kv_cache_memory_bytes is None
-          and d.free_memory_bytes < plan.requested):
-        fits_util = math.floor(d.free_memory_bytes / d.total_bytes * 100) / 100
+          and d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None) < plan.requested):
+        # the worker checks the memory free after its CUDA context and communicators exist
+        seen = d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None)
+        fits_util = math.floor(max(0, seen) / d.total_bytes * 100) / 100
         problem = (
-            f"vLLM refuses to start: {d.free_memory_bytes / GiB:.2f} GiB free is less than the "
-            f"{plan.requested / GiB:.2f} GiB --gpu-memory-utilization {d.gpu_memory_utilization:g} asks for (of "
-            f"{d.total_bytes / GiB:.2f} GiB); --gpu-memory-utilization {fits_util:.2f} fits, or free the memory "
-            f"another process holds"
+            f"vLLM refuses to start: {d.free_memory_bytes / GiB:.2f} GiB free, {seen / GiB:.2f} GiB once its CUDA "
+            f"{'context and communicators exist' if d.tp > 1 else 'context exists'}, is less than the {plan.requested / GiB:.2f} "
+            f"GiB --gpu-memory-utilization {d.gpu_memory_utilization:g} asks for (of {d.total_bytes / GiB:.2f} GiB); "
+            + (f"--gpu-memory-utilization {fits_util:.2f} fits, or " if fits_util > 0 else "")
+            + "free the memory another process holds"
         )
     elif plan.available <= 0 and not plan.overridden:
         problem = (
@@ -412,6 +415,20 @@ def capacity_of(d) -> CapacityResult:
             f"raise --tp, or quantize the KV cache"
         )
     notes = list(d.notes)
+    if problem is None and plan.non_kv.source == "model" and not plan.overridden and d.kv_cache_memory_bytes is None:
+        free, need = sampler_warmup(model, d.gpu, plan.non_kv, total_bytes=plan.total, requested=plan.requested,
+                                    tp=d.tp, version=d.rules)
+        fix = "lower --max-num-seqs or --gpu-memory-utilization"
+        if free < need:
+            problem = (f"vLLM would run out of memory warming up the sampler with {plan.non_kv.max_num_seqs:,} dummy "
+                       f"requests: it needs {need / GiB:.2f} GiB and {free / GiB:.2f} GiB are left after the KV "
+                       f"cache and CUDA graphs; {fix}")
+        elif free - need < FRAGMENTATION_SEEN:
+            notes.append(f"sampler warm-up at risk: {free / GiB:.2f} GiB are left after the KV cache and CUDA graphs "
+                         f"for its {need / GiB:.2f} GiB ({plan.non_kv.max_num_seqs:,} dummy requests), a margin "
+                         f"of {(free - need) / GiB:.2f} GiB, less than the {FRAGMENTATION_SEEN / GiB:.1f} GiB the "
+                         f"profile run's allocator fragments usually hold (gpt-oss-20b failed so at utilization 0.95); "
+                         f"{fix} for a margin")
     if auto and mlen < model.max_position_embeddings:
         notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
                      f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")

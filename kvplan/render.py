@@ -458,7 +458,14 @@ def log_table(result) -> None:
         err = "-" if f.error_pct is None else f"{f.error_pct:+.2f}%"
         t.add_row(f.name, fmt(f.measured) + (unit if f.measured is not None else ""),
                   fmt(f.predicted) + (unit if f.predicted is not None else ""), err)
-    print_table(con, t)
+    if result.figures:
+        print_table(con, t)
+    if result.failure is not None:
+        con.print(f"the engine stopped: {result.failure.get('message')}")
+        if result.predicted_failure:
+            con.print(f"kvplan predicts it: {result.predicted_failure}")
+        else:
+            con.print("kvplan does not predict this failure: it plans the configuration as one that starts")
     for n in result.notes:
         con.print(f"note: {n}")
 

@@ -83,6 +83,19 @@ class MoESpec(_Frozen):
         return self.shared_expert_intermediate_size or self.expert_intermediate_size
 
 
+class VisionSpec(_Frozen):
+    """A vision encoder as vLLM's profile run exercises it: one dummy item at the processor's largest size."""
+
+    kind: Literal["siglip", "clip", "pixtral"]
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    num_layers: int = Field(gt=0, description="encoder layers built (a LLaVA model stops at its deepest feature layer)")
+    tokens_per_item: int = Field(gt=0, description="language-model embeddings of one largest item")
+    patches_per_item: int = Field(gt=0, description="encoder tokens of one largest item (all its tiles)")
+    pixels_per_item: int = Field(gt=0, description="pixel values of one largest item (channels x height x width)")
+    keeps_hidden_states: bool = Field(False, description="features from several layers: every hidden state kept")
+
+
 class ModelSpec(_Frozen):
     name: str
     aliases: tuple[str, ...] = ()
@@ -107,6 +120,7 @@ class ModelSpec(_Frozen):
     attention: AttentionLayout = AttentionLayout()
     mla: Optional[MLASpec] = None
     moe: Optional[MoESpec] = None
+    vision: Optional[VisionSpec] = None
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (weights of head_dim)")

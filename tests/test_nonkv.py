@@ -4,8 +4,8 @@ bf16, TP 1, H100 SXM, `vllm serve` defaults: 8,192 batched tokens, 1,024 sequenc
 import pytest
 
 from kvplan import capacity, load_gpu, load_model
-from kvplan.nonkv import (LIBRARY_NON_TORCH, NCCL_COMMUNICATOR, _capture_sizes, _forward_peak, non_kv_memory,
-                          serve_defaults, transport)
+from kvplan.nonkv import (LIBRARY_NON_TORCH, TORCH_NCCL_COMMUNICATOR, _capture_sizes, _forward_peak, non_kv_memory,
+                          per_graph_bytes, pre_snapshot_bytes, serve_defaults, transport)
 
 MiB, GiB = 2**20, 2**30
 H100 = load_gpu("h100")
@@ -88,10 +88,15 @@ def test_cudagraph_estimate():
     assert len(sizes) == 51 and sizes[-1] == 512
     f_cg = 512 * 2 * (4096 + 3 * 14336)  # the MLP at 512 tokens: 46 MiB
     assert round(f_cg / MiB) == 46
-    assert run("0.33").cudagraph == 2 * f_cg + 32 * MiB + 50 * 4 * MiB + 50 * 1 * MiB
+    # per graph, for Llama's 32 layers (33 pieces): piecewise 0.2 x 33 = 6.6 -> 6 MiB, full 0.15 x 33 = 4.95 -> 4 MiB
+    # (vLLM 0.19 printed 6 and 6 MiB for Llama-3.1-8B on H100)
+    assert per_graph_bytes(32, "piecewise") == 6 * MiB and per_graph_bytes(32, "full") == 4 * MiB
+    # and 18-20 / 10-14 MiB for the 80-layer Llama-3.3-70B and Kimi-Dev-72B: 0.2 x 81 = 16.2 -> 16, 0.15 x 81 -> 12
+    assert per_graph_bytes(80, "piecewise") == 16 * MiB and per_graph_bytes(80, "full") == 12 * MiB
+    assert run("0.33").cudagraph == 2 * f_cg + 32 * MiB + 50 * 6 * MiB + 50 * 4 * MiB
     assert run("0.33", enforce_eager=True).cudagraph == 0
-    # 0.20: two samples per mode extrapolated, 51 piecewise + 51 full graphs - 2 at 4 MiB each
-    assert run("0.20").cudagraph == f_cg + 32 * MiB + 100 * 4 * MiB
+    # 0.20: two samples per mode extrapolated, 50 more piecewise and 50 more full graphs
+    assert run("0.20").cudagraph == f_cg + 32 * MiB + 50 * 6 * MiB + 50 * 4 * MiB
     # 0.19 measures the estimate and logs it, but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)
     v019 = run("0.19")
     assert v019.cudagraph == 0 and v019.parts["cudagraph_estimate"] == run("0.20").cudagraph
@@ -105,35 +110,34 @@ def test_flashinfer_attention_workspace_on_sm100():
                        max_model_len=131072)
     assert (nk.max_num_batched_tokens, nk.parts["capture_sizes"]) == (16384, 83)
     f_cg = 1024 * 2 * (4096 + 3 * 14336)
-    assert nk.cudagraph == 2 * f_cg + 32 * MiB + 82 * 4 * MiB + 82 * MiB + 394 * MiB
+    assert nk.cudagraph == 2 * f_cg + 32 * MiB + 82 * 6 * MiB + 82 * 4 * MiB + 394 * MiB
     # MLA models run FlashMLA / CUTLASS MLA instead: no FlashInfer workspace
     ds = load_model("deepseek-v3")
     nk_ds = non_kv_memory(ds, b200, total_bytes=b200.memory_total_bytes, tp=8, weights=0, version="0.33",
                           max_model_len=4096)
     f_ds = _forward_peak(ds, 1024, 8, 2, with_moe_workspace=False)[0]
-    assert nk_ds.cudagraph == 2 * f_ds + 32 * MiB + 82 * 4 * MiB + 82 * MiB
+    # DeepSeek-V3's 61 layers: 0.2 x 62 = 12.4 -> 12 MiB piecewise, 0.15 x 62 = 9.3 -> 10 MiB full
+    assert nk_ds.cudagraph == 2 * f_ds + 32 * MiB + 82 * 12 * MiB + 82 * 10 * MiB
 
 
 def test_tp_adds_the_allreduce_workspace():
-    # FlashInfer all-reduce fusion on SM90: 4 x tp x S_fi + 2 MiB; S_fi 64 MB at TP 2 -> 514 MiB, 0.5 MB at TP 8
+    # FlashInfer's three buffers (tp x S, tp x 256 x 4 B of flags, 3 x tp x S; S = 64 MB at TP 2 on SM90, 2 MB at TP 4,
+    # 0.5 MB at TP 8) are symmetric device memory: each takes whole 512 MiB multicast pages on an H100 NVSwitch
+    # system, so 3 x 512 MiB = 1,536 MiB at every TP degree (vLLM 0.19's TP-2 logs: 1.81-1.82 GiB over TP 1 whether
+    # FlashInfer asked for 362, 450 or 514 MiB)
     m = load_model("llama-3.1-70b")
-    nk2 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=2, weights=0, version="0.33",
-                        max_model_len=131072)
-    nk8 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=8, weights=0, version="0.33",
-                        max_model_len=131072)
     fi = "flashinfer_allreduce_workspace"
-    assert nk2.parts[fi] == 514 * MiB and nk8.parts[fi] == 18 * MiB
-    # 0.33 makes torch's NCCL communicator before the snapshot: beyond the workspace only the libraries' own memory
-    assert nk2.non_torch == 514 * MiB + LIBRARY_NON_TORCH and nk2.parts["torch_nccl_communicator"] == 0
-    # tp 4: round2M(4 x 2 MiB) + round2M(4 KiB) + round2M(3 x 4 x 2 MiB) = 8 + 2 + 24 = 34 MiB
-    nk4 = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=4, weights=0, version="0.33",
-                        max_model_len=131072)
-    assert nk4.parts[fi] == 34 * MiB
+    for tp in (2, 4, 8):
+        nk = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=tp, weights=0, version="0.33",
+                           max_model_len=131072)
+        assert nk.parts[fi] == 3 * 512 * MiB
+        # 0.33 makes torch's NCCL communicator before the snapshot: beyond the workspace only the libraries
+        assert nk.non_torch == 3 * 512 * MiB + LIBRARY_NON_TORCH and nk.parts["torch_nccl_communicator"] == 0
 
 
 def test_allreduce_workspace_conditions():
     # the fusion pass caps S at one batch's hidden states: Llama-3.2-3B (H 3,072) at 2,048 batched tokens holds
-    # 2048 x 3072 x 2 = 12 MiB < 64 MiB, so TP 2 takes round2M(24) + 2 + round2M(72) = 98 MiB
+    # 2048 x 3072 x 2 = 12 MiB < 64 MiB, so TP 2 asks for 24 + 2 + 72 MiB: still three 512 MiB multicast pages
     m = load_model("llama-3.2-3b")
 
     def nt(version, gpu=H100, **kw):
@@ -141,66 +145,41 @@ def test_allreduce_workspace_conditions():
                              max_model_len=8192, max_num_batched_tokens=2048,
                              **kw).parts["flashinfer_allreduce_workspace"]
 
-    assert nt("0.33") == 98 * MiB
-    # 0.33 without compilation: the standalone FlashInfer all-reduce makes the uncapped 514 MiB workspace
-    assert nt("0.33", enforce_eager=True) == 514 * MiB
+    assert nt("0.33") == 1536 * MiB
+    # 0.33 without compilation: the standalone FlashInfer all-reduce makes the (uncapped) workspace
+    assert nt("0.33", enforce_eager=True) == 1536 * MiB
     # 0.20: no standalone FlashInfer all-reduce, and the fusion pass needs one pipeline stage and compilation
-    assert nt("0.20") == 98 * MiB
+    assert nt("0.20") == 1536 * MiB
     assert nt("0.20", enforce_eager=True) == 0 and nt("0.20", pp=2) == 0
     # no FlashInfer all-reduce on an A100 (SM80)
     assert nt("0.33", gpu=load_gpu("a100")) == 0
 
 
 def test_non_torch_libraries_and_lazy_nccl():
-    # vLLM 0.19/0.20 make torch's NCCL communicator inside the profile run: with TP 2 on an H100 SXM (NVLink SHARP)
-    # the non-torch increase is the libraries' 256 MiB + the communicator's 1,392 MiB + the FlashInfer workspace.
-    # Qwen2.5-7B at 8,192 batched tokens: S = 8192 x 3584 x 2 B = 56 MiB < 64 MiB, so round2M(112) + 2 + round2M(336)
-    # = 450 MiB; 256 + 1392 + 450 = 2,098 MiB = 2.05 GiB (the 0.19 log: 2.06 GiB)
+    # vLLM 0.19/0.20 make torch's NCCL communicator inside the profile run: with TP 2 on an H100 SXM the non-torch
+    # increase is the libraries' 256 MiB + the communicator's 328 MiB + FlashInfer's 1,536 MiB = 2,120 MiB = 2.07 GiB
+    # (the 0.19 logs: 2.06-2.11 GiB for five models)
     m = load_model("qwen2.5-7b")
 
     def nk(tp, version="0.19", gpu=H100):
         return non_kv_memory(m, gpu, total_bytes=gpu.memory_total_bytes, tp=tp, weights=0, version=version,
                              max_model_len=8192, max_num_batched_tokens=8192)
 
-    assert nk(2).non_torch == (256 + 1392 + 450) * MiB
+    assert nk(2).non_torch == (256 + 328 + 1536) * MiB
     assert nk(1).non_torch == LIBRARY_NON_TORCH == 256 * MiB  # the TP-1 logs: 0.24-0.26 GiB
     # from 0.30 the communicator exists before the snapshot: charged to nothing
     assert nk(2, "0.30").parts["torch_nccl_communicator"] == 0
-    # an A100 SXM has NVLink without NVLS, and no FlashInfer all-reduce (SM80)
-    assert nk(2, gpu=load_gpu("a100")).non_torch == 256 * MiB + NCCL_COMMUNICATOR["nvlink"]
+    # an A100 SXM has NVLink without multicast: no FlashInfer workspace (nor SM90), the communicator's estimate
+    assert nk(2, gpu=load_gpu("a100")).non_torch == 256 * MiB + TORCH_NCCL_COMMUNICATOR["nvlink"]
     assert transport(load_gpu("l40s")) == "pcie" and transport(H100) == "nvls"
 
 
-def test_capacity_uses_the_model_by_default():
-    r = capacity(L31, H100, "auto", max_model_len=131072)
-    nk = r.non_kv
-    expected = -(-H100.memory_total_bytes * 92 // 100) - nk["total"]
-    assert abs(r.available_kv_bytes - expected) <= 1
-    assert nk["total"] == nk["weights"] + nk["activation"] + nk["persistent"] + nk["non_torch"] + nk["cudagraph"]
-    # the modelled overhead beyond the weights is far below the back-of-envelope 6 GiB on one H100
-    assert 1.5 * GiB < nk["total"] - nk["weights"] < 4 * GiB
-    flat = capacity(L31, H100, "auto", max_model_len=131072, activation_gib=6)
-    assert flat.non_kv["source"] == "flat allowance" and flat.activation_bytes == 6 * GiB
-    parts = capacity(L31, H100, "auto", max_model_len=131072, activation_gib=1, cudagraph_gib=0.5)
-    assert parts.non_kv["activation"] == GiB and parts.non_kv["cudagraph"] == GiB // 2
-    assert parts.non_kv["persistent"] == nk["persistent"]
-
-
-@pytest.mark.parametrize("args", [["--non-torch-gib", "-1"], ["--max-num-seqs", "0"]])
-def test_bad_overrides(cli, args):
-    r = cli("capacity", "llama3-8b", "--gpu", "h100", *args)
-    assert r.code == 2 and r.err.count("\n") == 1
-
-
-def test_moe_workspace_stays_through_the_sampler():
-    # Qwen3-30B-A3B at 8,192 tokens: the Triton experts' workspace, 8192 x 8 x (max(768, 2048) + max(1536, 2048))
-    # x 2 B = 512 MiB, is the workspace manager's persistent buffer, so the dummy sampler runs on top of it
-    m = load_model("qwen3-30b-a3b")
-    nk = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=1, weights=0, version="0.33",
-                       max_model_len=32768)
-    w_moe = 8192 * 8 * (2048 + 2048) * 2
-    assert w_moe == 512 * MiB and nk.parts["moe_workspace"] == w_moe
-    V = 151_936  # already a multiple of 64
-    hold = 8192 * 2048 * 2 + 2 * 1024 * 2048 * 2
-    sampler = 2 * 1024 * V + 12 * 1024 * V  # bf16 logits; fp32 copy, top-k mask, probs (0.33's warm-up pass)
-    assert nk.activation == w_moe + hold + sampler
+def test_memory_in_use_at_the_snapshot():
+    # the 0.19 init snapshots on H100: 0.51 GiB at TP 1 (the CUDA context); 1.53 at TP 2 = context + PyNccl 500 MiB +
+    # custom all-reduce 24 MiB + the 64 MiB symmetric-memory buffer in one 512 MiB multicast page (522 + 500 + 24 +
+    # 512 = 1,558 MiB = 1.52 GiB); a MoE model's expert-parallel group adds a second communicator (gpt-oss-20b: 2.01)
+    assert pre_snapshot_bytes(H100, 1, "0.19") == 522 * MiB
+    assert pre_snapshot_bytes(H100, 2, "0.19") == (522 + 500 + 24 + 512) * MiB
+    assert pre_snapshot_bytes(H100, 2, "0.19", moe=True) == (522 + 1000 + 24 + 512) * MiB
+    # from 0.30 torch's communicator is made before the snapshot too
+    assert pre_snapshot_bytes(H100, 2, "0.33") == (522 + 500 + 24 + 512 + 328) * MiB
