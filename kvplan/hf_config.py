@@ -187,7 +187,10 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
         return {}, {}, [], None
     kind = (v.text("model_type") or "").lower()
     arch = (top.text("model_type") or "").lower()
-    defaults = _VISION_DEFAULTS.get(kind.removesuffix("_vision_model"), {})
+    if kind.removesuffix("_vision_model") not in _VISION_DEFAULTS:
+        return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
+                        f"and its profile run are missing from the figures"], None
+    defaults = _VISION_DEFAULTS[kind.removesuffix("_vision_model")]
 
     def field(key: str) -> int:  # a field the config leaves out takes its transformers config class's default
         value = v.integer(key, minimum=1)
@@ -326,16 +329,43 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         q = c.section("quantization_config")
     if q and q.data:
         method = (q.text("quant_method") or "").lower()
+        if not method and q.text("quant_algo"):  # ModelOpt's own config (producer modelopt) names an algorithm
+            method = "modelopt"
         block = q.items("weight_block_size", _is_int, "a list of whole numbers such as [128, 128]")
         bits = q.integer("bits", minimum=1)
         if method == "compressed-tensors":
             out["weight_dtype"] = compressed_tensors_format(q, path)
+        elif method == "modelopt":
+            algo = (q.text("quant_algo") or "").upper()
+            formats = {"FP8": "fp8", "NVFP4": "nvfp4", "FP8_PB_WO": "fp8_block128", "FP8_BLOCK": "fp8_block128"}
+            if algo not in formats:
+                raise KvplanError(f"{path}: ModelOpt quant_algo '{algo or '?'}' is not modelled; use the unquantized "
+                                  f"config and pass --weight-dtype (fp8, nvfp4, ...)")
+            out["weight_dtype"] = formats[algo]
+            excluded = q.items("exclude_modules", lambda x: isinstance(x, str), "a list of module names") or []
+            if sum(1 for x in excluded if "self_attn" in x or ".attn" in x) >= layers:
+                out["weight_scope"] = "mlp"  # every layer's attention kept in the model dtype
+        elif method in ("awq", "gptq"):
+            bits = bits or 4
+            raw = q.data.get("group_size", 128)
+            group = -1 if raw == -1 else (q.integer("group_size") if q.has("group_size") else 128)  # -1: per channel
+            if bits != 4 or group == 0:
+                raise KvplanError(f"{path}: {method.upper()} with {bits} bits"
+                                  + (" and no groups" if group == 0 else "") + " is not modelled; pass --weight-dtype")
+            # Marlin keeps AWQ's zero points; a symmetric GPTQ checkpoint's are dropped at load
+            sym = method == "gptq" and q.flag("sym") is not False
+            out["weight_dtype"] = (f"int4_g{group}" if group and group > 0 else "int4_channel") + ("_sym" if sym else "")
+        elif method == "bitsandbytes":
+            if q.flag("load_in_4bit"):
+                out["weight_dtype"] = "nf4_double" if q.flag("bnb_4bit_use_double_quant") else "nf4"
+            elif q.flag("load_in_8bit"):
+                out["weight_dtype"] = "int8"
+            else:
+                raise KvplanError(f"{path}: quantization_config: bitsandbytes without load_in_4bit or load_in_8bit")
         elif method == "fp8":
             out["weight_dtype"] = "fp8_block128" if block else "fp8"
         elif method == "mxfp4":
             out["weight_dtype"], out["weight_scope"] = "mxfp4", "experts"
-        elif method in ("awq", "gptq") and (bits is None or bits == 4):
-            out["weight_dtype"] = "int4_g128"
         else:
             raise KvplanError(
                 f"{path}: quantization_config.quant_method '{method}' is not modelled; "

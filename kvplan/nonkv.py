@@ -98,14 +98,17 @@ def _round_up(n: float, unit: int) -> int:
     return math.ceil(n / unit) * unit
 
 
-def pre_snapshot_bytes(gpu: Optional[GPUSpec], tp: int, version: "str | VllmRules", moe: bool = False) -> int:
-    """Device memory in use when vLLM takes its baseline snapshot: the CUDA context, and with TP > 1 the PyNccl
-    communicator (a second one for a MoE model's expert-parallel group), the custom all-reduce's buffers and the
-    symmetric-memory buffer (world sizes 2, 4, 6, 8), and from 0.30 torch's NCCL process group too."""
-    if tp < 2:
-        return CUDA_CONTEXT
+def pre_snapshot_bytes(gpu: Optional[GPUSpec], tp: int, version: "str | VllmRules", moe: bool = False,
+                       pp: int = 1) -> int:
+    """Device memory in use when vLLM takes its baseline snapshot: the CUDA context; with pipeline stages the PP
+    group's PyNccl communicator (sends and receives only); with TP > 1 the TP group's PyNccl communicator (a second
+    one for a MoE model's expert-parallel group), the custom all-reduce's buffers and the symmetric-memory buffer
+    (world sizes 2, 4, 6, 8), and from 0.30 torch's NCCL process group too."""
     kind, fam = transport(gpu), _cc_family(gpu)
-    total = CUDA_CONTEXT + PYNCCL_COMMUNICATOR[kind] * (2 if moe else 1)
+    stages = PYNCCL_COMMUNICATOR[kind] if pp > 1 else 0
+    if tp < 2:
+        return CUDA_CONTEXT + stages
+    total = CUDA_CONTEXT + stages + PYNCCL_COMMUNICATOR[kind] * (2 if moe else 1)
     if tp in (2, 4, 6, 8) and kind != "pcie":
         total += CUSTOM_ALLREDUCE
         if kind == "nvls" and tp in _SYMM_MEM_MB.get(fam or "", {}):

@@ -388,9 +388,9 @@ def capacity_of(d) -> CapacityResult:
             f"run out of memory allocating the pool (lower --kv-cache-memory)"
         )
     elif (d.free_memory_bytes is not None and d.kv_cache_memory_bytes is None
-          and d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None) < plan.requested):
+          and d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None, pp=d.pp) < plan.requested):
         # the worker checks the memory free after its CUDA context and communicators exist
-        seen = d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None)
+        seen = d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None, pp=d.pp)
         fits_util = math.floor(max(0, seen) / d.total_bytes * 100) / 100
         problem = (
             f"vLLM refuses to start: {d.free_memory_bytes / GiB:.2f} GiB free, {seen / GiB:.2f} GiB once its CUDA "

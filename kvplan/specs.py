@@ -113,8 +113,9 @@ class ModelSpec(_Frozen):
     max_position_embeddings: int = Field(gt=0, le=2**40)
     dtype: Literal["bf16", "fp16", "fp32"] = Field("bf16", description="dtype of unquantized tensors and of 'auto' KV")
     weight_dtype: str = Field("bf16", description="checkpoint format of the quantized tensors (weight catalog name)")
-    weight_scope: Literal["linear", "experts"] = Field(
-        "linear", description="which tensors weight_dtype covers: every decoder linear layer, or MoE experts only"
+    weight_scope: Literal["linear", "experts", "mlp"] = Field(
+        "linear", description="which tensors weight_dtype covers: every decoder linear layer, MoE experts only, or "
+        "the MLPs and experts (attention left in the model dtype)"
     )
     declared_params: Optional[int] = Field(None, gt=0)
     attention: AttentionLayout = AttentionLayout()
@@ -379,13 +380,33 @@ def load_model(name_or_path: str) -> ModelSpec:
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         hint = "name a catalog model, a YAML spec or a config.json"
+        if path.is_dir() and (path / "config.json").is_file():  # a local snapshot
+            path = path / "config.json"
         if path.suffix == ".json":
             from .hf_config import model_from_hf_config
 
-            fields = model_from_hf_config(read_json(path, "file", hint), path)
+            cfg = read_json(path, "file", hint)
+            quant = _modelopt_file(path)
+            if quant is not None and isinstance(cfg, dict) and not cfg.get("quantization_config"):
+                q = read_json(quant, "file", "pass the hf_quant_config.json ModelOpt wrote beside the config")
+                q = q.get("quantization", q) if isinstance(q, dict) else q
+                cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **q} if isinstance(q, dict) else q}
+            fields = model_from_hf_config(cfg, path)
             return _build(ModelSpec, fields, path)
         return _build(ModelSpec, read_yaml(path, "file", hint), path)
     return _resolve("models", name_or_path)
+
+
+def _modelopt_file(config: Path) -> Optional[Path]:
+    """ModelOpt's hf_quant_config.json beside a config.json (or <stem>_hf_quant_config.json beside
+    <stem>_config.json, as saved from the Hub)."""
+    name = config.name
+    candidates = [config.with_name("hf_quant_config.json")]
+    for suffix in ("_config.json", ".config.json"):
+        if name.endswith(suffix):
+            candidates.append(config.with_name(name[: -len(suffix)] + "_hf_quant_config.json"))
+            candidates.append(config.with_name(name[: -len(suffix)] + ".hf_quant_config.json"))
+    return next((c for c in candidates if c.is_file()), None)
 
 
 def load_gpu(name_or_path: str) -> GPUSpec:

@@ -99,6 +99,9 @@ WEIGHT_FORMATS: dict[str, WeightFormat] = {
             "int4_g128", 4, "int4, fp16 scale and 4-bit zero point per 128 inputs (AWQ/GPTQ)",
             scale_group=128, scale_bytes=2, zero_bits=4,
         ),
+        WeightFormat("nf4", 4, "bitsandbytes NF4, one fp32 absmax per 64", scale_group=64, scale_bytes=4),
+        WeightFormat("nf4_double", 4, "bitsandbytes NF4 with double quantization: one 8-bit absmax per 64, an fp32 "
+                     "per 256 of those", scale_group=64, scale_bytes=1 + 4 / 256),
         WeightFormat("mxfp4", 4, "e2m1, one e8m0 scale byte per 32 (OCP MX; gpt-oss experts)", scale_group=32, scale_bytes=1),
         WeightFormat(
             "nvfp4", 4, "e2m1, one fp8 e4m3 scale per 16, fp32 global scale per tensor",
@@ -244,6 +247,8 @@ def active_param_count(m: ModelSpec) -> int:
 def _quantized(m: ModelSpec, t: Tensor, scope: str) -> bool:
     if not t.is_matrix or t.part in ("embed", "lm_head", "router", "extra"):
         return False
+    if scope == "mlp":  # attention left in the model dtype (ModelOpt NVFP4 checkpoints of MLA models)
+        return t.part in ("mlp", "expert", "shared_expert")
     return scope == "linear" or t.part == "expert"
 
 

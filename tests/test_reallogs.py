@@ -1,0 +1,133 @@
+"""The development set: 29 real vLLM 0.19 startup logs on H100 (tests/fixtures/logs/vllm-0.19-h100, with their
+models' config.json files in tests/fixtures/configs). Every figure kvplan predicts is checked against what the
+engine printed; the expected figures below are the logs' own (figures.csv), not kvplan's."""
+
+import csv
+import io
+import json
+import statistics
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from kvplan.cli import main
+from kvplan.deploy import find_config, import_log
+from kvplan.startup_log import parse_startup_log
+
+FIX = Path(__file__).resolve().parent / "fixtures"
+LOGS = FIX / "logs" / "vllm-0.19-h100"
+CONFIGS = FIX / "configs"
+FIGURES = {row["log_file"]: row for row in csv.DictReader((LOGS / "figures.csv").open())}
+OK = sorted(name for name, row in FIGURES.items() if row["status"] == "ok")
+FAILED = sorted(name for name, row in FIGURES.items() if row["status"] == "failed")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {name: import_log((LOGS / name).read_text(), name, configs=[CONFIGS]) for name in FIGURES}
+
+
+def _figure(result, name):
+    return next(f for f in result.figures if f.name == name)
+
+
+def test_the_set_is_complete():
+    assert len(OK) == 22 and len(FAILED) == 7
+
+
+@pytest.mark.parametrize("name", OK)
+def test_available_kv_memory_within_one_percent(results, name):
+    r = results[name]
+    measured = float(FIGURES[name]["kv_cache_memory_gib"])
+    f = _figure(r, "available KV cache memory")
+    assert f.measured == pytest.approx(measured, abs=0.005)
+    if name.startswith("moonshotai-kimi-dev-72b"):
+        # a 3.02 GiB pool beside 67.82 GiB of weights: 1% is 31 MiB, less than the 77 MiB by which vLLM's weights
+        # for this Qwen2-72B exceed the parameters' bytes (unexplained); held to 0.12 GiB
+        assert abs(f.predicted - measured) < 0.12
+    else:
+        assert abs(f.error_pct) < 1.0, f"{name}: {f.predicted} GiB predicted, {measured} GiB in the log"
+    # the blocks follow the memory: the log's own block count, to the same relative error
+    blocks = _figure(r, "KV blocks")
+    assert blocks.measured == int(FIGURES[name]["kv_cache_blocks"])
+
+
+@pytest.mark.parametrize("name", OK)
+def test_weights_within_half_a_percent(results, name):
+    f = _figure(results[name], "model weights")
+    assert f.measured == float(FIGURES[name]["weight_memory_gib"])
+    # gemma-2-2b-it: vLLM reports 4.90 GiB for 2,614,341,888 parameters (4.87 GiB in bf16 with the rotary cache)
+    assert abs(f.error_pct) < (0.6 if name.startswith("google-gemma-2") else 0.5)
+
+
+@pytest.mark.parametrize("name", OK)
+def test_non_kv_parts(results, name):
+    # the activation peak and the non-torch increase the profile printed, part by part
+    r, row = results[name], FIGURES[name]
+    act = _figure(r, "activation peak")
+    assert act.measured == float(row["activation_memory_gib"])
+    nt = _figure(r, "non-torch memory")
+    assert nt.measured == float(row["non_torch_forward_gib"])
+    # the Granite text models' 0.46 GiB non-torch increase and Granite-3.3-8B's compiled peak are not modelled
+    granite_text = "granite-3" in name and "visi" not in name
+    assert abs(nt.predicted - nt.measured) < (0.25 if granite_text else 0.04)
+    assert abs(act.predicted - act.measured) < (0.07 if granite_text else 0.03)
+
+
+def test_summary_median_and_worst():
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(["log", *map(str, sorted(LOGS.glob("*.log"))), "--configs", str(CONFIGS), "--summary", "--json"])
+    assert code == 0, err.getvalue()
+    data = json.loads(out.getvalue())
+    assert len(data["logs"]) == 29 and data["unread"] == 0
+    kv = data["available_kv"]
+    assert kv["compared"] == 22 and kv["median_abs_error_pct"] <= 0.5
+    errs = [abs(row["available_kv"]["error_pct"]) for row in data["logs"] if "available_kv" in row]
+    assert kv["median_abs_error_pct"] == pytest.approx(statistics.median(errs))
+    assert data["weights"]["worst_abs_error_pct"] < 0.6
+    assert data["failures"]["logs"] == 7 and data["failures"]["predicted"] >= 5
+
+
+@pytest.mark.parametrize("name, says", [
+    ("codellama-codellama-34b---h100-80gb--tp2pp1dp1--8192.FAILED.log", "60.87 GiB once its CUDA context"),
+    ("moonshotai-kimi-dev-72b--h100-80gb--tp4pp1dp1--8192.FAILED.log", "60.85 GiB once its CUDA context"),
+    ("meta-llama-llama-4-scout--h100-80gb--tp4pp1dp1--8192.FAILED.log", "60.33 GiB once its CUDA context"),
+    ("qwen-qwen3-14b--h100-80gb--tp5pp1dp1--8192.FAILED.log", "151936 is not divisible by 5"),
+    ("microsoft-phi-2--h100-80gb--tp1pp1dp1--8192.FAILED.log", "max_position_embeddings 2048"),
+])
+def test_failures_predicted_as_what_they_are(results, name, says):
+    r = results[name]
+    assert r.failure is not None and r.failure_predicted
+    assert says in r.predicted_failure
+
+
+def test_failure_lines_parsed():
+    log = parse_startup_log((LOGS / "codellama-codellama-34b---h100-80gb--tp2pp1dp1--8192.FAILED.log").read_text())
+    assert log.failure["kind"] == "free_memory"
+    assert (log.failure["free_gib"], log.failure["total_gib"], log.failure["requested_gib"]) == (60.87, 79.19, 75.23)
+    oom = parse_startup_log((LOGS / "openai-gpt-oss-20b--h100-80gb--tp1pp1dp1--8192.FAILED.log").read_text())
+    assert oom.failure["kind"] == "sampler_warmup" and oom.failure["rows"] == 1024
+    # it failed after sizing its pool: those figures are there
+    assert oom.measured["available_kv_gib"] == 58.47 and oom.measured["weights_gib"] == 13.64
+
+
+def test_the_snapshot_and_profile_lines():
+    log = parse_startup_log((LOGS / "qwen-qwen2-5-7b-instruct--h100-80gb--tp2pp1dp1--8192.log").read_text())
+    m = log.measured
+    assert (m["init_free_gib"], m["total_gpu_memory_gib"], m["init_used_gib"]) == (77.66, 79.19, 1.53)
+    assert (m["non_kv_gib"], m["activation_peak_gib"], m["non_torch_gib"]) == (11.39, 2.21, 2.06)
+    assert m["requested_gib"] == 75.23 and m["cudagraph_estimated_gib"] == 0.61
+
+
+def test_config_lookup_by_repo_id(tmp_path, monkeypatch):
+    # the fixtures' <org>--<name>.config.json, case-insensitively (the log says redhatai/, the file RedHatAI--)
+    assert find_config("redhatai/Qwen2.5-7B-Instruct-quantized.w8a8", [CONFIGS]).name.startswith("RedHatAI--")
+    # a Hugging Face cache layout: models--org--name/snapshots/<revision>/config.json
+    snap = tmp_path / "hub" / "models--acme--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.config.json").read_text())
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert find_config("acme/tiny") == snap / "config.json"
+    assert find_config("acme/other") is None
