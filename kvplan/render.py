@@ -552,21 +552,27 @@ def validate_table(r: dict) -> None:
 
 def log_summary_table(data: dict) -> None:
     con = console()
-    t = Table(title="Startup logs: the engine's figures and kvplan's prediction", title_justify="left")
-    for col in ["log", "model", "tp", "available KV (log / kvplan)", "error", "weights error", "outcome"]:
-        t.add_column(col, justify="left" if col in ("log", "model", "outcome") else "right")
+    t = Table(title="Startup logs: available KV memory and weights, the log's against kvplan's", title_justify="left")
+    for col in ["log", "tp", "KV log", "KV kvplan", "error", "weights error", "outcome"]:
+        t.add_column(col, justify="left" if col in ("log", "outcome") else "right")
+    failures = []
+
+    def first(sentence: Optional[str]) -> str:
+        return re.split(r"(?<=[a-z0-9)])[.;] ", sentence or "", maxsplit=1)[0]
+
     for row in data["logs"]:
         kv, w = row.get("available_kv"), row.get("weights")
         if row["status"] == "unread":
-            outcome = f"not read: {row['problem']}"
+            outcome = "not read"
+            failures.append(f"{row['log']}: not read: {row['problem']}")
         elif row["status"] == "failed":
-            first = re.split(r"(?<=[a-z0-9)])\. ", row["failure"] or "", maxsplit=1)[0]
-            outcome = ("failure predicted" if row["failure_predicted"] else "FAILURE NOT PREDICTED") + \
-                f": {first[:90]}"
+            outcome = "failed, predicted" if row["failure_predicted"] else "failed, NOT predicted"
+            failures.append(f"{row['log']}: the engine: {first(row['failure'])}"
+                            + (f"; kvplan: {first(row['predicted_failure'])}" if row["predicted_failure"] else ""))
         else:
             outcome = "ran"
-        t.add_row(row["log"], str(row.get("model", "-")), str(row.get("tp", "-")),
-                  f"{kv['measured_gib']:.2f} / {kv['predicted_gib']:.2f} GiB" if kv else "-",
+        t.add_row(row["log"], str(row.get("tp", "-")), f"{kv['measured_gib']:.2f} GiB" if kv else "-",
+                  f"{kv['predicted_gib']:.2f} GiB" if kv else "-",
                   f"{kv['error_pct']:+.2f}%" if kv and kv["error_pct"] is not None else "-",
                   f"{w['error_pct']:+.2f}%" if w and w["error_pct"] is not None else "-", outcome)
     print_table(con, t)
@@ -578,5 +584,5 @@ def log_summary_table(data: dict) -> None:
     f = data["failures"]
     if f["logs"]:
         con.print(f"failures: {f['predicted']} of {f['logs']} predicted")
-    if data["unread"]:
-        con.print(f"{data['unread']} logs not read (see their lines)")
+    for line in failures:
+        con.print(f"  {line}")
