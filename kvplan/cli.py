@@ -99,6 +99,9 @@ CudagraphOpt = Annotated[Optional[float], typer.Option(
 MaxSeqsOpt = Annotated[Optional[int], typer.Option(
     "--max-num-seqs", help="vLLM: sizes the sampler and its state (default: vLLM serve's for the GPU)")]
 EagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="vLLM: no CUDA graphs (and no estimate for them)")]
+LanguageOnlyOpt = Annotated[bool, typer.Option(
+    "--language-model-only", help="vLLM, vision-language models: the vision tower and projector are neither built "
+    "nor profiled (vLLM's --language-model-only, or --limit-mm-per-prompt with every modality at 0)")]
 EntrypointOpt = Annotated[Optional[str], typer.Option(
     "--entrypoint", help="how vLLM is started, which sets its batch defaults: serve (the API server, default) or llm "
     "(the offline LLM class, twice the batched tokens)")]
@@ -293,6 +296,7 @@ def capacity(
     cudagraph_gib: CudagraphOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     enforce_eager: EagerOpt = False,
+    language_model_only: LanguageOnlyOpt = False,
     entrypoint: EntrypointOpt = None,
     gpu_memory_gib: GpuMemOpt = None,
     free_memory_gib: FreeMemOpt = None,
@@ -445,6 +449,7 @@ def plot_capacity(
     cudagraph_gib: CudagraphOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     enforce_eager: EagerOpt = False,
+    language_model_only: LanguageOnlyOpt = False,
     entrypoint: EntrypointOpt = None,
     gpu_memory_gib: GpuMemOpt = None,
     kv_cache_memory: KvMemOpt = None,
@@ -501,6 +506,7 @@ def sweep(
     cudagraph_gib: CudagraphOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     enforce_eager: EagerOpt = False,
+    language_model_only: LanguageOnlyOpt = False,
     entrypoint: EntrypointOpt = None,
     gpu_memory_gib: GpuMemOpt = None,
     weight_dtype: WeightDtypeOpt = None,
@@ -529,7 +535,8 @@ def sweep(
     kind = frame_format(output, fmt)
     options = dict(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                    activation_gib=activation_gib, non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib,
-                   max_num_seqs=max_num_seqs, enforce_eager=enforce_eager, entrypoint=entrypoint,
+                   max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
+                   language_model_only=language_model_only, entrypoint=entrypoint,
                    gpu_memory_gib=gpu_memory_gib, weight_dtype=weight_dtype,
                    max_num_batched_tokens=max_num_batched_tokens, engine_version=engine_version, pp=pp, dcp=dcp)
     df = run(_names(model), _names(gpu), tps=_sizes(tp, "--tp") or [1], dtypes=parse_dtypes(dtype),

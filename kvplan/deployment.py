@@ -34,7 +34,7 @@ SGLANG_VERSION = "0.5"
 # profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
 VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_gib",
              "max_num_seqs", "max_num_batched_tokens", "entrypoint", "enforce_eager", "activation_gib",
-             "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers")
+             "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only")
 SGLANG_ONLY = ("mem_fraction_static", "page_size")
 # what a field is called on the command line (and, with underscores, in a gate file)
 FLAGS = {"kv_cache_dtype": "--kv-cache-dtype", "kv_cache_memory_gib": "--kv-cache-memory"}
@@ -71,6 +71,7 @@ class DeploymentArgs:
     max_num_batched_tokens: Optional[int] = None
     entrypoint: Optional[str] = None
     enforce_eager: bool = False
+    language_model_only: bool = False
     activation_gib: Optional[float] = None
     non_torch_gib: Optional[float] = None
     cudagraph_gib: Optional[float] = None
@@ -79,7 +80,7 @@ class DeploymentArgs:
 
     def given(self) -> list[str]:
         """The fields the user set (anything but None and the neutral values)."""
-        neutral = {"pp": 1, "dcp": 1, "enforce_eager": False}
+        neutral = {"pp": 1, "dcp": 1, "enforce_eager": False, "language_model_only": False}
         return [f.name for f in fields(self) if getattr(self, f.name) is not None
                 and getattr(self, f.name) != neutral.get(f.name, None)]
 
@@ -126,6 +127,7 @@ class Deployment:
     max_num_batched_tokens: Optional[int] = None
     entrypoint: str = "serve"
     enforce_eager: bool = False
+    language_model_only: bool = False
     kv_cache_memory_bytes: Optional[int] = None
     num_gpu_blocks_override: Optional[int] = None
     activation_bytes: Optional[int] = None
@@ -167,6 +169,7 @@ class Deployment:
             out.update(gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
                        max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                        entrypoint=self.entrypoint, enforce_eager=self.enforce_eager,
+                       language_model_only=self.language_model_only,
                        kv_cache_memory_bytes=self.kv_cache_memory_bytes,
                        num_gpu_blocks_override=self.num_gpu_blocks_override,
                        activation_bytes=self.activation_bytes, non_torch_bytes=self.non_torch_bytes,
@@ -249,6 +252,12 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if prof is not None and prof.model != m.name:
         raise KvplanError(f"the profile was measured on {prof.model}, not {m.name}; its overheads do not carry "
                           f"over (import a startup log of {m.name})")
+    if args.language_model_only:
+        if m.vision is None and not m.extra_params and not m.replicated_params:
+            raise KvplanError(f"--language-model-only: {m.name} has no vision encoder to leave out; drop it")
+        m = m.model_copy(update={"vision": None, "extra_params": {}, "replicated_params": {}})
+        notes.append("language model only: the vision tower and projector are neither built nor profiled (vLLM's "
+                     "--language-model-only, or --limit-mm-per-prompt with every modality at 0)")
     gpu = args.gpu
     g = gpu if isinstance(gpu, GPUSpec) or gpu is None else load_gpu(gpu)
     if prof is not None and prof.gpu:
@@ -423,7 +432,7 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
         block_size_given=args.block_size is not None,
         max_num_seqs=seqs or defaults.max_num_seqs,
         max_num_batched_tokens=batched or defaults.max_num_batched_tokens, entrypoint=entrypoint,
-        enforce_eager=bool(args.enforce_eager),
+        enforce_eager=bool(args.enforce_eager), language_model_only=bool(args.language_model_only),
         kv_cache_memory_bytes=None if args.kv_cache_memory_gib is None else int(round(args.kv_cache_memory_gib * GiB)),
         num_gpu_blocks_override=None if args.num_gpu_blocks_override is None else int(args.num_gpu_blocks_override),
         activation_bytes=_gib_bytes(args.activation_gib), non_torch_bytes=_gib_bytes(args.non_torch_gib),

@@ -96,6 +96,7 @@ class Options(_Strict):
     cudagraph_gib: Optional[float] = Field(None, ge=0)
     max_num_seqs: Optional[int] = Field(None, ge=1)
     enforce_eager: bool = False
+    language_model_only: bool = False
     gpu_memory_gib: Optional[float] = Field(None, gt=0)
     free_memory_gib: Optional[float] = Field(None, gt=0)
     kv_cache_memory: Optional[float] = Field(None, gt=0)

@@ -185,3 +185,21 @@ def test_other_quantization_methods(tmp_path, q, fmt):
     p = tmp_path / "q.config.json"
     p.write_text(json.dumps(cfg))
     assert load_model(str(p)).weight_dtype == fmt
+
+
+def test_language_model_only():
+    # granite-vision without its tower: the weights drop by the tower and projector (412,984,944 + 13,637,632
+    # parameters in bf16 = 0.79 GiB) and the profile run no longer holds the 8,289 image embeddings
+    from kvplan.deployment import DeploymentArgs
+    from kvplan.pool import capacity_of
+
+    path = str(CONFIGS / "ibm-granite--granite-vision-3.3-2b.config.json")
+    kw = dict(model=path, gpu="h100", gpu_memory_gib=79.19, gpu_memory_utilization=0.95, max_model_len=8192,
+              engine_version="0.19")
+    full = capacity_of(DeploymentArgs(**kw).resolve(needs_memory=True))
+    text = capacity_of(DeploymentArgs(**kw, language_model_only=True).resolve(needs_memory=True))
+    assert full.weight_bytes - text.weight_bytes == (412_984_944 + 13_637_632) * 2
+    assert text.non_kv["activation"] < full.non_kv["activation"]
+    assert text.deployment["language_model_only"] is True
+    with pytest.raises(KvplanError, match="has no vision encoder"):
+        DeploymentArgs(model="llama-3.1-8b", gpu="h100", language_model_only=True).resolve()
