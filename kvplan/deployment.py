@@ -249,6 +249,8 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if model is None:
         raise KvplanError("no model: name one (a catalog name, a YAML spec or a config.json)")
     m = model if isinstance(model, ModelSpec) else load_model(model)
+    if m.origin:
+        notes.append(m.origin)
     if prof is not None and prof.model != m.name:
         raise KvplanError(f"the profile was measured on {prof.model}, not {m.name}; its overheads do not carry "
                           f"over (import a startup log of {m.name})")

@@ -6,6 +6,8 @@ where an object belongs) is one error line naming the file and the field.
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -85,7 +87,7 @@ def _name_from_path(path: Path | str) -> str:
     """A config without _name_or_path is named after its file (<org>--<name>.config.json, as saved from the Hub,
     reads as org/name) or, for a plain config.json, its folder (a snapshot's revision folder names the repo above
     it: models--<org>--<name>/snapshots/<revision>/config.json)."""
-    p = Path(path).resolve()
+    p = Path(os.path.abspath(path))  # not resolved: a cache's snapshot links to a blob named by its hash
     stem = p.name
     for suffix in (".config.json", "_config.json", "-config.json", ".json"):
         if stem.lower().endswith(suffix) and stem.lower() != "config.json":
@@ -321,6 +323,11 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     dtype = (c.text("torch_dtype") or top.text("torch_dtype") or c.text("dtype") or top.text("dtype")
              or "bfloat16")
     out["dtype"] = _DTYPES.get(dtype.replace("torch.", ""), "bf16")
+    if out["dtype"] == "fp32":
+        # vLLM's --dtype auto downcasts float32 checkpoints to the platform's first dtype: bfloat16 on every GPU from
+        # Ampere on (config/model.py _resolve_auto_dtype; platforms/cuda.py supported_dtypes)
+        out["dtype"] = "bf16"
+        out.setdefault("notes", []).append("a float32 checkpoint: vLLM runs it in bfloat16 (--dtype auto)")
     out["weight_dtype"] = out["dtype"]
 
     # Quantized checkpoints

@@ -138,6 +138,7 @@ class ModelSpec(_Frozen):
     )
     notes: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    origin: Optional[str] = Field(None, description="how this spec was found, when it stands in for the one named")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
@@ -376,7 +377,13 @@ def _looks_like_path(name: str) -> bool:
 
 
 def load_model(name_or_path: str) -> ModelSpec:
-    """A model by catalog name or alias, a path to a YAML spec, or a path to a Hugging Face config.json."""
+    """A model by catalog name or alias, a path to a YAML spec, a Hugging Face config.json or snapshot folder, or a
+    Hugging Face id (org/name: the local Hugging Face cache, else the Hub with the hub extra, else the catalog
+    model of that architecture)."""
+    from .hub import looks_like_repo_id
+
+    if looks_like_repo_id(name_or_path):
+        return _model_for_repo_id(name_or_path)
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         hint = "name a catalog model, a YAML spec or a config.json"
@@ -395,6 +402,25 @@ def load_model(name_or_path: str) -> ModelSpec:
             return _build(ModelSpec, fields, path)
         return _build(ModelSpec, read_yaml(path, "file", hint), path)
     return _resolve("models", name_or_path)
+
+
+def _model_for_repo_id(repo: str) -> ModelSpec:
+    from .hub import fetch_config
+
+    try:
+        return load_model(str(fetch_config(repo)))
+    except KvplanError as fetch_error:
+        if "catalog" not in str(fetch_error) and "HF_HUB_OFFLINE" not in str(fetch_error):
+            raise
+        from .deploy import catalog_model_for_repo
+
+        try:  # without the Hub: the catalog model of that architecture, when there is one
+            spec = catalog_model_for_repo(repo)
+        except KvplanError:
+            raise fetch_error from None
+        return spec.model_copy(update={"origin": f"'{repo}' planned as the catalog's {spec.name} (the same "
+                                                 f"architecture); its own config.json needs the Hugging Face cache "
+                                                 f"or the hub extra"})
 
 
 def _modelopt_file(config: Path) -> Optional[Path]:

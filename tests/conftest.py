@@ -3,6 +3,9 @@ import os
 
 # The kernel tests run under Triton's interpreter; it must be chosen before anything imports triton.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# No test reaches the Hugging Face Hub or reads the user's cache (huggingface_hub reads these once, at import)
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HUB_DISABLE_TELEMETRY"] = "1"
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -15,6 +18,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 def _isolated_environment(monkeypatch, tmp_path_factory):
     """No test sees the user's calibration cache or a CI runner's GitHub variables; tests that need them set them."""
     monkeypatch.setenv("KVPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("hf-cache")))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"):
         monkeypatch.delenv(name, raising=False)
 

@@ -203,3 +203,14 @@ def test_language_model_only():
     assert text.deployment["language_model_only"] is True
     with pytest.raises(KvplanError, match="has no vision encoder"):
         DeploymentArgs(model="llama-3.1-8b", gpu="h100", language_model_only=True).resolve()
+
+
+def test_float32_checkpoints_run_in_bfloat16(tmp_path):
+    # vLLM's --dtype auto: a float32 config is served in bfloat16 on Ampere and later, weights and KV alike
+    cfg = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.config.json").read_text())
+    cfg["torch_dtype"] = "float32"
+    p = tmp_path / "f32.config.json"
+    p.write_text(json.dumps(cfg))
+    m = load_model(str(p))
+    assert m.dtype == "bf16" and weight_bytes(m, 1).total == 2 * 8_030_261_248
+    assert any("float32" in n for n in m.notes)

@@ -85,7 +85,7 @@ def test_pipeline_on_cpu(tmp_path):
     from kvplan.measure_run import run_measure
 
     out = tmp_path / "cpu.yaml"
-    run_measure(quick=True, output=str(out), device_name="cpu", sizes=[64 * 1024, 256 * 1024], samples=2, warmup=1,
+    run_measure(quick=True, output=str(out), device_name="cpu", sizes=[64 * 1024, 1024 * 1024], samples=2, warmup=1,
                 families=("stream_read", "stream_copy", "gemv_bf16", "decode_bfloat16", "decode_int4_per_token_head"))
     prof = load_calibration(out)
     assert set(prof.families) == {"stream_read", "stream_copy", "gemv_bf16", "decode_bfloat16",
