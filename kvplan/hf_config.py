@@ -272,6 +272,61 @@ def _vision_profile(top: "_Fields", v: "_Fields", kind: str, arch: str, d: int, 
             "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
+# architectures whose layers keep a fixed per-sequence state (Mamba, Mamba-2, linear attention, short convolutions)
+# beside or instead of attention: vLLM serves them with its hybrid KV-cache manager, which kvplan does not model yet
+_STATE_SPACE_TYPES = {
+    "mamba": "Mamba", "mamba2": "Mamba-2", "falcon_mamba": "Mamba", "jamba": "Jamba (Mamba + attention)",
+    "zamba": "Zamba (Mamba + shared attention)", "zamba2": "Zamba2 (Mamba-2 + shared attention)",
+    "nemotron_h": "Nemotron-H (Mamba-2 + attention)", "bamba": "Bamba (Mamba-2 + attention)",
+    "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
+    "qwen3_next": "Qwen3-Next (gated delta net + attention)", "lfm2": "LFM2 (short convolution + attention)",
+    "plamo2": "PLaMo 2 (Mamba + attention)", "minimax_text_01": "MiniMax-Text-01 (lightning attention)",
+    "minimax_m1": "MiniMax-M1 (lightning attention)", "kimi_linear": "Kimi Linear (KDA linear attention)",
+}
+_STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
+                      "lightning_attention", "kda", "ssm"}
+
+
+def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, path: Path | str) -> None:
+    """A layout kvplan cannot size is refused with the field that describes it, never priced as attention."""
+    def refuse(what: str) -> None:
+        raise KvplanError(f"{path}: {what}: kvplan does not model layers that keep a per-sequence state (vLLM's "
+                          f"hybrid KV-cache manager) yet, and will not price them as attention")
+
+    for f in (c, top):
+        mt = (f.text("model_type") or "").lower()
+        if mt in _STATE_SPACE_TYPES:
+            refuse(f"model_type '{mt}' is {_STATE_SPACE_TYPES[mt]}")
+    pattern = c.text("hybrid_override_pattern")
+    if pattern and "M" in pattern:
+        refuse(f"hybrid_override_pattern '{pattern[:24]}...' has Mamba layers ('M')")
+    blocks = c.data.get("layers_block_type")
+    if isinstance(blocks, list) and any(str(b).lower() in ("mamba", "mamba2", "linear_attention") for b in blocks):
+        refuse("layers_block_type has Mamba layers")
+    kinds = c.data.get("attn_type_list")
+    if isinstance(kinds, list) and any(k == 0 for k in kinds):
+        refuse("attn_type_list has linear (lightning) attention layers (0)")
+    period = c.data.get("attn_layer_period")
+    if _is_int(period) and period > 1:
+        refuse(f"attn_layer_period {period}: attention every {period} layers, Mamba between")
+    types = c.data.get("layer_types")
+    if isinstance(types, list):
+        state = sorted({str(t) for t in types} & _STATE_LAYER_TYPES)
+        if state:
+            refuse(f"layer_types has {', '.join(repr(t) for t in state)} layers")
+    if c.data.get("linear_attn_config") is not None:
+        refuse("linear_attn_config describes linear-attention layers")
+    if c.data.get("compress_ratios") is not None or c.data.get("index_n_heads") is not None:
+        raise KvplanError(f"{path}: compress_ratios / index_n_heads: compressed and indexed sparse attention "
+                          f"(DeepSeek-V4, DSA) keeps caches kvplan does not size yet")
+    if c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
+        raise KvplanError(f"{path}: global_head_dim / num_global_key_value_heads: layers with their own KV heads "
+                          f"and head sizes (Gemma 4's global layers) are not modelled yet")
+    if c.data.get("block_configs") is not None:
+        raise KvplanError(f"{path}: block_configs: per-layer NAS configurations (each layer its own attention and "
+                          f"MLP sizes, some layers without attention) are not modelled yet")
+
+
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if not isinstance(cfg, dict):
         raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
@@ -283,6 +338,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         c = text_config
         model_type = (c.text("model_type") or model_type).lower()
 
+    _refuse_unmodelled_layers(top, c, model_type, path)
     layers = c.need("num_hidden_layers", "n_layer")
     hidden = c.need("hidden_size", "d_model")
     heads = c.need("num_attention_heads", "n_head")
@@ -389,7 +445,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         try:
             pattern = [names[t] for t in layer_types]
         except KeyError as e:
-            raise KvplanError(f"{path}: {c.prefix}layer_types holds an unknown attention type {e.args[0]!r}") from None
+            raise KvplanError(f"{path}: {c.prefix}layer_types holds an attention type kvplan does not size, "
+                              f"{e.args[0]!r} (it knows full_attention, sliding_attention, chunked_attention)") from None
     elif family in ("gemma3", "gemma3_text") and c.integer("sliding_window_pattern"):
         n = c.integer("sliding_window_pattern") or 1
         # the pattern repeats over the layers: one longer than the model means every layer slides

@@ -214,3 +214,25 @@ def test_float32_checkpoints_run_in_bfloat16(tmp_path):
     m = load_model(str(p))
     assert m.dtype == "bf16" and weight_bytes(m, 1).total == 2 * 8_030_261_248
     assert any("float32" in n for n in m.notes)
+
+
+@pytest.mark.parametrize("patch, says", [
+    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-"}, "model_type 'nemotron_h' is Nemotron-H"),
+    ({"hybrid_override_pattern": "M-M*-M-"}, "hybrid_override_pattern 'M-M*-M-...' has Mamba layers"),
+    ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "layer_types has 'linear_attention' layers"),
+    ({"attn_type_list": [0, 0, 1]}, "attn_type_list has linear (lightning) attention layers"),
+    ({"attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period 8"),
+    ({"block_configs": [{"attention": {"no_op": True}}]}, "block_configs: per-layer NAS"),
+    ({"layer_types": ["deepseek_sparse_attention"]}, "'deepseek_sparse_attention'"),
+    ({"compress_ratios": [4, 128]}, "compressed and indexed sparse attention"),
+    ({"global_head_dim": 512}, "Gemma 4's global layers"),
+])
+def test_layouts_kvplan_cannot_size_are_refused(tmp_path, patch, says):
+    # never priced as attention: each is one line naming the field
+    cfg = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.config.json").read_text())
+    cfg.update(patch)
+    p = tmp_path / "h.config.json"
+    p.write_text(json.dumps(cfg))
+    with pytest.raises(KvplanError, match=says.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
+                       .replace("*", r"\*").replace("[", r"\[")):
+        load_model(str(p))
