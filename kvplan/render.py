@@ -16,6 +16,10 @@ GiB = 2**30
 
 
 def Table(**kwargs) -> _RichTable:  # noqa: N802 - one look for every table
+    from .plain import PlainTable, plain_output
+
+    if plain_output():  # a pipe or a file: drawn without importing rich (kvplan.plain), the same characters
+        return PlainTable(**kwargs)  # type: ignore[return-value]
     from rich import box
     from rich.table import Table as _RichTable
 
@@ -25,6 +29,10 @@ def Table(**kwargs) -> _RichTable:  # noqa: N802 - one look for every table
 
 
 def console() -> Console:
+    from .plain import PlainConsole, plain_output
+
+    if plain_output():
+        return PlainConsole()  # type: ignore[return-value]
     from rich.console import Console
 
     # emoji=False: no text kvplan prints means an emoji code, and resolving ':name:' would load rich's emoji table
@@ -39,6 +47,16 @@ def print_table(con: Console, table: _RichTable) -> None:
     up their width first; when even the narrowest such layout does not fit, the table prints at the width it needs
     (a line longer than the terminal is better than a lost digit).
     """
+    from .plain import PlainTable
+
+    if isinstance(table, PlainTable):
+        lines = table.render(con.width)
+        if lines is not None:
+            sys.stdout.write("".join(ln + "\n" for ln in lines))
+            return
+        from rich.console import Console as _Console
+
+        table, con = table.to_rich(), _Console(highlight=False, emoji=False, width=con.width)
     cols = table.columns
     for col in cols:
         if col.justify == "right":
