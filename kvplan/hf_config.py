@@ -339,21 +339,28 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         model_type = (c.text("model_type") or model_type).lower()
 
     _refuse_unmodelled_layers(top, c, model_type, path)
-    layers = c.need("num_hidden_layers", "n_layer")
-    hidden = c.need("hidden_size", "d_model")
+    layers = c.need("num_hidden_layers", "n_layer", "num_layers")
+    hidden = c.need("hidden_size", "n_embd", "d_model")
     heads = c.need("num_attention_heads", "n_head")
-    vocab = c.need("vocab_size")
+    # ChatGLM / GLM-4 embed padded_vocab_size rows (vocab_size there is the tokenizer's)
+    vocab = c.integer("padded_vocab_size", minimum=1) or c.need("vocab_size")
     family = model_type or "unknown"
     falcon = family in ("falcon", "refinedweb", "refinedwebmodel")
 
     if falcon and c.flag("multi_query") and not c.flag("new_decoder_architecture"):
         kv_heads = 1
+    elif family == "gpt_bigcode" and c.flag("multi_query") is not False:
+        kv_heads = 1  # GPTBigCodeConfig.multi_query defaults to True
+    elif family == "chatglm" and c.flag("multi_query_attention"):
+        kv_heads = c.need("multi_query_group_num")
     else:
         kv_heads = c.integer("num_key_value_heads") or c.integer("num_kv_heads") or heads
-    head_dim = c.integer("head_dim") or hidden // heads  # transformers' own definition when the config omits it
-    intermediate = c.integer("intermediate_size") or (4 * hidden if falcon else None)
-    if intermediate is None and c.integer("ffn_hidden_size"):
-        intermediate = c.integer("ffn_hidden_size")
+    # transformers' own definition when the config omits it (ChatGLM calls it kv_channels)
+    head_dim = c.integer("head_dim") or c.integer("kv_channels") or hidden // heads
+    legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox")
+    intermediate = (c.integer("intermediate_size") or c.integer("ffn_hidden_size")
+                    or c.integer("ff_intermediate_size") or c.integer("n_inner")
+                    or (4 * hidden if falcon or legacy_mlp else None))
     if intermediate is None:
         raise KvplanError(f"{path}: field '{c.prefix}intermediate_size' is missing")
     for f in (top, c):  # read by nothing here, but a wrong type means a broken config
@@ -373,7 +380,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         "head_dim": head_dim,
         "vocab_size": vocab,
         "tie_word_embeddings": family in _TIED_BY_DEFAULT if tied is None else tied,
-        "max_position_embeddings": (c.integer("max_position_embeddings") or (2048 if falcon else None)
+        "max_position_embeddings": (c.integer("max_position_embeddings") or c.integer("n_positions")
+                                    or c.integer("seq_length") or (2048 if falcon else None)
                                     or c.need("max_position_embeddings")),
     }
     dtype = (c.text("torch_dtype") or top.text("torch_dtype") or c.text("dtype") or top.text("dtype")
@@ -480,11 +488,17 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             "experts_per_token": c.need("num_experts_per_tok", "experts_per_token"),
             "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
-        shared = c.integer("n_shared_experts") or (1 if family in ("llama4", "llama4_text") else 0)
+        # Qwen2-MoE and Qwen3-Next name one shared expert by its width alone (with a sigmoid gate of its own)
+        shared = (c.integer("n_shared_experts") or (1 if family in ("llama4", "llama4_text") else 0)
+                  or (1 if c.integer("shared_expert_intermediate_size") else 0))
         if shared:
             moe["shared_experts"] = shared
             if c.integer("shared_expert_intermediate_size"):
                 moe["shared_expert_intermediate_size"] = c.integer("shared_expert_intermediate_size")
+            if family in ("qwen2_moe", "qwen3_next"):
+                moe["shared_expert_gate"] = True
+        if family == "qwen2_moe" and c.items("mlp_only_layers", _is_int, "a list of layer indices"):
+            raise KvplanError(f"{path}: mlp_only_layers: dense layers at chosen indices are not modelled yet")
         if c.integer("first_k_dense_replace"):
             moe["first_dense_layers"] = c.integer("first_k_dense_replace")
         if family == "gpt_oss":
@@ -497,7 +511,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
 
     # Biases and norms the architecture carries
     attention_bias = bool(c.flag("attention_bias"))
-    out["qkv_bias"] = attention_bias or family == "qwen2" or bool(c.flag("qkv_bias"))
+    out["qkv_bias"] = attention_bias or family in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl") or bool(
+        c.flag("qkv_bias"))
     out["o_bias"] = attention_bias and family != "glm4_moe"
     out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
                       or bool(c.flag("use_qk_norm") and family == "glm4_moe"))
@@ -505,6 +520,26 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         out["norms_per_layer"] = 4
     if falcon:
         out.update(norms_per_layer=1, norm_bias=True, gated_mlp=False)
+    # the older layouts, as their transformers modelling code builds them (and vLLM's, weight for weight)
+    if family in ("gpt2", "gpt_bigcode"):  # fused qkv and proj with biases, LayerNorms, learned positions, tied
+        out.update(qkv_bias=True, o_bias=True, mlp_bias=True, norm_bias=True, gated_mlp=False,
+                   tie_word_embeddings=True if tied is None else tied)
+        out.setdefault("replicated_params", {})["position_embeddings"] = out["max_position_embeddings"] * hidden
+    elif family == "gptj":  # one LayerNorm per (parallel) block, biased MLP and LM head, no attention biases
+        out.update(norms_per_layer=1, norm_bias=True, mlp_bias=True, gated_mlp=False, lm_head_bias=True)
+    elif family == "phi":  # phi-1/phi-2: like GPT-J with attention biases
+        out.update(norms_per_layer=1, norm_bias=True, mlp_bias=True, gated_mlp=False, lm_head_bias=True,
+                   qkv_bias=True, o_bias=True)
+    elif family == "starcoder2":
+        bias = c.flag("use_bias") is not False
+        out.update(qkv_bias=bias, o_bias=bias, mlp_bias=bias, norm_bias=True, gated_mlp=False,
+                   tie_word_embeddings=True if tied is None else tied)
+    elif family == "cohere":  # one LayerNorm (no bias) per parallel block; embeddings tied by default
+        out.update(norms_per_layer=1, tie_word_embeddings=True if tied is None else tied)
+    elif family == "chatglm":  # GLM-4: qkv biases (add_qkv_bias), no others (add_bias_linear false)
+        out.update(qkv_bias=c.flag("add_qkv_bias") is not False, o_bias=bool(c.flag("add_bias_linear")))
+    elif family == "olmo2":  # q and k normed across all heads; the norms after attention and after the MLP
+        out.update(qk_norm=False, qk_norm_full=True)
     if family == "gpt_oss":
         out["attention_sinks"] = True
     if c is not top:  # a multimodal wrapper: the vision tower and projector are held beside the language model

@@ -71,6 +71,8 @@ class MoESpec(_Frozen):
     router_bias: bool = False
     expert_bias: bool = Field(False, description="experts' projections carry biases (gpt-oss)")
     score_correction_bias: bool = Field(False, description="router has e_score_correction_bias (noaux_tc routing)")
+    shared_expert_gate: bool = Field(False, description="a sigmoid gate (hidden x 1) on the shared expert's output "
+                                     "(Qwen2-MoE, Qwen3-Next)")
 
     @model_validator(mode="after")
     def _k_le_e(self) -> "MoESpec":
@@ -125,6 +127,10 @@ class ModelSpec(_Frozen):
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (weights of head_dim)")
+    qk_norm_full: bool = Field(False, description="q and k normed across all their heads (OLMo 2: weights of "
+                               "heads x head_dim)")
+    mlp_bias: bool = Field(False, description="biases on the dense MLP's projections (GPT-2, GPT-J, phi-2)")
+    lm_head_bias: bool = False
     norms_per_layer: int = Field(2, ge=0)
     norm_bias: bool = Field(False, description="LayerNorm with bias (Falcon) rather than RMSNorm")
     gated_mlp: bool = Field(True, description="SwiGLU-style gate+up+down; False: up+down only")

@@ -192,7 +192,10 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         for n in ("k_proj", "v_proj"):
             ts += _linear(f"attn.{n}", m.num_kv_heads * d, h, L, "kv", "attention", bias=m.qkv_bias, kv_heads=m.num_kv_heads)
         ts += _linear("attn.o_proj", h, m.num_heads * d, L, "row", "attention", bias=m.o_bias)
-        if m.qk_norm:
+        if m.qk_norm_full:  # across all heads: split with them
+            ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, L, "col", "norm", False))
+            ts.append(Tensor("attn.k_norm", m.num_kv_heads * d, 1, L, "kv", "norm", False, m.num_kv_heads))
+        elif m.qk_norm:
             ts.append(Tensor("attn.q_norm", d, 1, L, "rep", "norm", False))
             ts.append(Tensor("attn.k_norm", d, 1, L, "rep", "norm", False))
     if m.attention_sinks:
@@ -202,7 +205,7 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     moe = m.moe
     dense_layers = L if moe is None else moe.first_dense_layers
     if dense_layers:
-        ts += _mlp("mlp", m, m.intermediate_size, dense_layers, "mlp")
+        ts += _mlp("mlp", m, m.intermediate_size, dense_layers, "mlp", bias=m.mlp_bias)
     if moe:
         n = L - moe.first_dense_layers
         e = moe.num_experts
@@ -212,6 +215,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts += _mlp("moe.experts", m, moe.expert_intermediate_size, n * e, "expert", bias=moe.expert_bias)
         if moe.shared_experts:
             ts += _mlp("moe.shared_experts", m, moe.shared_intermediate, n * moe.shared_experts, "shared_expert")
+        if moe.shared_expert_gate:
+            ts.append(Tensor("moe.shared_expert_gate", 1, h, n, "rep", "router", True))
 
     # Norms
     per_norm = h * (2 if m.norm_bias else 1)
@@ -221,6 +226,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
 
     if not m.tie_word_embeddings:
         ts.append(Tensor("lm_head", m.vocab_size, h, 1, "vocab", "lm_head", False))
+    if m.lm_head_bias:
+        ts.append(Tensor("lm_head.bias", m.vocab_size, 1, 1, "vocab", "lm_head", False))
     for name, count in m.extra_params.items():
         ts.append(Tensor(f"extra.{name}", count, 1, 1, "col", "extra", False))
     for name, count in m.replicated_params.items():
