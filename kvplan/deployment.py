@@ -401,6 +401,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
 
         weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
     if engine == "sglang":
+        if m.state_layers:
+            raise KvplanError(f"{m.name} keeps a fixed state in {len(m.state_layers)} layers: SGLang's hybrid (Mamba) "
+                              f"pool is not modelled; plan it with --engine vllm")
         return _resolve_sglang(args, prof, common, notes)
     return _resolve_vllm(args, prof, common, notes)
 

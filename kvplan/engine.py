@@ -28,7 +28,7 @@ from typing import Literal, Optional, Sequence
 
 from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
-from .specs import GPUSpec, LayerKind, ModelSpec
+from .specs import ATTENTION_KINDS, GPUSpec, LayerKind, ModelSpec
 from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, weight_bytes
 from .xp import SCALAR
 
@@ -89,12 +89,13 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
 @dataclass(frozen=True)
 class LayerKV:
     index: int
-    kind: LayerKind
+    kind: str  # full, sliding, chunked, or state (a fixed state per sequence)
     window: Optional[int]  # most tokens of a sequence this layer reads and keeps (None: all of them)
     format: str
     bytes_per_token: float  # this rank, K and V, all of its KV heads
     residual_tokens: int = 0  # newest tokens held in the model dtype instead (KIVI)
     residual_extra_bytes_per_token: float = 0.0  # model-dtype bytes minus format bytes, for those tokens
+    fixed_bytes: int = 0  # a state layer's cache per sequence (conv and SSM state), whatever the context
 
 
 SkipLayers = Optional[tuple]  # None: the format's default; ("none",); ("sliding_window",); or layer indices
@@ -121,7 +122,7 @@ def skipped_layers(model: ModelSpec, fmt: KVFormat, skip: SkipLayers) -> frozens
     on models without Mamba or linear-attention layers (TurboQuantConfig.get_boundary_skip_layers)."""
     L = model.num_layers
     if skip is None:
-        if fmt.default_skip == "boundary":
+        if fmt.default_skip == "boundary" and not model.state_layers:  # "without Mamba or linear-attention layers"
             n = min(2, L // 2)
             return frozenset(list(range(n)) + list(range(L - n, L)))
         return frozenset()
@@ -147,19 +148,54 @@ def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
     return whole(kv_heads_per_rank(model, tp) * fmt.bytes_per_token_per_kv_head(model.head_dim, model_bits=bits))
 
 
-def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = None) -> tuple[LayerKV, ...]:
+def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = None,
+              ssm_default: Optional[str] = None) -> tuple[LayerKV, ...]:
     auto = kv_format("auto")
     skipped = skipped_layers(model, fmt, skip)
     fmt_bytes = format_bytes_per_token(model, fmt, tp)
     auto_bytes = format_bytes_per_token(model, auto, tp)
     out = []
+    state = sum(state_bytes(model, tp, ssm_default))
     for i, kind in enumerate(model.layer_kinds):
+        if kind == "state":  # a fixed state per sequence, in its own dtype whatever the KV cache dtype
+            out.append(LayerKV(i, "state", 0, "state", 0.0, fixed_bytes=state))
+            continue
+        if kind not in ATTENTION_KINDS:  # an MLP-only block
+            continue
         f, b = (auto, auto_bytes) if i in skipped else (fmt, fmt_bytes)
         out.append(LayerKV(
             i, kind, model.window_of(kind), f.name, b,
             f.residual_tokens, (auto_bytes - b) if f.residual_tokens else 0.0,
         ))
     return tuple(out)
+
+
+def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None) -> tuple[int, int]:
+    """One state layer's cache for one sequence on one rank, as vLLM's MambaSpec holds it: the causal conv's last
+    (kernel - 1) inputs of its channels, in the model dtype, and the SSM (or gated delta net recurrent) state in
+    mamba_ssm_cache_dtype (the model dtype unless the config or the user names another). Heads and channels split
+    across TP ranks. Returns (conv bytes, state bytes)."""
+    st = model.state
+    if st is None:
+        return 0, 0
+    b = DTYPE_BYTES[model.dtype]
+    sb = DTYPE_BYTES[st.ssm_cache_dtype or ssm_default or model.dtype]
+    groups = st.n_groups
+    if st.kind == "mamba2" and groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
+        groups += tp - groups
+    channels = st.conv_channels if st.kind != "mamba2" else st.inner + 2 * groups * st.state_size
+    conv = (st.conv_kernel - 1) * (channels // tp) * b
+    if st.kind == "mamba":
+        ssm = (st.inner // tp) * st.state_size * sb
+    else:  # Mamba-2: heads x head_dim x d_state; gated delta net: value heads x value dim x key dim
+        ssm = (st.num_heads // tp) * st.head_dim * st.state_size * sb
+    return conv, ssm
+
+
+def state_bytes_per_sequence(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None) -> int:
+    """Every state layer's cache for one sequence on one rank: fixed whatever its length, read and rewritten by
+    every decode step."""
+    return sum(state_bytes(model, tp, ssm_default)) * len(model.state_layers)
 
 
 def kv_bytes_per_token(layers: Sequence[LayerKV]) -> float:
@@ -172,6 +208,8 @@ def layer_classes(layers: Sequence[LayerKV]) -> list[tuple[Optional[int], int, f
     byte figures summed over the class. Sums of whole byte counts are exact, so merging changes no result."""
     merged: dict[tuple, list] = {}
     for lay in layers:
+        if lay.kind == "state":
+            continue
         key = (lay.window, lay.residual_tokens)
         acc = merged.setdefault(key, [0, 0.0, 0.0])
         acc[0] += 1
@@ -183,7 +221,7 @@ def layer_classes(layers: Sequence[LayerKV]) -> list[tuple[Optional[int], int, f
 def kv_read_bytes(layers: Sequence[LayerKV], batch, context, xp=SCALAR):
     """KV bytes one decode step reads on this rank: `batch` sequences of `context` cached tokens each.
     (`batch` and `context` may be numpy arrays, with xp=numpy.)"""
-    total = 0.0
+    total = float(sum(lay.fixed_bytes for lay in layers))  # state layers: read whatever the context
     for window, _, b, residual, residual_b in layer_classes(layers):
         n = context if window is None else xp.minimum(context, window)
         total = total + n * b
@@ -223,6 +261,8 @@ def weight_read_bytes(model: ModelSpec, wb: WeightBytes, batch, mode: WeightRead
 def _solve_crossover(layers: Sequence[LayerKV], weight: float) -> Optional[float]:
     """Smallest single-sequence context at which the KV read reaches `weight` (piecewise linear, exact)."""
     f = lambda s: kv_read_bytes(layers, 1, s)  # noqa: E731
+    if f(0) >= weight:  # a hybrid whose fixed state alone outweighs the weights
+        return 0.0
     points = sorted({0, *(lay.window for lay in layers if lay.window),
                      *(lay.residual_tokens for lay in layers if lay.residual_tokens)})
     for lo, hi in zip(points, points[1:] + [None], strict=True):

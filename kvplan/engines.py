@@ -58,6 +58,15 @@ class VllmRules:
     # logits all-gather inside the profile run, so it is charged as non-torch memory) before 0.30; eagerly at
     # init_process_group(device_id=...) from 0.30, before the baseline snapshot
     lazy_torch_nccl: bool = False
+    # a hybrid's state pages per request: prefix caching is off for hybrids before 0.30 (one page), on from 0.30 in
+    # "align" mode (the running state, the next and a checkpoint: three)
+    hybrid_state_blocks: int = 3
+    # Nemotron-H's SSM state dtype when its config names none: float16 before 0.30 (models/config.py), float32 after
+    nemotron_ssm_default: str = "fp32"
+
+    def ssm_cache_default(self, model) -> Optional[str]:
+        """The SSM state's dtype where the config leaves it to the engine (None: the model dtype)."""
+        return self.nemotron_ssm_default if model.family == "nemotron_h" else None
 
     def log_lines(self, available_bytes: int, kv_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
         """The startup lines vLLM prints for this pool, digit for digit (gpu_worker.py's "Available KV cache memory",
@@ -69,7 +78,7 @@ class VllmRules:
 
 
 _OLD_DTYPES = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
-_LAZY = dict(lazy_torch_nccl=True)
+_LAZY = dict(lazy_torch_nccl=True, hybrid_state_blocks=1, nemotron_ssm_default="fp16")
 _MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _OLD_DTYPES,

@@ -277,12 +277,14 @@ def _vision_profile(top: "_Fields", v: "_Fields", kind: str, arch: str, d: int, 
 _STATE_SPACE_TYPES = {
     "mamba": "Mamba", "mamba2": "Mamba-2", "falcon_mamba": "Mamba", "jamba": "Jamba (Mamba + attention)",
     "zamba": "Zamba (Mamba + shared attention)", "zamba2": "Zamba2 (Mamba-2 + shared attention)",
-    "nemotron_h": "Nemotron-H (Mamba-2 + attention)", "bamba": "Bamba (Mamba-2 + attention)",
+    "bamba": "Bamba (Mamba-2 + attention)",
     "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
-    "qwen3_next": "Qwen3-Next (gated delta net + attention)", "lfm2": "LFM2 (short convolution + attention)",
+    "lfm2": "LFM2 (short convolution + attention)",
     "plamo2": "PLaMo 2 (Mamba + attention)", "minimax_text_01": "MiniMax-Text-01 (lightning attention)",
     "minimax_m1": "MiniMax-M1 (lightning attention)", "kimi_linear": "Kimi Linear (KDA linear attention)",
 }
+# hybrids kvplan reads layer by layer (_hybrid_layers)
+_HYBRIDS_READ = {"nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
 
@@ -297,6 +299,8 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
         mt = (f.text("model_type") or "").lower()
         if mt in _STATE_SPACE_TYPES:
             refuse(f"model_type '{mt}' is {_STATE_SPACE_TYPES[mt]}")
+    if model_type in _HYBRIDS_READ:
+        return
     pattern = c.text("hybrid_override_pattern")
     if pattern and "M" in pattern:
         refuse(f"hybrid_override_pattern '{pattern[:24]}...' has Mamba layers ('M')")
@@ -325,6 +329,62 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
     if c.data.get("block_configs") is not None:
         raise KvplanError(f"{path}: block_configs: per-layer NAS configurations (each layer its own attention and "
                           f"MLP sizes, some layers without attention) are not modelled yet")
+
+
+def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> dict:
+    """Each layer's mixer and MLP, and the state mixer, of the hybrids kvplan reads: Nemotron-H (one block per
+    layer: Mamba-2 'M', attention '*', MLP '-', MoE 'E', from hybrid_override_pattern or layers_block_type) and
+    Qwen3-Next / Qwen3.5 (gated delta net layers with an attention layer every full_attention_interval, each with
+    its MLP or MoE, from layer_types)."""
+    out: dict[str, Any] = {}
+    if family == "nemotron_h":
+        pattern = c.text("hybrid_override_pattern")
+        blocks = c.items("layers_block_type", lambda t: isinstance(t, str), "a list of block types")
+        if pattern:
+            kinds = list(pattern)
+        elif blocks:
+            kinds = [{"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}.get(b.lower(), b) for b in blocks]
+        else:
+            raise KvplanError(f"{path}: field 'hybrid_override_pattern' (or 'layers_block_type') is missing; "
+                              f"Nemotron-H names each layer's block there")
+        bad = sorted({k for k in kinds if k not in "M*-E"})
+        if bad:
+            raise KvplanError(f"{path}: hybrid_override_pattern holds a block kvplan does not know: {bad[0]!r} "
+                              f"(M Mamba-2, * attention, - MLP, E MoE)")
+        if len(kinds) != layers:
+            raise KvplanError(f"{path}: hybrid_override_pattern has {len(kinds)} blocks; num_hidden_layers is {layers}")
+        out["mixers"] = tuple({"M": "state", "*": "full"}.get(k, "none") for k in kinds)
+        out["mlps"] = tuple({"-": "dense", "E": "moe"}.get(k, "none") for k in kinds)
+        heads = c.need("mamba_num_heads")
+        out["state"] = {
+            "kind": "mamba2", "num_heads": heads, "head_dim": c.need("mamba_head_dim"),
+            "state_size": c.need("ssm_state_size"), "n_groups": c.integer("n_groups", minimum=1) or 1,
+            "conv_kernel": c.integer("conv_kernel", minimum=1) or 4, "conv_bias": c.flag("use_conv_bias") is not False,
+            "proj_bias": bool(c.flag("use_bias") or c.flag("mamba_proj_bias")),
+            "ssm_cache_dtype": _DTYPES.get(str(c.text("mamba_ssm_cache_dtype") or "").replace("torch.", "")),
+        }
+        out.update(norms_per_layer=1, gated_mlp=False, mlp_bias=bool(c.flag("mlp_bias")))
+        return out
+    # Qwen3-Next / Qwen3.5: layer_types, or an attention layer every full_attention_interval
+    types = c.items("layer_types", lambda t: isinstance(t, str), "a list of layer types")
+    if not types:
+        every = c.integer("full_attention_interval", minimum=1) or 4
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+    bad = sorted({t for t in types if t not in ("linear_attention", "full_attention")})
+    if bad or len(types) != layers:
+        raise KvplanError(f"{path}: layer_types: expected {layers} of linear_attention / full_attention"
+                          + (f", found {bad[0]!r}" if bad else f", found {len(types)}"))
+    out["mixers"] = tuple("state" if t == "linear_attention" else "full" for t in types)
+    out["state"] = {
+        "kind": "gdn", "num_heads": c.need("linear_num_value_heads"), "head_dim": c.need("linear_value_head_dim"),
+        "state_size": c.need("linear_key_head_dim"), "n_groups": c.need("linear_num_key_heads"),
+        "conv_kernel": c.integer("linear_conv_kernel_dim", minimum=1) or 4, "conv_bias": False,
+        # Qwen3.5 names the recurrent state's dtype (mamba_ssm_dtype), which vLLM takes; Qwen3-Next leaves it
+        "ssm_cache_dtype": _DTYPES.get(str(c.text("mamba_ssm_dtype") or c.text("mamba_ssm_cache_dtype") or "")
+                                       .replace("torch.", "")),
+    }
+    out["attn_output_gate"] = c.flag("attn_output_gate") is not False
+    return out
 
 
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
@@ -360,7 +420,10 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox")
     intermediate = (c.integer("intermediate_size") or c.integer("ffn_hidden_size")
                     or c.integer("ff_intermediate_size") or c.integer("n_inner")
-                    or (4 * hidden if falcon or legacy_mlp else None))
+                    or (4 * hidden if falcon or legacy_mlp else None)
+                    # a MoE model with no dense layer (Qwen3.5's MoE) has no dense width to give
+                    or (c.integer("moe_intermediate_size") if (c.has("num_experts") or c.has("n_routed_experts"))
+                        and not c.integer("first_k_dense_replace") else None))
     if intermediate is None:
         raise KvplanError(f"{path}: field '{c.prefix}intermediate_size' is missing")
     for f in (top, c):  # read by nothing here, but a wrong type means a broken config
@@ -448,6 +511,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     window = c.integer("sliding_window")
     layer_types = c.items("layer_types", lambda t: isinstance(t, str),
                           'a list of attention types such as ["sliding_attention", "full_attention"]')
+    if family in _HYBRIDS_READ:
+        out.update(_hybrid_layers(c, family, layers, path))
+        layer_types = None
     if layer_types:
         names = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "chunked"}
         try:
@@ -489,14 +555,17 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
         # Qwen2-MoE and Qwen3-Next name one shared expert by its width alone (with a sigmoid gate of its own)
+        shared_width = c.integer("shared_expert_intermediate_size") or c.integer("moe_shared_expert_intermediate_size")
         shared = (c.integer("n_shared_experts") or (1 if family in ("llama4", "llama4_text") else 0)
-                  or (1 if c.integer("shared_expert_intermediate_size") else 0))
+                  or (1 if shared_width else 0))
         if shared:
             moe["shared_experts"] = shared
-            if c.integer("shared_expert_intermediate_size"):
-                moe["shared_expert_intermediate_size"] = c.integer("shared_expert_intermediate_size")
-            if family in ("qwen2_moe", "qwen3_next"):
+            if shared_width:
+                moe["shared_expert_intermediate_size"] = shared_width
+            if family in ("qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
                 moe["shared_expert_gate"] = True
+        if c.integer("moe_latent_size"):
+            moe["latent_size"] = c.integer("moe_latent_size")
         if family == "qwen2_moe" and c.items("mlp_only_layers", _is_int, "a list of layer indices"):
             raise KvplanError(f"{path}: mlp_only_layers: dense layers at chosen indices are not modelled yet")
         if c.integer("first_k_dense_replace"):
@@ -514,7 +583,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     out["qkv_bias"] = attention_bias or family in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl") or bool(
         c.flag("qkv_bias"))
     out["o_bias"] = attention_bias and family != "glm4_moe"
-    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text")
+    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5",
+                                 "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
                       or bool(c.flag("use_qk_norm") and family == "glm4_moe"))
     if family in ("gemma2", "gemma3", "gemma3_text"):
         out["norms_per_layer"] = 4

@@ -184,11 +184,16 @@ def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace
     else:
         q = m.num_heads * (m.head_dim or 0) // tp
         kv = max(1, m.num_kv_heads // tp) * (m.head_dim or 0)
-    attn = tokens * b * (2 * H + 3 * q + 3 * kv)
+    attn = tokens * b * (2 * H + 3 * q + 3 * kv) if m.attention_layers else 0
     dense = tokens * b * ((2 if eager else 1) * H + 3 * m.intermediate_size // tp) \
-        if (not m.moe or m.moe.first_dense_layers) else 0
+        if "dense" in m.mlp_kinds else 0
+    state = 0
+    if m.state_layers and m.state is not None:  # the projections run; the state kernels skip the profile run
+        st = m.state
+        proj = (2 * st.inner + 2 * st.n_groups * st.state_size + st.num_heads) if st.kind != "mamba" else 2 * st.inner
+        state = tokens * b * (2 * H + proj // tp + st.conv_channels // tp + st.inner // tp)
     moe = workspace = 0
-    if m.moe:
+    if m.moe and "moe" in m.mlp_kinds:
         e, k, ie = m.moe.num_experts, m.moe.experts_per_token, m.moe.expert_intermediate_size
         # the fused-MoE Triton experts' workspace, which the workspace manager keeps; MXFP4 experts (gpt-oss) run
         # through triton_kernels' matmul_ogs instead and take none (vLLM 0.19's gpt-oss peak is the sampler's alone)
@@ -197,8 +202,8 @@ def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace
         moe = tokens * b * 2 * H + tokens * e * b + 8 * tokens * k + shared
         if with_moe_workspace:
             moe += workspace
-    peak = max(attn, dense, moe) + (tokens * H * b if tp > 1 else 0)  # all-reduce output beside its input
-    return peak, {"attention": attn, "mlp": dense, "moe": moe, "moe_workspace": workspace}
+    peak = max(attn, dense, moe, state) + (tokens * H * b if tp > 1 else 0)  # all-reduce output beside its input
+    return peak, {"attention": attn, "mlp": dense, "moe": moe, "moe_workspace": workspace, "state": state}
 
 
 def _encoder_profile(m: ModelSpec, tokens: int, max_num_seqs: int, max_model_len: int, tp: int,

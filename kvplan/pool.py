@@ -27,13 +27,16 @@ class _LayerSpec:
     """A layer as vLLM's KV-cache manager sees it: its attention type, how many tokens one block of it holds,
     and the bytes of that block (its page)."""
 
-    kind: Literal["full", "sliding"]
+    kind: Literal["full", "sliding", "state"]
     window: Optional[int]
     tokens_per_block: int
     page_bytes: int
+    state_blocks: int = 1  # a state layer's pages per request (1, or 3 when prefix caching aligns them)
 
 
 def _blocks_per_request(spec: _LayerSpec, max_model_len, in_flight: int, xp=SCALAR, dcp: int = 1):
+    if spec.kind == "state":  # MambaSpec: the sequence's state, whatever its length
+        return spec.state_blocks + 0 * max_model_len
     if spec.kind == "full":
         # decode-context parallelism spreads each sequence's tokens over dcp ranks
         length = max_model_len if dcp == 1 else xp.ceil(max_model_len / dcp)
@@ -56,6 +59,33 @@ class KVCacheGroups:
     def blocks_per_request(self, max_model_len, in_flight: int, xp=SCALAR, dcp: int = 1):
         # one group: every layer has the same attention type and block, so any layer's count is the group's
         return sum(n * _blocks_per_request(s, max_model_len, in_flight, xp, dcp) for s, n in self.groups)
+
+
+def hybrid_state_groups(layers: Sequence[LayerKV], block_size: int, align: int, state_blocks: int) -> KVCacheGroups:
+    """vLLM's pages and groups for attention beside fixed-state layers (Mamba, gated delta net): the attention block
+    grows to B = align x cdiv(state page, align x attention bytes per token) tokens so that one attention page holds a
+    state page, and the state page is padded to it (models/config.py HybridAttentionMambaModelConfig); then layers of
+    each kind are bucketed, group_size = the larger count if it is below 1.5x the smaller, else the smaller, each
+    kind in cdiv(count, group_size) groups, and every block of the shared pool holds one page of each layer of a
+    group (kv_cache_utils). A request needs cdiv(max_model_len, B) blocks per attention group and `state_blocks` per
+    state group."""
+    attn = [lay for lay in layers if lay.kind != "state"]
+    state = [lay for lay in layers if lay.kind == "state"]
+    per_token = max(lay.bytes_per_token for lay in attn)
+    if len({lay.bytes_per_token for lay in attn}) > 1 or any(lay.kind != "full" for lay in attn):
+        raise KvplanError("a hybrid of fixed-state layers with sliding-window or mixed-size attention layers is not "
+                          "modelled yet; plan it without --kv-cache-dtype-skip-layers")
+    state_page = max(lay.fixed_bytes for lay in state)
+    block = max(block_size, align * math.ceil(state_page / (align * per_token)))
+    page = math.ceil(block * per_token)
+    specs = [_LayerSpec("full", None, block, page) for _ in attn] + \
+        [_LayerSpec("state", None, block, page, state_blocks) for _ in state]
+    lo, hi = sorted((len(attn), len(state)))
+    group_size = hi if hi < 1.5 * lo else lo
+    groups = ((specs[0], math.ceil(len(attn) / group_size)), (specs[-1], math.ceil(len(state) / group_size)))
+    num_groups = sum(n for _, n in groups)
+    return KVCacheGroups(group_size * page, num_groups, num_groups * group_size - len(specs), groups, group_size,
+                         block, tuple(specs))
 
 
 def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: Optional[str] = None,
@@ -151,6 +181,8 @@ class CapacityResult:
     pp: int = 1
     dcp: int = 1
     stage_layers: list[list[int]] = field(default_factory=list)  # [first, last + 1] per pipeline stage
+    state_layers: int = 0  # layers with a fixed state per sequence (Mamba, gated delta net)
+    state_bytes_per_sequence: int = 0  # their state for one sequence on this rank
     log_lines: list[str] = field(default_factory=list)  # what the engine's startup log prints for this pool
     non_kv: dict = field(default_factory=dict)  # weights, activation, persistent, non_torch, cudagraph, total
     deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for
@@ -303,7 +335,8 @@ def plan_for(d) -> PoolPlan:
         raise KvplanError(f"the vLLM pool of an {d.engine} deployment was asked for")
     model, fmt, rules = d.model, d.kv, d.rules
     requested = math.ceil(d.total_bytes * d.gpu_memory_utilization)
-    all_layers = _version_layers(kv_layers(model, fmt, d.tp, d.skip), model, fmt, d.tp, rules)
+    all_layers = _version_layers(kv_layers(model, fmt, d.tp, d.skip, ssm_default=rules.ssm_cache_default(model)),
+                                 model, fmt, d.tp, rules)
     base_overhead = _base_overhead(d.measured.base) if d.measured and d.measured.base is not None else None
     stages = []
     for rng in pipeline_stages(model.num_layers, d.pp):
@@ -324,7 +357,10 @@ def plan_for(d) -> PoolPlan:
         else:
             available = requested - nk.total
         layers = all_layers[rng.start:rng.stop]
-        groups = kv_cache_groups(layers, d.block_size, fmt.name, rules.raise_block_for_skip_layers)
+        if any(lay.kind == "state" for lay in layers):
+            groups = hybrid_state_groups(layers, d.block_size, 64 if model.is_mla else 16, rules.hybrid_state_blocks)
+        else:
+            groups = kv_cache_groups(layers, d.block_size, fmt.name, rules.raise_block_for_skip_layers)
         residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
         stages.append(StagePlan(rng, wb.total, nk, available, layers, groups,
                                 math.ceil(residual / groups.bytes_per_block) if residual else 0,
@@ -433,7 +469,14 @@ def capacity_of(d) -> CapacityResult:
         notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
                      f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")
     fmt, layers = plan.fmt, plan.layers
-    skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
+    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format != fmt.name)
+    state = [lay for lay in layers if lay.kind == "state"]
+    if state:
+        per_seq = sum(lay.fixed_bytes for lay in state)
+        notes.append(f"{len(state)} state layers hold {state[0].fixed_bytes:,} B each per sequence ({per_seq / 2**20:.1f} "
+                     f"MiB a sequence, whatever its length); vLLM raises the attention block to {plan.block_size:,} "
+                     f"tokens so that one page ({groups.layer_specs[0].page_bytes:,} B) holds a state page, and a "
+                     f"request takes {plan.rules.hybrid_state_blocks} page(s) per state group")
     if groups.padding_layers:
         notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
                      f"{groups.padding_layers} padding layers")
@@ -466,6 +509,7 @@ def capacity_of(d) -> CapacityResult:
         longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
         engine="vllm", engine_version=plan.rules.version, pp=d.pp, dcp=d.dcp,
         stage_layers=[[st.layers_range.start, st.layers_range.stop] for st in plan.stages],
+        state_layers=len(state), state_bytes_per_sequence=sum(lay.fixed_bytes for lay in state),
         non_kv=nk,
         log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
         deployment=d.to_dict(),

@@ -17,7 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .errors import KvplanError, did_you_mean
 from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 
-LayerKind = Literal["full", "sliding", "chunked"]
+LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
+MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
+MlpKind = Literal["dense", "moe", "none"]
+ATTENTION_KINDS = ("full", "sliding", "chunked")
 
 
 class _Frozen(BaseModel):
@@ -71,6 +74,8 @@ class MoESpec(_Frozen):
     router_bias: bool = False
     expert_bias: bool = Field(False, description="experts' projections carry biases (gpt-oss)")
     score_correction_bias: bool = Field(False, description="router has e_score_correction_bias (noaux_tc routing)")
+    latent_size: Optional[int] = Field(None, gt=0, description="routed experts work in a narrower latent space, "
+                                       "projected in and out per layer (Nemotron-3's moe_latent_size)")
     shared_expert_gate: bool = Field(False, description="a sigmoid gate (hidden x 1) on the shared expert's output "
                                      "(Qwen2-MoE, Qwen3-Next)")
 
@@ -83,6 +88,38 @@ class MoESpec(_Frozen):
     @property
     def shared_intermediate(self) -> int:
         return self.shared_expert_intermediate_size or self.expert_intermediate_size
+
+
+class StateSpec(_Frozen):
+    """The mixer of a layer that keeps a fixed state per sequence instead of a growing KV cache: Mamba-2 (heads x
+    head_dim channels, n_groups groups of a state_size-wide SSM state), gated delta net (value heads x value head
+    dim, n_groups key heads of state_size-wide keys) or Mamba (one intermediate_size-wide channel set)."""
+
+    kind: Literal["mamba2", "gdn", "mamba"]
+    num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads")
+    head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim")
+    state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim")
+    n_groups: int = Field(1, gt=0, description="Mamba-2 B/C groups; gated delta net key heads")
+    conv_kernel: int = Field(4, gt=0)
+    intermediate_size: Optional[int] = Field(None, gt=0, description="Mamba: d_inner")
+    dt_rank: Optional[int] = Field(None, gt=0, description="Mamba: the rank of the time-step projection")
+    conv_bias: bool = True
+    proj_bias: bool = False
+    ssm_cache_dtype: Optional[Literal["bf16", "fp16", "fp32"]] = Field(
+        None, description="the SSM/recurrent state's dtype in the cache (mamba_ssm_cache_dtype); None: the model's")
+
+    @property
+    def inner(self) -> int:
+        """The channels the mixer works on (its conv sees inner plus the B/C or key channels)."""
+        if self.kind == "mamba":
+            return self.intermediate_size or 0
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        if self.kind == "mamba":
+            return self.inner
+        return self.inner + 2 * self.n_groups * self.state_size
 
 
 class VisionSpec(_Frozen):
@@ -124,12 +161,19 @@ class ModelSpec(_Frozen):
     mla: Optional[MLASpec] = None
     moe: Optional[MoESpec] = None
     vision: Optional[VisionSpec] = None
+    state: Optional[StateSpec] = None
+    mixers: Optional[tuple[MixerKind, ...]] = Field(
+        None, description="each layer's mixer, where layers differ beyond the attention pattern (hybrids)")
+    mlps: Optional[tuple[MlpKind, ...]] = Field(
+        None, description="each layer's MLP, where it is not one per layer (Nemotron-H's separate blocks)")
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (weights of head_dim)")
     qk_norm_full: bool = Field(False, description="q and k normed across all their heads (OLMo 2: weights of "
                                "heads x head_dim)")
     mlp_bias: bool = Field(False, description="biases on the dense MLP's projections (GPT-2, GPT-J, phi-2)")
+    attn_output_gate: bool = Field(False, description="q_proj also yields a sigmoid gate on the attention output "
+                                   "(Qwen3-Next, Qwen3.5): twice the query width")
     lm_head_bias: bool = False
     norms_per_layer: int = Field(2, ge=0)
     norm_bias: bool = Field(False, description="LayerNorm with bias (Falcon) rather than RMSNorm")
@@ -154,6 +198,17 @@ class ModelSpec(_Frozen):
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
+        for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps)):
+            if kinds is not None and len(kinds) != self.num_layers:
+                raise ValueError(f"{name} lists {len(kinds)} layers; the model has {self.num_layers}")
+        if self.mixers is not None:
+            if "state" in self.mixers and self.state is None:
+                raise ValueError("a 'state' layer needs the state mixer described (state: kind, heads, ...)")
+            for kind, size in (("sliding", self.attention.sliding_window), ("chunked", self.attention.chunk_size)):
+                if kind in self.mixers and size is None:
+                    raise ValueError(f"a '{kind}' layer needs attention.{'sliding_window' if kind == 'sliding' else 'chunk_size'}")
+        if self.mlps is not None and "moe" in self.mlps and self.moe is None:
+            raise ValueError("a 'moe' layer needs moe (experts, experts_per_token, ...)")
         return self
 
     @property
@@ -161,16 +216,34 @@ class ModelSpec(_Frozen):
         return self.mla is not None
 
     @property
-    def layer_kinds(self) -> tuple[LayerKind, ...]:
+    def layer_kinds(self) -> tuple[MixerKind, ...]:
+        if self.mixers is not None:
+            return self.mixers
         p = self.attention.pattern
         return tuple(p[i % len(p)] for i in range(self.num_layers))
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the layers whose cache grows with the sequence."""
+        return tuple(i for i, k in enumerate(self.layer_kinds) if k in ATTENTION_KINDS)
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, k in enumerate(self.layer_kinds) if k == "state")
+
+    @property
+    def mlp_kinds(self) -> tuple[MlpKind, ...]:
+        if self.mlps is not None:
+            return self.mlps
+        first = self.moe.first_dense_layers if self.moe else self.num_layers
+        return tuple("dense" if i < first else "moe" for i in range(self.num_layers))
 
     @property
     def is_hybrid(self) -> bool:
         return len(set(self.layer_kinds)) > 1
 
     def window_of(self, kind: LayerKind) -> Optional[int]:
-        return {"full": None, "sliding": self.attention.sliding_window, "chunked": self.attention.chunk_size}[kind]
+        return {"full": None, "sliding": self.attention.sliding_window, "chunked": self.attention.chunk_size}.get(kind)
 
 
 class GPUSpec(_Frozen):

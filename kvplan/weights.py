@@ -15,7 +15,7 @@ from .errors import KvplanError, did_you_mean
 from .specs import ModelSpec
 
 Shard = Literal["col", "row", "rep", "kv", "vocab"]
-Part = Literal["embed", "lm_head", "attention", "mlp", "expert", "shared_expert", "router", "norm", "extra"]
+Part = Literal["embed", "lm_head", "attention", "state", "mlp", "expert", "shared_expert", "router", "norm", "extra"]
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -151,8 +151,9 @@ def _linear(name, out_dim, in_dim, count, shard, part, bias=False, bias_shard=No
     return ts
 
 
-def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = False) -> list[Tensor]:
-    h = m.hidden_size
+def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = False,
+         hidden: Optional[int] = None) -> list[Tensor]:
+    h = hidden or m.hidden_size
     ts: list[Tensor] = []
     if m.gated_mlp:
         if bias:  # gpt-oss stores gate and up fused, with one bias of 2*width
@@ -166,10 +167,58 @@ def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = 
     return ts
 
 
+def _conv(channels: int, st, count: int) -> list[Tensor]:
+    """The depthwise causal convolution (channels x kernel), kept in the model dtype by every checkpoint format."""
+    ts = [Tensor("mixer.conv1d", channels, st.conv_kernel, count, "col", "state", False)]
+    if st.conv_bias:
+        ts.append(Tensor("mixer.conv1d.bias", channels, 1, count, "col", "state", False))
+    return ts
+
+
+def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
+    """A state layer's tensors, as transformers' and vLLM's modelling code builds them (NemotronHMamba2Mixer /
+    MambaMixer2; Qwen3NextGatedDeltaNet; MambaMixer). The heads split across TP ranks with their channels."""
+    st, h = m.state, m.hidden_size
+    assert st is not None
+    ts: list[Tensor] = []
+    inner, conv = st.inner, st.conv_channels
+    if st.kind == "mamba2":
+        # in_proj: z (inner) + x, B, C (conv channels) + dt (one per head)
+        ts += _linear("mixer.in_proj", inner + conv + st.num_heads, h, count, "col", "state", bias=st.proj_bias)
+        ts += _conv(conv, st, count)
+        for name in ("dt_bias", "A_log", "D"):
+            ts.append(Tensor(f"mixer.{name}", st.num_heads, 1, count, "col", "state", False))
+        ts.append(Tensor("mixer.norm", inner, 1, count, "col", "state", False))
+        ts += _linear("mixer.out_proj", h, inner, count, "row", "state", bias=st.proj_bias)
+    elif st.kind == "gdn":
+        k_dim = st.n_groups * st.state_size
+        # q, k (key heads x key dim), v and z (value heads x value dim); b and a (one per value head)
+        ts += _linear("linear_attn.in_proj_qkvz", 2 * k_dim + 2 * inner, h, count, "col", "state")
+        ts += _linear("linear_attn.in_proj_ba", 2 * st.num_heads, h, count, "col", "state")
+        ts += _conv(2 * k_dim + inner, st, count)
+        for name in ("dt_bias", "A_log"):
+            ts.append(Tensor(f"linear_attn.{name}", st.num_heads, 1, count, "col", "state", False))
+        ts.append(Tensor("linear_attn.norm", st.head_dim, 1, count, "rep", "state", False))
+        ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
+    else:  # Mamba
+        rank = st.dt_rank or -(-h // 16)
+        ts += _linear("mixer.in_proj", 2 * inner, h, count, "col", "state", bias=st.proj_bias)
+        ts += _conv(inner, st, count)
+        ts += _linear("mixer.x_proj", rank + 2 * st.state_size, inner, count, "row", "state")
+        ts += _linear("mixer.dt_proj", inner, rank, count, "col", "state", bias=True)
+        ts.append(Tensor("mixer.A_log", inner, st.state_size, count, "col", "state", False))
+        ts.append(Tensor("mixer.D", inner, 1, count, "col", "state", False))
+        ts += _linear("mixer.out_proj", h, inner, count, "row", "state", bias=st.proj_bias)
+    return ts
+
+
 def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     """Every parameter tensor of the model (main model only: no MTP/draft layers)."""
-    h, L = m.hidden_size, m.num_layers
+    h = m.hidden_size
+    L = len(m.attention_layers)  # the attention tensors' count: every layer but a hybrid's state and MLP-only ones
     ts: list[Tensor] = [Tensor("embed_tokens", m.vocab_size, h, 1, "vocab", "embed", False)]
+    if m.state_layers:
+        ts += _state_mixer(m, len(m.state_layers))
 
     # Attention
     if m.mla:
@@ -188,7 +237,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     else:
         d = m.head_dim
         assert d is not None
-        ts += _linear("attn.q_proj", m.num_heads * d, h, L, "col", "attention", bias=m.qkv_bias)
+        ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h, L, "col", "attention",
+                      bias=m.qkv_bias)
         for n in ("k_proj", "v_proj"):
             ts += _linear(f"attn.{n}", m.num_kv_heads * d, h, L, "kv", "attention", bias=m.qkv_bias, kv_heads=m.num_kv_heads)
         ts += _linear("attn.o_proj", h, m.num_heads * d, L, "row", "attention", bias=m.o_bias)
@@ -203,16 +253,21 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
 
     # MLP / MoE
     moe = m.moe
-    dense_layers = L if moe is None else moe.first_dense_layers
+    mlps = m.mlp_kinds
+    dense_layers = mlps.count("dense")
     if dense_layers:
         ts += _mlp("mlp", m, m.intermediate_size, dense_layers, "mlp", bias=m.mlp_bias)
-    if moe:
-        n = L - moe.first_dense_layers
+    if moe and "moe" in mlps:
+        n = mlps.count("moe")
         e = moe.num_experts
         ts += _linear("moe.router", e, h, n, "rep", "router", bias=moe.router_bias)
         if moe.score_correction_bias:
             ts.append(Tensor("moe.e_score_correction_bias", e, 1, n, "rep", "router", False))
-        ts += _mlp("moe.experts", m, moe.expert_intermediate_size, n * e, "expert", bias=moe.expert_bias)
+        ts += _mlp("moe.experts", m, moe.expert_intermediate_size, n * e, "expert", bias=moe.expert_bias,
+                   hidden=moe.latent_size)
+        if moe.latent_size:
+            ts += _linear("moe.fc1_latent_proj", moe.latent_size, h, n, "rep", "router", bias=m.mlp_bias)
+            ts += _linear("moe.fc2_latent_proj", h, moe.latent_size, n, "rep", "router", bias=m.mlp_bias)
         if moe.shared_experts:
             ts += _mlp("moe.shared_experts", m, moe.shared_intermediate, n * moe.shared_experts, "shared_expert")
         if moe.shared_expert_gate:
@@ -221,7 +276,7 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     # Norms
     per_norm = h * (2 if m.norm_bias else 1)
     if m.norms_per_layer:
-        ts.append(Tensor("layer_norms", per_norm, 1, L * m.norms_per_layer, "rep", "norm", False))
+        ts.append(Tensor("layer_norms", per_norm, 1, m.num_layers * m.norms_per_layer, "rep", "norm", False))
     ts.append(Tensor("final_norm", per_norm, 1, 1, "rep", "norm", False))
 
     if not m.tie_word_embeddings:
@@ -291,11 +346,19 @@ def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
         return t.count if first else 0
     if t.part == "lm_head" or t.name == "final_norm":
         return t.count if last else 0
-    dense = range(0, m.moe.first_dense_layers) if m.moe else range(0, L)
-    moe = range(m.moe.first_dense_layers, L) if m.moe else range(0)
-    kind = dense if t.part == "mlp" else moe if t.part in ("router", "expert", "shared_expert") else range(0, L)
-    inside = len(range(max(stage.start, kind.start), min(stage.stop, kind.stop))) if len(kind) else 0
-    return t.count * inside // len(kind) if len(kind) else 0
+    mlps = m.mlp_kinds
+    if t.part == "mlp":
+        layers = [i for i, k in enumerate(mlps) if k == "dense"]
+    elif t.part in ("router", "expert", "shared_expert"):
+        layers = [i for i, k in enumerate(mlps) if k == "moe"]
+    elif t.part == "attention":
+        layers = list(m.attention_layers)
+    elif t.part == "state":
+        layers = list(m.state_layers)
+    else:
+        layers = list(range(L))
+    inside = sum(1 for i in layers if i in stage)
+    return t.count * inside // len(layers) if layers else 0
 
 
 def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
