@@ -826,9 +826,10 @@ def _model_row(key: str, m) -> dict:
     elif not m.is_hybrid and kinds[0] == "full":
         att = "full"
     else:
-        short = {"sliding": "SW", "chunked": "chunk", "full": "full"}
+        state = {"mamba2": "Mamba-2", "gdn": "GDN", "mamba": "Mamba"}.get(m.state.kind, "state") if m.state else ""
+        short = {"sliding": "SW", "chunked": "chunk", "full": "full", "state": state}
         parts = []
-        for k in ("sliding", "chunked", "full"):
+        for k in ("sliding", "chunked", "full", "state"):
             n = kinds.count(k)
             if n:
                 w = m.window_of(k)
