@@ -179,6 +179,30 @@ def _vit_layers(v: "_Fields", feature_layer: Any, kind: str) -> int:
     return min(total, deepest) or total
 
 
+_QWEN_VL_TOWERS = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}
+
+
+def _qwen3_vl_tower(v: "_Fields", path: Path | str) -> tuple[dict, dict, list[str], None]:
+    """Qwen3-VL's (and Qwen3.5's) vision tower as transformers builds it (Qwen3VLVisionModel): a Conv3d patch
+    embedding (with bias), learned position embeddings, `depth` blocks (two LayerNorms, fused qkv and proj, a GELU
+    MLP, all with biases), the patch merger (a LayerNorm, then merge^2 x hidden wide fc1 and fc2 to the text width)
+    and one more merger per deepstack layer (its LayerNorm over the merged width). vLLM splits the linear layers
+    across TP ranks."""
+    d, i = v.need("hidden_size"), v.need("intermediate_size")
+    depth = v.need("depth")
+    patch, temporal = v.need("patch_size"), v.integer("temporal_patch_size", minimum=1) or 2
+    channels = v.integer("in_channels", minimum=1) or 3
+    merged = d * (v.integer("spatial_merge_size", minimum=1) or 2) ** 2
+    out = v.need("out_hidden_size")
+    deep = v.items("deepstack_visual_indexes", _is_int, "a list of layer indices") or []
+    sharded = depth * (4 * d * d + 3 * d + 2 * d * i + i) + (1 + len(deep)) * (merged * merged + merged + merged * out)
+    rep = (depth * (4 * d + 2 * d) + channels * temporal * patch * patch * d + d
+           + v.need("num_position_embeddings") * d + 2 * d + len(deep) * 2 * merged + (1 + len(deep)) * out)
+    return ({"vision_tower": sharded}, {"vision_tower": rep},
+            ["the vision encoder's profile run (Qwen3-VL's dynamic resolution) is not modelled: the activation peak "
+             "counts the language model's alone"], None)
+
+
 def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[dict, dict, list[str], Optional[dict]]:
     """The vision tower's and projector's parameters, split across TP ranks and whole on each, as vLLM builds them
     (siglip.py, clip.py, pixtral.py; llava.py, llava_next.py, mistral3.py, gemma3_mm.py): the attention and MLP
@@ -189,6 +213,8 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
         return {}, {}, [], None
     kind = (v.text("model_type") or "").lower()
     arch = (top.text("model_type") or "").lower()
+    if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
+        return _qwen3_vl_tower(v, path)
     if kind.removesuffix("_vision_model") not in _VISION_DEFAULTS:
         return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
                         f"and its profile run are missing from the figures"], None
@@ -287,6 +313,10 @@ _STATE_SPACE_TYPES = {
 _HYBRIDS_READ = {"nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
+
+
+def family_of(model_type: str) -> str:
+    return (model_type or "unknown").lower()
 
 
 def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, path: Path | str) -> None:
@@ -399,7 +429,11 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         model_type = (c.text("model_type") or model_type).lower()
 
     _refuse_unmodelled_layers(top, c, model_type, path)
-    layers = c.need("num_hidden_layers", "n_layer", "num_layers")
+    listed = c.text("hybrid_override_pattern") or c.data.get("layers_block_type")
+    if family_of(model_type) == "nemotron_h" and not c.has("num_hidden_layers") and isinstance(listed, (str, list)):
+        layers = len(listed)  # Nemotron-H lists its blocks; the count is theirs
+    else:
+        layers = c.need("num_hidden_layers", "n_layer", "num_layers")
     hidden = c.need("hidden_size", "n_embd", "d_model")
     heads = c.need("num_attention_heads", "n_head")
     # ChatGLM / GLM-4 embed padded_vocab_size rows (vocab_size there is the tokenizer's)
@@ -418,7 +452,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     # transformers' own definition when the config omits it (ChatGLM calls it kv_channels)
     head_dim = c.integer("head_dim") or c.integer("kv_channels") or hidden // heads
     legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox")
-    intermediate = (c.integer("intermediate_size") or c.integer("ffn_hidden_size")
+    intermediate = (c.integer("dense_intermediate_size")  # MiniMax-M3: the dense layers' own width
+                    or c.integer("intermediate_size") or c.integer("ffn_hidden_size")
                     or c.integer("ff_intermediate_size") or c.integer("n_inner")
                     or (4 * hidden if falcon or legacy_mlp else None)
                     # a MoE model with no dense layer (Qwen3.5's MoE) has no dense width to give
@@ -577,6 +612,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         out["moe"] = moe
         if family in ("llama4", "llama4_text") and c.integer("intermediate_size_mlp"):
             out["intermediate_size"] = c.integer("intermediate_size_mlp")
+        step = c.integer("interleave_moe_layer_step", minimum=1) if family in ("llama4", "llama4_text") else None
+        if step and step > 1:  # Llama 4 Maverick: MoE every step-th layer, dense MLPs between
+            out["mlps"] = tuple("moe" if (i + 1) % step == 0 else "dense" for i in range(layers))
 
     # Biases and norms the architecture carries
     attention_bias = bool(c.flag("attention_bias"))
@@ -585,6 +623,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     out["o_bias"] = attention_bias and family != "glm4_moe"
     out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5",
                                  "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+                      or bool(c.flag("use_qk_norm") and c.text("qk_norm_type") == "per_head")
                       or bool(c.flag("use_qk_norm") and family == "glm4_moe"))
     if family in ("gemma2", "gemma3", "gemma3_text"):
         out["norms_per_layer"] = 4

@@ -19,10 +19,12 @@ GiB = 2**30
 
 
 def test_parameters_as_transformers_counts_them():
-    # transformers 5.24 on the meta device: NemotronHForCausalLM 31,577,937,344; Qwen3_5MoeForCausalLM 34,660,610,688
+    # transformers 5.24 on the meta device: NemotronHForCausalLM 31,577,937,344; Qwen3.5-35B-A3B's language model
+    # (Qwen3_5MoeForCausalLM) 34,660,610,688 and with its vision tower (the ForConditionalGeneration) 35,107,181,936
     nano, qwen = load_model(NANO), load_model(QWEN35)
     assert param_count(nano) == 31_577_937_344
-    assert param_count(qwen) == 34_660_610_688
+    assert param_count(qwen) == 35_107_181_936
+    assert param_count(qwen) - sum(qwen.extra_params.values()) - sum(qwen.replicated_params.values()) == 34_660_610_688
     # the layouts: Nemotron-H's 52 blocks (23 Mamba-2, 6 attention, 23 MoE); Qwen3.5's 40 layers, attention every 4th
     assert (len(nano.state_layers), len(nano.attention_layers), nano.mlp_kinds.count("moe")) == (23, 6, 23)
     assert nano.attention_layers == (5, 12, 19, 26, 33, 42)

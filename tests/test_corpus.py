@@ -1,0 +1,53 @@
+"""Published config.json files of current models (tests/fixtures/hf-corpus, sources in its README and in
+expected.json): kvplan's parameter count within 0.1% of transformers' own count on the meta device, and its KV
+bytes per token exactly the architecture's, or a clean refusal of a layout it cannot size."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.engine import kv_bytes_per_token, kv_layers
+from kvplan.errors import KvplanError
+from kvplan.formats import kv_format
+from kvplan.specs import load_model
+from kvplan.weights import param_count
+
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "hf-corpus"
+EXPECTED = json.loads((CORPUS / "expected.json").read_text())
+CONFIGS = sorted(n for n in EXPECTED if "hf_quant_config" not in n)
+# transformers builds Llama 4 with its default vision tower when a config leaves vision_config out; kvplan does not
+# count a tower it is not given
+VISION_DEFAULTS = {"meta-llama--Llama-4-Maverick-17B-128E-Instruct_config.json",
+                   "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json"}
+
+
+def _load(name):
+    try:
+        return load_model(str(CORPUS / name)), None
+    except KvplanError as e:
+        return None, str(e)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_corpus_config(name):
+    e = EXPECTED[name]
+    m, refusal = _load(name)
+    if m is None:  # one line naming the file and what kvplan cannot size
+        assert refusal.startswith(str(CORPUS / name)) and "\n" not in refusal
+        return
+    if e.get("params") and name not in VISION_DEFAULTS:
+        assert param_count(m) == pytest.approx(e["params"], rel=1e-3), e.get("params_method")
+    if e.get("kv_bytes_per_token_bf16") is not None:
+        assert kv_bytes_per_token(kv_layers(m, kv_format("auto"))) * (2 / {"bf16": 2, "fp16": 2, "fp32": 4}[m.dtype]) \
+            == e["kv_bytes_per_token_bf16"]
+
+
+def test_corpus_coverage():
+    # at least 40 real configs priced and matched, every family of the layouts kvplan reads among them
+    matched = [n for n in CONFIGS if _load(n)[0] is not None and EXPECTED[n].get("params")]
+    assert len(CONFIGS) >= 40 and len(matched) >= 40
+    families = {load_model(str(CORPUS / n)).family for n in matched}
+    for fam in ("llama", "qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron_h", "gptj", "phi", "starcoder2", "cohere",
+                "olmo2", "qwen2_moe", "qwen3_vl"):
+        assert any(f == fam or f.startswith(fam) for f in families), fam
