@@ -301,7 +301,7 @@ def _vision_profile(top: "_Fields", v: "_Fields", kind: str, arch: str, d: int, 
 # architectures whose layers keep a fixed per-sequence state (Mamba, Mamba-2, linear attention, short convolutions)
 # beside or instead of attention: vLLM serves them with its hybrid KV-cache manager, which kvplan does not model yet
 _STATE_SPACE_TYPES = {
-    "mamba": "Mamba", "mamba2": "Mamba-2", "falcon_mamba": "Mamba", "jamba": "Jamba (Mamba + attention)",
+    "mamba": "Mamba", "mamba2": "Mamba-2", "falcon_mamba": "Mamba",
     "zamba": "Zamba (Mamba + shared attention)", "zamba2": "Zamba2 (Mamba-2 + shared attention)",
     "bamba": "Bamba (Mamba-2 + attention)",
     "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
@@ -310,7 +310,7 @@ _STATE_SPACE_TYPES = {
     "minimax_m1": "MiniMax-M1 (lightning attention)", "kimi_linear": "Kimi Linear (KDA linear attention)",
 }
 # hybrids kvplan reads layer by layer (_hybrid_layers)
-_HYBRIDS_READ = {"nemotron_h", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+_HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
 
@@ -394,6 +394,22 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
             "ssm_cache_dtype": _DTYPES.get(str(c.text("mamba_ssm_cache_dtype") or "").replace("torch.", "")),
         }
         out.update(norms_per_layer=1, gated_mlp=False, mlp_bias=bool(c.flag("mlp_bias")))
+        return out
+    if family == "jamba":  # attention every attn_layer_period layers, MoE every expert_layer_period, Mamba between
+        period, offset = c.integer("attn_layer_period", minimum=1) or 8, c.integer("attn_layer_offset") or 4
+        eperiod, eoffset = c.integer("expert_layer_period", minimum=1) or 2, c.integer("expert_layer_offset") or 1
+        experts = (c.integer("num_experts") or 1) > 1
+        out["mixers"] = tuple("full" if i % period == offset else "state" for i in range(layers))
+        out["mlps"] = tuple("moe" if experts and i % eperiod == eoffset else "dense" for i in range(layers))
+        hidden = c.need("hidden_size")
+        rank = c.data.get("mamba_dt_rank", "auto")
+        out["state"] = {
+            "kind": "mamba", "num_heads": 1, "head_dim": 1, "state_size": c.integer("mamba_d_state", minimum=1) or 16,
+            "intermediate_size": (c.integer("mamba_expand", minimum=1) or 2) * hidden,
+            "dt_rank": -(-hidden // 16) if rank == "auto" else c.integer("mamba_dt_rank", minimum=1),
+            "conv_kernel": c.integer("mamba_d_conv", minimum=1) or 4, "conv_bias": c.flag("mamba_conv_bias") is not False,
+            "proj_bias": bool(c.flag("mamba_proj_bias")), "dt_bc_norms": True,
+        }
         return out
     # Qwen3-Next / Qwen3.5: layer_types, or an attention layer every full_attention_interval
     types = c.items("layer_types", lambda t: isinstance(t, str), "a list of layer types")

@@ -105,6 +105,7 @@ class StateSpec(_Frozen):
     dt_rank: Optional[int] = Field(None, gt=0, description="Mamba: the rank of the time-step projection")
     conv_bias: bool = True
     proj_bias: bool = False
+    dt_bc_norms: bool = Field(False, description="RMSNorms on the time step, B and C (Jamba's Mamba)")
     ssm_cache_dtype: Optional[Literal["bf16", "fp16", "fp32"]] = Field(
         None, description="the SSM/recurrent state's dtype in the cache (mamba_ssm_cache_dtype); None: the model's")
 

@@ -209,6 +209,8 @@ def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
         ts.append(Tensor("mixer.A_log", inner, st.state_size, count, "col", "state", False))
         ts.append(Tensor("mixer.D", inner, 1, count, "col", "state", False))
         ts += _linear("mixer.out_proj", h, inner, count, "row", "state", bias=st.proj_bias)
+        if st.dt_bc_norms:
+            ts.append(Tensor("mixer.dt_b_c_layernorms", rank + 2 * st.state_size, 1, count, "rep", "state", False))
     return ts
 
 

@@ -217,7 +217,7 @@ def test_float32_checkpoints_run_in_bfloat16(tmp_path):
 
 
 @pytest.mark.parametrize("patch, says", [
-    ({"model_type": "jamba", "attn_layer_period": 8}, "model_type 'jamba' is Jamba"),
+    ({"model_type": "zamba2"}, "model_type 'zamba2' is Zamba2"),
     ({"hybrid_override_pattern": "M-M*-M-"}, "hybrid_override_pattern 'M-M*-M-...' has Mamba layers"),
     ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "layer_types has 'linear_attention' layers"),
     ({"attn_type_list": [0, 0, 1]}, "attn_type_list has linear (lightning) attention layers"),

@@ -102,3 +102,20 @@ def test_sglang_refuses_state_models():
 
     with pytest.raises(KvplanError, match="SGLang's hybrid"):
         DeploymentArgs(model=NANO, gpu="h100", engine="sglang").resolve(needs_memory=True)
+
+
+def test_jamba_pool_by_hand():
+    # Jamba-Mini-1.5 at TP 2: attention every 8th layer from layer 4 (4 layers), Mamba in the other 28, MoE every
+    # 2nd layer from layer 1. transformers counts 51,570,323,328 parameters.
+    path = str(Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "ai21labs--AI21-Jamba-Mini-1.5_config.json")
+    m = load_model(path)
+    assert param_count(m) == 51_570_323_328 and m.attention_layers == (4, 12, 20, 28)
+    # per rank: attention 2 x 4 KV heads x 128 x 2 B = 2,048 B per token; Mamba conv (4 - 1) x 8,192 / 2 x 2 B =
+    # 24,576 and SSM 4,096 x 16 x 2 B (bf16: the model's) = 131,072, a state page of 155,648 B. Block
+    # 16 x cdiv(155,648, 16 x 2,048) = 80 tokens, page 80 x 2,048 = 163,840 B. Groups of 4 (28 >= 1.5 x 4): one
+    # attention, seven Mamba; a block 4 x 163,840 = 655,360 B; 60 GiB // 655,360 = 98,304 blocks. 0.19 reports
+    # 98,304 // 8 x 80 = 983,040 tokens; a request of 65,536 tokens takes cdiv(65,536, 80) = 820 + 7 = 827 blocks
+    r = capacity(path, load_gpu("h100"), tp=2, kv_cache_memory_gib=60, max_model_len=65536, engine_version="0.19")
+    assert (r.block_size, r.page_bytes, r.num_kv_cache_groups, r.num_blocks) == (80, 163_840, 8, 98_304)
+    assert (r.kv_tokens, r.blocks_per_request) == (983_040, 827)
+    assert r.max_concurrency == pytest.approx(98_304 / 827)
