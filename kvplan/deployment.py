@@ -344,7 +344,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     elif mlen is not None:
         _positive("max_model_len", mlen, integer=True)
         mlen = int(mlen)
-        if mlen > m.max_position_embeddings:
+        if mlen > m.max_position_embeddings and m.attention_layers:  # nothing positional limits a state-space model
             raise KvplanError(
                 f"--max-model-len {mlen} exceeds {m.name}'s max_position_embeddings {m.max_position_embeddings}; "
                 f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer "

@@ -53,6 +53,13 @@ def check_tp(model: ModelSpec, tp: int) -> None:
             f"--tp {tp} does not divide {model.name}'s vocabulary of {_padded_vocab(model):,} rows (padded to a "
             f"multiple of {VOCAB_PADDING}): vLLM's workers stop with '{_padded_vocab(model)} is not divisible by "
             f"{tp}'; valid: {', '.join(map(str, ok[:12]))}")
+    if not model.attention_layers and model.state is not None:  # attention-free: the mixer's channels split
+        st = model.state
+        split = st.num_heads if st.kind != "mamba" else st.inner
+        if split % tp:
+            raise KvplanError(f"--tp {tp} does not split {model.name}'s {split:,} "
+                              f"{'Mamba-2 heads' if st.kind != 'mamba' else 'Mamba channels'} evenly")
+        return
     if not _tp_ok(model, tp):
         kv = "" if model.is_mla else f" and {model.num_kv_heads} KV heads"
         raise KvplanError(
@@ -497,7 +504,7 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
     points = [step_point(model, layers, base_layers, wb, b, c, weight_read, tp, gpu, wdtype)
               for b in batches for c in contexts]
     notes = []
-    longer = [c for c in contexts if c > model.max_position_embeddings]
+    longer = [c for c in contexts if c > model.max_position_embeddings and model.attention_layers]
     if longer:
         notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
                      f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
@@ -512,7 +519,7 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         points = calibrated
         notes.append(f"calibrated step ms from {calibration_source or 'a calibration profile'} "
                      f"({calibration.device.get('name')})")
-    skipped = sorted(i for i, lay in enumerate(layers) if lay.format != fmt.name)
+    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format != fmt.name)
     nstar_all = nstar
     if skipped and fmt.name != "auto":
         notes.append(f"{fmt.name}: layers {_ranges(skipped)} stay in {model.dtype} (--kv-cache-dtype-skip-layers)")
@@ -523,7 +530,7 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         model=model.name, dtype=fmt.name, baseline_dtype=base_fmt.name, tp=tp, weight_dtype=wdtype,
         weight_read=weight_read, kv_bytes_per_token=per_token, kv_bytes_per_token_per_kv_head_layer=unit,
         bits_per_element=bpe, skip_layers=skipped, weight_bytes=w1, weight_bytes_held=wb.total,
-        crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all, kv_ratio=base_per_token / per_token,
+        crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all, kv_ratio=base_per_token / per_token if per_token else 1.0,
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
     )
 

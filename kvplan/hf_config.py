@@ -301,7 +301,6 @@ def _vision_profile(top: "_Fields", v: "_Fields", kind: str, arch: str, d: int, 
 # architectures whose layers keep a fixed per-sequence state (Mamba, Mamba-2, linear attention, short convolutions)
 # beside or instead of attention: vLLM serves them with its hybrid KV-cache manager, which kvplan does not model yet
 _STATE_SPACE_TYPES = {
-    "mamba": "Mamba", "mamba2": "Mamba-2", "falcon_mamba": "Mamba",
     "zamba": "Zamba (Mamba + shared attention)", "zamba2": "Zamba2 (Mamba-2 + shared attention)",
     "bamba": "Bamba (Mamba-2 + attention)",
     "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
@@ -433,6 +432,42 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
     return out
 
 
+# attention-free models: every layer a Mamba or Mamba-2 mixer and one norm
+_STATE_SPACE_MODELS = {"mamba", "falcon_mamba", "mamba2"}
+# vLLM's max_model_len when a config names no length (config/model.py _get_and_verify_max_len): 2048; a longer one
+# may be asked for, since nothing positional limits a state-space model
+STATE_SPACE_DEFAULT_LEN = 2048
+
+
+def _state_space_model(c: "_Fields", top: "_Fields", family: str, path: Path | str) -> dict:
+    layers = c.need("num_hidden_layers", "n_layer")
+    hidden = c.need("hidden_size", "d_model")
+    rank = c.data.get("time_step_rank", "auto")
+    if family == "mamba2":
+        heads, head_dim = c.need("num_heads"), c.need("head_dim")
+        state = {"kind": "mamba2", "num_heads": heads, "head_dim": head_dim, "state_size": c.need("state_size"),
+                 "n_groups": c.integer("n_groups", minimum=1) or 1}
+    else:
+        heads, head_dim = 1, 1
+        state = {"kind": "mamba", "num_heads": 1, "head_dim": 1, "state_size": c.need("state_size"),
+                 "intermediate_size": c.integer("intermediate_size") or (c.integer("expand") or 2) * hidden,
+                 "dt_rank": -(-hidden // 16) if rank == "auto" else c.integer("time_step_rank", minimum=1)}
+    state.update(conv_kernel=c.integer("conv_kernel", minimum=1) or 4, conv_bias=c.flag("use_conv_bias") is not False,
+                 proj_bias=bool(c.flag("use_bias")))
+    tied = c.flag("tie_word_embeddings")
+    dtype = _DTYPES.get(str(c.text("torch_dtype") or c.text("dtype") or "bfloat16").replace("torch.", ""), "bf16")
+    notes = ["a float32 checkpoint: vLLM runs it in bfloat16 (--dtype auto)"] if dtype == "fp32" else []
+    return {
+        "name": top.text("_name_or_path") or _name_from_path(path), "family": family, "num_layers": layers,
+        "hidden_size": hidden, "intermediate_size": state.get("intermediate_size") or heads * head_dim,
+        "num_heads": heads, "num_kv_heads": heads, "head_dim": head_dim, "vocab_size": c.need("vocab_size"),
+        "tie_word_embeddings": family == "mamba" if tied is None else tied,
+        "max_position_embeddings": STATE_SPACE_DEFAULT_LEN, "dtype": "bf16" if dtype == "fp32" else dtype,
+        "weight_dtype": "bf16" if dtype == "fp32" else dtype, "mixers": ("state",) * layers,
+        "mlps": ("none",) * layers, "state": state, "norms_per_layer": 1, "notes": notes,
+    }
+
+
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if not isinstance(cfg, dict):
         raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
@@ -445,6 +480,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         model_type = (c.text("model_type") or model_type).lower()
 
     _refuse_unmodelled_layers(top, c, model_type, path)
+    if model_type in _STATE_SPACE_MODELS:
+        return _state_space_model(c, top, model_type, path)
     listed = c.text("hybrid_override_pattern") or c.data.get("layers_block_type")
     if family_of(model_type) == "nemotron_h" and not c.has("num_hidden_layers") and isinstance(listed, (str, list)):
         layers = len(listed)  # Nemotron-H lists its blocks; the count is theirs

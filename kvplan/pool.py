@@ -61,7 +61,8 @@ class KVCacheGroups:
         return sum(n * _blocks_per_request(s, max_model_len, in_flight, xp, dcp) for s, n in self.groups)
 
 
-def hybrid_state_groups(layers: Sequence[LayerKV], block_size: int, align: int, state_blocks: int) -> KVCacheGroups:
+def hybrid_state_groups(layers: Sequence[LayerKV], block_size: int, align: int, state_blocks: int,
+                        max_model_len: int = 0) -> KVCacheGroups:
     """vLLM's pages and groups for attention beside fixed-state layers (Mamba, gated delta net): the attention block
     grows to B = align x cdiv(state page, align x attention bytes per token) tokens so that one attention page holds a
     state page, and the state page is padded to it (models/config.py HybridAttentionMambaModelConfig); then layers of
@@ -71,6 +72,11 @@ def hybrid_state_groups(layers: Sequence[LayerKV], block_size: int, align: int, 
     state group."""
     attn = [lay for lay in layers if lay.kind != "state"]
     state = [lay for lay in layers if lay.kind == "state"]
+    if not attn:  # attention-free: one group of every state layer; a MambaSpec block spans max_model_len tokens
+        page = max(lay.fixed_bytes for lay in state)
+        spec = _LayerSpec("state", None, max_model_len, page, state_blocks)
+        return KVCacheGroups(len(state) * page, 1, 0, ((spec, 1),), len(state), max_model_len,
+                             tuple(spec for _ in state))
     per_token = max(lay.bytes_per_token for lay in attn)
     if len({lay.bytes_per_token for lay in attn}) > 1 or any(lay.kind != "full" for lay in attn):
         raise KvplanError("a hybrid of fixed-state layers with sliding-window or mixed-size attention layers is not "
@@ -280,7 +286,7 @@ class PoolPlan:
         return dict(blocks_per_request=bpr, max_concurrency=concurrency, kv_tokens=tokens,
                     # vLLM refuses a max_model_len beyond the model's own
                     fits=(bpr <= usable) & ((self.available > 0) | self.overridden)
-                    & (max_model_len <= self.model.max_position_embeddings))
+                    & ((max_model_len <= self.model.max_position_embeddings) | (not self.model.attention_layers)))
 
 
 def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
@@ -358,7 +364,9 @@ def plan_for(d) -> PoolPlan:
             available = requested - nk.total
         layers = all_layers[rng.start:rng.stop]
         if any(lay.kind == "state" for lay in layers):
-            groups = hybrid_state_groups(layers, d.block_size, 64 if model.is_mla else 16, rules.hybrid_state_blocks)
+            mlen_now = model.max_position_embeddings if d.max_model_len in (None, "auto") else int(d.max_model_len)
+            groups = hybrid_state_groups(layers, d.block_size, 64 if model.is_mla else 16, rules.hybrid_state_blocks,
+                                         mlen_now)
         else:
             groups = kv_cache_groups(layers, d.block_size, fmt.name, rules.raise_block_for_skip_layers)
         residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
@@ -473,10 +481,15 @@ def capacity_of(d) -> CapacityResult:
     state = [lay for lay in layers if lay.kind == "state"]
     if state:
         per_seq = sum(lay.fixed_bytes for lay in state)
-        notes.append(f"{len(state)} state layers hold {state[0].fixed_bytes:,} B each per sequence ({per_seq / 2**20:.1f} "
-                     f"MiB a sequence, whatever its length); vLLM raises the attention block to {plan.block_size:,} "
-                     f"tokens so that one page ({groups.layer_specs[0].page_bytes:,} B) holds a state page, and a "
-                     f"request takes {plan.rules.hybrid_state_blocks} page(s) per state group")
+        held = (f"{len(state)} state layers hold {state[0].fixed_bytes:,} B each per sequence ({per_seq / 2**20:.1f} "
+                f"MiB a sequence, whatever its length)")
+        if model.attention_layers:
+            notes.append(f"{held}; vLLM raises the attention block to {plan.block_size:,} tokens so that one page "
+                         f"({groups.layer_specs[0].page_bytes:,} B) holds a state page, and a request takes "
+                         f"{plan.rules.hybrid_state_blocks} page(s) per state group")
+        else:
+            notes.append(f"{held}; with no attention, a block is one sequence's state in every layer and a request "
+                         f"takes {plan.rules.hybrid_state_blocks} of them")
     if groups.padding_layers:
         notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
                      f"{groups.padding_layers} padding layers")

@@ -119,3 +119,19 @@ def test_jamba_pool_by_hand():
     assert (r.block_size, r.page_bytes, r.num_kv_cache_groups, r.num_blocks) == (80, 163_840, 8, 98_304)
     assert (r.kv_tokens, r.blocks_per_request) == (983_040, 827)
     assert r.max_concurrency == pytest.approx(98_304 / 827)
+
+
+def test_attention_free_mamba2_by_hand():
+    # Mamba-Codestral-7B: 64 Mamba-2 layers, no attention. transformers counts 7,285,403,648 parameters. A layer's
+    # state: conv (4 - 1) x (128 x 64 + 2 x 8 x 128 = 10,240 channels) x 2 B = 61,440 and SSM 128 heads x 64 x 128
+    # x 2 B (bf16, the model's) = 2,097,152: 2,158,592 B. One group of all 64 layers, a block being one sequence's
+    # state in every layer: 138,149,888 B; 60 GiB // 138,149,888 = 466 blocks = 466 sequences at any length (0.19:
+    # one block a request); 0.19 reports 466 blocks x a block of max_model_len tokens
+    path = str(Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "mistralai--Mamba-Codestral-7B-v0.1_config.json")
+    m = load_model(path)
+    assert param_count(m) == 7_285_403_648 and not m.attention_layers
+    r = capacity(path, load_gpu("b200"), kv_cache_memory_gib=60, max_model_len=65536, engine_version="0.19")
+    assert (r.page_bytes, r.bytes_per_block, r.num_blocks) == (2_158_592, 138_149_888, 466)
+    assert (r.blocks_per_request, r.max_concurrency, r.kv_tokens) == (1, 466, 466 * 65536)
+    # nothing positional limits it: a length beyond vLLM's 2,048 default is planned, not refused
+    assert r.fits
