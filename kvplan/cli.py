@@ -99,6 +99,9 @@ CudagraphOpt = Annotated[Optional[float], typer.Option(
 MaxSeqsOpt = Annotated[Optional[int], typer.Option(
     "--max-num-seqs", help="vLLM: sizes the sampler and its state (default: vLLM serve's for the GPU)")]
 EagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="vLLM: no CUDA graphs (and no estimate for them)")]
+SsmDtypeOpt = Annotated[Optional[str], typer.Option(
+    "--mamba-ssm-cache-dtype", help="vLLM, hybrid and state-space models: the SSM (or linear-attention) state's dtype "
+    "in the cache: auto (the config's, else the version's default), float32, float16, bfloat16")]
 LanguageOnlyOpt = Annotated[bool, typer.Option(
     "--language-model-only", help="vLLM, vision-language models: the vision tower and projector are neither built "
     "nor profiled (vLLM's --language-model-only, or --limit-mm-per-prompt with every modality at 0)")]
@@ -297,6 +300,7 @@ def capacity(
     max_num_seqs: MaxSeqsOpt = None,
     enforce_eager: EagerOpt = False,
     language_model_only: LanguageOnlyOpt = False,
+    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
     entrypoint: EntrypointOpt = None,
     gpu_memory_gib: GpuMemOpt = None,
     free_memory_gib: FreeMemOpt = None,
@@ -450,6 +454,7 @@ def plot_capacity(
     max_num_seqs: MaxSeqsOpt = None,
     enforce_eager: EagerOpt = False,
     language_model_only: LanguageOnlyOpt = False,
+    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
     entrypoint: EntrypointOpt = None,
     gpu_memory_gib: GpuMemOpt = None,
     kv_cache_memory: KvMemOpt = None,
@@ -507,6 +512,7 @@ def sweep(
     max_num_seqs: MaxSeqsOpt = None,
     enforce_eager: EagerOpt = False,
     language_model_only: LanguageOnlyOpt = False,
+    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
     entrypoint: EntrypointOpt = None,
     gpu_memory_gib: GpuMemOpt = None,
     weight_dtype: WeightDtypeOpt = None,
@@ -536,7 +542,8 @@ def sweep(
     options = dict(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                    activation_gib=activation_gib, non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib,
                    max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
-                   language_model_only=language_model_only, entrypoint=entrypoint,
+                   language_model_only=language_model_only, mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
+                   entrypoint=entrypoint,
                    gpu_memory_gib=gpu_memory_gib, weight_dtype=weight_dtype,
                    max_num_batched_tokens=max_num_batched_tokens, engine_version=engine_version, pp=pp, dcp=dcp)
     df = run(_names(model), _names(gpu), tps=_sizes(tp, "--tp") or [1], dtypes=parse_dtypes(dtype),

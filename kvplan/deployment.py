@@ -34,7 +34,8 @@ SGLANG_VERSION = "0.5"
 # profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
 VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_gib",
              "max_num_seqs", "max_num_batched_tokens", "entrypoint", "enforce_eager", "activation_gib",
-             "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only")
+             "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only",
+             "mamba_ssm_cache_dtype")
 SGLANG_ONLY = ("mem_fraction_static", "page_size")
 # what a field is called on the command line (and, with underscores, in a gate file)
 FLAGS = {"kv_cache_dtype": "--kv-cache-dtype", "kv_cache_memory_gib": "--kv-cache-memory"}
@@ -72,6 +73,7 @@ class DeploymentArgs:
     entrypoint: Optional[str] = None
     enforce_eager: bool = False
     language_model_only: bool = False
+    mamba_ssm_cache_dtype: Optional[str] = None
     activation_gib: Optional[float] = None
     non_torch_gib: Optional[float] = None
     cudagraph_gib: Optional[float] = None
@@ -254,6 +256,17 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if prof is not None and prof.model != m.name:
         raise KvplanError(f"the profile was measured on {prof.model}, not {m.name}; its overheads do not carry "
                           f"over (import a startup log of {m.name})")
+    if args.mamba_ssm_cache_dtype is not None:
+        chosen = str(args.mamba_ssm_cache_dtype).lower()
+        names = {"float32": "fp32", "fp32": "fp32", "float16": "fp16", "fp16": "fp16", "bfloat16": "bf16",
+                 "bf16": "bf16", "auto": None}
+        if chosen not in names:
+            raise KvplanError(f"--mamba-ssm-cache-dtype '{args.mamba_ssm_cache_dtype}': choose auto, float32, float16 "
+                              f"or bfloat16")
+        if m.state is None:
+            raise KvplanError(f"--mamba-ssm-cache-dtype: {m.name} has no Mamba or linear-attention state; drop it")
+        m = m.model_copy(update={"state": m.state.model_copy(update={"ssm_cache_dtype": names[chosen]})})
+        notes.append(f"state layers' SSM state in {chosen} (--mamba-ssm-cache-dtype)")
     if args.language_model_only:
         if m.vision is None and not m.extra_params and not m.replicated_params:
             raise KvplanError(f"--language-model-only: {m.name} has no vision encoder to leave out; drop it")

@@ -97,6 +97,7 @@ class Options(_Strict):
     max_num_seqs: Optional[int] = Field(None, ge=1)
     enforce_eager: bool = False
     language_model_only: bool = False
+    mamba_ssm_cache_dtype: Optional[str] = None
     gpu_memory_gib: Optional[float] = Field(None, gt=0)
     free_memory_gib: Optional[float] = Field(None, gt=0)
     kv_cache_memory: Optional[float] = Field(None, gt=0)

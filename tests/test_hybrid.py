@@ -135,3 +135,15 @@ def test_attention_free_mamba2_by_hand():
     assert (r.blocks_per_request, r.max_concurrency, r.kv_tokens) == (1, 466, 466 * 65536)
     # nothing positional limits it: a length beyond vLLM's 2,048 default is planned, not refused
     assert r.fits
+
+
+def test_mamba_ssm_cache_dtype_option():
+    # --mamba-ssm-cache-dtype float16 halves Nemotron-3-Nano's SSM state (its config says float32):
+    # 23 x (36,864 + 64 x 64 x 128 x 2 B) = 24,965,120 B a sequence
+    from kvplan.deployment import DeploymentArgs
+    from kvplan.pool import capacity_of
+
+    d = DeploymentArgs(model=NANO, gpu="b200", mamba_ssm_cache_dtype="float16").resolve(needs_memory=True)
+    assert capacity_of(d).state_bytes_per_sequence == 23 * (36_864 + 1_048_576)
+    with pytest.raises(KvplanError, match="choose auto, float32"):
+        DeploymentArgs(model=NANO, gpu="b200", mamba_ssm_cache_dtype="int4").resolve()
