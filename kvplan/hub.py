@@ -40,13 +40,22 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     if _offline():
         raise KvplanError(f"'{repo}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download it "
                           f"once online (or unset HF_HUB_OFFLINE)")
+    import logging
+
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
+    # one line on failure: huggingface_hub's own retry warnings and progress bars stay quiet
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     at = f" at revision {revision}" if revision else ""
     try:
         path = Path(hf_hub_download(repo, "config.json", revision=revision))
+    except LocalEntryNotFoundError as e:  # the Hub could not be reached (a subclass of EntryNotFoundError)
+        reason = " ".join(str(e).split())[:160]
+        raise KvplanError(f"cannot reach the Hub for '{repo}' ({reason}); check the network or HF_ENDPOINT, or pass "
+                          f"a local config.json") from None
     except GatedRepoError:
         raise KvplanError(f"'{repo}' is gated: accept its terms on the Hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:
@@ -55,7 +64,7 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
         raise KvplanError(f"'{repo}' has no revision '{revision}'") from None
     except EntryNotFoundError:
         raise KvplanError(f"'{repo}'{at} has no config.json: kvplan reads a transformers config") from None
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
+    except (HfHubHTTPError, OSError) as e:
         reason = " ".join(str(e).split())[:160]
         raise KvplanError(f"cannot fetch '{repo}' config.json from the Hub ({reason}); check the network or "
                           f"HF_ENDPOINT, or pass a local config.json") from None
