@@ -405,7 +405,7 @@ def calibrated_ms(model: ModelSpec, calibration, fmt_name: str, weight_dtype: st
         return None, [f"the calibration profile has no {' or '.join(missing)} measurement: step ms is the roofline"]
     peak = calibration.peak_bandwidth_bytes_per_s
     seconds = (gemv.seconds(weight_read_bytes_, peak, calls=_matrix_calls(model, batch))
-               + decode.seconds(kv_bytes, peak, calls=model.num_layers))
+               + decode.seconds(kv_bytes, peak, calls=len(model.attention_layers) or model.num_layers))
     return seconds * 1e3, []
 
 
