@@ -183,3 +183,23 @@ def test_memory_in_use_at_the_snapshot():
     assert pre_snapshot_bytes(H100, 2, "0.19", moe=True) == (522 + 1000 + 24 + 512) * MiB
     # from 0.30 torch's communicator is made before the snapshot too
     assert pre_snapshot_bytes(H100, 2, "0.33") == (522 + 500 + 24 + 512 + 328) * MiB
+
+
+def test_mxfp4_experts_on_hopper():
+    # gpt-oss-20b's 24 MoE layers of 32 experts (H = I = 2,880) under vLLM's TRITON MXFP4 backend, per layer at TP 1:
+    # values transposed and padded to 64: w13 32 x 1,472 x 5,760 - 32 x 1,440 x 5,760 = 5,898,240 and w2
+    # 32 x 1,472 x 2,880 - 32 x 1,440 x 2,880 = 2,949,120; the swizzled scales beside the checkpoint's, rows padded
+    # to 256: 32 x 5,888 x 90 + 32 x 3,072 x 90 = 25,804,800; biases in float32: 32 x (5,760 + 2,880) x 2 = 552,960.
+    # 35,205,120 B a layer, 844,922,880 in all: 12.83 + 0.79 = 13.62 GiB against the 13.64 vLLM 0.19 loads
+    from kvplan.nonkv import mxfp4_hopper_repack
+
+    m = load_model("gpt-oss-20b")
+    assert mxfp4_hopper_repack(m, 1) == 24 * 35_205_120
+    assert mxfp4_hopper_repack(load_model("llama-3.1-8b"), 1) == 0
+    nk = non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=1, weights=0, version="0.19",
+                       max_model_len=8192)
+    assert nk.parts["mxfp4_repack"] == 24 * 35_205_120
+    # not on Blackwell, whose MXFP4 backends lay the experts out otherwise
+    b200 = load_gpu("b200")
+    assert non_kv_memory(m, b200, total_bytes=b200.memory_total_bytes, tp=1, weights=0, version="0.19",
+                         max_model_len=8192).parts["mxfp4_repack"] == 0
