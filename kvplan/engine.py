@@ -170,6 +170,12 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
         if kind not in ATTENTION_KINDS:  # an MLP-only block
             continue
         f, b = (auto, auto_bytes) if i in skipped else (fmt, fmt_bytes)
+        if model.mla is not None and model.mla.index_head_dim:
+            # sparse attention: the latent cache grows with the sequence but a step reads the index_topk best
+            # tokens; the indexer's own keys are a second cache of the layer, all of them read every step
+            out.append(LayerKV(i, kind, model.mla.index_topk, f.name, b))
+            out.append(LayerKV(i, kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
+            continue
         out.append(LayerKV(
             i, kind, model.window_of(kind), f.name, b,
             f.residual_tokens, (auto_bytes - b) if f.residual_tokens else 0.0,
@@ -519,7 +525,7 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         points = calibrated
         notes.append(f"calibrated step ms from {calibration_source or 'a calibration profile'} "
                      f"({calibration.device.get('name')})")
-    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format != fmt.name)
+    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format not in (fmt.name, "indexer"))
     nstar_all = nstar
     if skipped and fmt.name != "auto":
         notes.append(f"{fmt.name}: layers {_ranges(skipped)} stay in {model.dtype} (--kv-cache-dtype-skip-layers)")

@@ -349,9 +349,13 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
             refuse(f"layer_types has {', '.join(repr(t) for t in state)} layers")
     if c.data.get("linear_attn_config") is not None:
         refuse("linear_attn_config describes linear-attention layers")
-    if c.data.get("compress_ratios") is not None or c.data.get("index_n_heads") is not None:
-        raise KvplanError(f"{path}: compress_ratios / index_n_heads: compressed and indexed sparse attention "
-                          f"(DeepSeek-V4, DSA) keeps caches kvplan does not size yet")
+    if c.data.get("compress_ratios") is not None:
+        raise KvplanError(f"{path}: compress_ratios: DeepSeek-V4's compressed sparse attention keeps caches kvplan "
+                          f"does not size yet")
+    if c.data.get("index_n_heads") is not None and not c.has("kv_lora_rank"):
+        raise KvplanError(f"{path}: index_n_heads: an indexed sparse attention without MLA is not modelled")
+    if c.data.get("indexer_types") is not None or c.data.get("index_topk_freq") is not None:
+        raise KvplanError(f"{path}: indexer_types / index_topk_freq: an indexer on some layers only is not modelled")
     if c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
         raise KvplanError(f"{path}: global_head_dim / num_global_key_value_heads: layers with their own KV heads "
                           f"and head sizes (Gemma 4's global layers) are not modelled yet")
@@ -603,7 +607,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         out.update(_hybrid_layers(c, family, layers, path))
         layer_types = None
     if layer_types:
-        names = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "chunked"}
+        names = {"sliding_attention": "sliding", "full_attention": "full", "chunked_attention": "chunked",
+                 "deepseek_sparse_attention": "full"}
         try:
             pattern = [names[t] for t in layer_types]
         except KeyError as e:
@@ -632,6 +637,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if c.integer("kv_lora_rank"):
         out["mla"] = {k: c.integer(k) for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                                                 "qk_nope_head_dim", "v_head_dim")}
+        if c.integer("index_n_heads"):
+            out["mla"].update({k: c.need(k) for k in ("index_n_heads", "index_head_dim", "index_topk")})
         out["head_dim"] = None
 
     # MoE

@@ -362,7 +362,7 @@ def plan_for(d) -> PoolPlan:
             available = d.kv_cache_memory_bytes
         else:
             available = requested - nk.total
-        layers = all_layers[rng.start:rng.stop]
+        layers = tuple(lay for lay in all_layers if lay.index in rng)  # a layer may hold several caches, or none
         if any(lay.kind == "state" for lay in layers):
             mlen_now = model.max_position_embeddings if d.max_model_len in (None, "auto") else int(d.max_model_len)
             groups = hybrid_state_groups(layers, d.block_size, 64 if model.is_mla else 16, rules.hybrid_state_blocks,
@@ -477,7 +477,7 @@ def capacity_of(d) -> CapacityResult:
         notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
                      f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")
     fmt, layers = plan.fmt, plan.layers
-    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format != fmt.name)
+    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format not in (fmt.name, "indexer"))
     state = [lay for lay in layers if lay.kind == "state"]
     if state:
         per_seq = sum(lay.fixed_bytes for lay in state)

@@ -56,10 +56,20 @@ class MLASpec(_Frozen):
     qk_rope_head_dim: int = Field(gt=0)
     qk_nope_head_dim: int = Field(gt=0)
     v_head_dim: int = Field(gt=0)
+    # DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): a lightning indexer scores every cached token with keys of
+    # its own (cached in fp8 with a 4-byte scale per 128) and the attention reads only the index_topk best
+    index_n_heads: Optional[int] = Field(None, gt=0)
+    index_head_dim: Optional[int] = Field(None, gt=0)
+    index_topk: Optional[int] = Field(None, gt=0)
 
     @property
     def latent_dim(self) -> int:
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def indexer_bytes_per_token(self) -> int:
+        """The indexer's cache per token per layer (DeepseekV32IndexerCache: uint8 of head_dim + head_dim / 128 x 4)."""
+        return 0 if not self.index_head_dim else self.index_head_dim + self.index_head_dim // 128 * 4
 
 
 class MoESpec(_Frozen):

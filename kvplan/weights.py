@@ -236,6 +236,12 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
         ts += _linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
         ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
+        if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
+            dq = a.q_lora_rank or h
+            ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, L, "rep", "attention")
+            ts += _linear("attn.indexer.wk", a.index_head_dim, h, L, "rep", "attention")
+            ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, L, "rep", "norm", False))
+            ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, L, "rep", "attention")
     else:
         d = m.head_dim
         assert d is not None

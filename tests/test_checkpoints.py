@@ -223,8 +223,9 @@ def test_float32_checkpoints_run_in_bfloat16(tmp_path):
     ({"attn_type_list": [0, 0, 1]}, "attn_type_list has linear (lightning) attention layers"),
     ({"attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period 8"),
     ({"block_configs": [{"attention": {"no_op": True}}]}, "block_configs: per-layer NAS"),
-    ({"layer_types": ["deepseek_sparse_attention"]}, "'deepseek_sparse_attention'"),
-    ({"compress_ratios": [4, 128]}, "compressed and indexed sparse attention"),
+    ({"layer_types": ["mystery_attention"]}, "'mystery_attention'"),
+    ({"compress_ratios": [4, 128]}, "DeepSeek-V4's compressed sparse attention"),
+    ({"index_n_heads": 64}, "indexed sparse attention without MLA"),
     ({"global_head_dim": 512}, "Gemma 4's global layers"),
 ])
 def test_layouts_kvplan_cannot_size_are_refused(tmp_path, patch, says):
@@ -236,3 +237,22 @@ def test_layouts_kvplan_cannot_size_are_refused(tmp_path, patch, says):
     with pytest.raises(KvplanError, match=says.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")
                        .replace("*", r"\*").replace("[", r"\[")):
         load_model(str(p))
+
+
+def test_deepseek_sparse_attention():
+    # DeepSeek-V3.2: transformers counts 671,877,929,216 parameters, DeepSeek-V3's 671,026,404,352 plus the lightning
+    # indexer's 13,959,424 a layer (wq_b 1,536 -> 64 x 128, wk 7,168 -> 128, a LayerNorm of 128, weights_proj
+    # 7,168 -> 64). Its cache per token per layer: the bf16 latent (512 + 64) x 2 = 1,152 B and the indexer's fp8
+    # key with a 4-byte scale per 128, 132 B (vLLM's DeepseekV32IndexerCache): 61 x 1,284 = 78,324 B a token on
+    # every rank. A step reads every indexer key but only the index_topk = 2,048 best tokens of the latent.
+    from kvplan.engine import kv_bytes_per_token, kv_layers, kv_read_bytes
+    from kvplan.formats import kv_format
+
+    path = Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "deepseek-ai--DeepSeek-V3.2_config.json"
+    m = load_model(str(path))
+    assert param_count(m) == pytest.approx(671_026_404_352 + 61 * 13_959_424, rel=1e-7)
+    layers = kv_layers(m, kv_format("auto"), tp=8)
+    assert kv_bytes_per_token(layers) == 61 * (1_152 + 132)
+    assert kv_read_bytes(layers, 1, 131_072) == 61 * (2_048 * 1_152 + 131_072 * 132)
+    # fp8 for the latent is vLLM's fp8_ds_mla: 656 B
+    assert kv_bytes_per_token(kv_layers(m, kv_format("fp8_ds_mla"), tp=8)) == 61 * (656 + 132)
