@@ -285,6 +285,10 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
     fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
+    if m.mla is not None and m.mla.index_head_dim and fmt.name in ("fp8", "fp8_e4m3") and engine != "sglang":
+        # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
+        fmt = kv_format("fp8_ds_mla")
+        notes.append("fp8 on a sparse-attention MLA model is vLLM's fp8_ds_mla: 656 B per token per layer")
 
     # parallelism and the weights' format: what was said, else what the profile measured
     layout = {}
@@ -417,6 +421,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         if m.state_layers:
             raise KvplanError(f"{m.name} keeps a fixed state in {len(m.state_layers)} layers: SGLang's hybrid (Mamba) "
                               f"pool is not modelled; plan it with --engine vllm")
+        if m.mla is not None and m.mla.index_head_dim:
+            raise KvplanError(f"{m.name} uses DeepSeek sparse attention: SGLang's NSA pool (the indexer's cache) is "
+                              f"not modelled; plan it with --engine vllm")
         return _resolve_sglang(args, prof, common, notes)
     return _resolve_vllm(args, prof, common, notes)
 

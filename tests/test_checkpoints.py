@@ -256,3 +256,13 @@ def test_deepseek_sparse_attention():
     assert kv_read_bytes(layers, 1, 131_072) == 61 * (2_048 * 1_152 + 131_072 * 132)
     # fp8 for the latent is vLLM's fp8_ds_mla: 656 B
     assert kv_bytes_per_token(kv_layers(m, kv_format("fp8_ds_mla"), tp=8)) == 61 * (656 + 132)
+
+
+def test_sparse_mla_fp8_is_fp8_ds_mla():
+    from kvplan.deployment import DeploymentArgs
+
+    path = str(Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "deepseek-ai--DeepSeek-V3.2_config.json")
+    d = DeploymentArgs(model=path, gpu="b200", tp=8, kv_cache_dtype="fp8").resolve()
+    assert d.kv.name == "fp8_ds_mla" and any("fp8_ds_mla" in n for n in d.notes)
+    with pytest.raises(KvplanError, match="SGLang's NSA pool"):
+        DeploymentArgs(model=path, gpu="b200", tp=8, engine="sglang").resolve()
