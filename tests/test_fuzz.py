@@ -187,7 +187,15 @@ def env(tmp_path_factory):
             "specs": specs,
             "gpu_specs": gpu_specs,
             "gates": yaml.safe_load((ROOT / "examples" / "gates.yaml").read_text()),
-            "configs": {p.name: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.config.json"))},
+            "configs": {p.name: json.loads(p.read_text()) for p in [
+                *sorted(FIXTURES.glob("*.config.json")),
+                # hybrids, state-space, sparse attention and a vision-language model: their own readers
+                FIXTURES / "configs" / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.config.json",
+                FIXTURES / "configs" / "Qwen--Qwen3.5-35B-A3B.config.json",
+                FIXTURES / "configs" / "ibm-granite--granite-vision-3.3-2b.config.json",
+                FIXTURES / "hf-corpus" / "ai21labs--AI21-Jamba-Mini-1.5_config.json",
+                FIXTURES / "hf-corpus" / "mistralai--Mamba-Codestral-7B-v0.1_config.json",
+                FIXTURES / "hf-corpus" / "deepseek-ai--DeepSeek-V3.2_config.json"]},
             "logs": {p.name: p.read_bytes() for p in sorted((FIXTURES / "logs").glob("*.log"))},
             "n": [0],
         })
