@@ -876,9 +876,23 @@ def models_show(
 
     m = load_model(name)
     extra = {"computed_params": param_count(m)}
+    if m.checkpoint_params:  # a local snapshot: what its safetensors hold, beside the architecture's count
+        extra["checkpoint_params"] = m.checkpoint_params
+        extra["checkpoint_agrees"] = _checkpoint_agrees(m, extra["computed_params"])
     if m.moe:
         extra["active_params"] = active_param_count(m)
     _show(as_json, {**m.model_dump(), **extra}, "spec_detail", m, extra)
+
+
+def _checkpoint_agrees(m, computed: int) -> str:
+    """Whether a snapshot's tensors match the architecture's count (packed quantized weights hold fewer elements;
+    extra layers, such as multi-token prediction, more)."""
+    diff = m.checkpoint_params - computed
+    if abs(diff) <= 0.001 * computed:
+        return "yes"
+    if m.weight_dtype not in ("bf16", "fp16", "fp32"):
+        return f"not comparable: {m.weight_dtype} packs its weights ({diff:+,} elements)"
+    return f"no: the checkpoint holds {diff:+,} elements beyond the architecture (extra layers or heads?)"
 
 
 @gpus_app.callback()

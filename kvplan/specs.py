@@ -168,6 +168,8 @@ class ModelSpec(_Frozen):
         "the MLPs and experts (attention left in the model dtype)"
     )
     declared_params: Optional[int] = Field(None, gt=0)
+    checkpoint_params: Optional[int] = Field(None, gt=0, description="elements in the checkpoint's safetensors "
+                                             "headers, where a local snapshot has them")
     attention: AttentionLayout = AttentionLayout()
     mla: Optional[MLASpec] = None
     moe: Optional[MoESpec] = None
@@ -489,9 +491,40 @@ def load_model(name_or_path: str) -> ModelSpec:
                 q = q.get("quantization", q) if isinstance(q, dict) else q
                 cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **q} if isinstance(q, dict) else q}
             fields = model_from_hf_config(cfg, path)
+            held = checkpoint_elements(path.parent)
+            if held:
+                fields["checkpoint_params"] = held
             return _build(ModelSpec, fields, path)
         return _build(ModelSpec, read_yaml(path, "file", hint), path)
     return _resolve("models", name_or_path)
+
+
+def checkpoint_elements(folder: Path) -> Optional[int]:
+    """The elements of every tensor in a snapshot's *.safetensors files, read from their headers alone (an 8-byte
+    little-endian length, then a JSON object of shapes); None where there are none or one is unreadable."""
+    import json
+    import math
+    import struct
+
+    total, found = 0, False
+    try:
+        files = sorted(folder.glob("*.safetensors"))
+    except OSError:
+        return None
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                if not 0 < n < 100 * 2**20:
+                    return None
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError, struct.error):
+            return None
+        for name, t in header.items():
+            if name != "__metadata__" and isinstance(t, dict) and isinstance(t.get("shape"), list):
+                total += math.prod(int(x) for x in t["shape"])
+                found = True
+    return total if found else None
 
 
 def _model_for_repo_id(repo: str) -> ModelSpec:

@@ -120,3 +120,41 @@ def test_offline_without_a_copy_and_the_catalog_fallback(tmp_path):
     assert code == 0, err
     r = json.loads(out)
     assert r["model"] == "Qwen3-8B" and any("planned as the catalog's Qwen3-8B" in n for n in r["notes"])
+
+
+def _safetensors(path, tensors: dict) -> None:
+    """A safetensors file whose header is real and whose data is zeros (bf16)."""
+    import math
+    import struct
+
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        n = math.prod(shape) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(blob)) + blob + bytes(offset))
+
+
+def test_snapshot_checkpoint_count(tmp_path, cli):
+    # a snapshot folder: config.json and safetensors; the headers are read, the data never
+    cfg = json.loads((CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.config.json").read_text())
+    cfg.update(num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=256, head_dim=16)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    # embed 256 x 64, lm_head 256 x 64, q 64 x 64, k and v 32 x 64, o 64 x 64, gate/up 128 x 64, down 64 x 128,
+    # two norms per layer and the final one (64 each): 16,384 x 2 + 4,096 x 2 + 2,048 x 2 + 8,192 x 3 + 192 = 69,824
+    _safetensors(tmp_path / "model-00001-of-00002.safetensors",
+                 {"model.embed_tokens.weight": (256, 64), "lm_head.weight": (256, 64)})
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                 {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
+                  "down": (64, 128), "n1": (64,), "n2": (64,), "nf": (64,)})
+    r = cli("models", "show", str(tmp_path), "--json")
+    d = json.loads(r.out)
+    assert d["computed_params"] == d["checkpoint_params"] == 69_824 and d["checkpoint_agrees"] == "yes"
+    # one more tensor than the architecture has: said so
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                 {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
+                  "down": (64, 128), "n1": (64,), "n2": (64,), "nf": (64,), "mtp.proj": (64, 64)})
+    d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
+    assert d["checkpoint_params"] == 69_824 + 4_096 and d["checkpoint_agrees"].startswith("no: the checkpoint holds +4,096")
