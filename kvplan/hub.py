@@ -11,12 +11,18 @@ from typing import Optional
 
 from .errors import KvplanError
 
-REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(?:@[\w./-]+)?")
 
 
 def looks_like_repo_id(name: str) -> bool:
-    """org/name, one slash, no file suffix, and no such file or folder here."""
+    """org/name (or org/name@revision: a branch, tag or commit), one slash before any @, no file suffix, and no
+    such file or folder here."""
     return bool(REPO_ID.fullmatch(name)) and not name.endswith((".json", ".yaml", ".yml")) and not Path(name).exists()
+
+
+def split_revision(name: str) -> tuple[str, Optional[str]]:
+    repo, _, revision = name.partition("@")
+    return repo, revision or None
 
 
 def _offline() -> bool:
@@ -26,9 +32,9 @@ def _offline() -> bool:
 def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     """The local path of a repo's config.json: the Hugging Face cache first, else downloaded (config.json and, where
     the repo has one, hf_quant_config.json) into that cache."""
-    from .deploy import find_config
+    from .deploy import find_config, hf_cache_dir
 
-    cached = find_config(repo) if revision is None else None
+    cached = find_config(repo) if revision is None else _cached_revision(hf_cache_dir(), repo, revision)
     if cached is not None:
         return cached
     try:
@@ -73,3 +79,17 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     except Exception:  # noqa: BLE001 - most repos have none
         pass
     return path
+
+
+def _cached_revision(cache: Path, repo: str, revision: str) -> Optional[Path]:
+    """A revision's config.json in the Hugging Face cache: refs/<branch or tag> names its commit folder."""
+    folder = cache / ("models--" + repo.replace("/", "--"))
+    commit = revision
+    ref = folder / "refs" / revision
+    try:
+        if ref.is_file():
+            commit = ref.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    found = folder / "snapshots" / commit / "config.json"
+    return found if found.is_file() else None

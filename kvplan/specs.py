@@ -527,11 +527,12 @@ def checkpoint_elements(folder: Path) -> Optional[int]:
     return total if found else None
 
 
-def _model_for_repo_id(repo: str) -> ModelSpec:
-    from .hub import fetch_config
+def _model_for_repo_id(name: str) -> ModelSpec:
+    from .hub import fetch_config, split_revision
 
+    repo, revision = split_revision(name)
     try:
-        return load_model(str(fetch_config(repo)))
+        return load_model(str(fetch_config(repo, revision)))
     except KvplanError as fetch_error:
         if "catalog" not in str(fetch_error) and "HF_HUB_OFFLINE" not in str(fetch_error):
             raise

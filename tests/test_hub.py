@@ -158,3 +158,17 @@ def test_snapshot_checkpoint_count(tmp_path, cli):
                   "down": (64, 128), "n1": (64,), "n2": (64,), "nf": (64,), "mtp.proj": (64, 64)})
     d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
     assert d["checkpoint_params"] == 69_824 + 4_096 and d["checkpoint_agrees"].startswith("no: the checkpoint holds +4,096")
+
+
+def test_revision(hub, tmp_path):
+    # org/name@revision: fetched at that revision, then found offline through the cache's refs/<revision>
+    cache = str(tmp_path / "hf")
+    code, out, err = _kvplan(["models", "show", "acme/Qwen3-14B-copy@v1", "--json"], HF_ENDPOINT=hub,
+                             HF_HUB_CACHE=cache, HF_HUB_OFFLINE="0")
+    assert code == 0, err
+    assert (tmp_path / "hf" / "models--acme--Qwen3-14B-copy" / "refs" / "v1").read_text().strip() == COMMIT
+    code, out, err = _kvplan(["models", "show", "acme/Qwen3-14B-copy@v1", "--json"], HF_HUB_CACHE=cache,
+                             HF_HUB_OFFLINE="1")
+    assert code == 0, err
+    code, out, err = _kvplan(["models", "show", "acme/Qwen3-14B-copy@v2"], HF_HUB_CACHE=cache, HF_HUB_OFFLINE="1")
+    assert code == 2 and "HF_HUB_OFFLINE" in err and len(err.strip().splitlines()) == 1
