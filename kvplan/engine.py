@@ -29,7 +29,7 @@ from typing import Literal, Optional, Sequence
 from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
 from .specs import ATTENTION_KINDS, GPUSpec, LayerKind, ModelSpec
-from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, weight_bytes
+from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, padded_vocab, weight_bytes
 from .xp import SCALAR
 
 GiB = 2**30
@@ -49,10 +49,11 @@ def check_tp(model: ModelSpec, tp: int) -> None:
         raise KvplanError(f"--tp must be at least 1, got {tp}")
     ok = [t for t in range(1, 65) if _tp_ok(model, t) and _vocab_ok(model, t)]
     if not _vocab_ok(model, tp):
+        rows = padded_vocab(model.vocab_size)
         raise KvplanError(
-            f"--tp {tp} does not divide {model.name}'s vocabulary of {_padded_vocab(model):,} rows (padded to a "
-            f"multiple of {VOCAB_PADDING}): vLLM's workers stop with '{_padded_vocab(model)} is not divisible by "
-            f"{tp}'; valid: {', '.join(map(str, ok[:12]))}")
+            f"--tp {tp} does not divide {model.name}'s vocabulary of {rows:,} rows (padded to a multiple of "
+            f"{VOCAB_PADDING}): vLLM's workers stop with '{rows} is not divisible by {tp}'; "
+            f"valid: {', '.join(map(str, ok[:12]))}")
     if not model.attention_layers and model.state is not None:  # attention-free: the mixer's channels split
         st = model.state
         split = st.num_heads if st.kind != "mamba" else st.inner
@@ -68,12 +69,8 @@ def check_tp(model: ModelSpec, tp: int) -> None:
         )
 
 
-def _padded_vocab(model: ModelSpec) -> int:
-    return -(-model.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
-
-
 def _vocab_ok(model: ModelSpec, tp: int) -> bool:
-    return _padded_vocab(model) % tp == 0
+    return padded_vocab(model.vocab_size) % tp == 0
 
 
 def _tp_ok(model: ModelSpec, tp: int) -> bool:

@@ -28,7 +28,7 @@ from typing import Optional
 
 from .engines import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
 from .specs import GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, VOCAB_PADDING
+from .weights import DTYPE_BYTES, padded_vocab
 
 MiB = 2**20
 GiB = 2**30
@@ -230,7 +230,7 @@ def _encoder_profile(m: ModelSpec, tokens: int, max_num_seqs: int, max_model_len
 
 def _sampler_peak(m: ModelSpec, rows: int, tp: int, b: int, rules: VllmRules, gpu: Optional[GPUSpec]) -> int:
     V = m.vocab_size
-    v_pad = math.ceil(V / VOCAB_PADDING) * VOCAB_PADDING
+    v_pad = padded_vocab(V)
     sms = (gpu.sm_count if gpu and gpu.sm_count else 132)
     p = min(1 << max(0, math.ceil(math.log2(max(1, min(sms, rows))))), sms)
     logits = b * rows * v_pad
@@ -379,7 +379,7 @@ def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, tot
     hidden-state buffer, the Triton top-k buffer) and the graphs' memory beyond what the budget subtracted."""
     rules = _rules(version)
     V = m.vocab_size
-    v_pad = math.ceil(V / VOCAB_PADDING) * VOCAB_PADDING
+    v_pad = padded_vocab(V)
     b = DTYPE_BYTES[m.dtype]
     R = nk.max_num_seqs
     sms = (gpu.sm_count if gpu and gpu.sm_count else 132)

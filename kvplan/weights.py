@@ -23,6 +23,11 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 VOCAB_PADDING = 64
 
 
+def padded_vocab(rows: int) -> int:
+    """The vocabulary rows vLLM allocates: `rows` rounded up to a multiple of VOCAB_PADDING."""
+    return -(-rows // VOCAB_PADDING) * VOCAB_PADDING
+
+
 @dataclass(frozen=True)
 class Tensor:
     """`count` identical tensors of shape [out_dim, in_dim] (1-D tensors have in_dim 1)."""
@@ -50,8 +55,7 @@ class Tensor:
             per_head = self.out_dim // self.kv_heads
             return max(1, self.kv_heads // tp) * per_head, self.in_dim
         if self.shard == "vocab":
-            padded = math.ceil(self.out_dim / VOCAB_PADDING) * VOCAB_PADDING
-            return math.ceil(padded / tp), self.in_dim
+            return math.ceil(padded_vocab(self.out_dim) / tp), self.in_dim
         return self.out_dim, self.in_dim
 
 
