@@ -17,7 +17,8 @@ field of the version's rules in kvplan.engines:
               workspace where that backend runs (SM100 multi-head attention), and a cost per graph
 
 The per-graph capture cost has no source constant beyond vLLM's 1 MiB floor; kvplan takes it per piece of the
-compiled model from what vLLM 0.19 prints (per_graph_bytes). A startup log pins all of it (`kvplan` reads one and keeps the measured overheads as a profile).
+compiled model from what vLLM 0.19 prints (per_graph_bytes). A startup log pins all of it (`kvplan` reads one and
+keeps the measured overheads as a profile).
 """
 
 from __future__ import annotations
@@ -153,10 +154,6 @@ def _cc_family(gpu: Optional[GPUSpec]) -> Optional[str]:
     return None
 
 
-def _round2m(n: float) -> int:
-    return math.ceil(n / (2 * MiB)) * 2 * MiB
-
-
 def flashinfer_allreduce_workspace(fam: Optional[str], tp: int, max_bytes: Optional[int] = None,
                                    kind: str = "nvls") -> int:
     """FlashInfer's single-node all-reduce workspace on one rank (trtllm_ar's three buffers: tp x S, tp x 256 fp32
@@ -170,7 +167,8 @@ def flashinfer_allreduce_workspace(fam: Optional[str], tp: int, max_bytes: Optio
     size = table.get(tp, min(table.values())) * MiB
     if max_bytes is not None:
         size = min(size, max_bytes)
-    return sum(_round_up(_round2m(n), MULTICAST_GRANULARITY) for n in (tp * size, tp * 256 * 4, 3 * tp * size))
+    buffers = (tp * size, tp * 256 * 4, 3 * tp * size)
+    return sum(_round_up(_round_up(n, 2 * MiB), MULTICAST_GRANULARITY) for n in buffers)
 
 
 def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace: bool = True,
@@ -320,12 +318,11 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
         sizes = _capture_sizes(cap_max)
         n_pw, n_full = len(sizes), len([s for s in sizes if s <= R_max])
         f_cg, _ = _forward_peak(m, max(sizes), tp, b, with_moe_workspace=False)
-        if rules.runner == "mrv2":  # every piecewise graph captured for real after one eager warm-up each
-            estimate = (2 * f_cg + cublas + (n_pw - 1) * per_graph_bytes(m.num_layers, "piecewise")
-                        + (n_full - 1) * per_graph_bytes(m.num_layers, "full"))
-        else:  # two samples per mode, extrapolated
-            estimate = (f_cg + cublas + (n_pw - 1) * per_graph_bytes(m.num_layers, "piecewise")
-                        + (n_full - 1) * per_graph_bytes(m.num_layers, "full"))
+        # mrv2 captures every piecewise graph for real after one eager warm-up each (the capture activations
+        # twice); the older runner takes two samples per mode and extrapolates
+        warmups = 2 if rules.runner == "mrv2" else 1
+        estimate = (warmups * f_cg + cublas + (n_pw - 1) * per_graph_bytes(m.num_layers, "piecewise")
+                    + (n_full - 1) * per_graph_bytes(m.num_layers, "full"))
         if fam in ("sm100", "sm103") and not m.mla:
             # FlashInfer is the SM100 backend for multi-head attention; its workspace is made at the first FULL
             # warm-up, inside the estimate's first sample
@@ -350,15 +347,13 @@ def mxfp4_hopper_repack(m: ModelSpec, tp: int) -> int:
         return 0
     e, h, i = m.moe.num_experts, m.hidden_size, m.moe.expert_intermediate_size
     n = m.mlp_kinds.count("moe")
-    ir = -(-(i // tp) // 64) * 64
-
-    def pad(x: int, to: int) -> int:
-        return -(-x // to) * to
-
     raw_i = i // tp
-    values = (pad(h // 2, 64) * pad(2 * ir, 64) - 2 * raw_i * h // 2) + (pad(ir // 2, 64) * pad(h, 64) - h * raw_i // 2)
-    scales_grown = (2 * ir - 2 * raw_i) * (h // 32) + h * (-(-ir // 32) - -(-raw_i // 32))
-    swizzled_scales = pad(2 * ir, 256) * (h // 32) + pad(h, 256) * -(-ir // 32)
+    ir = _round_up(raw_i, 64)
+    scale_blocks, raw_scale_blocks = _round_up(ir, 32) // 32, _round_up(raw_i, 32) // 32  # one scale per 32 values
+    values = ((_round_up(h // 2, 64) * _round_up(2 * ir, 64) - 2 * raw_i * h // 2)
+              + (_round_up(ir // 2, 64) * _round_up(h, 64) - h * raw_i // 2))
+    scales_grown = (2 * ir - 2 * raw_i) * (h // 32) + h * (scale_blocks - raw_scale_blocks)
+    swizzled_scales = _round_up(2 * ir, 256) * (h // 32) + _round_up(h, 256) * scale_blocks
     biases = (2 * ir + h) * 2  # float32 copies in place of bfloat16
     return n * e * (values + scales_grown + swizzled_scales + biases)
 
