@@ -28,7 +28,7 @@ from typing import Literal, Optional, Sequence
 
 from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
-from .specs import ATTENTION_KINDS, GPUSpec, LayerKind, ModelSpec
+from .specs import ATTENTION_KINDS, GPUSpec, ModelSpec
 from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, padded_vocab, weight_bytes
 from .xp import SCALAR
 
@@ -202,10 +202,9 @@ def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None
     return conv, ssm
 
 
-def state_bytes_per_sequence(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None) -> int:
-    """Every state layer's cache for one sequence on one rank: fixed whatever its length, read and rewritten by
-    every decode step."""
-    return sum(state_bytes(model, tp, ssm_default)) * len(model.state_layers)
+def skipped_indices(layers: Sequence[LayerKV], fmt: KVFormat) -> list[int]:
+    """The cache layers `kv_layers` left in the model dtype rather than `fmt` (a DSA indexer keeps its own)."""
+    return sorted(lay.index for lay in layers if lay.kind != "state" and lay.format not in (fmt.name, "indexer"))
 
 
 def kv_bytes_per_token(layers: Sequence[LayerKV]) -> float:
@@ -522,7 +521,7 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         points = calibrated
         notes.append(f"calibrated step ms from {calibration_source or 'a calibration profile'} "
                      f"({calibration.device.get('name')})")
-    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format not in (fmt.name, "indexer"))
+    skipped = skipped_indices(layers, fmt)
     nstar_all = nstar
     if skipped and fmt.name != "auto":
         notes.append(f"{fmt.name}: layers {_ranges(skipped)} stay in {model.dtype} (--kv-cache-dtype-skip-layers)")
@@ -533,7 +532,8 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         model=model.name, dtype=fmt.name, baseline_dtype=base_fmt.name, tp=tp, weight_dtype=wdtype,
         weight_read=weight_read, kv_bytes_per_token=per_token, kv_bytes_per_token_per_kv_head_layer=unit,
         bits_per_element=bpe, skip_layers=skipped, weight_bytes=w1, weight_bytes_held=wb.total,
-        crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all, kv_ratio=base_per_token / per_token if per_token else 1.0,
+        crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all,
+        kv_ratio=base_per_token / per_token if per_token else 1.0,
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
     )
 

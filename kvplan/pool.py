@@ -13,6 +13,7 @@ from .engine import (
     kv_bytes_per_token,
     kv_heads_per_rank,
     kv_layers,
+    skipped_indices,
 )
 from .engines import VllmRules
 from .errors import KvplanError
@@ -412,6 +413,11 @@ def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None 
     return capacity_of(_deployment(model, gpu, dtype, options))
 
 
+def _free_after_context(d) -> int:
+    """The memory free when vLLM's worker checks it: after its CUDA context and communicators exist."""
+    return d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None, pp=d.pp)
+
+
 def capacity_of(d) -> CapacityResult:
     """The capacity of a resolved vLLM Deployment."""
     model = d.model
@@ -432,14 +438,13 @@ def capacity_of(d) -> CapacityResult:
             f"run out of memory allocating the pool (lower --kv-cache-memory)"
         )
     elif (d.free_memory_bytes is not None and d.kv_cache_memory_bytes is None
-          and d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None, pp=d.pp) < plan.requested):
-        # the worker checks the memory free after its CUDA context and communicators exist
-        seen = d.free_memory_bytes - pre_snapshot_bytes(d.gpu, d.tp, d.rules, moe=d.model.moe is not None, pp=d.pp)
+          and (seen := _free_after_context(d)) < plan.requested):
         fits_util = math.floor(max(0, seen) / d.total_bytes * 100) / 100
         problem = (
             f"vLLM refuses to start: {d.free_memory_bytes / GiB:.2f} GiB free, {seen / GiB:.2f} GiB once its CUDA "
-            f"{'context and communicators exist' if d.tp > 1 else 'context exists'}, is less than the {plan.requested / GiB:.2f} "
-            f"GiB --gpu-memory-utilization {d.gpu_memory_utilization:g} asks for (of {d.total_bytes / GiB:.2f} GiB); "
+            f"{'context and communicators exist' if d.tp > 1 else 'context exists'}, is less than the "
+            f"{plan.requested / GiB:.2f} GiB --gpu-memory-utilization {d.gpu_memory_utilization:g} asks for (of "
+            f"{d.total_bytes / GiB:.2f} GiB); "
             + (f"--gpu-memory-utilization {fits_util:.2f} fits, or " if fits_util > 0 else "")
             + "free the memory another process holds"
         )
@@ -477,7 +482,7 @@ def capacity_of(d) -> CapacityResult:
         notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
                      f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")
     fmt, layers = plan.fmt, plan.layers
-    skipped = sorted(lay.index for lay in layers if lay.kind != "state" and lay.format not in (fmt.name, "indexer"))
+    skipped = skipped_indices(layers, fmt)
     state = [lay for lay in layers if lay.kind == "state"]
     if state:
         per_seq = sum(lay.fixed_bytes for lay in state)
