@@ -7,6 +7,7 @@ import hashlib
 import math
 import os
 import re
+import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Optional, Sequence
@@ -18,6 +19,7 @@ from .specs import (
     GPUSpec,
     ModelSpec,
     catalog_entries,
+    gpu_by_memory,
     load_catalog,
     load_gpu,
     load_model,
@@ -358,9 +360,7 @@ def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict,
         from .engines import vllm_rules
         from .nonkv import pre_snapshot_bytes
 
-        from .specs import gpu_by_memory
-
-        seen_on = g or gpu_by_memory(int(fail["total_gib"] * GiB)) if "total_gib" in fail else g
+        seen_on = g or (gpu_by_memory(int(fail["total_gib"] * GiB)) if "total_gib" in fail else None)
         before = fail["free_gib"] + pre_snapshot_bytes(seen_on, int(kw.get("tp") or 1), vllm_rules(log.version),
                                                        moe=m.moe is not None) / GiB
         kw = {**kw, "free_memory_gib": round(before, 2),
@@ -485,9 +485,7 @@ def log_summary(results: Sequence[tuple[str, "LogImport | str"]]) -> dict:
         errs = sorted(abs(row[key]["error_pct"]) for row in rows if key in row and row[key]["error_pct"] is not None)
         if not errs:
             return {"compared": 0, "median_abs_error_pct": None, "worst_abs_error_pct": None}
-        mid = len(errs) // 2
-        median = errs[mid] if len(errs) % 2 else (errs[mid - 1] + errs[mid]) / 2
-        return {"compared": len(errs), "median_abs_error_pct": median, "worst_abs_error_pct": errs[-1]}
+        return {"compared": len(errs), "median_abs_error_pct": statistics.median(errs), "worst_abs_error_pct": errs[-1]}
 
     failed = [row for row in rows if row["status"] == "failed"]
     return {"logs": rows, "available_kv": stats("available_kv"), "weights": stats("weights"),

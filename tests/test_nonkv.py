@@ -1,9 +1,7 @@
 """vLLM's non-KV memory in closed form, against the worked arithmetic derived from vLLM's source (Llama-3.1-8B,
 bf16, TP 1, H100 SXM, `vllm serve` defaults: 8,192 batched tokens, 1,024 sequences, vocab 128,256)."""
 
-import pytest
-
-from kvplan import capacity, load_gpu, load_model
+from kvplan import load_gpu, load_model
 from kvplan.nonkv import (LIBRARY_NON_TORCH, TORCH_NCCL_COMMUNICATOR, _capture_sizes, _forward_peak, non_kv_memory,
                           per_graph_bytes, pre_snapshot_bytes, serve_defaults, transport)
 
