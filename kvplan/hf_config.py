@@ -15,6 +15,28 @@ from .errors import KvplanError
 from .files import type_name
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+
+
+def _dtype_of(text: Optional[str], default: Optional[str] = None) -> Optional[str]:
+    """kvplan's name for a config's dtype string ("bfloat16", "torch.float16", ...)."""
+    return _DTYPES.get(str(text or "").replace("torch.", ""), default)
+
+
+def _served_dtype(text: Optional[str]) -> tuple[str, list[str]]:
+    """The dtype vLLM's --dtype auto runs a checkpoint in, with a note where that is not the checkpoint's own: it
+    downcasts float32 to the platform's first dtype, bfloat16 on every GPU from Ampere on (config/model.py
+    _resolve_auto_dtype; platforms/cuda.py supported_dtypes)."""
+    dtype = _dtype_of(text or "bfloat16", "bf16")
+    if dtype == "fp32":
+        return "bf16", ["a float32 checkpoint: vLLM runs it in bfloat16 (--dtype auto)"]
+    return dtype, []
+
+
+def _dt_rank(c: "_Fields", key: str, hidden: int) -> int:
+    """A Mamba mixer's dt projection rank: the config's, or ceil(hidden / 16) where it says "auto" or nothing."""
+    return -(-hidden // 16) if c.data.get(key, "auto") == "auto" else c.integer(key, minimum=1)
+
+
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "falcon"}  # transformers' config defaults
 
 
@@ -182,7 +204,7 @@ def _vit_layers(v: "_Fields", feature_layer: Any, kind: str) -> int:
 _QWEN_VL_TOWERS = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}
 
 
-def _qwen3_vl_tower(v: "_Fields", path: Path | str) -> tuple[dict, dict, list[str], None]:
+def _qwen3_vl_tower(v: "_Fields") -> tuple[dict, dict, list[str], None]:
     """Qwen3-VL's (and Qwen3.5's) vision tower as transformers builds it (Qwen3VLVisionModel): a Conv3d patch
     embedding (with bias), learned position embeddings, `depth` blocks (two LayerNorms, fused qkv and proj, a GELU
     MLP, all with biases), the patch merger (a LayerNorm, then merge^2 x hidden wide fc1 and fc2 to the text width)
@@ -203,7 +225,7 @@ def _qwen3_vl_tower(v: "_Fields", path: Path | str) -> tuple[dict, dict, list[st
              "counts the language model's alone"], None)
 
 
-def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[dict, dict, list[str], Optional[dict]]:
+def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], Optional[dict]]:
     """The vision tower's and projector's parameters, split across TP ranks and whole on each, as vLLM builds them
     (siglip.py, clip.py, pixtral.py; llava.py, llava_next.py, mistral3.py, gemma3_mm.py): the attention and MLP
     linear layers and the position embedding are tensor-parallel, the patch convolution, the norms and Mistral 3's
@@ -214,11 +236,12 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
     kind = (v.text("model_type") or "").lower()
     arch = (top.text("model_type") or "").lower()
     if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
-        return _qwen3_vl_tower(v, path)
-    if kind.removesuffix("_vision_model") not in _VISION_DEFAULTS:
+        return _qwen3_vl_tower(v)
+    family = kind.removesuffix("_vision_model")
+    if family not in _VISION_DEFAULTS:
         return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
                         f"and its profile run are missing from the figures"], None
-    defaults = _VISION_DEFAULTS[kind.removesuffix("_vision_model")]
+    defaults = _VISION_DEFAULTS[family]
 
     def field(key: str) -> int:  # a field the config leaves out takes its transformers config class's default
         value = v.integer(key, minimum=1)
@@ -230,7 +253,7 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
     sharded: dict[str, int] = {}
     rep: dict[str, int] = {}
     if kind in ("siglip_vision_model", "siglip", "clip_vision_model", "clip"):
-        layers = _vit_layers(v, feature_layer, kind.removesuffix("_vision_model"))
+        layers = _vit_layers(v, feature_layer, family)
         image = field("image_size")
         positions = (image // patch) ** 2 + (1 if kind.startswith("clip") else 0)
         per_layer_sharded = 4 * d * d + 3 * d + 2 * d * i + i  # q, k, v, o and fc1, fc2; column biases
@@ -247,7 +270,7 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
     else:
         return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
                         f"and its profile run are missing from the figures"], None
-    encoder = _vision_profile(top, v, kind, arch, d, i, patch, channels, layers, feature_layer, path)
+    encoder = _vision_profile(top, v, family, arch, d, i, patch, channels, layers, feature_layer)
     bias = top.flag("multimodal_projector_bias")
     bias = True if bias is None else bias
     features = len(feature_layer) if isinstance(feature_layer, list) else 1
@@ -267,13 +290,12 @@ def vision_params(top: "_Fields", text_hidden: int, path: Path | str) -> tuple[d
     return sharded, rep, [], encoder
 
 
-def _vision_profile(top: "_Fields", v: "_Fields", kind: str, arch: str, d: int, i: int, patch: int, channels: int,
-                    layers: int, feature_layer: Any, path: Path | str) -> Optional[dict]:
+def _vision_profile(top: "_Fields", v: "_Fields", family: str, arch: str, d: int, i: int, patch: int, channels: int,
+                    layers: int, feature_layer: Any) -> Optional[dict]:
     """What one largest dummy item costs vLLM's profile run: its language-model embeddings (the encoder budget
     counts these), its encoder tokens and pixels. Pixtral (Mistral 3) takes the processor's largest square and
     merges 2 x 2 patches; LLaVA-NeXT tiles the largest of its image_grid_pinpoints plus a base tile, with a newline
     embedding per feature row; LLaVA and Gemma 3 take one square image."""
-    family = kind.removesuffix("_vision_model")
     image = v.integer("image_size", minimum=1) or _VISION_DEFAULTS[family]["image_size"]
     side = image // patch
     if family == "pixtral":
@@ -312,10 +334,6 @@ _STATE_SPACE_TYPES = {
 _HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
-
-
-def family_of(model_type: str) -> str:
-    return (model_type or "unknown").lower()
 
 
 def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, path: Path | str) -> None:
@@ -394,7 +412,7 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
             "state_size": c.need("ssm_state_size"), "n_groups": c.integer("n_groups", minimum=1) or 1,
             "conv_kernel": c.integer("conv_kernel", minimum=1) or 4, "conv_bias": c.flag("use_conv_bias") is not False,
             "proj_bias": bool(c.flag("use_bias") or c.flag("mamba_proj_bias")),
-            "ssm_cache_dtype": _DTYPES.get(str(c.text("mamba_ssm_cache_dtype") or "").replace("torch.", "")),
+            "ssm_cache_dtype": _dtype_of(c.text("mamba_ssm_cache_dtype")),
         }
         out.update(norms_per_layer=1, gated_mlp=False, mlp_bias=bool(c.flag("mlp_bias")))
         return out
@@ -405,11 +423,10 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         out["mixers"] = tuple("full" if i % period == offset else "state" for i in range(layers))
         out["mlps"] = tuple("moe" if experts and i % eperiod == eoffset else "dense" for i in range(layers))
         hidden = c.need("hidden_size")
-        rank = c.data.get("mamba_dt_rank", "auto")
         out["state"] = {
             "kind": "mamba", "num_heads": 1, "head_dim": 1, "state_size": c.integer("mamba_d_state", minimum=1) or 16,
             "intermediate_size": (c.integer("mamba_expand", minimum=1) or 2) * hidden,
-            "dt_rank": -(-hidden // 16) if rank == "auto" else c.integer("mamba_dt_rank", minimum=1),
+            "dt_rank": _dt_rank(c, "mamba_dt_rank", hidden),
             "conv_kernel": c.integer("mamba_d_conv", minimum=1) or 4, "conv_bias": c.flag("mamba_conv_bias") is not False,
             "proj_bias": bool(c.flag("mamba_proj_bias")), "dt_bc_norms": True,
         }
@@ -429,8 +446,7 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         "state_size": c.need("linear_key_head_dim"), "n_groups": c.need("linear_num_key_heads"),
         "conv_kernel": c.integer("linear_conv_kernel_dim", minimum=1) or 4, "conv_bias": False,
         # Qwen3.5 names the recurrent state's dtype (mamba_ssm_dtype), which vLLM takes; Qwen3-Next leaves it
-        "ssm_cache_dtype": _DTYPES.get(str(c.text("mamba_ssm_dtype") or c.text("mamba_ssm_cache_dtype") or "")
-                                       .replace("torch.", "")),
+        "ssm_cache_dtype": _dtype_of(c.text("mamba_ssm_dtype") or c.text("mamba_ssm_cache_dtype")),
     }
     out["attn_output_gate"] = c.flag("attn_output_gate") is not False
     return out
@@ -446,7 +462,6 @@ STATE_SPACE_DEFAULT_LEN = 2048
 def _state_space_model(c: "_Fields", top: "_Fields", family: str, path: Path | str) -> dict:
     layers = c.need("num_hidden_layers", "n_layer")
     hidden = c.need("hidden_size", "d_model")
-    rank = c.data.get("time_step_rank", "auto")
     if family == "mamba2":
         heads, head_dim = c.need("num_heads"), c.need("head_dim")
         state = {"kind": "mamba2", "num_heads": heads, "head_dim": head_dim, "state_size": c.need("state_size"),
@@ -455,19 +470,18 @@ def _state_space_model(c: "_Fields", top: "_Fields", family: str, path: Path | s
         heads, head_dim = 1, 1
         state = {"kind": "mamba", "num_heads": 1, "head_dim": 1, "state_size": c.need("state_size"),
                  "intermediate_size": c.integer("intermediate_size") or (c.integer("expand") or 2) * hidden,
-                 "dt_rank": -(-hidden // 16) if rank == "auto" else c.integer("time_step_rank", minimum=1)}
+                 "dt_rank": _dt_rank(c, "time_step_rank", hidden)}
     state.update(conv_kernel=c.integer("conv_kernel", minimum=1) or 4, conv_bias=c.flag("use_conv_bias") is not False,
                  proj_bias=bool(c.flag("use_bias")))
     tied = c.flag("tie_word_embeddings")
-    dtype = _DTYPES.get(str(c.text("torch_dtype") or c.text("dtype") or "bfloat16").replace("torch.", ""), "bf16")
-    notes = ["a float32 checkpoint: vLLM runs it in bfloat16 (--dtype auto)"] if dtype == "fp32" else []
+    dtype, notes = _served_dtype(c.text("torch_dtype") or c.text("dtype"))
     return {
         "name": top.text("_name_or_path") or _name_from_path(path), "family": family, "num_layers": layers,
         "hidden_size": hidden, "intermediate_size": state.get("intermediate_size") or heads * head_dim,
         "num_heads": heads, "num_kv_heads": heads, "head_dim": head_dim, "vocab_size": c.need("vocab_size"),
         "tie_word_embeddings": family == "mamba" if tied is None else tied,
-        "max_position_embeddings": STATE_SPACE_DEFAULT_LEN, "dtype": "bf16" if dtype == "fp32" else dtype,
-        "weight_dtype": "bf16" if dtype == "fp32" else dtype, "mixers": ("state",) * layers,
+        "max_position_embeddings": STATE_SPACE_DEFAULT_LEN, "dtype": dtype,
+        "weight_dtype": dtype, "mixers": ("state",) * layers,
         "mlps": ("none",) * layers, "state": state, "norms_per_layer": 1, "notes": notes,
     }
 
@@ -487,7 +501,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if model_type in _STATE_SPACE_MODELS:
         return _state_space_model(c, top, model_type, path)
     listed = c.text("hybrid_override_pattern") or c.data.get("layers_block_type")
-    if family_of(model_type) == "nemotron_h" and not c.has("num_hidden_layers") and isinstance(listed, (str, list)):
+    if model_type == "nemotron_h" and not c.has("num_hidden_layers") and isinstance(listed, (str, list)):
         layers = len(listed)  # Nemotron-H lists its blocks; the count is theirs
     else:
         layers = c.need("num_hidden_layers", "n_layer", "num_layers")
@@ -539,14 +553,10 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                                     or c.integer("seq_length") or (2048 if falcon else None)
                                     or c.need("max_position_embeddings")),
     }
-    dtype = (c.text("torch_dtype") or top.text("torch_dtype") or c.text("dtype") or top.text("dtype")
-             or "bfloat16")
-    out["dtype"] = _DTYPES.get(dtype.replace("torch.", ""), "bf16")
-    if out["dtype"] == "fp32":
-        # vLLM's --dtype auto downcasts float32 checkpoints to the platform's first dtype: bfloat16 on every GPU from
-        # Ampere on (config/model.py _resolve_auto_dtype; platforms/cuda.py supported_dtypes)
-        out["dtype"] = "bf16"
-        out.setdefault("notes", []).append("a float32 checkpoint: vLLM runs it in bfloat16 (--dtype auto)")
+    out["dtype"], downcast = _served_dtype(c.text("torch_dtype") or top.text("torch_dtype") or c.text("dtype")
+                                           or top.text("dtype"))
+    if downcast:
+        out.setdefault("notes", []).extend(downcast)
     out["weight_dtype"] = out["dtype"]
 
     # Quantized checkpoints
@@ -712,7 +722,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if family == "gpt_oss":
         out["attention_sinks"] = True
     if c is not top:  # a multimodal wrapper: the vision tower and projector are held beside the language model
-        sharded, rep, notes, encoder = vision_params(top, hidden, path)
+        sharded, rep, notes, encoder = vision_params(top, hidden)
         if encoder:
             out["vision"] = encoder
         if sharded:
