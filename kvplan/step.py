@@ -1,0 +1,387 @@
+"""The time of one engine step on one GPU: the kernels it runs, each priced by a fit of the form
+t = t0 + bytes / (eta x peak bandwidth) (plus the few terms each kernel family needs), summed over a rank's layers.
+
+Kernel families and what a step runs of each (per rank, per layer unless said):
+* weight GEMMs: every dense matrix at m = tokens in the step, t0 + max(bytes / (eta B), flops / (mu F));
+* fused MoE: the routed experts the tokens touch (uniform routing), same form;
+* decode attention: one call per attention layer over the cached tokens of the batch, t0 + c_seq x (sequences x
+  KV heads) + c_q x (sequences x query heads) + max(bytes / (eta B), c_tok x context), and for an fp8 cache the
+  kernel that quantizes the query; a state layer (Mamba, gated delta net) reads and
+  writes its state at the same rate;
+* all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
+* the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
+* the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
+
+Profiles: the bundled fits for A100, H100, H200 and B200 (hardware/profiles/step-time.yaml, fitted from public timings of
+vLLM's own kernels by benchmarks/fit_step_profiles.py), or a profile `kvplan measure` wrote, whose measured GEMV and
+decode families replace the bundled ones. Cache formats the bundled tables lack take the bf16 kernel's fit with their
+own bytes plus fp8's measured conversion cost per element, and are marked estimated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Optional
+
+from .errors import KvplanError
+from .specs import GPUSpec, ModelSpec
+
+SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul
+SAMPLER_KERNELS = 8  # logits copy, temperature, top-k/top-p, softmax, sampling, argmax (vLLM v1 Sampler)
+# Host time per step that vLLM's async scheduling does not overlap (input preparation, CUDA-graph launch). An
+# estimate: no public table measures it; it is a small share of a step at any realistic batch.
+HOST_GAP_S = 100e-6
+
+
+@dataclass(frozen=True)
+class Fit:
+    t0_s: float
+    eta: float = 1.0
+    per_sequence_head_s: float = 0.0
+    per_query_head_s: float = 0.0
+    per_token_chain_s: float = 0.0  # a split's serial walk over one sequence's tokens (the floor at low batch)
+    mu: Optional[float] = None  # achieved fraction of peak FLOP/s where the kernel is compute-bound
+    peak_flops: Optional[float] = None
+    bytes_per_s: Optional[float] = None  # all-reduce: message bytes per second
+    within_10pct: Optional[float] = None  # share of the source rows of >= 64 MiB the fit reproduces within 10%
+    source: str = "bundled"
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    gpu: str
+    name: str  # what the output says it used
+    peak_bandwidth_bytes_per_s: float
+    attention: dict  # "bfloat16" / "fp8" -> Fit
+    gemm: dict  # weight dtype key -> Fit
+    moe: dict
+    allreduce: dict  # world size -> Fit
+    measured: frozenset = frozenset()  # families a calibration profile replaced
+
+
+@lru_cache(maxsize=1)
+def _bundled() -> dict:
+    from .specs import _catalog_data, catalog_dir
+
+    return _catalog_data(catalog_dir("hardware") / "profiles" / "step-time.yaml")["gpus"]
+
+
+def _fits(d: dict, keyfn=str) -> dict:
+    return {keyfn(k): Fit(**{f: v for f, v in x.items() if f in Fit.__dataclass_fields__}) for k, v in d.items()
+            for x in [v]}
+
+
+def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
+    """The bundled fits for this GPU, or None where kvplan has none."""
+    if gpu is None:
+        return None
+    g = _bundled().get(gpu.name)
+    if g is None:
+        return None
+    return StepProfile(gpu=gpu.name, name=f"bundled {gpu.name} ({g['silicon']} kernel timings)",
+                       peak_bandwidth_bytes_per_s=float(g["peak_bandwidth_bytes_per_s"]),
+                       attention=_fits(g["attention"]), gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),
+                       allreduce=_fits(g["allreduce"], int))
+
+
+def bundled_gpus() -> list[str]:
+    return list(_bundled())
+
+
+def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optional[GPUSpec]) -> StepProfile:
+    """A `kvplan measure` profile over the bundled fits: its GEMV and decode families replace theirs."""
+    peak = cal.peak_bandwidth_bytes_per_s
+    if base is None:
+        if gpu is None:
+            raise KvplanError("a calibration profile needs --gpu for the parts it does not measure")
+        base = StepProfile(gpu=gpu.name, name="", peak_bandwidth_bytes_per_s=peak, attention={}, gemm={}, moe={},
+                           allreduce={})
+    scale = base.peak_bandwidth_bytes_per_s / peak  # fits are relative to the profile's own peak
+    attention, gemm, measured = dict(base.attention), dict(base.gemm), set()
+    for fam, key, target in (("gemv_bf16", "bfloat16", gemm), ("gemv_fp8", "fp8", gemm),
+                             ("decode_bfloat16", "bfloat16", attention), ("decode_fp8_e4m3", "fp8", attention)):
+        f = cal.fit(fam)
+        if f is None:
+            continue
+        old = target.get(key)
+        target[key] = Fit(t0_s=f.t0_s, eta=f.eta / scale,
+                          per_sequence_head_s=old.per_sequence_head_s if old else 0.0,
+                          per_query_head_s=old.per_query_head_s if old else 0.0,
+                          mu=old.mu if old else None, peak_flops=old.peak_flops if old else None, source=source)
+        measured.add(f"{'gemm' if target is gemm else 'attention'} {key}")
+    name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
+    return StepProfile(base.gpu, name, base.peak_bandwidth_bytes_per_s, attention, gemm, base.moe, base.allreduce,
+                       frozenset(measured))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Which fit a format or a weight dtype takes
+
+
+def _gemm_key(weight_dtype: str) -> tuple[str, str]:
+    """The GEMM family of a weight dtype, and the family it falls back to when a profile lacks it."""
+    w = weight_dtype.lower()
+    if w in ("bf16", "fp16", "fp32", "bfloat16", "float16"):
+        return "bfloat16", "bfloat16"
+    if w == "fp8_block128":
+        return "fp8_block", "fp8"
+    if w.startswith("fp8") or w.startswith("int8"):
+        return "fp8", "bfloat16"
+    if w in ("nvfp4", "mxfp4"):
+        return "nvfp4", "int4_wo"
+    return "int4_wo", "bfloat16"  # int4 (AWQ, GPTQ, W4A16), NF4
+
+
+def gemm_fit(profile: StepProfile, weight_dtype: str) -> tuple[Fit, bool]:
+    """(fit, estimated)."""
+    key, fallback = _gemm_key(weight_dtype)
+    if key in profile.gemm:
+        return profile.gemm[key], False
+    for k in (fallback, "bfloat16"):
+        if k in profile.gemm:
+            return profile.gemm[k], True
+    raise KvplanError(f"the step profile {profile.name} has no GEMM fit")
+
+
+def attention_fit(profile: StepProfile, fmt_family: str) -> tuple[Fit, float, bool]:
+    """(fit, seconds of dequantization per cached element, estimated) for a cache format family."""
+    bf16 = profile.attention.get("bfloat16")
+    if bf16 is None:
+        raise KvplanError(f"the step profile {profile.name} has no decode-attention fit")
+    if fmt_family == "float":
+        return bf16, 0.0, False
+    fp8 = profile.attention.get("fp8")
+    if fmt_family == "fp8" and fp8 is not None:
+        return fp8, 0.0, False
+    # Not measured: the bf16 kernel's fixed costs and bandwidth on the format's bytes, plus fp8's measured
+    # conversion cost per element (what an fp8 byte costs beyond a bf16 kernel's byte), a floor for any format
+    # that dequantizes before the matmul.
+    per_element = 0.0
+    if fp8 is not None:
+        per_element = max(0.0, 1 / (fp8.eta * profile.peak_bandwidth_bytes_per_s)
+                          - 1 / (bf16.eta * profile.peak_bandwidth_bytes_per_s))
+    return bf16, per_element, True
+
+
+def allreduce_fit(profile: StepProfile, world: int) -> Optional[Fit]:
+    if world <= 1 or not profile.allreduce:
+        return None
+    sizes = sorted(profile.allreduce)
+    return profile.allreduce[next((s for s in sizes if s >= world), sizes[-1])]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The work of a step, and its time
+
+
+@dataclass
+class StepTime:
+    """Seconds of one step on one rank, by kernel family."""
+
+    gemm_s: float = 0.0
+    moe_s: float = 0.0
+    attention_s: float = 0.0
+    allreduce_s: float = 0.0
+    small_kernels_s: float = 0.0
+    engine_s: float = 0.0
+    estimated: list = field(default_factory=list)  # families priced without a measured fit
+
+    @property
+    def total_s(self) -> float:
+        return (self.gemm_s + self.moe_s + self.attention_s + self.allreduce_s + self.small_kernels_s
+                + self.engine_s)
+
+    def to_dict(self) -> dict:
+        return {"total_ms": self.total_s * 1e3, "gemm_ms": self.gemm_s * 1e3, "moe_ms": self.moe_s * 1e3,
+                "attention_ms": self.attention_s * 1e3, "allreduce_ms": self.allreduce_s * 1e3,
+                "small_kernels_ms": self.small_kernels_s * 1e3, "engine_ms": self.engine_s * 1e3}
+
+
+def _gemm_seconds(fit: Fit, peak_bw: float, matrix_bytes: float, m: float, n: int, k: int, act_bytes: float) -> float:
+    byt = matrix_bytes + m * k * act_bytes + m * n * 2
+    t = byt / (fit.eta * peak_bw)
+    if fit.mu and fit.peak_flops:
+        t = max(t, 2.0 * m * n * k / (fit.mu * fit.peak_flops))
+    return fit.t0_s + t
+
+
+class StepModel:
+    """Prices the steps of one deployment: built once (the tensor list, the layer caches), then asked for any batch,
+    context and prefill chunk."""
+
+    def __init__(self, d, profile: StepProfile):
+        from .engine import kv_heads_per_rank, kv_layers
+        from .weights import _quantized, model_tensors, weight_format
+
+        self.d, self.profile = d, profile
+        m: ModelSpec = d.model
+        self.model = m
+        tp = d.tp
+        self.tp = tp
+        wname = d.weight_dtype or m.weight_dtype
+        fmt, scope = (weight_format(d.weight_dtype), "linear") if d.weight_dtype else \
+            (weight_format(m.weight_dtype), m.weight_scope)
+        self.estimated: list[str] = []
+        qfit, q_est = gemm_fit(profile, wname)
+        dfit, _ = gemm_fit(profile, "bf16")
+        if q_est:
+            self.estimated.append(f"{wname} GEMMs")
+        act = 1.0 if _gemm_key(wname)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
+        self.dense = []  # (fit, matrix bytes, n, k, count, activation bytes) per matrix kind
+        self.experts = []
+        for t in model_tensors(m):
+            if not t.is_matrix or t.part in ("embed", "extra"):
+                continue
+            n, k = t.shape_per_rank(tp)
+            quant = _quantized(m, t, scope)
+            fit, a = (qfit, act) if quant else (dfit, 2.0)
+            mb = (fmt.matrix_bytes(n, k) if quant else n * k * _dtype_bytes(m.dtype))
+            row = (fit, float(mb), n, k, t.count, a)
+            (self.experts if t.part == "expert" else self.dense).append(row)
+        if m.tie_word_embeddings:  # the LM head multiplies the embedding table
+            v = -(-m.vocab_size // tp)
+            self.dense.append((dfit, float(v * m.hidden_size * _dtype_bytes(m.dtype)), v, m.hidden_size, 1, 2.0))
+        self.moe_fit = None
+        if self.experts and m.moe:
+            key = _gemm_key(wname)[0] if fmt.name != "bf16" else "bfloat16"
+            self.moe_fit = profile.moe.get(key) or profile.moe.get("bfloat16")
+            if key not in profile.moe:
+                self.estimated.append(f"{wname} MoE")
+        self.layers = kv_layers(m, d.kv, tp, d.skip)
+        fam = d.kv.family
+        self.attn_fit, self.dequant_s, est = attention_fit(profile, "float" if d.kv.is_model_dtype else fam)
+        if est:
+            self.estimated.append(f"{d.kv.name} decode attention")
+        # vLLM quantizes the query to fp8 in its own kernel before an fp8 cache's attention call
+        # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
+        self.query_quant = fam == "fp8" and not m.mla
+        self.kv_heads = 1 if m.mla else kv_heads_per_rank(m, tp)
+        self.q_heads = max(1, m.num_heads // tp) if m.num_heads else 1
+        self.ar_fit = allreduce_fit(profile, tp)
+        self.small_fit = dfit
+        self.elem_bytes = _dtype_bytes(m.dtype)
+        from .engine import format_bytes_per_token
+        from .formats import kv_format
+
+        self.bf16_bytes_per_token = format_bytes_per_token(m, kv_format("auto"), tp)
+
+    # -- pieces ----------------------------------------------------------------------------------------------
+
+    def _weights(self, tokens: float) -> tuple[float, float]:
+        bw = self.profile.peak_bandwidth_bytes_per_s
+        dense = sum(c * _gemm_seconds(f, bw, mb, tokens, n, k, a) for f, mb, n, k, c, a in self.dense)
+        moe = 0.0
+        m = self.model
+        if self.experts and m.moe:
+            e, kk = m.moe.num_experts, m.moe.experts_per_token
+            touched = e * (1.0 - (1.0 - kk / e) ** tokens)
+            layers = sum(1 for x in m.mlp_kinds if x == "moe")
+            per_layer_bytes = sum(mb * c for _, mb, _, _, c, _ in self.experts) / max(layers, 1) / e * touched
+            flops = sum(2.0 * n * k * c for _, _, n, k, c, _ in self.experts) / max(layers, 1) / e * tokens * kk
+            f = self.moe_fit
+            if f is not None:
+                t = per_layer_bytes / (f.eta * bw)
+                if f.mu and f.peak_flops:
+                    t = max(t, flops / (f.mu * f.peak_flops))
+                moe = layers * (f.t0_s + t)
+            else:  # each touched expert's matrices as GEMMs
+                moe = sum(c / e * touched * _gemm_seconds(f2, bw, mb, tokens * kk / touched, n, k, a)
+                          for f2, mb, n, k, c, a in self.experts)
+        return dense, moe
+
+    def _attention(self, batch: float, context: float) -> float:
+        bw = self.profile.peak_bandwidth_bytes_per_s
+        f = self.attn_fit
+        total = 0.0
+        for lay in self.layers:
+            if lay.kind == "state":  # read and write the state once per sequence
+                total += f.t0_s + batch * 2 * lay.fixed_bytes / (f.eta * bw)
+                continue
+            n = context if lay.window is None else min(context, lay.window)
+            byt = batch * n * lay.bytes_per_token
+            if lay.residual_tokens:
+                byt += batch * min(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
+            heads = self.kv_heads if lay.format != "indexer" else 1
+            t = (f.t0_s + f.per_sequence_head_s * batch * heads + f.per_query_head_s * batch * self.q_heads
+                 + max(byt / (f.eta * bw), f.per_token_chain_s * n))
+            if self.query_quant and lay.format != "indexer":
+                t += self.small_fit.t0_s
+            if self.dequant_s and lay.format != "indexer":
+                # elements dequantized: the cached K and V values (the model-dtype bytes over its element size)
+                elements = batch * n * self.bf16_bytes_per_token / self.elem_bytes
+                t += elements * self.dequant_s * self.elem_bytes / 2  # per-element cost measured on 1-byte fp8
+            total += t
+        return total
+
+
+    def _allreduce(self, tokens: float) -> float:
+        if self.ar_fit is None:
+            return 0.0
+        f = self.ar_fit
+        per = f.t0_s + tokens * self.model.hidden_size * self.elem_bytes / (f.bytes_per_s or 1e11)
+        return 2 * self.model.num_layers * per
+
+    def _prefill_attention(self, tokens: float, context: float) -> float:
+        """Attention of `tokens` new tokens that see `context` earlier tokens each on average (compute-bound:
+        QK^T and PV at the bf16 GEMM's achieved FLOP/s)."""
+        m = self.model
+        f = self.small_fit
+        if not (f.mu and f.peak_flops) or not tokens:
+            return 0.0
+        if m.mla:
+            per = 2 * (m.mla.latent_dim + m.mla.kv_lora_rank)
+        else:
+            per = 4 * (m.head_dim or 0)
+        total = 0.0
+        for lay in self.layers:
+            if lay.kind == "state" or lay.format == "indexer":
+                continue
+            n = context if lay.window is None else min(context, lay.window)
+            total += tokens * n * per * self.q_heads
+        return total / (f.mu * f.peak_flops)
+
+    # -- the step ------------------------------------------------------------------------------------------------
+
+    def step(self, batch: int, context: float, prefill_tokens: float = 0.0, prefill_context: float = 0.0
+             ) -> StepTime:
+        """One step with `batch` decoding sequences of `context` cached tokens each, plus `prefill_tokens` new
+        prompt tokens (a chunked-prefill chunk) that attend to `prefill_context` tokens each on average."""
+        tokens = batch + prefill_tokens
+        s = StepTime(estimated=list(self.estimated))
+        s.gemm_s, s.moe_s = self._weights(tokens)
+        s.attention_s = self._attention(batch, context) + self._prefill_attention(prefill_tokens, prefill_context)
+        s.allreduce_s = self._allreduce(tokens)
+        bw = self.profile.peak_bandwidth_bytes_per_s
+        m = self.model
+        small = self.small_fit.t0_s + 6 * tokens * m.hidden_size * self.elem_bytes / (self.small_fit.eta * bw)
+        s.small_kernels_s = SMALL_KERNELS_PER_LAYER * m.num_layers * small
+        vocab = m.vocab_size
+        sampler_bytes = 4 * batch * vocab * 4  # fp32 logits read by ~4 passes (penalties, top-k/p, softmax, sample)
+        s.engine_s = HOST_GAP_S + SAMPLER_KERNELS * self.small_fit.t0_s + sampler_bytes / (self.small_fit.eta * bw)
+        return s
+
+
+def _dtype_bytes(dtype: str) -> int:
+    return {"bf16": 2, "fp16": 2, "fp32": 4}.get(dtype, 2)
+
+
+def step_model(d) -> StepModel:
+    """The step model of a resolved deployment, with the profile it says it uses: the user's calibration over the
+    bundled fits for its GPU. A GPU with neither is refused."""
+    base = bundled_profile(d.gpu)
+    if d.calibration is not None:
+        profile = with_calibration(base, d.calibration, d.calibration_source or "calibration profile", d.gpu)
+    elif base is None:
+        known = ", ".join(bundled_gpus())
+        what = f"{d.gpu.name}" if d.gpu else "no GPU"
+        raise KvplanError(f"no step-time profile for {what}: kvplan bundles fits for {known}; run `kvplan measure` "
+                          f"on the GPU and pass --calibration, or choose one of those with --gpu")
+    else:
+        profile = base
+    return StepModel(d, profile)
+
+
+def ceil_div(a: float, b: float) -> int:
+    return int(math.ceil(a / b))
