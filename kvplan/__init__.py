@@ -32,6 +32,8 @@ _EXPORTS = {
     "crossover": "engine", "CrossoverResult": "engine", "OperatingPoint": "engine",
     "capacity": "pool", "CapacityResult": "pool",
     "sweep": "grid",
+    "throughput": "throughput", "ThroughputResult": "throughput", "ThroughputRow": "throughput",
+    "step_model": "step", "StepModel": "step",
     "gate": "gates", "GateReport": "gates",
     "kv_format": "formats", "KVFormat": "formats", "KV_FORMATS": "formats",
     "ModelSpec": "specs", "GPUSpec": "specs", "load_model": "specs", "load_gpu": "specs",

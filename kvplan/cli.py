@@ -285,6 +285,57 @@ def crossover(
 
 
 @app.command()
+def throughput(
+    model: ModelArg,
+    gpu: GpuOpt = None,
+    isl: Annotated[Optional[str], typer.Option("--isl", help="prompt tokens per request (e.g. 1024, 8k)")] = None,
+    osl: Annotated[Optional[str], typer.Option("--osl", help="output tokens per request (e.g. 1024, 1k)")] = None,
+    concurrency: Annotated[Optional[List[str]], typer.Option(
+        "--concurrency", "-n", help="concurrent requests (e.g. 4,16,64); default: powers of two up to what the KV "
+        "pool holds")] = None,
+    dtype: DtypesOpt = None,
+    tpot_ms: Annotated[Optional[float], typer.Option(
+        "--tpot-ms", help="time-per-output-token limit: pick each dtype's best concurrency that meets it")] = None,
+    ttft_ms: Annotated[Optional[float], typer.Option(
+        "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")] = None,
+    tp: TpOpt = None,
+    pp: PpOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    engine: EngineOpt = None,
+    gpu_memory_utilization: UtilOpt = None,
+    max_model_len: MaxModelLenOpt = None,
+    max_num_seqs: MaxSeqsOpt = None,
+    max_num_batched_tokens: BatchedOpt = None,
+    calibration: CalibrationOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Which KV dtype serves the most output tokens per second per GPU: TPOT, TTFT and tokens/s per dtype and
+    concurrency, from step times fitted to vLLM's own kernels (or your `kvplan measure` profile) and the pool's
+    concurrency limit; with --tpot-ms / --ttft-ms, the best concurrency under them and the winner."""
+    from .deployment import deployments
+    from .errors import KvplanError
+    from .specs import load_model
+    from .throughput import throughput_of
+
+    for name, v in (("--isl", isl), ("--osl", osl)):
+        if v is None:
+            raise KvplanError(f"{name} is required: the request's {'prompt' if name == '--isl' else 'output'} "
+                              f"tokens (e.g. {name} 1024)")
+    if gpu is None:
+        raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
+    m = load_model(model)
+    args = _deployment_args(model=m, gpu=gpu, tp=tp, pp=pp, weight_dtype=weight_dtype, engine=engine,
+                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                            calibration=calibration)
+    default = ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]
+    ds = deployments(args, _formats_for(m, dtype, default), needs_memory=True)
+    r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
+                      _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms)
+    _show(as_json, r.to_dict(), "throughput_table", r, m)
+
+
+@app.command()
 def capacity(
     model: Annotated[Optional[str], typer.Argument(help="catalog name, YAML or config.json path; omit to list every "
                                                    "catalog model")] = None,

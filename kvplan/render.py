@@ -604,3 +604,42 @@ def log_summary_table(data: dict) -> None:
         con.print(f"failures: {f['predicted']} of {f['logs']} predicted")
     for line in failures:
         con.print(f"  {line}")
+
+
+def throughput_table(r, model) -> None:
+    con = console()
+    limits = ", ".join(x for x in (f"TPOT <= {r.tpot_limit_ms:g} ms" if r.tpot_limit_ms else "",
+                                   f"TTFT <= {r.ttft_limit_ms:g} ms" if r.ttft_limit_ms else "") if x)
+    con.print(f"[bold]{model.name}[/bold]  {r.gpu}  TP {r.tp}" + (f"  PP {r.pp}" if r.pp > 1 else "")
+              + f"  {r.engine}  isl {r.isl:,}  osl {r.osl:,}" + (f"  limits: {limits}" if limits else ""))
+    con.print(f"step times: {r.profile}")
+    t = Table(title="Steady state per KV dtype and concurrency (closed loop, chunked prefill)", title_justify="left")
+    for col, just in [("KV dtype", "left"), ("conc.", "right"), ("TPOT ms", "right"), ("TTFT ms", "right"),
+                      ("out tok/s", "right"), ("per GPU", "right"), ("per user", "right"), ("prefill", "right"),
+                      ("floor ms", "right")]:
+        t.add_column(col, justify=just, no_wrap=True)
+    names = list(dict.fromkeys(x.kv_cache_dtype for x in r.rows))
+    for i, name in enumerate(names):
+        rows = [x for x in r.rows if x.kv_cache_dtype == name]
+        best = r.best.get(name)
+        for j, x in enumerate(rows):
+            label = _dname(name, model) if j == 0 else ""
+            if x.kv_limited:
+                t.add_row(label, f"{x.concurrency:,}", f"pool holds {x.pool_limit:,}", "", "", "", "", "", "")
+                continue
+            mark = "" if x.meets_limits or not limits else " x"
+            t.add_row(label, f"{x.concurrency:,}", f"{x.tpot_ms:.2f}{mark}", f"{x.ttft_ms:,.1f}",
+                      f"{x.output_tokens_per_s:,.0f}", f"{x.output_tokens_per_s_per_gpu:,.0f}",
+                      f"{x.tokens_per_s_per_user:.1f}", pct(x.prefill_share), f"{x.roofline_step_ms:.2f}")
+        if best is not None and (limits or True):
+            t.add_row("", f"best {best.concurrency:,}", f"{best.tpot_ms:.2f}", f"{best.ttft_ms:,.1f}",
+                      f"{best.output_tokens_per_s:,.0f}", f"{best.output_tokens_per_s_per_gpu:,.0f}",
+                      f"{best.tokens_per_s_per_user:.1f}", pct(best.prefill_share), f"{best.roofline_step_ms:.2f}",
+                      end_section=i < len(names) - 1)
+    print_table(con, t)
+    con.print(f"verdict: {r.verdict}")
+    for note in r.notes:
+        con.print(f"note: {note}")
+    con.print("TPOT: the mean step (decode of every running request plus its share of prompt chunks); floor ms: the "
+              "same step's roofline (bytes / peak bandwidth); 'pool holds N': the KV pool cannot run that many"
+              + ("; x: over the limits" if limits else "") + ".")

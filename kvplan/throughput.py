@@ -1,0 +1,263 @@
+"""Throughput at a latency target: for each KV cache dtype and concurrency, the steady state of a closed loop of
+`concurrency` users, each sending a request of `isl` prompt tokens and `osl` output tokens as soon as the last one
+finished, on an engine with chunked prefill.
+
+Per request, the prompt takes n_chunks = ceil(isl / (max_num_batched_tokens - decoding)) steps and the output osl
+steps, so a share osl / (osl + n_chunks) of the users decode at any step. The prompts arrive as
+concurrency x n_chunks / (osl + n_chunks) chunks per step. A step carries every decoding sequence (at the mean
+context of the running requests, isl + osl / 2), and each chunk adds what a step carrying it costs beyond the plain
+decode step (kvplan.step prices both):
+* TPOT = the mean step time (each decoding sequence gets one token per step);
+* TTFT = half a step of waiting for the next step, then n_chunks steps that each carry a full chunk of the prompt;
+* output tokens/s = decoding sequences / step time; per GPU, divided by TP x PP; per user, 1 / TPOT.
+A concurrency above what the KV pool holds for requests of isl + osl tokens (the same engine rules as `capacity`)
+is marked kv_limited and priced at nothing: the engine would queue or preempt those requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional, Sequence
+
+from .errors import KvplanError
+
+
+@dataclass(frozen=True)
+class ThroughputRow:
+    kv_cache_dtype: str
+    concurrency: int
+    tpot_ms: Optional[float]
+    ttft_ms: Optional[float]
+    output_tokens_per_s: Optional[float]
+    output_tokens_per_s_per_gpu: Optional[float]
+    tokens_per_s_per_user: Optional[float]
+    kv_limited: bool
+    profile: str
+    pool_limit: int  # requests of isl + osl tokens the pool holds at once
+    step_ms: Optional[float] = None  # the mean step (equals TPOT)
+    decode_step_ms: Optional[float] = None  # the same step without its prefill share
+    prefill_share: Optional[float] = None  # of each step's time, under chunked prefill
+    mean_context: float = 0.0
+    roofline_step_ms: Optional[float] = None  # bytes / peak bandwidth: the floor
+    breakdown: dict = field(default_factory=dict)  # ms per kernel family
+    estimated: list = field(default_factory=list)  # kernel families priced without a measured fit
+    meets_limits: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class ThroughputResult:
+    model: str
+    gpu: str
+    tp: int
+    pp: int
+    isl: int
+    osl: int
+    engine: str
+    tpot_limit_ms: Optional[float]
+    ttft_limit_ms: Optional[float]
+    rows: list[ThroughputRow]
+    best: dict  # KV dtype -> the best row under the limits (None where none meets them)
+    winner: Optional[str]
+    verdict: str
+    profile: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        best_rows = [r for r in d["best"].values() if r]
+        d["best"] = next((r for r in best_rows if r["kv_cache_dtype"] == self.winner), None)
+        d["best_by_dtype"] = {k: v for k, v in asdict(self)["best"].items()}
+        return d
+
+
+def pool_limit(d, isl: int, osl: int) -> int:
+    """Requests of isl + osl tokens the deployment's KV pool holds at once (and its engine admits)."""
+    length = isl + osl
+    if d.engine == "sglang":
+        from .sglang import sglang_capacity
+
+        r = sglang_capacity(d)
+        return int(min(r.max_total_num_tokens // length, r.max_running_requests))
+    from .pool import plan_for
+
+    plan = plan_for(d)
+    conc = plan.per_length(length)["max_concurrency"]
+    limit = int(math.floor(conc + 1e-9))
+    return min(limit, d.max_num_seqs) if d.max_num_seqs else limit
+
+
+def _chunk_budget(d) -> int:
+    return int(d.max_num_batched_tokens or 8192)
+
+
+def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline) -> ThroughputRow:
+    name = d.kv.name
+    profile = sm.profile.name
+    if c > limit:
+        return ThroughputRow(name, c, None, None, None, None, None, True, profile, limit,
+                             mean_context=isl + osl / 2)
+    budget = _chunk_budget(d)
+    ctx = isl + osl / 2
+    n_chunks = math.ceil(isl / max(budget - c, 1))
+    chunk = isl / n_chunks
+    decoding = c * osl / (osl + n_chunks)
+    plain = sm.step(decoding, ctx)
+    full = sm.step(decoding, ctx, chunk, isl / 2)
+    # prompt chunks arrive at c x n_chunks / (osl + n_chunks) per step; each adds what a step carrying it costs
+    chunks_per_step = c * n_chunks / (osl + n_chunks)
+    t = plain.total_s + chunks_per_step * (full.total_s - plain.total_s)
+    ttft = 0.5 * t + n_chunks * full.total_s
+    out = decoding / t
+    step = plain
+    return ThroughputRow(
+        name, c, tpot_ms=t * 1e3, ttft_ms=ttft * 1e3, output_tokens_per_s=out, output_tokens_per_s_per_gpu=out / gpus,
+        tokens_per_s_per_user=1 / t, kv_limited=False, profile=profile, pool_limit=limit, step_ms=t * 1e3,
+        decode_step_ms=plain.total_s * 1e3, prefill_share=max(0.0, 1 - plain.total_s / t), mean_context=ctx,
+        roofline_step_ms=roofline(decoding, ctx), breakdown={k: v for k, v in step.to_dict().items()},
+        estimated=list(step.estimated))
+
+
+def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float]) -> bool:
+    if r.kv_limited:
+        return False
+    return (tpot is None or r.tpot_ms <= tpot) and (ttft is None or r.ttft_ms <= ttft)
+
+
+def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequence[int]] = None,
+                  tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None) -> ThroughputResult:
+    """The throughput table of resolved deployments that differ only in their KV dtype."""
+    from dataclasses import replace
+
+    from .engine import crossover_of
+    from .step import step_model
+
+    if isl < 1 or osl < 1:
+        raise KvplanError(f"--isl and --osl must be at least 1 (got {isl} and {osl})")
+    for name, v in (("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise KvplanError(f"{name} must be a positive number of milliseconds (got {v})")
+    d0 = ds[0]
+    m = d0.model
+    mlen = d0.max_model_len if isinstance(d0.max_model_len, int) else m.max_position_embeddings
+    if isl + osl > mlen:
+        raise KvplanError(f"--isl {isl:,} + --osl {osl:,} = {isl + osl:,} tokens exceeds the max_model_len "
+                          f"{mlen:,} of {m.name}: shorten the request or raise --max-model-len (up to the model's "
+                          f"{m.max_position_embeddings:,})")
+    if d0.gpu is None:
+        raise KvplanError("throughput needs --gpu (the step times and the pool are the GPU's)")
+    gpus = d0.tp * d0.pp
+    models = [step_model(d) for d in ds]
+    limits = [pool_limit(d, isl, osl) for d in ds]
+    if concurrency:
+        cs = sorted(set(int(c) for c in concurrency))
+        if cs[0] < 1:
+            raise KvplanError(f"--concurrency must be at least 1 (got {cs[0]})")
+        if all(c > lim for c in cs for lim in limits):
+            raise KvplanError(
+                f"the KV pool holds at most {max(limits):,} requests of {isl + osl:,} tokens "
+                f"({', '.join(f'{d.kv.name}: {lim:,}' for d, lim in zip(ds, limits))}); --concurrency "
+                f"{cs[0]:,} cannot run: ask for {max(limits):,} or fewer")
+    else:
+        top = max(limits)
+        if top < 1:
+            raise KvplanError(f"the KV pool cannot hold one request of {isl + osl:,} tokens on {d0.gpu.name} with "
+                              f"TP {d0.tp}: shorten the request, or add GPUs (--tp)")
+        cs = [2**i for i in range(0, int(math.log2(top)) + 1)]
+        cs += [lim for lim in limits if lim >= 1 and lim not in cs]
+        cs = sorted(set(cs))
+
+    rows, best = [], {}
+    for d, sm, lim in zip(ds, models, limits):
+        def roofline(b, ctx, d=d):
+            r = crossover_of(replace(d), batches=[max(1, round(b))], contexts=[max(1, round(ctx))])
+            return r.operating_points[0].step_ms
+        mine = [_row(sm, d, c, isl, osl, lim, gpus, roofline) for c in cs]
+        mine = [replace(r, meets_limits=_meets(r, tpot_ms, ttft_ms)) for r in mine]
+        rows += mine
+        best[d.kv.name] = _best(sm, d, mine, isl, osl, lim, gpus, tpot_ms, ttft_ms, roofline)
+    winner, verdict = _verdict(best, rows, ds, tpot_ms, ttft_ms, isl, osl)
+    profiles = sorted({sm.profile.name for sm in models})
+    notes = []
+    est = sorted({e for sm in models for e in sm.estimated})
+    if est:
+        notes.append("estimated (no measured fit): " + ", ".join(est) + "; `kvplan measure` replaces them")
+    return ThroughputResult(model=m.name, gpu=d0.gpu.name, tp=d0.tp, pp=d0.pp, isl=isl, osl=osl, engine=d0.engine,
+                            tpot_limit_ms=tpot_ms, ttft_limit_ms=ttft_ms, rows=rows, best=best, winner=winner,
+                            verdict=verdict, profile="; ".join(profiles), notes=notes)
+
+
+def _best(sm, d, rows, isl, osl, limit, gpus, tpot, ttft, roofline) -> Optional[ThroughputRow]:
+    """The highest-throughput concurrency meeting the limits: the sweep's best, refined by bisection on the
+    largest concurrency that still meets them (TPOT and TTFT grow with the concurrency)."""
+    ok = [r for r in rows if r.meets_limits]
+    if limit < 1:
+        return None
+    if tpot is None and ttft is None:  # no limits: the best of the concurrencies asked for
+        return max(ok, key=lambda r: r.output_tokens_per_s) if ok else None
+    lo_row = _row(sm, d, 1, isl, osl, limit, gpus, roofline)
+    if not _meets(lo_row, tpot, ttft):
+        return None
+    lo, hi = 1, limit
+    top = _row(sm, d, hi, isl, osl, limit, gpus, roofline)
+    if _meets(top, tpot, ttft):
+        ok.append(top)
+    else:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _meets(_row(sm, d, mid, isl, osl, limit, gpus, roofline), tpot, ttft):
+                lo = mid
+            else:
+                hi = mid
+        ok.append(_row(sm, d, lo, isl, osl, limit, gpus, roofline))
+    from dataclasses import replace
+
+    return replace(max(ok, key=lambda r: r.output_tokens_per_s), meets_limits=True)
+
+
+def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl) -> tuple[Optional[str], str]:
+    found = {k: v for k, v in best.items() if v is not None}
+    limits = " and ".join(x for x in (f"TPOT <= {tpot:g} ms" if tpot else "",
+                                      f"TTFT <= {ttft:g} ms" if ttft else "") if x) or "no latency limit"
+    if not found:
+        return None, f"no KV dtype meets {limits} at any concurrency: relax the limit or add GPUs"
+    win = max(found.values(), key=lambda r: r.output_tokens_per_s)
+    base_name = ds[0].kv.name
+    base = found.get(base_name)
+    if base is None or win.kv_cache_dtype == base_name:
+        others = [r for r in found.values() if r is not win]
+        if not others:
+            return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {win.output_tokens_per_s_per_gpu:,.0f} output "
+                                        f"tokens/s per GPU at concurrency {win.concurrency} under {limits}")
+        second = max(others, key=lambda r: r.output_tokens_per_s)
+        gain = win.output_tokens_per_s / second.output_tokens_per_s - 1
+        return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:.0%} more output tokens/s than "
+                                    f"{second.kv_cache_dtype} under {limits} ({win.concurrency} vs "
+                                    f"{second.concurrency} sequences)")
+    seqs = win.concurrency / base.concurrency
+    gain = win.output_tokens_per_s / base.output_tokens_per_s - 1
+    faster = ""
+    if win.concurrency != base.concurrency:  # the steps of both at the baseline's best concurrency
+        pair = {r.kv_cache_dtype: r for r in rows if r.concurrency == base.concurrency and not r.kv_limited}
+        if win.kv_cache_dtype in pair and base_name in pair:
+            x = 1 - pair[win.kv_cache_dtype].tpot_ms / pair[base_name].tpot_ms
+            faster = f", and {abs(x):.0%} {'faster' if x >= 0 else 'slower'} steps at {base.concurrency}"
+    return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:+.0%} output tokens/s per GPU over {base_name} "
+                                f"under {limits}, with {seqs:.2g}x the sequences ({win.concurrency} vs "
+                                f"{base.concurrency}){faster} at context {isl + osl // 2:,}")
+
+
+def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Sequence[str] = ("auto", "fp8"),
+               concurrency: Optional[Sequence[int]] = None, tpot_ms: Optional[float] = None,
+               ttft_ms: Optional[float] = None, **options) -> ThroughputResult:
+    """The throughput table for a model on a GPU: `options` are kvplan.deployment.DeploymentArgs fields (tp,
+    weight_dtype, engine, calibration, max_num_batched_tokens, ...).
+
+        >>> r = throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[16])
+        >>> [round(x.tpot_ms, 1) for x in r.rows]   # doctest: +SKIP
+    """
+    from .deployment import DeploymentArgs, deployments
+
+    args = DeploymentArgs(model=model, gpu=gpu, **options)
+    ds = deployments(args, list(kv_cache_dtypes), needs_memory=True)
+    return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms)
