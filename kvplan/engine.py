@@ -324,6 +324,9 @@ class CrossoverResult:
     crossover_tokens_without_skip: Optional[float]  # N* had every layer used this format (skip layers 'none')
     kv_ratio: float  # baseline KV bytes per token / this format's
     gpu: Optional[str] = None
+    # context from which this dtype's expected step is faster than the baseline's, by batch (None: never up to the
+    # model's context); the fixed costs of each format's kernels move it away from the byte crossover
+    breakeven_context: dict = field(default_factory=dict)
     operating_points: list[OperatingPoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for
@@ -510,17 +513,20 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
     if longer:
         notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
                      f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
-    if calibration is not None:
+    breakeven = {}
+    sm = _step_models(d, fmt, base_fmt)
+    if sm is not None:
         from dataclasses import replace as _replace
 
-        calibrated = []
-        for p in points:
-            ms, why = calibrated_ms(model, calibration, fmt.name, wdtype, p.weight_bytes, p.kv_bytes, p.batch)
-            notes += [w for w in why if w not in notes]
-            calibrated.append(_replace(p, calibrated_step_ms=ms))
-        points = calibrated
-        notes.append(f"calibrated step ms from {calibration_source or 'a calibration profile'} "
-                     f"({calibration.device.get('name')})")
+        mine, base = sm
+        points = [_replace(p, calibrated_step_ms=mine.step(p.batch, p.context).total_s * 1e3) for p in points]
+        if fmt.name != base_fmt.name:
+            for b in sorted({1, *batches}):
+                breakeven[str(b)] = breakeven_context(mine, base, b, model.max_position_embeddings)
+        notes.append(f"expected step ms: {mine.profile.name}")
+        est = [e for e in mine.estimated]
+        if est:
+            notes.append("estimated (no measured fit): " + ", ".join(est))
     skipped = skipped_indices(layers, fmt)
     nstar_all = nstar
     if skipped and fmt.name != "auto":
@@ -535,7 +541,40 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all,
         kv_ratio=base_per_token / per_token if per_token else 1.0,
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
+        breakeven_context=breakeven,
     )
+
+
+def _step_models(d, fmt: KVFormat, base_fmt: KVFormat):
+    """The expected-step models of a deployment and of its baseline dtype, where a profile prices its GPU."""
+    from dataclasses import replace
+
+    from .step import bundled_profile, step_model
+
+    if d.gpu is None or (d.calibration is None and bundled_profile(d.gpu) is None):
+        return None
+    return step_model(d), step_model(replace(d, kv=base_fmt, skip=("none",)))
+
+
+def breakeven_context(mine, base, batch: int, longest: int) -> Optional[int]:
+    """Smallest context (cached tokens per sequence) at which `mine`'s step is faster than `base`'s at `batch`."""
+    def faster(c: int) -> bool:
+        return mine.step(batch, c).total_s < base.step(batch, c).total_s
+
+    lo, c = 0, 1
+    while c <= longest and not faster(c):
+        lo, c = c, c * 2
+    if c > longest:
+        if not faster(longest):
+            return None
+        c = longest
+    while c - lo > 1:
+        mid = (lo + c) // 2
+        if faster(mid):
+            c = mid
+        else:
+            lo = mid
+    return c
 
 
 def _ranges(xs: Sequence[int]) -> str:

@@ -206,7 +206,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
         t.add_column("step ms", justify="right", no_wrap=True)
     calibrated = any(p.calibrated_step_ms is not None for r in results for p in r.operating_points)
     if calibrated:
-        t.add_column("calibrated ms", justify="right", no_wrap=True)
+        t.add_column("expected ms", justify="right", no_wrap=True)
     n_points = len(r0.operating_points)
     for i in range(n_points):
         for j, r in enumerate(results):
@@ -224,9 +224,16 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     print_table(con, t)
     for note in dict.fromkeys(n for r in results for n in r.notes):
         con.print(f"note: {note}")
+    for r in results:
+        if r.breakeven_context:
+            where = ", ".join(f"{tokens(c) if c else 'never'} at batch {b}" for b, c in r.breakeven_context.items())
+            con.print(f"{_dname(r.dtype, model)} steps faster than {_dname(r.baseline_dtype, model)} from context "
+                      f"{where} (expected step times; the byte crossover ignores each kernel's fixed costs)")
     note = f"saving: step bytes saved against {_dname(r0.baseline_dtype, model)}."
     if timed:
-        note += " step ms: roofline max(bytes / peak bandwidth, FLOPs / peak dense compute), uncalibrated."
+        note += " step ms: roofline max(bytes / peak bandwidth, FLOPs / peak dense compute), the floor."
+    if calibrated:
+        note += " expected ms: the step model (see the note naming its profile)."
     con.print(note)
 
 
