@@ -32,7 +32,7 @@ _EXPORTS = {
     "crossover": "engine", "CrossoverResult": "engine", "OperatingPoint": "engine",
     "capacity": "pool", "CapacityResult": "pool",
     "sweep": "grid",
-    "throughput": "throughput", "ThroughputResult": "throughput", "ThroughputRow": "throughput",
+    "throughput": "steady", "ThroughputResult": "steady", "ThroughputRow": "steady",
     "step_model": "step", "StepModel": "step",
     "gate": "gates", "GateReport": "gates",
     "kv_format": "formats", "KVFormat": "formats", "KV_FORMATS": "formats",

@@ -315,7 +315,7 @@ def throughput(
     from .deployment import deployments
     from .errors import KvplanError
     from .specs import load_model
-    from .throughput import throughput_of
+    from .steady import throughput_of
 
     for name, v in (("--isl", isl), ("--osl", osl)):
         if v is None:

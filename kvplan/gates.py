@@ -56,6 +56,22 @@ class SavingPct(OperatingPointLimit):
     pct: float
 
 
+class Workload(_Strict):
+    isl: int = Field(ge=1, description="prompt tokens per request")
+    osl: int = Field(ge=1, description="output tokens per request")
+
+
+class TpotMs(Workload):
+    concurrency: int = Field(ge=1)
+    ms: float = Field(gt=0)
+
+
+class ThroughputPerGpu(Workload):
+    tokens_per_s: float = Field(gt=0, description="output tokens per second per GPU")
+    tpot_ms: Optional[float] = Field(None, gt=0, description="at the best concurrency meeting this TPOT")
+    ttft_ms: Optional[float] = Field(None, gt=0)
+
+
 class Require(_Strict):
     """What a gate must reach. min_* figures must be at least, max_* at most, the given value."""
 
@@ -67,6 +83,9 @@ class Require(_Strict):
     max_step_ms: Optional[StepMs] = Field(None, description="roofline step time at an operating point (needs gpu)")
     max_step_gb: Optional[StepGB] = Field(None, description="bytes one decode step moves, GB")
     min_saving_pct: Optional[SavingPct] = Field(None, description="step bytes saved against the baseline dtype")
+    max_tpot_ms: Optional[TpotMs] = Field(None, description="expected TPOT at a concurrency (kvplan throughput)")
+    min_throughput_per_gpu: Optional[ThroughputPerGpu] = Field(
+        None, description="best output tokens/s per GPU under the latency limits given (kvplan throughput)")
 
     @model_validator(mode="after")
     def _not_empty(self) -> "Require":
@@ -213,7 +232,7 @@ class Requirement:
     key: str
     figure: str  # what is measured, for people
     kind: Literal["min", "max"]
-    needs: Literal["capacity", "crossover"]
+    needs: Literal["capacity", "crossover", "throughput"]
     read: Callable[[Any, Any], Optional[float]]  # (result, limit) -> measured figure
     threshold: Callable[[Any], float]  # limit -> required value
 
@@ -236,7 +255,24 @@ REQUIREMENTS: dict[str, Requirement] = {r.key: r for r in [
                 lambda lim: lim.gb),
     Requirement("min_saving_pct", "saving %", "min", "crossover", lambda x, lim: _op(x, lim).saving * 100,
                 lambda lim: lim.pct),
+    Requirement("max_tpot_ms", "TPOT ms", "max", "throughput", lambda d, lim: _tpot(d, lim), lambda lim: lim.ms),
+    Requirement("min_throughput_per_gpu", "output tokens/s per GPU", "min", "throughput",
+                lambda d, lim: _best_per_gpu(d, lim), lambda lim: lim.tokens_per_s),
 ]}
+
+
+def _tpot(d, lim) -> float:
+    from .steady import throughput_of
+
+    row = throughput_of([d], lim.isl, lim.osl, [lim.concurrency]).rows[0]
+    return math.inf if row.kv_limited else row.tpot_ms
+
+
+def _best_per_gpu(d, lim) -> float:
+    from .steady import throughput_of
+
+    best = throughput_of([d], lim.isl, lim.osl, None, lim.tpot_ms, lim.ttft_ms).best[d.kv.name]
+    return best.output_tokens_per_s_per_gpu if best is not None else 0.0
 
 
 @dataclass
@@ -291,7 +327,7 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
     for g in gates:
         needed = {REQUIREMENTS[k].needs for k in _set_requirements(g)}
         try:
-            d = g.deployment_args().resolve(needs_memory="capacity" in needed)
+            d = g.deployment_args().resolve(needs_memory=bool(needed & {"capacity", "throughput"}))
             cap = xover = None
             if "capacity" in needed:
                 cap = capacity_of(d)
@@ -308,11 +344,13 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
         checks = []
         for key in _set_requirements(g):
             req, limit = REQUIREMENTS[key], getattr(g.require, key)
-            result = cap if req.needs == "capacity" else xover
+            result = {"capacity": cap, "crossover": xover, "throughput": d}[req.needs]
             measured = float(req.read(result, limit))
             required = float(req.threshold(limit))
             ok = measured >= required if req.kind == "min" else measured <= required
             at = f"{limit.batch} x {limit.context}" if isinstance(limit, OperatingPointLimit) else None
+            if isinstance(limit, Workload):
+                at = f"{limit.isl}/{limit.osl}" + (f" at {limit.concurrency}" if isinstance(limit, TpotMs) else "")
             note = cap.problem if (req.needs == "capacity" and cap is not None and not cap.fits) else None
             checks.append(Check(key, req.figure, measured, required, req.kind, ok, at, note))
         config = g.model_dump(exclude={"require", "name"}, exclude_none=True)

@@ -207,6 +207,19 @@ def _gemm_seconds(fit: Fit, peak_bw: float, matrix_bytes: float, m: float, n: in
     return fit.t0_s + t
 
 
+def attention_call_seconds(fit: Fit, peak_bw: float, batch: float, kv_heads: int, q_heads: int, context: float,
+                           nbytes: float) -> float:
+    """One decode-attention call: `batch` sequences of `context` cached tokens, `nbytes` of cache read."""
+    return (fit.t0_s + fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
+            + max(nbytes / (fit.eta * peak_bw), fit.per_token_chain_s * context))
+
+
+def gemm_call_seconds(fit: Fit, peak_bw: float, m: float, n: int, k: int, matrix_bytes: float,
+                      act_bytes: float = 2.0) -> float:
+    """One GEMM of m tokens by an n x k weight of `matrix_bytes`."""
+    return _gemm_seconds(fit, peak_bw, matrix_bytes, m, n, k, act_bytes)
+
+
 class StepModel:
     """Prices the steps of one deployment: built once (the tensor list, the layer caches), then asked for any batch,
     context and prefill chunk."""
@@ -229,17 +242,32 @@ class StepModel:
         if q_est:
             self.estimated.append(f"{wname} GEMMs")
         act = 1.0 if _gemm_key(wname)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
-        self.dense = []  # (fit, matrix bytes, n, k, count, activation bytes) per matrix kind
+        self.dense = []  # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind
         self.experts = []
+        merged: dict = {}
         for t in model_tensors(m):
+            if t.part == "lm_head":
+                n, k = t.shape_per_rank(tp)
+                self.dense.append((dfit, float(n * k * _dtype_bytes(m.dtype)), n, k, t.count, 2.0))
+                continue
             if not t.is_matrix or t.part in ("embed", "extra"):
                 continue
             n, k = t.shape_per_rank(tp)
             quant = _quantized(m, t, scope)
             fit, a = (qfit, act) if quant else (dfit, 2.0)
-            mb = (fmt.matrix_bytes(n, k) if quant else n * k * _dtype_bytes(m.dtype))
-            row = (fit, float(mb), n, k, t.count, a)
-            (self.experts if t.part == "expert" else self.dense).append(row)
+            mb = float(fmt.matrix_bytes(n, k) if quant else n * k * _dtype_bytes(m.dtype))
+            # vLLM runs q, k and v as one GEMM (QKVParallelLinear), and gate and up as one (MergedColumnParallel)
+            leaf = t.name.rsplit(".", 1)[-1]
+            group = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
+                     "up_proj": "gate_up"}.get(leaf, leaf)
+            key = (t.name.rsplit(".", 1)[0], group, k, t.count, t.part)
+            if key in merged:
+                f0, mb0, n0, k0, c0, a0 = merged[key]
+                merged[key] = (f0, mb0 + mb, n0 + n, k0, c0, a0)
+            else:
+                merged[key] = (fit, mb, n, k, t.count, a)
+        for key, row in merged.items():
+            (self.experts if key[4] == "expert" else self.dense).append(row)
         if m.tie_word_embeddings:  # the LM head multiplies the embedding table
             v = -(-m.vocab_size // tp)
             self.dense.append((dfit, float(v * m.hidden_size * _dtype_bytes(m.dtype)), v, m.hidden_size, 1, 2.0))
@@ -304,8 +332,7 @@ class StepModel:
             if lay.residual_tokens:
                 byt += batch * min(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
             heads = self.kv_heads if lay.format != "indexer" else 1
-            t = (f.t0_s + f.per_sequence_head_s * batch * heads + f.per_query_head_s * batch * self.q_heads
-                 + max(byt / (f.eta * bw), f.per_token_chain_s * n))
+            t = attention_call_seconds(f, bw, batch, heads, self.q_heads, n, byt)
             if self.query_quant and lay.format != "indexer":
                 t += self.small_fit.t0_s
             if self.dequant_s and lay.format != "indexer":
