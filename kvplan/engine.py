@@ -524,6 +524,11 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
             for b in sorted({1, *batches}):
                 breakeven[str(b)] = breakeven_context(mine, base, b, model.max_position_embeddings)
         notes.append(f"expected step ms: {mine.profile.name}")
+        if d.calibration is not None:
+            key = {"float": "bfloat16", "fp8": "fp8"}.get(mine.attn_family)
+            if key and f"attention {key}" not in mine.profile.measured:
+                notes.append(f"the calibration profile has no {fmt.name} decode measurement: the bundled fit "
+                             f"prices its attention")
         est = [e for e in mine.estimated]
         if est:
             notes.append("estimated (no measured fit): " + ", ".join(est))

@@ -176,7 +176,13 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         mine = [replace(r, meets_limits=_meets(r, tpot_ms, ttft_ms)) for r in mine]
         rows += mine
         best[d.kv.name] = _best(sm, d, mine, isl, osl, lim, gpus, tpot_ms, ttft_ms, roofline)
-    winner, verdict = _verdict(best, rows, ds, tpot_ms, ttft_ms, isl, osl)
+    by_name = {d.kv.name: (d, sm, lim) for d, sm, lim in zip(ds, models, limits)}
+
+    def step_at(name: str, c: int) -> Optional[float]:
+        d, sm, lim = by_name[name]
+        r = _row(sm, d, c, isl, osl, lim, gpus, lambda *_: None)
+        return None if r.kv_limited else r.tpot_ms
+    winner, verdict = _verdict(best, rows, ds, tpot_ms, ttft_ms, isl, osl, step_at)
     profiles = sorted({sm.profile.name for sm in models})
     notes = []
     est = sorted({e for sm in models for e in sm.estimated})
@@ -215,7 +221,7 @@ def _best(sm, d, rows, isl, osl, limit, gpus, tpot, ttft, roofline) -> Optional[
     return replace(max(ok, key=lambda r: r.output_tokens_per_s), meets_limits=True)
 
 
-def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl) -> tuple[Optional[str], str]:
+def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None) -> tuple[Optional[str], str]:
     found = {k: v for k, v in best.items() if v is not None}
     limits = " and ".join(x for x in (f"TPOT <= {tpot:g} ms" if tpot else "",
                                       f"TTFT <= {ttft:g} ms" if ttft else "") if x) or "no latency limit"
@@ -237,14 +243,14 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl) -> tuple[Optional
     seqs = win.concurrency / base.concurrency
     gain = win.output_tokens_per_s / base.output_tokens_per_s - 1
     faster = ""
-    if win.concurrency != base.concurrency:  # the steps of both at the baseline's best concurrency
-        pair = {r.kv_cache_dtype: r for r in rows if r.concurrency == base.concurrency and not r.kv_limited}
-        if win.kv_cache_dtype in pair and base_name in pair:
-            x = 1 - pair[win.kv_cache_dtype].tpot_ms / pair[base_name].tpot_ms
-            faster = f", and {abs(x):.0%} {'faster' if x >= 0 else 'slower'} steps at {base.concurrency}"
+    if win.concurrency != base.concurrency and step_at is not None:  # both steps at the baseline's concurrency
+        mine, theirs = step_at(win.kv_cache_dtype, base.concurrency), step_at(base_name, base.concurrency)
+        if mine is not None and theirs is not None:
+            x = 1 - mine / theirs
+            faster = f", and {abs(x):.0%} {'faster' if x >= 0 else 'slower'} steps at {base.concurrency} sequences"
     return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:+.0%} output tokens/s per GPU over {base_name} "
                                 f"under {limits}, with {seqs:.2g}x the sequences ({win.concurrency} vs "
-                                f"{base.concurrency}){faster} at context {isl + osl // 2:,}")
+                                f"{base.concurrency}){faster}; mean context {isl + osl // 2:,} tokens")
 
 
 def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Sequence[str] = ("auto", "fp8"),

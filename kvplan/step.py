@@ -106,9 +106,12 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
         if f is None:
             continue
         old = target.get(key)
+        # the measured per-call cost and bandwidth; the terms a GEMV or decode sweep does not vary (per sequence,
+        # per query head, the serial floor, the compute rate) stay the bundled fit's
         target[key] = Fit(t0_s=f.t0_s, eta=f.eta / scale,
                           per_sequence_head_s=old.per_sequence_head_s if old else 0.0,
                           per_query_head_s=old.per_query_head_s if old else 0.0,
+                          per_token_chain_s=old.per_token_chain_s if old else 0.0,
                           mu=old.mu if old else None, peak_flops=old.peak_flops if old else None, source=source)
         measured.add(f"{'gemm' if target is gemm else 'attention'} {key}")
     name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
@@ -279,7 +282,8 @@ class StepModel:
                 self.estimated.append(f"{wname} MoE")
         self.layers = kv_layers(m, d.kv, tp, d.skip)
         fam = d.kv.family
-        self.attn_fit, self.dequant_s, est = attention_fit(profile, "float" if d.kv.is_model_dtype else fam)
+        self.attn_family = "float" if d.kv.is_model_dtype or d.kv.name in ("bfloat16", "float16") else fam
+        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
         # vLLM quantizes the query to fp8 in its own kernel before an fp8 cache's attention call
