@@ -490,6 +490,46 @@ def plot_crossover(
     _draw(fig, output, as_json)
 
 
+@plot_app.command("throughput")
+def plot_throughput(
+    model: ModelArg,
+    gpu: GpuOpt = None,
+    isl: Annotated[Optional[str], typer.Option("--isl", help="prompt tokens per request")] = None,
+    osl: Annotated[Optional[str], typer.Option("--osl", help="output tokens per request")] = None,
+    concurrency: Annotated[Optional[List[str]], typer.Option(
+        "--concurrency", "-n", help="concurrent requests (default: powers of two up to the pool's limit)")] = None,
+    dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
+                                                       help=DTYPE_HELP + " (default: auto and fp8)")] = None,
+    tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", help="TPOT limit, drawn")] = None,
+    tp: TpOpt = None,
+    weight_dtype: WeightDtypeOpt = None,
+    engine: EngineOpt = None,
+    calibration: CalibrationOpt = None,
+    output: OutputOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Output tokens/s per GPU against TPOT for each KV dtype, one point per concurrency (its Pareto curve), the
+    TPOT limit drawn and each dtype's best concurrency under it marked."""
+    from .deployment import deployments
+    from .errors import KvplanError
+    from .plots import throughput_figure
+    from .specs import load_model
+    from .steady import throughput_of
+
+    for name, v in (("--isl", isl), ("--osl", osl)):
+        if v is None:
+            raise KvplanError(f"{name} is required (e.g. {name} 1024)")
+    if gpu is None:
+        raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
+    m = load_model(model)
+    ds = deployments(_deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype, engine=engine,
+                                      calibration=calibration),
+                     _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]), needs_memory=True)
+    r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
+                      _sizes(concurrency, "--concurrency") or None, tpot_ms, None)
+    _draw(throughput_figure(r), output, as_json)
+
+
 @plot_app.command("capacity")
 def plot_capacity(
     model: ModelArg,

@@ -32,7 +32,7 @@ COLUMNS = (
     "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token", "num_blocks", "blocks_per_request",
     "max_concurrency", "kv_tokens", "fits",
     "crossover_tokens", "weight_bytes", "kv_bytes", "step_bytes", "saving", "bound", "crossover_tokens_at_batch",
-    "step_ms",
+    "step_ms", "expected_step_ms",
 )
 
 
@@ -147,6 +147,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
         for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
             cols[key].append(per_bc(step[key]))
         cols["bound"].append(per_bc(step["kv_bound"]).astype(np.int8))
+        cols["expected_step_ms"].append(per_bc(_expected_ms(d, grid_b, grid_c)))
         cols["crossover_tokens_at_batch"].append(
             per_bc(np.array([np.nan if nstar_b[int(b)] is None else nstar_b[int(b)] for b in grid_b])))
 
@@ -174,6 +175,18 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     df.attrs["skipped"] = skipped
     df.attrs["weight_read"] = weight_read
     return df
+
+
+def _expected_ms(d, batches, contexts):
+    """The step model's time at each (batch, context), NaN where no profile prices the GPU."""
+    import numpy as np
+
+    from .step import bundled_profile, step_model
+
+    if d.gpu is None or (d.calibration is None and bundled_profile(d.gpu) is None):
+        return np.full(len(batches), np.nan)
+    sm = step_model(d)
+    return sm.step(np.asarray(batches, dtype=np.float64), np.asarray(contexts, dtype=np.float64), xp=np).total_s * 1e3
 
 
 _MAX_AXIS = 2**53  # max_model_len, batch and context: whole numbers float64 holds exactly

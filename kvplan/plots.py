@@ -126,6 +126,30 @@ def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = No
     )
 
 
+def throughput_figure(result) -> Figure:
+    """Output tokens/s per GPU against TPOT, one curve per KV dtype (a point per concurrency: the Pareto front of
+    that dtype), from a kvplan.steady.ThroughputResult; the TPOT limit as a vertical line, each dtype's best
+    concurrency marked."""
+    series = []
+    for name in dict.fromkeys(r.kv_cache_dtype for r in result.rows):
+        rows = sorted((r for r in result.rows if r.kv_cache_dtype == name and not r.kv_limited),
+                      key=lambda r: r.tpot_ms)
+        if not rows:
+            continue
+        best = result.best.get(name)
+        series.append(Series(name, [r.tpot_ms for r in rows], [r.output_tokens_per_s_per_gpu for r in rows],
+                             marker=(best.tpot_ms, best.output_tokens_per_s_per_gpu) if best else None,
+                             marker_label=f"best: {best.concurrency}" if best else ""))
+    notes = [f"one point per concurrency ({', '.join(str(c) for c in sorted({r.concurrency for r in result.rows}))})"
+             f"; step times: {result.profile}", result.verdict]
+    return Figure(
+        title=f"{result.model} on {result.gpu}, TP {result.tp}, isl {result.isl:,} / osl {result.osl:,}: "
+              "output tokens/s per GPU against TPOT",
+        xlabel="TPOT (ms)", ylabel="output tokens/s per GPU", series=series,
+        vline=(f"TPOT limit {result.tpot_limit_ms:g} ms", result.tpot_limit_ms) if result.tpot_limit_ms else None,
+        notes=notes)
+
+
 def figure_data(fig: Figure) -> dict:
     """The figure's numbers as plain values (`kvplan plot ... --json`)."""
     from dataclasses import asdict

@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Optional
 
 from .errors import KvplanError
+from .xp import SCALAR
 from .specs import GPUSpec, ModelSpec
 
 SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul
@@ -202,19 +203,19 @@ class StepTime:
                 "small_kernels_ms": self.small_kernels_s * 1e3, "engine_ms": self.engine_s * 1e3}
 
 
-def _gemm_seconds(fit: Fit, peak_bw: float, matrix_bytes: float, m: float, n: int, k: int, act_bytes: float) -> float:
+def _gemm_seconds(fit: Fit, peak_bw: float, matrix_bytes: float, m, n: int, k: int, act_bytes: float, xp=SCALAR):
     byt = matrix_bytes + m * k * act_bytes + m * n * 2
     t = byt / (fit.eta * peak_bw)
     if fit.mu and fit.peak_flops:
-        t = max(t, 2.0 * m * n * k / (fit.mu * fit.peak_flops))
+        t = xp.maximum(t, 2.0 * m * n * k / (fit.mu * fit.peak_flops))
     return fit.t0_s + t
 
 
-def attention_call_seconds(fit: Fit, peak_bw: float, batch: float, kv_heads: int, q_heads: int, context: float,
-                           nbytes: float) -> float:
+def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_heads: int, context, nbytes,
+                           xp=SCALAR):
     """One decode-attention call: `batch` sequences of `context` cached tokens, `nbytes` of cache read."""
     return (fit.t0_s + fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
-            + max(nbytes / (fit.eta * peak_bw), fit.per_token_chain_s * context))
+            + xp.maximum(nbytes / (fit.eta * peak_bw), fit.per_token_chain_s * context))
 
 
 def gemm_call_seconds(fit: Fit, peak_bw: float, m: float, n: int, k: int, matrix_bytes: float,
@@ -301,9 +302,9 @@ class StepModel:
 
     # -- pieces ----------------------------------------------------------------------------------------------
 
-    def _weights(self, tokens: float) -> tuple[float, float]:
+    def _weights(self, tokens, xp=SCALAR) -> tuple:
         bw = self.profile.peak_bandwidth_bytes_per_s
-        dense = sum(c * _gemm_seconds(f, bw, mb, tokens, n, k, a) for f, mb, n, k, c, a in self.dense)
+        dense = sum(c * _gemm_seconds(f, bw, mb, tokens, n, k, a, xp) for f, mb, n, k, c, a in self.dense)
         moe = 0.0
         m = self.model
         if self.experts and m.moe:
@@ -316,14 +317,14 @@ class StepModel:
             if f is not None:
                 t = per_layer_bytes / (f.eta * bw)
                 if f.mu and f.peak_flops:
-                    t = max(t, flops / (f.mu * f.peak_flops))
+                    t = xp.maximum(t, flops / (f.mu * f.peak_flops))
                 moe = layers * (f.t0_s + t)
             else:  # each touched expert's matrices as GEMMs
-                moe = sum(c / e * touched * _gemm_seconds(f2, bw, mb, tokens * kk / touched, n, k, a)
+                moe = sum(c / e * touched * _gemm_seconds(f2, bw, mb, tokens * kk / touched, n, k, a, xp)
                           for f2, mb, n, k, c, a in self.experts)
         return dense, moe
 
-    def _attention(self, batch: float, context: float) -> float:
+    def _attention(self, batch, context, xp=SCALAR):
         bw = self.profile.peak_bandwidth_bytes_per_s
         f = self.attn_fit
         total = 0.0
@@ -331,12 +332,12 @@ class StepModel:
             if lay.kind == "state":  # read and write the state once per sequence
                 total += f.t0_s + batch * 2 * lay.fixed_bytes / (f.eta * bw)
                 continue
-            n = context if lay.window is None else min(context, lay.window)
+            n = context if lay.window is None else xp.minimum(context, lay.window)
             byt = batch * n * lay.bytes_per_token
             if lay.residual_tokens:
-                byt += batch * min(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
+                byt = byt + batch * xp.minimum(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
             heads = self.kv_heads if lay.format != "indexer" else 1
-            t = attention_call_seconds(f, bw, batch, heads, self.q_heads, n, byt)
+            t = attention_call_seconds(f, bw, batch, heads, self.q_heads, n, byt, xp)
             if self.query_quant and lay.format != "indexer":
                 t += self.small_fit.t0_s
             if self.dequant_s and lay.format != "indexer":
@@ -347,19 +348,19 @@ class StepModel:
         return total
 
 
-    def _allreduce(self, tokens: float) -> float:
+    def _allreduce(self, tokens):
         if self.ar_fit is None:
             return 0.0
         f = self.ar_fit
         per = f.t0_s + tokens * self.model.hidden_size * self.elem_bytes / (f.bytes_per_s or 1e11)
         return 2 * self.model.num_layers * per
 
-    def _prefill_attention(self, tokens: float, context: float) -> float:
+    def _prefill_attention(self, tokens, context, xp=SCALAR):
         """Attention of `tokens` new tokens that see `context` earlier tokens each on average (compute-bound:
         QK^T and PV at the bf16 GEMM's achieved FLOP/s)."""
         m = self.model
         f = self.small_fit
-        if not (f.mu and f.peak_flops) or not tokens:
+        if not (f.mu and f.peak_flops):
             return 0.0
         if m.mla:
             per = 2 * (m.mla.latent_dim + m.mla.kv_lora_rank)
@@ -369,20 +370,21 @@ class StepModel:
         for lay in self.layers:
             if lay.kind == "state" or lay.format == "indexer":
                 continue
-            n = context if lay.window is None else min(context, lay.window)
-            total += tokens * n * per * self.q_heads
+            n = context if lay.window is None else xp.minimum(context, lay.window)
+            total = total + tokens * n * per * self.q_heads
         return total / (f.mu * f.peak_flops)
 
     # -- the step ------------------------------------------------------------------------------------------------
 
-    def step(self, batch: int, context: float, prefill_tokens: float = 0.0, prefill_context: float = 0.0
-             ) -> StepTime:
+    def step(self, batch, context, prefill_tokens=0.0, prefill_context=0.0, xp=SCALAR) -> StepTime:
         """One step with `batch` decoding sequences of `context` cached tokens each, plus `prefill_tokens` new
-        prompt tokens (a chunked-prefill chunk) that attend to `prefill_context` tokens each on average."""
+        prompt tokens (a chunked-prefill chunk) that attend to `prefill_context` tokens each on average. Numbers, or
+        numpy arrays with xp=numpy (a sweep's grid)."""
         tokens = batch + prefill_tokens
         s = StepTime(estimated=list(self.estimated))
-        s.gemm_s, s.moe_s = self._weights(tokens)
-        s.attention_s = self._attention(batch, context) + self._prefill_attention(prefill_tokens, prefill_context)
+        s.gemm_s, s.moe_s = self._weights(tokens, xp)
+        s.attention_s = (self._attention(batch, context, xp)
+                         + self._prefill_attention(prefill_tokens, prefill_context, xp))
         s.allreduce_s = self._allreduce(tokens)
         bw = self.profile.peak_bandwidth_bytes_per_s
         m = self.model

@@ -200,3 +200,29 @@ def test_api():
 
     r = kvplan.throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[8])
     assert [x.concurrency for x in r.rows] == [8, 8] and all(math.isfinite(x.tpot_ms) for x in r.rows)
+
+
+def test_one_step_model_for_crossover_sweep_and_throughput(cli):
+    # the same deployment at the same (batch, context) gets the same expected step everywhere
+    import kvplan
+
+    x = json.loads(cli("crossover", "llama-3.1-8b", "--gpu", "h200", "-d", "fp8", "-b", "32", "-c", "4096",
+                       "--json").out)["operating_points"][0]["calibrated_step_ms"]
+    df = kvplan.sweep(["llama-3.1-8b"], ["h200"], dtypes=["fp8"], batches=[32], contexts=[4096])
+    assert float(df["expected_step_ms"].iloc[0]) == pytest.approx(x, rel=1e-12)
+    sm = step_model(_d("llama-3.1-8b", gpu="h200", kv="fp8"))
+    assert sm.step(32, 4096).total_s * 1e3 == pytest.approx(x, rel=1e-12)
+    # a GPU without a profile has no expected step: NaN in the sweep, no column in crossover
+    df = kvplan.sweep(["llama-3.1-8b"], ["l40s"], dtypes=["fp8"], batches=[32], contexts=[4096])
+    assert math.isnan(float(df["expected_step_ms"].iloc[0]))
+
+
+def test_plot_throughput(cli, tmp_path):
+    d = json.loads(cli("plot", "throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k",
+                       "--tpot-ms", "20", "--json").out)
+    assert [s["label"] for s in d["series"]] == ["auto", "fp8"] and d["vline"][1] == 20
+    for s in d["series"]:
+        assert s["y"] == sorted(s["y"])  # more concurrency: longer TPOT and more tokens/s per GPU
+        assert s["marker"][0] <= 20
+    r = cli("plot", "throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k")
+    assert r.code == 0 and "TPOT (ms)" in r.out
