@@ -87,6 +87,20 @@ def pool_limit(d, isl: int, osl: int) -> int:
     return min(limit, d.max_num_seqs) if d.max_num_seqs else limit
 
 
+def _no_room(d, length: int) -> str:
+    """Why the pool holds no request of `length` tokens: the capacity problem (weights that do not fit, ...)."""
+    why = None
+    if d.engine == "vllm":
+        from dataclasses import replace
+
+        from .pool import capacity_of
+
+        r = capacity_of(replace(d, max_model_len=length))
+        why = r.problem
+    return why or (f"the KV pool cannot hold one request of {length:,} tokens on {d.gpu.name} with TP {d.tp}: "
+                   f"shorten the request, or add GPUs (--tp)")
+
+
 def _chunk_budget(d) -> int:
     return int(d.max_num_batched_tokens or 8192)
 
@@ -149,6 +163,8 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     gpus = d0.tp * d0.pp
     models = [step_model(d) for d in ds]
     limits = [pool_limit(d, isl, osl) for d in ds]
+    if max(limits) < 1:  # not one request: say why, as `capacity` does
+        raise KvplanError(_no_room(d0, isl + osl))
     if concurrency:
         cs = sorted(set(int(c) for c in concurrency))
         if cs[0] < 1:
@@ -160,9 +176,6 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
                 f"{cs[0]:,} cannot run: ask for {max(limits):,} or fewer")
     else:
         top = max(limits)
-        if top < 1:
-            raise KvplanError(f"the KV pool cannot hold one request of {isl + osl:,} tokens on {d0.gpu.name} with "
-                              f"TP {d0.tp}: shorten the request, or add GPUs (--tp)")
         cs = [2**i for i in range(0, int(math.log2(top)) + 1)]
         cs += [lim for lim in limits if lim >= 1 and lim not in cs]
         cs = sorted(set(cs))

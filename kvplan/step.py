@@ -287,6 +287,8 @@ class StepModel:
         self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
+        elif m.mla:  # no MLA kernel fit: the GQA kernel's on the latent's bytes, one KV head
+            self.estimated.append("MLA decode attention")
         # vLLM quantizes the query to fp8 in its own kernel before an fp8 cache's attention call
         # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
         self.query_quant = fam == "fp8" and not m.mla

@@ -167,10 +167,16 @@ def test_throughput_marks_concurrency_beyond_the_pool(cli):
     (["--gpu", "h100", "--osl", "1k"], "--isl is required"),
     (["--isl", "1k", "--osl", "1k"], "--gpu is required"),
     (["--gpu", "h100", "--isl", "1k", "--osl", "1k", "--tpot-ms", "-1"], "--tpot-ms must be a positive"),
+    (["--gpu", "h100", "--isl", "1k", "--osl", "1k", "--tp", "3"], "--tp 3"),
 ])
 def test_throughput_refusals(cli, args, says):
     r = cli("throughput", "llama-3.1-8b", *args)
     assert r.code == 2 and says in r.err and r.err.count("\n") == 1, r.err
+
+
+def test_throughput_model_that_does_not_fit(cli):
+    r = cli("throughput", "deepseek-v3", "--gpu", "h200", "--isl", "1k", "--osl", "1k")
+    assert r.code == 2 and "weights" in r.err and "raise --tp" in r.err and r.err.count("\n") == 1
 
 
 def test_throughput_imports_no_torch_triton_pandas():
