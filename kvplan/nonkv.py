@@ -3,7 +3,8 @@ from what its startup actually executes (a pure function, no I/O). What differs 
 profiles, the sampler passes, where cuBLAS's workspace lands, whether the CUDA-graph estimate is subtracted) is a
 field of the version's rules in kvplan.engines:
 
-  weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches
+  weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches, in the torch
+              caching allocator's blocks (kvplan.weights.allocated_bytes: what memory_allocated counts)
   activation  the peak of the profile run: one forward over max_num_batched_tokens (the widest layer's live
               tensors, the MoE workspace) and the dummy sampler over min(max_num_seqs, tokens) rows x vocab (on top
               of the MoE workspace, which the workspace manager keeps)
@@ -29,7 +30,7 @@ from typing import Optional
 
 from .engines import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
 from .specs import GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, padded_vocab
+from .weights import DTYPE_BYTES, allocator_rounding, padded_vocab
 
 MiB = 2**20
 GiB = 2**30
@@ -250,8 +251,10 @@ def _capture_sizes(max_cg: int) -> list[int]:
 def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp: int, weights: int,
                   version: str | VllmRules, max_model_len: int, max_num_batched_tokens: Optional[int] = None,
                   max_num_seqs: Optional[int] = None, first_stage: bool = True, last_stage: bool = True,
-                  pp: int = 1, enforce_eager: bool = False) -> NonKVMemory:
-    """vLLM's non-KV memory on one rank, part by part (see the module docstring)."""
+                  pp: int = 1, enforce_eager: bool = False, weight_dtype: Optional[str] = None,
+                  stage: Optional[range] = None) -> NonKVMemory:
+    """vLLM's non-KV memory on one rank, part by part (see the module docstring). `weight_dtype` and `stage` say
+    which tensors `weights` counts (as kvplan.weights.weight_bytes takes them), for the allocator's blocks."""
     rules = _rules(version)
     d = serve_defaults(total_bytes, gpu, rules, max_model_len)
     T = max_num_batched_tokens or d.max_num_batched_tokens
@@ -332,9 +335,12 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
                  cudagraph_estimate=estimate, cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
                  cublas_workspace=rules.cublas_workspace)
     repack = mxfp4_hopper_repack(m, tp) if fam == "sm90" else 0
-    parts.update(mxfp4_repack=repack)
-    return NonKVMemory(weights + rotary + repack, activation, persistent, non_torch, cudagraph, T, R_max, "model",
-                       parts)
+    # the caching allocator's blocks beyond the parameters' bytes: vLLM's "Model loading took" is
+    # torch.cuda.memory_allocated's growth over the load (worker/gpu_model_runner.py load_model, DeviceMemoryProfiler)
+    blocks = allocator_rounding(m, tp, weight_dtype, stage)
+    parts.update(mxfp4_repack=repack, allocator_rounding=blocks)
+    return NonKVMemory(weights + rotary + repack + blocks, activation, persistent, non_torch, cudagraph, T, R_max,
+                       "model", parts)
 
 
 def mxfp4_hopper_repack(m: ModelSpec, tp: int) -> int:

@@ -315,7 +315,7 @@ def _modelled_non_kv(d, rng: range, weights: int) -> NonKVMemory:
                        pp=d.pp, max_model_len=d.model.max_position_embeddings,
                        max_num_batched_tokens=d.max_num_batched_tokens, max_num_seqs=d.max_num_seqs,
                        first_stage=rng.start == 0, last_stage=rng.stop == d.model.num_layers,
-                       enforce_eager=d.enforce_eager)
+                       enforce_eager=d.enforce_eager, weight_dtype=d.weight_dtype, stage=rng)
     return replace(nk, **{k: v for k, v in (("activation", d.activation_bytes), ("non_torch", d.non_torch_bytes),
                                             ("cudagraph", d.cudagraph_bytes)) if v is not None})
 

@@ -201,3 +201,17 @@ def test_mxfp4_experts_on_hopper():
     b200 = load_gpu("b200")
     assert non_kv_memory(m, b200, total_bytes=b200.memory_total_bytes, tp=1, weights=0, version="0.19",
                          max_model_len=8192).parts["mxfp4_repack"] == 0
+
+
+def test_caching_allocator_blocks():
+    from kvplan.weights import allocated_bytes
+
+    # 9 MiB opens a 20 MiB segment and splits (11 MiB left over); a second 9 MiB takes 9 of those 11 and splits
+    # again (2 MiB left); a 9.5 MiB pair leaves 1 MiB, too little to split, so the second holds 10.5 MiB
+    assert allocated_bytes([9 * MiB, 9 * MiB]) == 18 * MiB
+    assert allocated_bytes([int(9.5 * MiB), int(9.5 * MiB)]) == 20 * MiB
+    # 10 MiB and up: a segment rounded up to 2 MiB; 31.5 MiB holds 32, 24.5 MiB splits 1.5 off its 26
+    assert allocated_bytes([int(31.5 * MiB)]) == 32 * MiB
+    assert allocated_bytes([int(24.5 * MiB)]) == int(24.5 * MiB)
+    # the small pool (up to 1 MiB): 512-byte granules
+    assert allocated_bytes([1, 513, MiB]) == 512 + 1024 + MiB
