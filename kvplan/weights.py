@@ -436,28 +436,75 @@ _MIN_LARGE_ALLOC = 10 << 20
 _ROUND_LARGE = 2 << 20
 
 
+class CachingAllocator:
+    """torch's CUDA caching allocator, block by block (see the constants above): segments, the blocks split off
+    them, best-fit reuse of cached free blocks, merging of freed neighbours, and empty_cache() returning the
+    segments with nothing allocated in them."""
+
+    def __init__(self) -> None:
+        self._segments: list[dict] = []  # {"size", "small", "blocks": [[offset, size, allocated], ...]}
+        self._where: dict[int, tuple[dict, int]] = {}  # block id -> (segment, offset)
+        self._next = 0
+
+    def malloc(self, size: int) -> int:
+        r = max(_MIN_BLOCK, -(-size // _MIN_BLOCK) * _MIN_BLOCK)
+        small = r <= _SMALL_SIZE
+        best = None
+        for seg in self._segments:
+            if seg["small"] != small:
+                continue
+            for i, blk in enumerate(seg["blocks"]):
+                if not blk[2] and blk[1] >= r and (best is None or blk[1] < best[1][1]):
+                    best = (seg, blk, i)
+        if best is None:
+            size_seg = (2 * _SMALL_SIZE if small else _LARGE_BUFFER if r < _MIN_LARGE_ALLOC
+                        else -(-r // _ROUND_LARGE) * _ROUND_LARGE)
+            seg = {"size": size_seg, "small": small, "blocks": [[0, size_seg, False]]}
+            self._segments.append(seg)
+            best = (seg, seg["blocks"][0], 0)
+        seg, blk, i = best
+        rest = blk[1] - r
+        if rest >= _MIN_BLOCK if small else rest > _SMALL_SIZE:
+            seg["blocks"].insert(i + 1, [blk[0] + r, rest, False])
+            blk[1] = r
+        blk[2] = True
+        self._next += 1
+        self._where[self._next] = (seg, blk[0])
+        return self._next
+
+    def free(self, block: int) -> None:
+        seg, offset = self._where.pop(block)
+        blocks = seg["blocks"]
+        i = next(i for i, blk in enumerate(blocks) if blk[0] == offset)
+        blocks[i][2] = False
+        if i + 1 < len(blocks) and not blocks[i + 1][2]:
+            blocks[i][1] += blocks.pop(i + 1)[1]
+        if i > 0 and not blocks[i - 1][2]:
+            blocks[i - 1][1] += blocks.pop(i)[1]
+
+    def empty_cache(self) -> None:
+        self._segments = [seg for seg in self._segments if any(blk[2] for blk in seg["blocks"])]
+
+    @property
+    def allocated(self) -> int:
+        return sum(blk[1] for seg in self._segments for blk in seg["blocks"] if blk[2])
+
+    @property
+    def reserved(self) -> int:
+        return sum(seg["size"] for seg in self._segments)
+
+    @property
+    def largest_free_block(self) -> int:
+        return max((blk[1] for seg in self._segments for blk in seg["blocks"] if not blk[2]), default=0)
+
+
 def allocated_bytes(sizes) -> int:
     """torch.cuda.memory_allocated after allocating tensors of `sizes` bytes in turn, none freed, from an empty cache
     (the caching allocator's block sizes: see the constants above)."""
-    free: list[int] = []  # free large-pool blocks left by splits
-    total = 0
+    alloc = CachingAllocator()
     for size in sizes:
-        r = max(_MIN_BLOCK, -(-size // _MIN_BLOCK) * _MIN_BLOCK)
-        if r <= _SMALL_SIZE:  # small pool: split down to 512 bytes, so the block is the rounded request
-            total += r
-            continue
-        fits = [f for f in free if f >= r]
-        if fits:
-            block = min(fits)
-            free.remove(block)
-        else:
-            block = _LARGE_BUFFER if r < _MIN_LARGE_ALLOC else -(-r // _ROUND_LARGE) * _ROUND_LARGE
-        if block - r > _SMALL_SIZE:
-            free.append(block - r)
-            total += r
-        else:
-            total += block
-    return total
+        alloc.malloc(size)
+    return alloc.allocated
 
 
 # the checkpoint's tensors vLLM loads into one parameter (QKVParallelLinear, MergedColumnParallelLinear, FusedMoE's

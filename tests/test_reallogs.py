@@ -106,7 +106,7 @@ def test_summary_median_and_worst():
     errs = [abs(row["available_kv"]["error_pct"]) for row in data["logs"] if "available_kv" in row]
     assert kv["median_abs_error_pct"] == pytest.approx(statistics.median(errs))
     assert data["weights"]["worst_abs_error_pct"] < 0.6
-    assert data["failures"]["logs"] == 7 and data["failures"]["predicted"] >= 5
+    assert data["failures"]["logs"] == 7 and data["failures"]["predicted"] == 7
 
 
 @pytest.mark.parametrize("name, says", [
@@ -115,6 +115,12 @@ def test_summary_median_and_worst():
     ("meta-llama-llama-4-scout--h100-80gb--tp4pp1dp1--8192.FAILED.log", "60.33 GiB once its CUDA context"),
     ("qwen-qwen3-14b--h100-80gb--tp5pp1dp1--8192.FAILED.log", "151936 is not divisible by 5"),
     ("microsoft-phi-2--h100-80gb--tp1pp1dp1--8192.FAILED.log", "max_position_embeddings 2048"),
+    # after the KV cache: the sampler's 2.68 GiB (1,024 x 201,088 bf16 logits, fp32 logits, probabilities, q) does
+    # not fit what the MXFP4 experts' conversion left fragmented and the CUDA graphs took
+    ("openai-gpt-oss-20b--h100-80gb--tp2pp1dp1--8192.FAILED.log", "run out of memory warming up the sampler"),
+    # TP 1: 0.85 GiB to spare by kvplan's figures, inside the margin its CUDA-graph estimate and the profile run's
+    # unmodelled fragments take (the log: 0.22 GiB short)
+    ("openai-gpt-oss-20b--h100-80gb--tp1pp1dp1--8192.FAILED.log", "sampler warm-up at risk"),
 ])
 def test_failures_predicted_as_what_they_are(results, name, says):
     r = results[name]
@@ -150,3 +156,15 @@ def test_config_lookup_by_repo_id(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert find_config("acme/tiny") == snap / "config.json"
     assert find_config("acme/other") is None
+
+
+@pytest.mark.parametrize("tp, log_gib", [(1, 1.78), (2, 1.62)])
+def test_mxfp4_conversion_fragments(tp, log_gib):
+    # gpt-oss-20b's OOM message: "X GiB is reserved by PyTorch but unallocated", with no free block as large as
+    # the 393 MiB of bf16 logits it then asked for; the replayed conversion leaves 1.93 and 1.39 GiB, in blocks of at
+    # most 129 and 67 MiB
+    from kvplan.nonkv import mxfp4_hopper_fragmentation
+
+    frag, largest = mxfp4_hopper_fragmentation(model_for_repo("openai/gpt-oss-20b", [CONFIGS]), tp)
+    assert abs(frag / 2**30 - log_gib) < 0.25
+    assert largest < 1024 * 201_088 * 2
