@@ -480,7 +480,7 @@ FRAGMENTATION_SEEN = int(1.1 * GiB)
 
 
 def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, total_bytes: int, requested: int,
-                   tp: int, version: str | VllmRules) -> tuple[int, int]:
+                   tp: int, version: str | VllmRules, kv_tensor_bytes: Optional[int] = None) -> tuple[int, int]:
     """After the KV cache is allocated and the CUDA graphs captured, vLLM warms the sampler up with max_num_seqs
     dummy requests (gpu_worker.compile_or_warm_up_model): the bf16 logits, then fp32 logits, probabilities and q.
     Returns (the memory free for it, what it needs). Free: what utilization leaves outside the budget, less the
@@ -495,10 +495,13 @@ def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, tot
     # persistent: the hidden-state buffer, the Triton top-k buffer, and the MoE workspace the workspace manager keeps
     persist = nk.max_num_batched_tokens * m.hidden_size * b + 4 * sms * V + nk.parts.get("moe_workspace", 0)
     graphs = nk.parts.get("cudagraph_estimate", 0) - nk.cudagraph
-    # segments the weights' conversion left partly used stay reserved; the sampler's tensors fit none of their free
-    # blocks when the largest is smaller than the bf16 logits
+    # segments the weights' conversion left partly used stay reserved: the KV cache's tensors (one per layer of a
+    # group, kv_tensor_bytes each) fill their free blocks where they fit, and the sampler's tensors fit none of them
+    # when the largest is smaller than the bf16 logits
     logits = R * v_pad * b
-    fragments = nk.parts.get("load_fragmentation", 0) if nk.parts.get("load_fragment_largest", 0) < logits else 0
+    largest = nk.parts.get("load_fragment_largest", 0)
+    fits_kv = kv_tensor_bytes is not None and largest >= kv_tensor_bytes
+    fragments = nk.parts.get("load_fragmentation", 0) if largest < logits and not fits_kv else 0
     free = (total_bytes - requested - pre_snapshot_bytes(gpu, tp, rules, moe=m.moe is not None)
             + nk.activation - persist - graphs - fragments)
     need = logits + 12 * R * V

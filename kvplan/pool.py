@@ -466,7 +466,8 @@ def capacity_of(d) -> CapacityResult:
     notes = list(d.notes)
     if problem is None and plan.non_kv.source == "model" and not plan.overridden and d.kv_cache_memory_bytes is None:
         free, need = sampler_warmup(model, d.gpu, plan.non_kv, total_bytes=plan.total, requested=plan.requested,
-                                    tp=d.tp, version=d.rules)
+                                    tp=d.tp, version=d.rules,
+                                    kv_tensor_bytes=plan.available // max(1, groups.group_size))
         fix = "lower --max-num-seqs or --gpu-memory-utilization"
         if free < need:
             problem = (f"vLLM would run out of memory warming up the sampler with {plan.non_kv.max_num_seqs:,} dummy "
