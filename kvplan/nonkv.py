@@ -34,6 +34,9 @@ from .weights import DTYPE_BYTES, allocator_rounding, padded_vocab
 
 MiB = 2**20
 GiB = 2**30
+# models whose rotary cos/sin cache vLLM keeps in float32 (get_rope(..., dtype=torch.float32) in gpt_oss.py,
+# minimax_text_01.py, bailing_moe_linear.py)
+_FP32_ROTARY = ("gpt_oss", "minimax_text_01", "bailing_moe_linear")
 FULL_GRAPH_MIN_BYTES = 1 * MiB  # vLLM's _MIN_PER_GRAPH_BYTES
 
 
@@ -264,9 +267,11 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     H = m.hidden_size
     fam = _cc_family(gpu)
 
-    # rotary cos/sin cache: max_position x rotary dims in the model dtype, one per distinct RoPE (Gemma 3: two)
+    # rotary cos/sin cache: max_position x rotary dims in the model dtype, one per distinct RoPE (Gemma 3: two);
+    # float32 where the model asks get_rope for it (gpt_oss.py OAIAttention)
     rot_dim = m.mla.qk_rope_head_dim if m.mla else (m.head_dim or 0)
-    rotary = m.max_position_embeddings * rot_dim * b * (2 if m.family.startswith("gemma3") else 1)
+    rotary = (m.max_position_embeddings * rot_dim * (4 if m.family in _FP32_ROTARY else b)
+              * (2 if m.family.startswith("gemma3") else 1))
 
     # cuBLAS's workspace per stream (torch's default: 32 MiB on SM90 and SM100, 8 MiB + 128 KiB elsewhere)
     cublas = 32 * MiB if fam else 8 * MiB + 128 * 1024
@@ -335,14 +340,18 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
                  cudagraph_estimate=estimate, cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
                  cublas_workspace=rules.cublas_workspace)
     repack = mxfp4_hopper_repack(m, tp) if fam == "sm90" else 0
-    # what the repack leaves reserved but unallocated: not in the budget (vLLM counts allocated bytes), but not free
-    # for what runs after the KV cache either
-    fragments, largest_fragment = mxfp4_hopper_fragmentation(m, tp) if fam == "sm90" else (0, 0)
-    parts.update(load_fragmentation=fragments, load_fragment_largest=largest_fragment)
     # the caching allocator's blocks beyond the parameters' bytes: vLLM's "Model loading took" is
     # torch.cuda.memory_allocated's growth over the load (worker/gpu_model_runner.py load_model, DeviceMemoryProfiler)
     blocks = allocator_rounding(m, tp, weight_dtype, stage)
-    parts.update(mxfp4_repack=repack, allocator_rounding=blocks)
+    fragments = largest_fragment = 0
+    if repack and pp == 1 and weight_dtype is None:
+        # the MXFP4 experts converted on Hopper: the blocks are those of the converted layout, and what the conversion
+        # leaves reserved but unallocated is outside the budget (vLLM counts allocated bytes) but not free for what
+        # runs after the KV cache either
+        held, fragments, largest_fragment = mxfp4_hopper_load(m, tp, rotary)
+        blocks = held - (weights + rotary + repack)
+    parts.update(mxfp4_repack=repack, allocator_rounding=blocks, load_fragmentation=fragments,
+                 load_fragment_largest=largest_fragment)
     return NonKVMemory(weights + rotary + repack + blocks, activation, persistent, non_torch, cudagraph, T, R_max,
                        "model", parts)
 
@@ -410,18 +419,19 @@ def _swizzle_scale(alloc, E: int, rows: int, cols: int) -> int:
     return d
 
 
-def mxfp4_hopper_fragmentation(m: ModelSpec, tp: int) -> tuple[int, int]:
-    """The torch memory that stays reserved but unallocated once vLLM has loaded an MXFP4 MoE model on Hopper (the
-    TRITON backend), and the largest free block in it: every layer's experts are swizzled into triton_kernels'
+def mxfp4_hopper_load(m: ModelSpec, tp: int, rotary: int = 0) -> tuple[int, int, int]:
+    """What torch holds allocated once vLLM has loaded an MXFP4 MoE model on Hopper (the TRITON backend), the memory
+    that stays reserved but unallocated, and the largest free block in that (`rotary`: the rotary cache's bytes).
+    Every layer's experts are swizzled into triton_kernels'
     Hopper layouts (Mxfp4MoEMethod.process_weights_after_loading, oracle/mxfp4.py convert_to_mxfp4_moe_kernel_format,
     quantization/utils/mxfp4_utils.py _swizzle_mxfp4) through temporaries as large as the experts, and the
     checkpoint-layout experts are freed only after; later layers' results and temporaries land in those freed
     segments, and the segments they leave partly used survive the empty_cache() of DeviceMemoryProfiler. Replayed
     through kvplan.weights.CachingAllocator in construction order (gpt_oss.py: the embedding; per layer the sinks, qkv
     and o projections, the router, w13, its scales, w2, its scales and the biases (Mxfp4MoEMethod.create_weights),
-    the norms; the final norm and the LM head), then the conversion layer by layer. Returns (0, 0) for other models."""
+    the norms; the final norm and the LM head), then the conversion layer by layer. Returns zeros for other models."""
     if m.weight_dtype != "mxfp4" or m.moe is None or "moe" not in m.mlp_kinds:
-        return 0, 0
+        return 0, 0, 0
     from .weights import CachingAllocator
 
     b, H, E = DTYPE_BYTES[m.dtype], m.hidden_size, m.moe.num_experts
@@ -432,8 +442,8 @@ def mxfp4_hopper_fragmentation(m: ModelSpec, tp: int) -> tuple[int, int]:
     alloc.malloc(-(-padded_vocab(m.vocab_size) // tp) * H * b)
     experts = []
     for i, kind in enumerate(m.mlp_kinds):
-        if i == 0:
-            alloc.malloc(m.max_position_embeddings * hd * b)  # the rotary cache (one, shared by the layers)
+        if i == 0 and rotary:
+            alloc.malloc(rotary)  # the rotary cache (one, shared by the layers)
         if m.attention_sinks:
             alloc.malloc(q * b)
         alloc.malloc((q + 2 * kv) * hd * H * b)
@@ -466,11 +476,11 @@ def mxfp4_hopper_fragmentation(m: ModelSpec, tp: int) -> tuple[int, int]:
         for blk in biases + (w13, w2):  # replace_parameter drops the bf16 biases; the old experts go last
             alloc.free(blk)
     alloc.empty_cache()
-    return alloc.reserved - alloc.allocated, alloc.largest_free_block
+    return alloc.allocated, alloc.reserved - alloc.allocated, alloc.largest_free_block
 
 
 # The torch memory the real logs show still reserved after the profile run's empty_cache(), beyond the persistent
-# buffers and beyond what a weight conversion leaves (mxfp4_hopper_fragmentation: 1.9 and 1.4 GiB for gpt-oss-20b at
+# buffers and beyond what a weight conversion leaves (mxfp4_hopper_load: 1.9 and 1.4 GiB for gpt-oss-20b at
 # TP 1 and 2, against 1.75 and 1.56 GiB in its logs): 0.0-0.1 GiB in some runs and about 0.95 GiB in others of the
 # same models (vLLM 0.19, H100; a freshly compiled Llama-3.1-8B holds it, a cached compile does not, a freshly
 # compiled Granite does not). Which allocations pin it is not known, and the CUDA graphs' own capture takes

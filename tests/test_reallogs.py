@@ -163,8 +163,8 @@ def test_mxfp4_conversion_fragments(tp, log_gib):
     # gpt-oss-20b's OOM message: "X GiB is reserved by PyTorch but unallocated", with no free block as large as
     # the 393 MiB of bf16 logits it then asked for; the replayed conversion leaves 1.93 and 1.39 GiB, in blocks of at
     # most 129 and 67 MiB
-    from kvplan.nonkv import mxfp4_hopper_fragmentation
+    from kvplan.nonkv import mxfp4_hopper_load
 
-    frag, largest = mxfp4_hopper_fragmentation(model_for_repo("openai/gpt-oss-20b", [CONFIGS]), tp)
+    _, frag, largest = mxfp4_hopper_load(model_for_repo("openai/gpt-oss-20b", [CONFIGS]), tp)
     assert abs(frag / 2**30 - log_gib) < 0.25
     assert largest < 1024 * 201_088 * 2
