@@ -168,3 +168,15 @@ def test_mxfp4_conversion_fragments(tp, log_gib):
     _, frag, largest = mxfp4_hopper_load(model_for_repo("openai/gpt-oss-20b", [CONFIGS]), tp)
     assert abs(frag / 2**30 - log_gib) < 0.25
     assert largest < 1024 * 201_088 * 2
+
+
+@pytest.mark.parametrize("name, weights, kv", [
+    ("openai-gpt-oss-20b--h100-80gb--tp1pp1dp1--8192.FAILED.log", 13.64, 58.47),
+    ("openai-gpt-oss-20b--h100-80gb--tp2pp1dp1--8192.FAILED.log", 7.01, 63.28),
+])
+def test_gpt_oss_figures_before_the_failure(results, name, weights, kv):
+    # it sized its pool before failing: the converted experts as the allocator holds them, and the float32 rotary
+    # cache (131,072 positions x 64 x 4 B = 32 MiB)
+    r = results[name]
+    assert abs(r.figure("model weights").predicted - weights) < 0.01
+    assert abs(r.figure("available KV cache memory").predicted - kv) < 0.01
