@@ -579,8 +579,17 @@ def allocator_rounding(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = 
     """What torch's caching allocator holds for one rank's parameters beyond their bytes (see allocated_bytes): vLLM
     measures "Model loading took" with torch.cuda.memory_allocated (DeviceMemoryProfiler, platforms/cuda.py
     get_current_memory_usage), blocks and all."""
-    sizes = load_allocations(m, tp, weight_dtype, stage)
-    return allocated_bytes(sizes) - sum(sizes)
+    stage = stage if stage is not None else range(0, m.num_layers)
+    key = (m.model_dump_json(), tp, weight_dtype, stage.start, stage.stop)
+    if key not in _ROUNDING:
+        sizes = load_allocations(m, tp, weight_dtype, stage)
+        if len(_ROUNDING) > 256:
+            _ROUNDING.clear()
+        _ROUNDING[key] = allocated_bytes(sizes) - sum(sizes)
+    return _ROUNDING[key]
+
+
+_ROUNDING: dict[tuple, int] = {}  # allocator_rounding's results: grids and sweeps plan one model many times
 
 
 _ENCODER_LUMPS = ("extra.vision_tower", "extra.multimodal_projector")
@@ -607,6 +616,6 @@ def _encoder_allocations(m: ModelSpec, tp: int) -> list[int]:
     for _ in range(layers):
         out += [n * b for n in sharded + whole]
     proj = m.extra_params.get("multimodal_projector", 0) // tp
-    second = th * th // tp
+    second = th * th // tp if proj > th * th // tp else 0  # a projector of one layer (Gemma 3's) has no second
     out += [n * b for n in (m.replicated_params.get("multimodal_projector", 0), proj - second, second) if n > 0]
     return out
