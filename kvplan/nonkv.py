@@ -3,7 +3,8 @@ from what its startup actually executes (a pure function, no I/O). What differs 
 profiles, the sampler passes, where cuBLAS's workspace lands, whether the CUDA-graph estimate is subtracted) is a
 field of the version's rules in kvplan.engines:
 
-  weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches
+  weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches, in the torch
+              caching allocator's blocks (kvplan.weights.allocated_bytes: what memory_allocated counts)
   activation  the peak of the profile run: one forward over max_num_batched_tokens (the widest layer's live
               tensors, the MoE workspace) and the dummy sampler over min(max_num_seqs, tokens) rows x vocab (on top
               of the MoE workspace, which the workspace manager keeps)
@@ -29,10 +30,13 @@ from typing import Optional
 
 from .engines import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
 from .specs import GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, padded_vocab
+from .weights import DTYPE_BYTES, allocator_rounding, padded_vocab
 
 MiB = 2**20
 GiB = 2**30
+# models whose rotary cos/sin cache vLLM keeps in float32 (get_rope(..., dtype=torch.float32) in gpt_oss.py,
+# minimax_text_01.py, bailing_moe_linear.py)
+_FP32_ROTARY = ("gpt_oss", "minimax_text_01", "bailing_moe_linear")
 FULL_GRAPH_MIN_BYTES = 1 * MiB  # vLLM's _MIN_PER_GRAPH_BYTES
 
 
@@ -250,8 +254,10 @@ def _capture_sizes(max_cg: int) -> list[int]:
 def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp: int, weights: int,
                   version: str | VllmRules, max_model_len: int, max_num_batched_tokens: Optional[int] = None,
                   max_num_seqs: Optional[int] = None, first_stage: bool = True, last_stage: bool = True,
-                  pp: int = 1, enforce_eager: bool = False) -> NonKVMemory:
-    """vLLM's non-KV memory on one rank, part by part (see the module docstring)."""
+                  pp: int = 1, enforce_eager: bool = False, weight_dtype: Optional[str] = None,
+                  stage: Optional[range] = None) -> NonKVMemory:
+    """vLLM's non-KV memory on one rank, part by part (see the module docstring). `weight_dtype` and `stage` say
+    which tensors `weights` counts (as kvplan.weights.weight_bytes takes them), for the allocator's blocks."""
     rules = _rules(version)
     d = serve_defaults(total_bytes, gpu, rules, max_model_len)
     T = max_num_batched_tokens or d.max_num_batched_tokens
@@ -261,9 +267,11 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     H = m.hidden_size
     fam = _cc_family(gpu)
 
-    # rotary cos/sin cache: max_position x rotary dims in the model dtype, one per distinct RoPE (Gemma 3: two)
+    # rotary cos/sin cache: max_position x rotary dims in the model dtype, one per distinct RoPE (Gemma 3: two);
+    # float32 where the model asks get_rope for it (gpt_oss.py OAIAttention)
     rot_dim = m.mla.qk_rope_head_dim if m.mla else (m.head_dim or 0)
-    rotary = m.max_position_embeddings * rot_dim * b * (2 if m.family.startswith("gemma3") else 1)
+    rotary = (m.max_position_embeddings * rot_dim * (4 if m.family in _FP32_ROTARY else b)
+              * (2 if m.family.startswith("gemma3") else 1))
 
     # cuBLAS's workspace per stream (torch's default: 32 MiB on SM90 and SM100, 8 MiB + 128 KiB elsewhere)
     cublas = 32 * MiB if fam else 8 * MiB + 128 * 1024
@@ -332,9 +340,20 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
                  cudagraph_estimate=estimate, cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
                  cublas_workspace=rules.cublas_workspace)
     repack = mxfp4_hopper_repack(m, tp) if fam == "sm90" else 0
-    parts.update(mxfp4_repack=repack)
-    return NonKVMemory(weights + rotary + repack, activation, persistent, non_torch, cudagraph, T, R_max, "model",
-                       parts)
+    # the caching allocator's blocks beyond the parameters' bytes: vLLM's "Model loading took" is
+    # torch.cuda.memory_allocated's growth over the load (worker/gpu_model_runner.py load_model, DeviceMemoryProfiler)
+    blocks = allocator_rounding(m, tp, weight_dtype, stage)
+    fragments = largest_fragment = 0
+    if repack and pp == 1 and weight_dtype is None:
+        # the MXFP4 experts converted on Hopper: the blocks are those of the converted layout, and what the conversion
+        # leaves reserved but unallocated is outside the budget (vLLM counts allocated bytes) but not free for what
+        # runs after the KV cache either
+        held, fragments, largest_fragment = mxfp4_hopper_load(m, tp, rotary)
+        blocks = held - (weights + rotary + repack)
+    parts.update(mxfp4_repack=repack, allocator_rounding=blocks, load_fragmentation=fragments,
+                 load_fragment_largest=largest_fragment)
+    return NonKVMemory(weights + rotary + repack + blocks, activation, persistent, non_torch, cudagraph, T, R_max,
+                       "model", parts)
 
 
 def mxfp4_hopper_repack(m: ModelSpec, tp: int) -> int:
@@ -358,15 +377,120 @@ def mxfp4_hopper_repack(m: ModelSpec, tp: int) -> int:
     return n * e * (values + scales_grown + swizzled_scales + biases)
 
 
-# The allocator fragmentation the real logs show left behind by the profile run (torch memory still reserved after
-# its empty_cache(), beyond the persistent buffers): 0.1-0.4 GiB with a cached compile, about 1.1 GiB with a fresh
-# one (vLLM 0.19, H100; 1.7-1.9 GiB for gpt-oss-20b). No source constant fixes it: a margin below the usual
-# fresh-compile figure is flagged as a risk.
+# The allocations and frees of triton_kernels' HopperMXValueLayout.swizzle_data
+# (third_party/triton_kernels/tensor_details/layout_details/hopper_value.py) in the order eager torch makes them, for
+# an input whose padded size is S bytes: the pad to multiples of 64, the pad to the mma tile (a copy even when
+# nothing is padded: constant_pad_nd clones), permute().contiguous(), then _pack_bits: four int32 fields of S bytes
+# each built from the uint8 values (every `&`, `<<`, `>>`, `|` a new tensor; the `x >> 4` slices S/4). "+n"
+# allocates S bytes as tensor n, "*n" S/4 bytes, "-n" frees tensor n; tensor 75 is the result that stays.
+_HOPPER_VALUE_SWIZZLE = (
+    "+0 +1 -0 +2 -1 +3 +4 +5 -4 +6 +7 -6 +8 -5 -7 -3 *9 +10 -9 +11 +12 -11 +13 +14 -13 +15 -12 -14 -10 +16 -15 +17 -8 "
+    "-16 +18 +19 +20 -19 +21 +22 -21 +23 -20 -22 -18 *24 +25 -24 +26 +27 -26 +28 +29 -28 +30 -27 -29 -25 +31 -30 +32 "
+    "-23 -31 +33 +34 +35 -34 +36 +37 -36 +38 -35 -37 -33 *39 +40 -39 +41 +42 -41 +43 +44 -43 +45 -42 -44 -40 +46 -45 "
+    "+47 -38 -46 +48 +49 +50 -49 +51 +52 -51 +53 -50 -52 +54 +55 -54 +56 -53 -55 -48 *57 +58 -57 +59 +60 -59 +61 +62 "
+    "-61 +63 -60 -62 +64 +65 -64 +66 -63 -65 -58 +67 -66 +68 -56 -67 +69 +70 -69 +71 -70 +72 +73 -72 +74 -71 -73 +75 "
+    "-74 -17 -32 -47 -68 -2")
+
+
+def _swizzle_value(alloc, S: int) -> int:
+    live = {}
+    for tok in _HOPPER_VALUE_SWIZZLE.split():
+        n = int(tok[1:])
+        if tok[0] == "-":
+            alloc.free(live.pop(n))
+        else:
+            live[n] = alloc.malloc(S if tok[0] == "+" else S // 4)
+    (kept,) = live.values()
+    return kept
+
+
+def _swizzle_scale(alloc, E: int, rows: int, cols: int) -> int:
+    """HopperMXScaleLayout.swizzle_data (hopper_scale.py) on [E, rows, cols] uint8 scales read along rows: the
+    transposed view made contiguous twice, padded (rows to 256, cols to 2), and flattened out of its permutation
+    (a copy)."""
+    raw, padded = E * rows * cols, E * _round_up(rows, 256) * _round_up(cols, 2)
+    a = alloc.malloc(raw)
+    b = alloc.malloc(raw)
+    alloc.free(a)
+    c = alloc.malloc(padded)
+    alloc.free(b)
+    d = alloc.malloc(padded)
+    alloc.free(c)
+    return d
+
+
+def mxfp4_hopper_load(m: ModelSpec, tp: int, rotary: int = 0) -> tuple[int, int, int]:
+    """What torch holds allocated once vLLM has loaded an MXFP4 MoE model on Hopper (the TRITON backend), the memory
+    that stays reserved but unallocated, and the largest free block in that (`rotary`: the rotary cache's bytes).
+    Every layer's experts are swizzled into triton_kernels'
+    Hopper layouts (Mxfp4MoEMethod.process_weights_after_loading, oracle/mxfp4.py convert_to_mxfp4_moe_kernel_format,
+    quantization/utils/mxfp4_utils.py _swizzle_mxfp4) through temporaries as large as the experts, and the
+    checkpoint-layout experts are freed only after; later layers' results and temporaries land in those freed
+    segments, and the segments they leave partly used survive the empty_cache() of DeviceMemoryProfiler. Replayed
+    through kvplan.weights.CachingAllocator in construction order (gpt_oss.py: the embedding; per layer the sinks, qkv
+    and o projections, the router, w13, its scales, w2, its scales and the biases (Mxfp4MoEMethod.create_weights),
+    the norms; the final norm and the LM head), then the conversion layer by layer. Returns zeros for other models."""
+    if m.weight_dtype != "mxfp4" or m.moe is None or "moe" not in m.mlp_kinds:
+        return 0, 0, 0
+    from .weights import CachingAllocator
+
+    b, H, E = DTYPE_BYTES[m.dtype], m.hidden_size, m.moe.num_experts
+    Ir = _round_up(m.moe.expert_intermediate_size // tp, 64)  # mxfp4_round_up_hidden_size_and_intermediate_size
+    hd = m.head_dim or H // m.num_heads
+    q, kv = m.num_heads // tp, max(1, m.num_kv_heads // tp)
+    alloc = CachingAllocator()
+    alloc.malloc(-(-padded_vocab(m.vocab_size) // tp) * H * b)
+    experts = []
+    for i, kind in enumerate(m.mlp_kinds):
+        if i == 0 and rotary:
+            alloc.malloc(rotary)  # the rotary cache (one, shared by the layers)
+        if m.attention_sinks:
+            alloc.malloc(q * b)
+        alloc.malloc((q + 2 * kv) * hd * H * b)
+        if m.qkv_bias:
+            alloc.malloc((q + 2 * kv) * hd * b)
+        alloc.malloc(H * q * hd * b)
+        if m.o_bias:
+            alloc.malloc(H * b)
+        if kind == "moe":
+            alloc.malloc(E * H * b)
+            if m.moe.router_bias:
+                alloc.malloc(E * b)
+            w13, _ = alloc.malloc(E * 2 * Ir * H // 2), alloc.malloc(E * 2 * Ir * H // 32)
+            w2, _ = alloc.malloc(E * H * Ir // 2), alloc.malloc(E * H * Ir // 32)
+            biases = (alloc.malloc(E * 2 * Ir * b), alloc.malloc(E * H * b)) if m.moe.expert_bias else ()
+            experts.append((w13, w2, biases))
+        alloc.malloc(H * b)
+        alloc.malloc(H * b)
+    alloc.malloc(H * b)
+    if not m.tie_word_embeddings:
+        alloc.malloc(-(-padded_vocab(m.vocab_size) // tp) * H * b)
+    for w13, w2, biases in experts:
+        if biases:  # the biases in float32 first
+            alloc.malloc(E * 2 * Ir * 4)
+            alloc.malloc(E * H * 4)
+        _swizzle_value(alloc, E * _round_up(H // 2, 64) * _round_up(2 * Ir, 64))
+        _swizzle_scale(alloc, E, 2 * Ir, H // 32)
+        _swizzle_value(alloc, E * _round_up(Ir // 2, 64) * _round_up(H, 64))
+        _swizzle_scale(alloc, E, H, Ir // 32)
+        for blk in biases + (w13, w2):  # replace_parameter drops the bf16 biases; the old experts go last
+            alloc.free(blk)
+    alloc.empty_cache()
+    return alloc.allocated, alloc.reserved - alloc.allocated, alloc.largest_free_block
+
+
+# The torch memory the real logs show still reserved after the profile run's empty_cache(), beyond the persistent
+# buffers and beyond what a weight conversion leaves (mxfp4_hopper_load: 1.9 and 1.4 GiB for gpt-oss-20b at
+# TP 1 and 2, against 1.75 and 1.56 GiB in its logs): 0.0-0.1 GiB in some runs and about 0.95 GiB in others of the
+# same models (vLLM 0.19, H100; a freshly compiled Llama-3.1-8B holds it, a cached compile does not, a freshly
+# compiled Granite does not). Which allocations pin it is not known, and the CUDA graphs' own capture takes
+# 0.1-0.4 GiB more than kvplan's estimate of it (1.1 GiB more for gpt-oss-20b, whose graphs cost 6-8 MiB each): a
+# margin below this figure is flagged as a risk.
 FRAGMENTATION_SEEN = int(1.1 * GiB)
 
 
 def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, total_bytes: int, requested: int,
-                   tp: int, version: str | VllmRules) -> tuple[int, int]:
+                   tp: int, version: str | VllmRules, kv_tensor_bytes: Optional[int] = None) -> tuple[int, int]:
     """After the KV cache is allocated and the CUDA graphs captured, vLLM warms the sampler up with max_num_seqs
     dummy requests (gpu_worker.compile_or_warm_up_model): the bf16 logits, then fp32 logits, probabilities and q.
     Returns (the memory free for it, what it needs). Free: what utilization leaves outside the budget, less the
@@ -381,9 +505,16 @@ def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, tot
     # persistent: the hidden-state buffer, the Triton top-k buffer, and the MoE workspace the workspace manager keeps
     persist = nk.max_num_batched_tokens * m.hidden_size * b + 4 * sms * V + nk.parts.get("moe_workspace", 0)
     graphs = nk.parts.get("cudagraph_estimate", 0) - nk.cudagraph
+    # segments the weights' conversion left partly used stay reserved: the KV cache's tensors (one per layer of a
+    # group, kv_tensor_bytes each) fill their free blocks where they fit, and the sampler's tensors fit none of them
+    # when the largest is smaller than the bf16 logits
+    logits = R * v_pad * b
+    largest = nk.parts.get("load_fragment_largest", 0)
+    fits_kv = kv_tensor_bytes is not None and largest >= kv_tensor_bytes
+    fragments = nk.parts.get("load_fragmentation", 0) if largest < logits and not fits_kv else 0
     free = (total_bytes - requested - pre_snapshot_bytes(gpu, tp, rules, moe=m.moe is not None)
-            + nk.activation - persist - graphs)
-    need = R * v_pad * b + 12 * R * V
+            + nk.activation - persist - graphs - fragments)
+    need = logits + 12 * R * V
     return free, need
 
 

@@ -315,7 +315,7 @@ def _modelled_non_kv(d, rng: range, weights: int) -> NonKVMemory:
                        pp=d.pp, max_model_len=d.model.max_position_embeddings,
                        max_num_batched_tokens=d.max_num_batched_tokens, max_num_seqs=d.max_num_seqs,
                        first_stage=rng.start == 0, last_stage=rng.stop == d.model.num_layers,
-                       enforce_eager=d.enforce_eager)
+                       enforce_eager=d.enforce_eager, weight_dtype=d.weight_dtype, stage=rng)
     return replace(nk, **{k: v for k, v in (("activation", d.activation_bytes), ("non_torch", d.non_torch_bytes),
                                             ("cudagraph", d.cudagraph_bytes)) if v is not None})
 
@@ -466,7 +466,8 @@ def capacity_of(d) -> CapacityResult:
     notes = list(d.notes)
     if problem is None and plan.non_kv.source == "model" and not plan.overridden and d.kv_cache_memory_bytes is None:
         free, need = sampler_warmup(model, d.gpu, plan.non_kv, total_bytes=plan.total, requested=plan.requested,
-                                    tp=d.tp, version=d.rules)
+                                    tp=d.tp, version=d.rules,
+                                    kv_tensor_bytes=plan.available // max(1, groups.group_size))
         fix = "lower --max-num-seqs or --gpu-memory-utilization"
         if free < need:
             problem = (f"vLLM would run out of memory warming up the sampler with {plan.non_kv.max_num_seqs:,} dummy "

@@ -417,3 +417,205 @@ def pipeline_stages(num_layers: int, pp: int) -> list[range]:
         out.append(range(start, start + n))
         start += n
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# What the weights take in torch's caching allocator
+
+
+# torch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, default settings: no expandable segments, no
+# max_split_size): every request is rounded up to 512 bytes (round_size); requests up to 1 MiB (kSmallSize) come from
+# 2 MiB segments of the small pool; a larger request under 10 MiB (kMinLargeAlloc) opens a 20 MiB segment
+# (kLargeBuffer), a larger one a segment rounded up to 2 MiB (kRoundLarge); a cached free block is reused best-fit
+# (get_free_block); and a large-pool block is split only when more than 1 MiB would be left over (should_split), so a
+# tensor whose segment is at most 1 MiB bigger holds the whole segment. torch.cuda.memory_allocated counts blocks.
+_MIN_BLOCK = 512
+_SMALL_SIZE = 1 << 20
+_LARGE_BUFFER = 20 << 20
+_MIN_LARGE_ALLOC = 10 << 20
+_ROUND_LARGE = 2 << 20
+
+
+class CachingAllocator:
+    """torch's CUDA caching allocator, block by block (see the constants above): segments, the blocks split off
+    them, best-fit reuse of cached free blocks, merging of freed neighbours, and empty_cache() returning the
+    segments with nothing allocated in them."""
+
+    def __init__(self) -> None:
+        self._segments: list[dict] = []  # {"size", "small", "blocks": [[offset, size, allocated], ...]}
+        self._where: dict[int, tuple[dict, int]] = {}  # block id -> (segment, offset)
+        self._next = 0
+
+    def malloc(self, size: int) -> int:
+        r = max(_MIN_BLOCK, -(-size // _MIN_BLOCK) * _MIN_BLOCK)
+        small = r <= _SMALL_SIZE
+        best = None
+        for seg in self._segments:
+            if seg["small"] != small:
+                continue
+            for i, blk in enumerate(seg["blocks"]):
+                if not blk[2] and blk[1] >= r and (best is None or blk[1] < best[1][1]):
+                    best = (seg, blk, i)
+        if best is None:
+            size_seg = (2 * _SMALL_SIZE if small else _LARGE_BUFFER if r < _MIN_LARGE_ALLOC
+                        else -(-r // _ROUND_LARGE) * _ROUND_LARGE)
+            seg = {"size": size_seg, "small": small, "blocks": [[0, size_seg, False]]}
+            self._segments.append(seg)
+            best = (seg, seg["blocks"][0], 0)
+        seg, blk, i = best
+        rest = blk[1] - r
+        if rest >= _MIN_BLOCK if small else rest > _SMALL_SIZE:
+            seg["blocks"].insert(i + 1, [blk[0] + r, rest, False])
+            blk[1] = r
+        blk[2] = True
+        self._next += 1
+        self._where[self._next] = (seg, blk[0])
+        return self._next
+
+    def free(self, block: int) -> None:
+        seg, offset = self._where.pop(block)
+        blocks = seg["blocks"]
+        i = next(i for i, blk in enumerate(blocks) if blk[0] == offset)
+        blocks[i][2] = False
+        if i + 1 < len(blocks) and not blocks[i + 1][2]:
+            blocks[i][1] += blocks.pop(i + 1)[1]
+        if i > 0 and not blocks[i - 1][2]:
+            blocks[i - 1][1] += blocks.pop(i)[1]
+
+    def empty_cache(self) -> None:
+        self._segments = [seg for seg in self._segments if any(blk[2] for blk in seg["blocks"])]
+
+    @property
+    def allocated(self) -> int:
+        return sum(blk[1] for seg in self._segments for blk in seg["blocks"] if blk[2])
+
+    @property
+    def reserved(self) -> int:
+        return sum(seg["size"] for seg in self._segments)
+
+    @property
+    def largest_free_block(self) -> int:
+        return max((blk[1] for seg in self._segments for blk in seg["blocks"] if not blk[2]), default=0)
+
+
+def allocated_bytes(sizes) -> int:
+    """torch.cuda.memory_allocated after allocating tensors of `sizes` bytes in turn, none freed, from an empty cache
+    (the caching allocator's block sizes: see the constants above)."""
+    alloc = CachingAllocator()
+    for size in sizes:
+        alloc.malloc(size)
+    return alloc.allocated
+
+
+# the checkpoint's tensors vLLM loads into one parameter (QKVParallelLinear, MergedColumnParallelLinear, FusedMoE's
+# w13 over all experts of a layer)
+_FUSED = {"attn.q_proj": "attn.qkv_proj", "attn.k_proj": "attn.qkv_proj", "attn.v_proj": "attn.qkv_proj",
+          "mlp.gate_proj": "mlp.gate_up_proj", "mlp.up_proj": "mlp.gate_up_proj",
+          "moe.experts.gate_proj": "moe.experts.w13", "moe.experts.up_proj": "moe.experts.w13",
+          "moe.experts.gate_up_proj": "moe.experts.w13", "moe.experts.down_proj": "moe.experts.w2",
+          "moe.shared_experts.gate_proj": "moe.shared_experts.gate_up_proj",
+          "moe.shared_experts.up_proj": "moe.shared_experts.gate_up_proj"}
+
+
+def load_allocations(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
+                     stage: Optional[range] = None) -> list[int]:
+    """One rank's parameter tensors, in bytes, in the order vLLM's model constructors allocate them (the vision
+    tower and projector first, then the embedding, layer by layer its mixer's and its MLP's parameters, the final
+    norm and the LM head), with the checkpoint's tensors fused the way vLLM fuses them (q/k/v, gate/up, a layer's
+    experts); a quantized weight and its scales are separate tensors. With `stage`, a pipeline stage's."""
+    if weight_dtype is None:
+        fmt, scope = weight_format(m.weight_dtype), m.weight_scope
+    else:
+        fmt, scope = weight_format(weight_dtype), "linear"
+    stage = stage if stage is not None else range(0, m.num_layers)
+    first, last = stage.start == 0, stage.stop == m.num_layers
+    moe_layers = [i for i, k in enumerate(m.mlp_kinds) if k == "moe"]
+    layers_of = {"mlp": [i for i, k in enumerate(m.mlp_kinds) if k == "dense"], "attention": list(m.attention_layers),
+                 "state": list(m.state_layers), "router": moe_layers, "expert": moe_layers,
+                 "shared_expert": moe_layers}
+
+    def sizes_of(t: Tensor, count: int) -> list[int]:
+        one = replace(t, count=1)
+        total = tensor_bytes_per_rank(m, one, tp, fmt, scope) * count
+        if _quantized(m, one, scope):
+            out_dim, in_dim = one.shape_per_rank(tp)
+            w = math.ceil(out_dim * in_dim * fmt.bits / 8) * count
+            return [w, total - w]
+        return [total]
+
+    tensors = model_tensors(m)
+    out: list[int] = []
+    if first:
+        out += _encoder_allocations(m, tp) if m.vision is not None else []
+        for t in tensors:
+            if t.part == "extra" and not (m.vision is not None and t.name in _ENCODER_LUMPS):
+                out += sizes_of(t, t.count)
+        out += [s for t in tensors if t.part == "embed" for s in sizes_of(t, t.count)]
+    per_layer = [t for t in tensors if t.part not in ("embed", "extra", "lm_head") and t.name != "final_norm"]
+    for i in stage:
+        groups: dict[str, list[int]] = {}  # the fused parameters of layer i, in construction order
+        for t in per_layer:
+            layers = layers_of["attention"] if t.part == "norm" and t.name.startswith("attn.") else \
+                layers_of.get(t.part, range(m.num_layers))
+            if i not in layers:
+                continue
+            name, bias = (t.name[:-5], ".bias") if t.name.endswith(".bias") else (t.name, "")
+            sizes = sizes_of(t, t.count // len(layers))
+            g = groups.setdefault(_FUSED.get(name, name) + bias, [])
+            g += [0] * (len(sizes) - len(g))
+            for j, n in enumerate(sizes):
+                g[j] += n
+        out += [n for g in groups.values() for n in g if n]
+    if last:
+        for t in tensors:
+            if t.name == "final_norm" or t.part == "lm_head" or (
+                    t.part == "embed" and m.tie_word_embeddings and not first):
+                out += sizes_of(t, t.count)
+    return out
+
+
+def allocator_rounding(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
+                       stage: Optional[range] = None) -> int:
+    """What torch's caching allocator holds for one rank's parameters beyond their bytes (see allocated_bytes): vLLM
+    measures "Model loading took" with torch.cuda.memory_allocated (DeviceMemoryProfiler, platforms/cuda.py
+    get_current_memory_usage), blocks and all."""
+    stage = stage if stage is not None else range(0, m.num_layers)
+    key = (m.model_dump_json(), tp, weight_dtype, stage.start, stage.stop)
+    if key not in _ROUNDING:
+        sizes = load_allocations(m, tp, weight_dtype, stage)
+        if len(_ROUNDING) > 256:
+            _ROUNDING.clear()
+        _ROUNDING[key] = allocated_bytes(sizes) - sum(sizes)
+    return _ROUNDING[key]
+
+
+_ROUNDING: dict[tuple, int] = {}  # allocator_rounding's results: grids and sweeps plan one model many times
+
+
+_ENCODER_LUMPS = ("extra.vision_tower", "extra.multimodal_projector")
+
+
+def _encoder_allocations(m: ModelSpec, tp: int) -> list[int]:
+    """The vision tower's and projector's parameters on one rank, in bytes, in construction order: the patch
+    convolution and position embedding, then layer by layer the attention's fused qkv and output projections and the
+    MLP's (SigLIP/CLIP: fc1 and fc2 with biases and two LayerNorms, siglip.py/clip.py; Pixtral: fused gate_up and
+    down with two RMSNorms, pixtral.py), then the projector's two linear layers (its second one hidden x hidden)."""
+    v = m.vision
+    assert v is not None
+    b = DTYPE_BYTES[m.dtype]
+    d, i, layers, th = v.hidden_size, v.intermediate_size, v.num_layers, m.hidden_size
+    if v.kind == "pixtral":
+        sharded = [3 * d * d // tp, d * d // tp, 2 * i * d // tp, i * d // tp]
+        whole = [d, d]
+    else:
+        sharded = [3 * d * d // tp, 3 * d // tp, d * d // tp, i * d // tp, i // tp, d * i // tp]
+        whole = [d, d, d, d, d, d]  # out_proj's and fc2's biases, two LayerNorms' weights and biases
+    tower_sharded = m.extra_params.get("vision_tower", 0) // tp - layers * sum(sharded)
+    tower_whole = m.replicated_params.get("vision_tower", 0) - layers * sum(whole)
+    out = [n * b for n in (tower_whole, tower_sharded) if n > 0]
+    for _ in range(layers):
+        out += [n * b for n in sharded + whole]
+    proj = m.extra_params.get("multimodal_projector", 0) // tp
+    second = th * th // tp if proj > th * th // tp else 0  # a projector of one layer (Gemma 3's) has no second
+    out += [n * b for n in (m.replicated_params.get("multimodal_projector", 0), proj - second, second) if n > 0]
+    return out

@@ -201,3 +201,35 @@ def test_mxfp4_experts_on_hopper():
     b200 = load_gpu("b200")
     assert non_kv_memory(m, b200, total_bytes=b200.memory_total_bytes, tp=1, weights=0, version="0.19",
                          max_model_len=8192).parts["mxfp4_repack"] == 0
+
+
+def test_caching_allocator_blocks():
+    from kvplan.weights import allocated_bytes
+
+    # 9 MiB opens a 20 MiB segment and splits (11 MiB left over); a second 9 MiB takes 9 of those 11 and splits
+    # again (2 MiB left); a 9.5 MiB pair leaves 1 MiB, too little to split, so the second holds 10.5 MiB
+    assert allocated_bytes([9 * MiB, 9 * MiB]) == 18 * MiB
+    assert allocated_bytes([int(9.5 * MiB), int(9.5 * MiB)]) == 20 * MiB
+    # 10 MiB and up: a segment rounded up to 2 MiB; 31.5 MiB holds 32, 24.5 MiB splits 1.5 off its 26
+    assert allocated_bytes([int(31.5 * MiB)]) == 32 * MiB
+    assert allocated_bytes([int(24.5 * MiB)]) == int(24.5 * MiB)
+    # the small pool (up to 1 MiB): 512-byte granules
+    assert allocated_bytes([1, 513, MiB]) == 512 + 1024 + MiB
+
+
+
+def test_hopper_swizzle_keeps_one_result():
+    from kvplan.nonkv import _swizzle_scale, _swizzle_value
+    from kvplan.weights import CachingAllocator
+
+    # gpt-oss-20b's w13 at TP 1: 32 experts x 1,440 bytes (2,880 fp4 inputs) padded to 1,472 x 5,760 outputs =
+    # 271,319,040 B (258.75 MiB); every temporary of that size opens a 260 MiB segment (1.25 MiB split off), and
+    # after empty_cache() only the result's segment is left
+    a = CachingAllocator()
+    _swizzle_value(a, 32 * 1472 * 5760)
+    a.empty_cache()
+    assert (a.allocated, a.reserved) == (271_319_040, 260 * MiB)
+    # its scales, 32 x 5,760 x 90 B: rows padded to 5,888 (a multiple of 256): 16,957,440 B in a 18 MiB segment
+    _swizzle_scale(a, 32, 5760, 90)
+    a.empty_cache()
+    assert (a.allocated, a.reserved) == (271_319_040 + 16_957_440, 278 * MiB)

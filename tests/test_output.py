@@ -41,7 +41,7 @@ TABLES = [
      ["122,532", "346,132", "468,182", "131,072", "1 x 131,072", "turboquant_4bit_nc", "weights"]),
     ("crossover qwen3-30b-a3b --batch 1,64 --context 8k --gpu h100",
      ["61,887", "605,368", "33.149", "0.8053", "64 x 8,192", "weights"]),
-    ("capacity --gpu h100", ["626.92 GiB", "10,485,760", "3698.91x", "llama-4-scout-17b-16e", "98,576"]),
+    ("capacity --gpu h100", ["626.92 GiB", "10,485,760", "3695.77x", "llama-4-scout-17b-16e", "97,760"]),
     ("formats", ["fp8_per_token_head", "turboquant_4bit_nc", "vllm,sglang", "1,152", "6.12"]),
     ("models", ["1,026.4B", "10,485,760", "507,904", "llama-4-scout-17b-16e", "fp8_block128"]),
     ("gpus", ["287.50 GiB est.", "10066.3", "126.5", "A100-PCIE-40GB"]),

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvplan.cli import main
-from kvplan.deploy import find_config, import_log
+from kvplan.deploy import find_config, import_log, model_for_repo
 from kvplan.startup_log import parse_startup_log
+from kvplan.weights import allocator_rounding
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 LOGS = FIX / "logs" / "vllm-0.19-h100"
@@ -42,12 +43,8 @@ def test_available_kv_memory_within_one_percent(results, name):
     measured = float(FIGURES[name]["kv_cache_memory_gib"])
     f = _figure(r, "available KV cache memory")
     assert f.measured == pytest.approx(measured, abs=0.005)
-    if name.startswith("moonshotai-kimi-dev-72b"):
-        # a 3.02 GiB pool beside 67.82 GiB of weights: 1% is 31 MiB, less than the 77 MiB by which vLLM's weights
-        # for this Qwen2-72B exceed the parameters' bytes (unexplained); held to 0.12 GiB
-        assert abs(f.predicted - measured) < 0.12
-    else:
-        assert abs(f.error_pct) < 1.0, f"{name}: {f.predicted} GiB predicted, {measured} GiB in the log"
+    # Kimi-Dev-72B at TP 2 is the hardest: a 3.02 GiB pool beside 67.82 GiB of weights, so 1% is 31 MiB
+    assert abs(f.error_pct) < 1.0, f"{name}: {f.predicted} GiB predicted, {measured} GiB in the log"
     # the blocks follow the memory: the log's own block count, to the same relative error
     blocks = _figure(r, "KV blocks")
     assert blocks.measured == int(FIGURES[name]["kv_cache_blocks"])
@@ -57,8 +54,30 @@ def test_available_kv_memory_within_one_percent(results, name):
 def test_weights_within_half_a_percent(results, name):
     f = _figure(results[name], "model weights")
     assert f.measured == float(FIGURES[name]["weight_memory_gib"])
-    # gemma-2-2b-it: vLLM reports 4.90 GiB for 2,614,341,888 parameters (4.87 GiB in bf16 with the rotary cache)
-    assert abs(f.error_pct) < (0.6 if name.startswith("google-gemma-2") else 0.5)
+    # the parameters' bytes, the rotary cache and the caching allocator's whole segments: the log prints two
+    # decimals, so 0.005 GiB of rounding is 0.1% of granite-3.1-2b's 4.74 GiB
+    assert abs(f.error_pct) < 0.15, f"{name}: {f.predicted} GiB predicted, {f.measured} GiB in the log"
+
+
+@pytest.mark.parametrize("repo, tp, blocks_mib", [
+    # Qwen2.5-7B, bf16, TP 1, per layer: qkv_proj 4,608 x 3,584 x 2 B = 31.5 MiB in a 32 MiB segment (+0.5),
+    # o_proj 3,584 x 3,584 x 2 B = 24.5 MiB split off a 26 MiB segment (1.5 MiB left, +0), gate_up
+    # 37,888 x 3,584 x 2 B = 259 MiB in 260 (+1), down 129.5 MiB in 130 (+0.5): 2 MiB x 28 layers, and the embedding
+    # and LM head, 152,064 x 3,584 x 2 B = 1,039.5 MiB each in 1,040 (+0.5 each): 57 MiB (the log: 14.25 GiB against
+    # 14.185 GiB of parameters and 8 MiB of rotary cache, +58 +- 5 MiB)
+    ("Qwen/Qwen2.5-7B-Instruct", 1, 57),
+    # Kimi-Dev-72B (Qwen2-72B), TP 2: down 8,192 x 14,784 x 2 B = 231 MiB in a 232 MiB segment, +1 x 80 layers; qkv
+    # (80 MiB), o_proj (64), gate_up (462) and the vocabulary halves (1,188) are whole 2 MiB multiples
+    ("moonshotai/Kimi-Dev-72B", 2, 80),
+    # gemma-2-2b: gate_up 18,432 x 2,304 x 2 B = 81 MiB in 82 (+1) x 26 layers, and the tied embedding
+    # 256,000 x 2,304 x 2 B = 1,125 MiB in 1,126 (+1); o_proj (9 MiB) packs two to a 20 MiB segment (2 MiB left,
+    # split), down (40.5 MiB) splits 1.5 MiB off 42: 27 MiB (the log: +27 +- 5 MiB)
+    ("google/gemma-2-2b-it", 1, 27),
+    # Llama-3.1-8B: every tensor a whole number of 2 MiB
+    ("meta-llama/Llama-3.1-8B-Instruct", 1, 0),
+])
+def test_weights_held_in_whole_segments(repo, tp, blocks_mib):
+    assert allocator_rounding(model_for_repo(repo, [CONFIGS]), tp) == blocks_mib * 2**20
 
 
 @pytest.mark.parametrize("name", OK)
@@ -87,7 +106,7 @@ def test_summary_median_and_worst():
     errs = [abs(row["available_kv"]["error_pct"]) for row in data["logs"] if "available_kv" in row]
     assert kv["median_abs_error_pct"] == pytest.approx(statistics.median(errs))
     assert data["weights"]["worst_abs_error_pct"] < 0.6
-    assert data["failures"]["logs"] == 7 and data["failures"]["predicted"] >= 5
+    assert data["failures"]["logs"] == 7 and data["failures"]["predicted"] == 7
 
 
 @pytest.mark.parametrize("name, says", [
@@ -96,6 +115,12 @@ def test_summary_median_and_worst():
     ("meta-llama-llama-4-scout--h100-80gb--tp4pp1dp1--8192.FAILED.log", "60.33 GiB once its CUDA context"),
     ("qwen-qwen3-14b--h100-80gb--tp5pp1dp1--8192.FAILED.log", "151936 is not divisible by 5"),
     ("microsoft-phi-2--h100-80gb--tp1pp1dp1--8192.FAILED.log", "max_position_embeddings 2048"),
+    # after the KV cache: the sampler's 2.68 GiB (1,024 x 201,088 bf16 logits, fp32 logits, probabilities, q) does
+    # not fit what the MXFP4 experts' conversion left fragmented and the CUDA graphs took
+    ("openai-gpt-oss-20b--h100-80gb--tp2pp1dp1--8192.FAILED.log", "run out of memory warming up the sampler"),
+    # TP 1: 0.85 GiB to spare by kvplan's figures, inside the margin its CUDA-graph estimate and the profile run's
+    # unmodelled fragments take (the log: 0.22 GiB short)
+    ("openai-gpt-oss-20b--h100-80gb--tp1pp1dp1--8192.FAILED.log", "sampler warm-up at risk"),
 ])
 def test_failures_predicted_as_what_they_are(results, name, says):
     r = results[name]
@@ -131,3 +156,27 @@ def test_config_lookup_by_repo_id(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert find_config("acme/tiny") == snap / "config.json"
     assert find_config("acme/other") is None
+
+
+@pytest.mark.parametrize("tp, log_gib", [(1, 1.78), (2, 1.62)])
+def test_mxfp4_conversion_fragments(tp, log_gib):
+    # gpt-oss-20b's OOM message: "X GiB is reserved by PyTorch but unallocated", with no free block as large as
+    # the 393 MiB of bf16 logits it then asked for; the replayed conversion leaves 1.93 and 1.39 GiB, in blocks of at
+    # most 129 and 67 MiB
+    from kvplan.nonkv import mxfp4_hopper_load
+
+    _, frag, largest = mxfp4_hopper_load(model_for_repo("openai/gpt-oss-20b", [CONFIGS]), tp)
+    assert abs(frag / 2**30 - log_gib) < 0.25
+    assert largest < 1024 * 201_088 * 2
+
+
+@pytest.mark.parametrize("name, weights, kv", [
+    ("openai-gpt-oss-20b--h100-80gb--tp1pp1dp1--8192.FAILED.log", 13.64, 58.47),
+    ("openai-gpt-oss-20b--h100-80gb--tp2pp1dp1--8192.FAILED.log", 7.01, 63.28),
+])
+def test_gpt_oss_figures_before_the_failure(results, name, weights, kv):
+    # it sized its pool before failing: the converted experts as the allocator holds them, and the float32 rotary
+    # cache (131,072 positions x 64 x 4 B = 32 MiB)
+    r = results[name]
+    assert abs(r.figure("model weights").predicted - weights) < 0.01
+    assert abs(r.figure("available KV cache memory").predicted - kv) < 0.01
