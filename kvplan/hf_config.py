@@ -37,7 +37,7 @@ def _dt_rank(c: "_Fields", key: str, hidden: int) -> int:
     return -(-hidden // 16) if c.data.get(key, "auto") == "auto" else c.integer(key, minimum=1)
 
 
-_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "falcon"}  # transformers' config defaults
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "falcon"}  # transformers' defaults
 
 
 class _Fields:
@@ -237,6 +237,11 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
     arch = (top.text("model_type") or "").lower()
     if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
         return _qwen3_vl_tower(v)
+    if kind == "gemma4_vision":
+        sharded, rep, notes, encoder = _gemma4_tower(v, text_hidden)
+        if top.section("audio_config") is not None and top.section("audio_config").data:
+            notes.append("the audio tower (audio_config) is not counted: its weights are missing from the figures")
+        return sharded, rep, notes, encoder
     family = kind.removesuffix("_vision_model")
     if family not in _VISION_DEFAULTS:
         return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
@@ -320,6 +325,38 @@ def _vision_profile(top: "_Fields", v: "_Fields", family: str, arch: str, d: int
             "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
+def _gemma4_layers(c: "_Fields", pattern: list, layers: int, kv_heads: int, head_dim: int) -> dict:
+    """Gemma 4's global (full-attention) layers: heads of global_head_dim, and with attention_k_eq_v no v_proj (V is
+    K) and num_global_key_value_heads KV heads. vLLM builds each layer with its own sizes (gemma4.py), loads K into
+    the V slot and caches K and V apart."""
+    full = [pattern[i % len(pattern)] == "full" for i in range(layers)]
+    k_eq_v = bool(c.flag("attention_k_eq_v"))
+    global_dim = c.integer("global_head_dim", minimum=1) or head_dim
+    global_kv = (c.integer("num_global_key_value_heads", minimum=1) or kv_heads) if k_eq_v else kv_heads
+    out: dict[str, Any] = {}
+    if global_dim != head_dim:
+        out["head_dims"] = tuple(global_dim if f else head_dim for f in full)
+    if global_kv != kv_heads:
+        out["kv_heads_per_layer"] = tuple(global_kv if f else kv_heads for f in full)
+    if k_eq_v and any(full):
+        out["v_from_k"] = tuple(full)
+    return out
+
+
+def _gemma4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], None]:
+    """Gemma 4's vision tower, which vLLM builds with transformers' own module (AutoModel.from_config, whole on
+    every rank): a patch projection (3 x patch^2 to hidden, no bias), a two-axis table of position embeddings,
+    `num_hidden_layers` layers of q, k, v, o (no biases), q and k norms of head_dim, a gated MLP and four norms; and
+    the embedder's projection to the text width."""
+    d, i, layers = v.need("hidden_size"), v.need("intermediate_size"), v.need("num_hidden_layers")
+    head = v.integer("head_dim", minimum=1) or d // v.need("num_attention_heads")
+    patch, positions = v.need("patch_size"), v.need("position_embedding_size")
+    tower = layers * (4 * d * d + 3 * d * i + 4 * d + 2 * head) + 3 * patch * patch * d + 2 * positions * d
+    return ({}, {"vision_tower": tower, "multimodal_projector": d * text_hidden},
+            ["the vision encoder's profile run (Gemma 4) is not modelled: the activation peak counts the language "
+             "model's alone"], None)
+
+
 # architectures whose layers keep a fixed per-sequence state (Mamba, Mamba-2, linear attention, short convolutions)
 # beside or instead of attention: vLLM serves them with its hybrid KV-cache manager, which kvplan does not model yet
 _STATE_SPACE_TYPES = {
@@ -374,9 +411,16 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
         raise KvplanError(f"{path}: index_n_heads: an indexed sparse attention without MLA is not modelled")
     if c.data.get("indexer_types") is not None or c.data.get("index_topk_freq") is not None:
         raise KvplanError(f"{path}: indexer_types / index_topk_freq: an indexer on some layers only is not modelled")
-    if c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
+    if model_type.startswith("gemma4"):
+        if c.integer("hidden_size_per_layer_input"):
+            raise KvplanError(f"{path}: {c.prefix}hidden_size_per_layer_input: Gemma 4's per-layer input embeddings "
+                              f"are not modelled yet")
+        if c.integer("num_kv_shared_layers"):
+            raise KvplanError(f"{path}: {c.prefix}num_kv_shared_layers: layers reading an earlier layer's KV cache "
+                              f"(Gemma 4) are not modelled yet")
+    elif c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
         raise KvplanError(f"{path}: global_head_dim / num_global_key_value_heads: layers with their own KV heads "
-                          f"and head sizes (Gemma 4's global layers) are not modelled yet")
+                          f"and head sizes outside Gemma 4 are not modelled")
     if c.data.get("block_configs") is not None:
         raise KvplanError(f"{path}: block_configs: per-layer NAS configurations (each layer its own attention and "
                           f"MLP sizes, some layers without attention) are not modelled yet")
@@ -578,7 +622,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                 raise KvplanError(f"{path}: ModelOpt quant_algo '{algo or '?'}' is not modelled; use the unquantized "
                                   f"config and pass --weight-dtype (fp8, nvfp4, ...)")
             out["weight_dtype"] = formats[algo]
-            excluded = q.items("exclude_modules", lambda x: isinstance(x, str), "a list of module names") or []
+            # hf_quant_config.json names them exclude_modules, a config.json's quantization_config ignore
+            excluded = (q.items("exclude_modules", lambda x: isinstance(x, str), "a list of module names")
+                        or q.items("ignore", lambda x: isinstance(x, str), "a list of module names") or [])
             if sum(1 for x in excluded if "self_attn" in x or ".attn" in x) >= layers:
                 out["weight_scope"] = "mlp"  # every layer's attention kept in the model dtype
         elif method in ("awq", "gptq"):
@@ -635,6 +681,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         pattern = ["chunked" if r else "full" for r in rope]
     elif window and c.flag("use_sliding_window") is not False:
         pattern = ["sliding"]
+    if family in ("gemma4", "gemma4_text") and pattern:
+        out.update(_gemma4_layers(c, pattern, layers, kv_heads, head_dim))
     if pattern:
         att: dict[str, Any] = {"pattern": pattern}
         if "sliding" in pattern:
@@ -656,7 +704,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if experts:
         moe: dict[str, Any] = {
             "num_experts": experts,
-            "experts_per_token": c.need("num_experts_per_tok", "experts_per_token"),
+            "experts_per_token": c.need("num_experts_per_tok", "experts_per_token", "top_k_experts"),
             "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
         # Qwen2-MoE and Qwen3-Next name one shared expert by its width alone (with a sigmoid gate of its own)
@@ -679,6 +727,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             moe["router_bias"] = moe["expert_bias"] = True
         if c.text("topk_method") == "noaux_tc" or family == "glm4_moe":
             moe["score_correction_bias"] = True
+        if family in ("gemma4", "gemma4_text"):
+            # Gemma 4's MoE block runs beside a dense MLP of intermediate_size: that MLP is a shared expert
+            moe.update(shared_experts=1, shared_expert_intermediate_size=intermediate, router_scales=True)
         out["moe"] = moe
         if family in ("llama4", "llama4_text") and c.integer("intermediate_size_mlp"):
             out["intermediate_size"] = c.integer("intermediate_size_mlp")
@@ -691,12 +742,15 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     out["qkv_bias"] = attention_bias or family in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl") or bool(
         c.flag("qkv_bias"))
     out["o_bias"] = attention_bias and family != "glm4_moe"
-    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5",
+    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+                                 "qwen3_next", "qwen3_5",
                                  "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
                       or bool(c.flag("use_qk_norm") and c.text("qk_norm_type") == "per_head")
                       or bool(c.flag("use_qk_norm") and family == "glm4_moe"))
-    if family in ("gemma2", "gemma3", "gemma3_text"):
+    if family in ("gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text"):
         out["norms_per_layer"] = 4
+    if family in ("gemma4", "gemma4_text") and out.get("moe"):
+        out["norms_per_layer"] = 7  # the MoE block's pre-norm and the post-norms of both branches
     if falcon:
         out.update(norms_per_layer=1, norm_bias=True, gated_mlp=False)
     # the older layouts, as their transformers modelling code builds them (and vLLM's, weight for weight)

@@ -88,6 +88,8 @@ class MoESpec(_Frozen):
                                        "projected in and out per layer (Nemotron-3's moe_latent_size)")
     shared_expert_gate: bool = Field(False, description="a sigmoid gate (hidden x 1) on the shared expert's output "
                                      "(Qwen2-MoE, Qwen3-Next)")
+    router_scales: bool = Field(False, description="a learned scale on the router's input (hidden) and one per "
+                                "expert on its weights (Gemma 4)")
 
     @model_validator(mode="after")
     def _k_le_e(self) -> "MoESpec":
@@ -179,6 +181,19 @@ class ModelSpec(_Frozen):
         None, description="each layer's mixer, where layers differ beyond the attention pattern (hybrids)")
     mlps: Optional[tuple[MlpKind, ...]] = Field(
         None, description="each layer's MLP, where it is not one per layer (Nemotron-H's separate blocks)")
+    kv_heads_per_layer: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's KV heads, where attention layers differ (Gemma 4's global layers, NAS models); "
+        "num_kv_heads elsewhere")
+    head_dims: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's head size, where attention layers differ (Gemma 4's global layers)")
+    v_from_k: Optional[tuple[bool, ...]] = Field(
+        None, description="layers whose checkpoint has no v_proj, V being K (Gemma 4's attention_k_eq_v global "
+        "layers): vLLM still allocates the V slot and loads K into it, and caches K and V apart")
+    intermediate_sizes: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's dense MLP width, where layers differ (NAS models' ffn_mult)")
+    norms: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's norms, where layers differ (a NAS block without attention or MLP has none "
+        "for it); norms_per_layer elsewhere")
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (weights of head_dim)")
@@ -211,9 +226,20 @@ class ModelSpec(_Frozen):
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
-        for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps)):
+        for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps), ("kv_heads_per_layer", self.kv_heads_per_layer),
+                            ("head_dims", self.head_dims), ("v_from_k", self.v_from_k),
+                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms)):
             if kinds is not None and len(kinds) != self.num_layers:
                 raise ValueError(f"{name} lists {len(kinds)} layers; the model has {self.num_layers}")
+        for name, sizes in (("kv_heads_per_layer", self.kv_heads_per_layer), ("head_dims", self.head_dims),
+                            ("intermediate_sizes", self.intermediate_sizes)):
+            if sizes is not None and any(isinstance(n, bool) or n < 1 for n in sizes):
+                raise ValueError(f"{name} holds a size below 1")
+        if self.norms is not None and any(n < 0 for n in self.norms):
+            raise ValueError("norms holds a negative count")
+        for kv in set(self.kv_heads_per_layer or ()):
+            if self.num_heads % kv:
+                raise ValueError(f"num_heads {self.num_heads} is not a multiple of a layer's {kv} KV heads")
         if self.mixers is not None:
             if "state" in self.mixers and self.state is None:
                 raise ValueError("a 'state' layer needs the state mixer described (state: kind, heads, ...)")
@@ -250,6 +276,25 @@ class ModelSpec(_Frozen):
             return self.mlps
         first = self.moe.first_dense_layers if self.moe else self.num_layers
         return tuple("dense" if i < first else "moe" for i in range(self.num_layers))
+
+    def layer_kv_heads(self, i: int) -> int:
+        """Layer i's KV heads (num_kv_heads unless the layers differ)."""
+        return self.kv_heads_per_layer[i] if self.kv_heads_per_layer is not None else self.num_kv_heads
+
+    def layer_head_dim(self, i: int) -> Optional[int]:
+        return self.head_dims[i] if self.head_dims is not None else self.head_dim
+
+    def layer_intermediate(self, i: int) -> int:
+        """Layer i's dense MLP width."""
+        return self.intermediate_sizes[i] if self.intermediate_sizes is not None else self.intermediate_size
+
+    def layer_norms(self, i: int) -> int:
+        return self.norms[i] if self.norms is not None else self.norms_per_layer
+
+    @property
+    def attention_kv_heads(self) -> tuple[int, ...]:
+        """The distinct KV head counts of the attention layers."""
+        return tuple(sorted({self.layer_kv_heads(i) for i in self.attention_layers})) or (self.num_kv_heads,)
 
     @property
     def is_hybrid(self) -> bool:

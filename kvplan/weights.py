@@ -40,6 +40,8 @@ class Tensor:
     part: Part
     is_matrix: bool = True  # a linear layer's weight (quantizable); False for biases, norms, sinks
     kv_heads: int = 0  # for shard "kv": the heads out_dim spans
+    layers: tuple[int, ...] = ()  # the layers holding one each, where only some of the part's layers do
+    loaded_copy: bool = False  # memory vLLM fills from another tensor of the checkpoint: held, not a parameter
 
     @property
     def numel(self) -> int:
@@ -146,29 +148,41 @@ def weight_format(name: str) -> WeightFormat:
 # The tensor list
 
 
-def _linear(name, out_dim, in_dim, count, shard, part, bias=False, bias_shard=None, kv_heads=0) -> list[Tensor]:
-    ts = [Tensor(name, out_dim, in_dim, count, shard, part, True, kv_heads)]
+def _linear(name, out_dim, in_dim, count, shard, part, bias=False, bias_shard=None, kv_heads=0,
+            layers: tuple[int, ...] = (), loaded_copy: bool = False) -> list[Tensor]:
+    ts = [Tensor(name, out_dim, in_dim, count, shard, part, True, kv_heads, layers, loaded_copy)]
     if bias:
         # A column-parallel bias is split with its outputs; a row-parallel bias is added once, so every rank holds it.
         bshard = bias_shard or (shard if shard in ("col", "kv") else "rep")
-        ts.append(Tensor(name + ".bias", out_dim, 1, count, bshard, part, False, kv_heads))
+        ts.append(Tensor(name + ".bias", out_dim, 1, count, bshard, part, False, kv_heads, layers, loaded_copy))
     return ts
 
 
 def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = False,
-         hidden: Optional[int] = None) -> list[Tensor]:
+         hidden: Optional[int] = None, layers: tuple[int, ...] = ()) -> list[Tensor]:
     h = hidden or m.hidden_size
     ts: list[Tensor] = []
     if m.gated_mlp:
         if bias:  # gpt-oss stores gate and up fused, with one bias of 2*width
-            ts += _linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True)
+            ts += _linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True, layers=layers)
         else:
-            ts += _linear(f"{prefix}.gate_proj", width, h, count, "col", part)
-            ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part)
+            ts += _linear(f"{prefix}.gate_proj", width, h, count, "col", part, layers=layers)
+            ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, layers=layers)
     else:
-        ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias)
-    ts += _linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias)
+        ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias, layers=layers)
+    ts += _linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias, layers=layers)
     return ts
+
+
+def _by_shape(layers, shape) -> list[tuple[tuple, tuple[int, ...]]]:
+    """`layers` grouped by shape(i), in order of first appearance: [(shape, layers of that shape)]. One group (and
+    no layer list, the part's every layer) where all agree."""
+    groups: dict[tuple, list[int]] = {}
+    for i in layers:
+        groups.setdefault(shape(i), []).append(i)
+    if len(groups) == 1:
+        return [(next(iter(groups)), ())]
+    return [(k, tuple(v)) for k, v in groups.items()]
 
 
 def _conv(channels: int, st, count: int) -> list[Tensor]:
@@ -247,28 +261,32 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
             ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, L, "rep", "norm", False))
             ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, L, "rep", "attention")
     else:
-        d = m.head_dim
-        assert d is not None
-        ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h, L, "col", "attention",
-                      bias=m.qkv_bias)
-        for n in ("k_proj", "v_proj"):
-            ts += _linear(f"attn.{n}", m.num_kv_heads * d, h, L, "kv", "attention", bias=m.qkv_bias, kv_heads=m.num_kv_heads)
-        ts += _linear("attn.o_proj", h, m.num_heads * d, L, "row", "attention", bias=m.o_bias)
-        if m.qk_norm_full:  # across all heads: split with them
-            ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, L, "col", "norm", False))
-            ts.append(Tensor("attn.k_norm", m.num_kv_heads * d, 1, L, "kv", "norm", False, m.num_kv_heads))
-        elif m.qk_norm:
-            ts.append(Tensor("attn.q_norm", d, 1, L, "rep", "norm", False))
-            ts.append(Tensor("attn.k_norm", d, 1, L, "rep", "norm", False))
+        # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
+        shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
+        for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
+            assert d is not None
+            n = len(layers) or L
+            ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h, n, "col", "attention",
+                          bias=m.qkv_bias, layers=layers)
+            ts += _linear("attn.k_proj", kv * d, h, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers)
+            ts += _linear("attn.v_proj", kv * d, h, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers,
+                          loaded_copy=v_from_k)
+            ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
+            if m.qk_norm_full:  # across all heads: split with them
+                ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, n, "col", "norm", False, layers=layers))
+                ts.append(Tensor("attn.k_norm", kv * d, 1, n, "kv", "norm", False, kv, layers=layers))
+            elif m.qk_norm:
+                ts.append(Tensor("attn.q_norm", d, 1, n, "rep", "norm", False, layers=layers))
+                ts.append(Tensor("attn.k_norm", d, 1, n, "rep", "norm", False, layers=layers))
     if m.attention_sinks:
         ts.append(Tensor("attn.sinks", m.num_heads, 1, L, "col", "attention", False))
 
     # MLP / MoE
     moe = m.moe
     mlps = m.mlp_kinds
-    dense_layers = mlps.count("dense")
-    if dense_layers:
-        ts += _mlp("mlp", m, m.intermediate_size, dense_layers, "mlp", bias=m.mlp_bias)
+    dense = tuple(i for i, k in enumerate(mlps) if k == "dense")
+    for (width,), layers in _by_shape(dense, lambda i: (m.layer_intermediate(i),)):
+        ts += _mlp("mlp", m, width, len(layers) or len(dense), "mlp", bias=m.mlp_bias, layers=layers)
     if moe and "moe" in mlps:
         n = mlps.count("moe")
         e = moe.num_experts
@@ -284,11 +302,14 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
             ts += _mlp("moe.shared_experts", m, moe.shared_intermediate, n * moe.shared_experts, "shared_expert")
         if moe.shared_expert_gate:
             ts.append(Tensor("moe.shared_expert_gate", 1, h, n, "rep", "router", True))
+        if moe.router_scales:
+            ts.append(Tensor("moe.router_scales", h + e, 1, n, "rep", "router", False))
 
     # Norms
     per_norm = h * (2 if m.norm_bias else 1)
-    if m.norms_per_layer:
-        ts.append(Tensor("layer_norms", per_norm, 1, m.num_layers * m.norms_per_layer, "rep", "norm", False))
+    norms = sum(m.layer_norms(i) for i in range(m.num_layers))
+    if norms:
+        ts.append(Tensor("layer_norms", per_norm, 1, norms, "rep", "norm", False))
     ts.append(Tensor("final_norm", per_norm, 1, 1, "rep", "norm", False))
 
     if not m.tie_word_embeddings:
@@ -304,13 +325,15 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
 
 def param_count(m: ModelSpec) -> int:
     """Unique parameters of the main model (tied embeddings counted once), computed from the architecture."""
-    return sum(t.numel for t in model_tensors(m))
+    return sum(t.numel for t in model_tensors(m) if not t.loaded_copy)
 
 
 def active_param_count(m: ModelSpec) -> int:
     """Parameters one token uses: all but the routed experts not chosen."""
     total = 0
     for t in model_tensors(m):
+        if t.loaded_copy:
+            continue
         if t.part == "expert" and m.moe:
             total += t.numel * m.moe.experts_per_token // m.moe.num_experts
         elif t.part != "extra":
@@ -359,7 +382,9 @@ def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
     if t.part == "lm_head" or t.name == "final_norm":
         return t.count if last else 0
     mlps = m.mlp_kinds
-    if t.part == "mlp":
+    if t.layers:
+        layers = list(t.layers)
+    elif t.part == "mlp":
         layers = [i for i, k in enumerate(mlps) if k == "dense"]
     elif t.part in ("router", "expert", "shared_expert"):
         layers = [i for i, k in enumerate(mlps) if k == "moe"]
