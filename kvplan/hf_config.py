@@ -325,6 +325,57 @@ def _vision_profile(top: "_Fields", v: "_Fields", family: str, arch: str, d: int
             "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
+def _nas_layers(c: "_Fields", layers: int, hidden: int, heads: int, path: Path | str) -> dict:
+    """A NAS model's blocks (Llama-Nemotron's DeciLM, `block_configs`), as vLLM builds them (nemotron_nas.py):
+    each layer's attention with num_attention_heads / n_heads_in_group KV heads, or none (no_op), and its gated MLP
+    of ffn_mult (2/3 x ffn_mult x hidden, rounded up to a multiple of 256) or intermediate_size, or none; a norm
+    before each of the two that is present. vLLM builds no linear replacement (replace_with_linear) of either."""
+    blocks = c.items("block_configs", lambda b: isinstance(b, dict), "a list of per-layer block objects")
+    if len(blocks) != layers:
+        raise KvplanError(f"{path}: {c.prefix}block_configs lists {len(blocks)} blocks; num_hidden_layers is {layers}")
+    mixers, mlps, kv_heads, widths, norms = [], [], [], [], []
+    for i in range(layers):
+        block = _Fields(blocks[i], path, f"{c.prefix}block_configs.{i}.")
+        attn, ffn = block.section("attention"), block.section("ffn")
+        if attn is None or ffn is None:
+            raise KvplanError(f"{path}: field '{block.prefix}{'attention' if attn is None else 'ffn'}' is missing; "
+                              f"a block_configs entry has attention and ffn")
+        for part in (attn, ffn):
+            if part.flag("replace_with_linear") and not part.flag("no_op"):
+                raise KvplanError(f"{path}: field '{part.prefix}replace_with_linear': vLLM builds no linear "
+                                  f"replacement of a block (nemotron_nas.py), so it does not serve this model")
+        if attn.flag("no_op"):
+            mixers.append("none")
+            kv_heads.append(None)
+        else:
+            group = attn.need("n_heads_in_group")
+            if heads % group:
+                raise KvplanError(f"{path}: field '{attn.prefix}n_heads_in_group': {group} does not divide "
+                                  f"num_attention_heads {heads}")
+            mixers.append("full")
+            kv_heads.append(heads // group)
+        if ffn.flag("no_op"):
+            mlps.append("none")
+            widths.append(None)
+        else:
+            mult = ffn.data.get("ffn_mult")
+            if mult is not None:
+                if isinstance(mult, bool) or not isinstance(mult, (int, float)) or mult <= 0:
+                    raise KvplanError(f"{path}: field '{ffn.prefix}ffn_mult': expected a positive number, found "
+                                      f"{type_name(mult)}")
+                width = int(2 * mult * hidden / 3)
+                width = width if width % 256 == 0 else width + 256 - width % 256
+            else:
+                width = ffn.need("intermediate_size")
+            mlps.append("dense")
+            widths.append(width)
+        norms.append((mixers[-1] != "none") + (mlps[-1] != "none"))
+    # a block without attention (or MLP) takes the largest size of the others, which nothing reads
+    fill = lambda sizes: tuple(max((n for n in sizes if n), default=1) if n is None else n for n in sizes)  # noqa: E731
+    return {"mixers": tuple(mixers), "mlps": tuple(mlps), "norms": tuple(norms), "kv_heads_per_layer": fill(kv_heads),
+            "intermediate_sizes": fill(widths)}
+
+
 def _gemma4_layers(c: "_Fields", pattern: list, layers: int, kv_heads: int, head_dim: int) -> dict:
     """Gemma 4's global (full-attention) layers: heads of global_head_dim, and with attention_k_eq_v no v_proj (V is
     K) and num_global_key_value_heads KV heads. vLLM builds each layer with its own sizes (gemma4.py), loads K into
@@ -421,9 +472,6 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
     elif c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
         raise KvplanError(f"{path}: global_head_dim / num_global_key_value_heads: layers with their own KV heads "
                           f"and head sizes outside Gemma 4 are not modelled")
-    if c.data.get("block_configs") is not None:
-        raise KvplanError(f"{path}: block_configs: per-layer NAS configurations (each layer its own attention and "
-                          f"MLP sizes, some layers without attention) are not modelled yet")
 
 
 def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> dict:
@@ -554,6 +602,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     # ChatGLM / GLM-4 embed padded_vocab_size rows (vocab_size there is the tokenizer's)
     vocab = c.integer("padded_vocab_size", minimum=1) or c.need("vocab_size")
     family = model_type or "unknown"
+    nas = _nas_layers(c, layers, hidden, heads, path) if c.data.get("block_configs") is not None else {}
     falcon = family in ("falcon", "refinedweb", "refinedwebmodel")
 
     if falcon and c.flag("multi_query") and not c.flag("new_decoder_architecture"):
@@ -563,7 +612,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     elif family == "chatglm" and c.flag("multi_query_attention"):
         kv_heads = c.need("multi_query_group_num")
     else:
-        kv_heads = c.integer("num_key_value_heads") or c.integer("num_kv_heads") or heads
+        kv_heads = (c.integer("num_key_value_heads") or c.integer("num_kv_heads")
+                    or max(nas.get("kv_heads_per_layer") or [heads]))
     # transformers' own definition when the config omits it (ChatGLM calls it kv_channels)
     head_dim = c.integer("head_dim") or c.integer("kv_channels") or hidden // heads
     legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox")
@@ -571,6 +621,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                     or c.integer("intermediate_size") or c.integer("ffn_hidden_size")
                     or c.integer("ff_intermediate_size") or c.integer("n_inner")
                     or (4 * hidden if falcon or legacy_mlp else None)
+                    or max(nas.get("intermediate_sizes") or [0]) or None  # a NAS model: its widest layer
                     # a MoE model with no dense layer (Qwen3.5's MoE) has no dense width to give
                     or (c.integer("moe_intermediate_size") if (c.has("num_experts") or c.has("n_routed_experts"))
                         and not c.integer("first_k_dense_replace") else None))
@@ -681,6 +732,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         pattern = ["chunked" if r else "full" for r in rope]
     elif window and c.flag("use_sliding_window") is not False:
         pattern = ["sliding"]
+    # a NAS model's blocks; sizes every layer shares are the model's own
+    out.update({k: v for k, v in nas.items() if k in ("mixers", "mlps", "norms") or len(set(v)) > 1})
     if family in ("gemma4", "gemma4_text") and pattern:
         out.update(_gemma4_layers(c, pattern, layers, kv_heads, head_dim))
     if pattern:

@@ -1,0 +1,113 @@
+"""Layouts read from config.json into the per-layer description: Gemma 4's global layers, NAS block_configs,
+Llama 4's default vision tower, Zamba2's shared attention, linear-attention states. The corpus test checks each
+file's parameter count and KV bytes; these check what it does not: per-layer sizes, the refusals, the state bytes
+per sequence worked by hand, and that the pool and weight figures take the per-layer sizes."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.engine import check_tp, kv_bytes_per_token, kv_layers, state_bytes
+from kvplan.errors import KvplanError
+from kvplan.formats import kv_format
+from kvplan.pool import capacity
+from kvplan.specs import load_gpu, load_model
+from kvplan.weights import param_count, weight_bytes
+
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "hf-corpus"
+EXPECTED = json.loads((CORPUS / "expected.json").read_text())
+
+
+def _write(tmp_path, name, cfg):
+    p = tmp_path / name
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 4: global layers with their own KV heads and head size
+
+
+def test_gemma4_global_layers_sized_apart():
+    m = load_model(str(CORPUS / "google--gemma-4-26B-A4B_config.json"))
+    layers = kv_layers(m, kv_format("auto"))
+    full = [lay for lay in layers if lay.kind == "full"]
+    sliding = [lay for lay in layers if lay.kind == "sliding"]
+    assert len(full) == 5 and len(sliding) == 25
+    assert {lay.bytes_per_token for lay in full} == {2 * 2 * 512 * 2}  # 2 global KV heads of 512, K and V
+    assert {lay.bytes_per_token for lay in sliding} == {8 * 256 * 2 * 2}
+    # at TP 4 the global layers' 2 KV heads are replicated (one per rank), the sliding layers' 8 split in 2s
+    layers4 = kv_layers(m, kv_format("auto"), tp=4)
+    assert {lay.bytes_per_token for lay in layers4 if lay.kind == "full"} == {1 * 512 * 2 * 2}
+    assert {lay.bytes_per_token for lay in layers4 if lay.kind == "sliding"} == {2 * 256 * 2 * 2}
+    check_tp(m, 8)  # 16 heads; 8 and 2 KV heads: 8 divides 8, 8 is a multiple of 2
+
+
+def test_gemma4_v_slot_held_not_counted():
+    # attention_k_eq_v: the checkpoint has no v_proj on the global layers; vLLM allocates the V slot and loads K into
+    # it, so the weights held exceed the parameters by that slot
+    m = load_model(str(CORPUS / "google--gemma-4-26B-A4B_config.json"))
+    assert param_count(m) == EXPECTED["google--gemma-4-26B-A4B_config.json"]["params"]
+    v_slot = 5 * 2 * 512 * 2816  # 5 global layers, 2 KV heads of 512, from hidden 2816
+    assert weight_bytes(m).total == (param_count(m) + v_slot) * 2
+
+
+def test_gemma4_capacity_pages():
+    m = load_model(str(CORPUS / "google--gemma-4-26B-A4B_config.json"))
+    r = capacity(m, load_gpu("h100"), "auto", max_model_len=32768)
+    # a sliding page (16 x 8192 B) is twice a global one (16 x 4096 B): the global layers take 32 tokens a block;
+    # 25 sliding and 5 global layers make groups of 5: five sliding groups and one global
+    assert r.page_bytes == 16 * 8192 and r.num_kv_cache_groups == 6 and r.bytes_per_block == 5 * 16 * 8192
+
+
+def test_gemma4_per_layer_inputs_refused(tmp_path):
+    cfg = json.loads((CORPUS / "google--gemma-4-26B-A4B_config.json").read_text())
+    cfg["text_config"]["hidden_size_per_layer_input"] = 256
+    with pytest.raises(KvplanError, match="hidden_size_per_layer_input") as e:
+        load_model(str(_write(tmp_path, "g4_config.json", cfg)))
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NAS block_configs (Llama-Nemotron Super / Ultra, DeciLM)
+
+NAS = "nvidia--Llama-3_3-Nemotron-Super-49B-v1_config.json"
+
+
+def _nas_without_linear(tmp_path):
+    """The corpus file with its one linear-replacement attention made a no-op (vLLM serves that)."""
+    cfg = json.loads((CORPUS / NAS).read_text())
+    for b in cfg["block_configs"]:
+        if b["attention"]["replace_with_linear"]:
+            b["attention"].update(replace_with_linear=False, no_op=True)
+    return load_model(str(_write(tmp_path, "nas_config.json", cfg)))
+
+
+def test_nas_linear_replacement_refused():
+    # vLLM's DeciLM builds attention from n_heads_in_group (null on a linear replacement): it cannot load the file
+    with pytest.raises(KvplanError, match=r"block_configs\.77\.attention\.replace_with_linear") as e:
+        load_model(str(CORPUS / NAS))
+    assert "\n" not in str(e.value) and "vLLM" in str(e.value)
+
+
+def test_nas_blocks(tmp_path):
+    m = _nas_without_linear(tmp_path)
+    # the hand count of expected.json less the linear replacement (8192 x 8192) and the norm before it
+    assert param_count(m) == EXPECTED[NAS]["params"] - 8192 * 8192 - 8192
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"))) == EXPECTED[NAS]["kv_bytes_per_token_bf16"]
+    assert len(m.attention_layers) == 48 and m.mlp_kinds.count("none") == 1
+    # ffn_mult 5.25 -> int(2 x 5.25 x 8192 / 3) = 28672; 1.95 -> 10649, rounded up to a multiple of 256: 10752
+    assert set(m.intermediate_sizes) == {28672, 14336, 10752, 7168}
+    r = capacity(m, load_gpu("h200"), "auto", tp=2, max_model_len=32768)
+    assert r.fits and r.page_bytes == 16 * 4 * 128 * 2 * 2  # 4 KV heads per rank
+    assert r.bytes_per_block == 48 * r.page_bytes  # one group: the 48 attention layers
+
+
+def test_nas_ffn_intermediate_size(tmp_path):
+    cfg = json.loads((CORPUS / NAS).read_text())
+    cfg["block_configs"] = [{"attention": {"n_heads_in_group": 8, "no_op": False},
+                             "ffn": {"intermediate_size": 1000 + i, "no_op": False}} for i in range(80)]
+    m = load_model(str(_write(tmp_path, "nas2_config.json", cfg)))
+    assert m.intermediate_sizes == tuple(1000 + i for i in range(80)) and m.kv_heads_per_layer is None
+    assert m.num_kv_heads == 8 and m.norms == (2,) * 80
