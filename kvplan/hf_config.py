@@ -231,10 +231,12 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
     linear layers and the position embedding are tensor-parallel, the patch convolution, the norms and Mistral 3's
     patch merger are not. An encoder kvplan cannot size is named in a note and left out."""
     v = top.section("vision_config")
+    arch = (top.text("model_type") or "").lower()
+    if arch == "llama4":  # built from the config class's defaults where the file names no vision_config
+        return _llama4_tower(v or _Fields({}, top.path, "vision_config."), text_hidden)
     if v is None or not v.data:
         return {}, {}, [], None
     kind = (v.text("model_type") or "").lower()
-    arch = (top.text("model_type") or "").lower()
     if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
         return _qwen3_vl_tower(v)
     if kind == "gemma4_vision":
@@ -392,6 +394,39 @@ def _gemma4_layers(c: "_Fields", pattern: list, layers: int, kv_heads: int, head
     if k_eq_v and any(full):
         out["v_from_k"] = tuple(full)
     return out
+
+
+# transformers' Llama4VisionConfig defaults, which vLLM's Llama4ForConditionalGeneration builds the tower from when
+# a config.json has no vision_config (the published Llama 4 files)
+_LLAMA4_VISION = {"hidden_size": 768, "num_hidden_layers": 34, "num_channels": 3, "intermediate_size": 5632,
+                  "vision_output_dim": 7680, "image_size": 448, "patch_size": 14, "projector_input_dim": 4096,
+                  "projector_output_dim": 4096}
+
+
+def _llama4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], None]:
+    """Llama 4's vision tower as vLLM builds it (mllama4.py): an unfold patch embedding (a linear layer without
+    bias), class and position embeddings, pre- and post-LayerNorms, `num_hidden_layers` layers of fused qkv and o
+    (with biases), a GELU MLP (with biases) and two LayerNorms; the pixel-shuffle adapter's two linear layers and the
+    projector to the text width (biases per multi_modal_projector_bias, default none). The linear layers split
+    across TP ranks (mm_encoder_tp_mode "weights"); the embeddings, norms and row-parallel biases do not."""
+    def field(key: str) -> int:
+        value = v.integer(key, minimum=1)
+        return value if value is not None else _LLAMA4_VISION[key]
+
+    d, i, layers = field("hidden_size"), field("intermediate_size"), field("num_hidden_layers")
+    patch, image, channels = field("patch_size"), field("image_size"), field("num_channels")
+    p_in, p_out, out = field("projector_input_dim"), field("projector_output_dim"), field("vision_output_dim")
+    bias = bool(v.flag("multi_modal_projector_bias"))
+    positions = (image // patch) ** 2 + 1
+    sharded = (layers * (4 * d * d + 3 * d + 2 * d * i + i) + channels * patch * patch * d
+               + i * p_in + p_in * p_out + (p_in if bias else 0))
+    rep = layers * (d + d + 4 * d) + d + positions * d + 4 * d + (p_out if bias else 0)
+    notes = ["the vision encoder's profile run (Llama 4) is not modelled: the activation peak counts the language "
+             "model's alone"]
+    if not v.data:
+        notes.append("no vision_config: the vision tower is transformers' Llama4VisionConfig default, which vLLM "
+                     "builds")
+    return ({"vision_tower": sharded, "multimodal_projector": out * text_hidden}, {"vision_tower": rep}, notes, None)
 
 
 def _gemma4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], None]:

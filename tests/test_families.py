@@ -111,3 +111,24 @@ def test_nas_ffn_intermediate_size(tmp_path):
     m = load_model(str(_write(tmp_path, "nas2_config.json", cfg)))
     assert m.intermediate_sizes == tuple(1000 + i for i in range(80)) and m.kv_heads_per_layer is None
     assert m.num_kv_heads == 8 and m.norms == (2,) * 80
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Llama 4: the vision tower vLLM builds from the config class's defaults
+
+SCOUT = "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json"
+
+
+def test_llama4_default_tower(tmp_path):
+    m = load_model(str(CORPUS / SCOUT))
+    e = EXPECTED[SCOUT]
+    assert param_count(m) - e["params_language_model"] == e["params"] - e["params_language_model"]
+    assert any("Llama4VisionConfig default" in n for n in m.notes)
+    # a vision_config of its own replaces the defaults: 2 layers of (768-wide fused qkv and o with biases, a GELU MLP
+    # of 5632 with biases, two LayerNorms) instead of 34
+    cfg = json.loads((CORPUS / SCOUT).read_text())
+    cfg["vision_config"] = {"num_hidden_layers": 2}
+    small = load_model(str(_write(tmp_path, "scout_config.json", cfg)))
+    layer = 4 * 768 * 768 + 4 * 768 + 2 * 768 * 5632 + 5632 + 768 + 4 * 768
+    assert param_count(m) - param_count(small) == 32 * layer
+    assert not any("Llama4VisionConfig default" in n for n in small.notes)
