@@ -446,7 +446,7 @@ def _gemma4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str]
 # architectures whose layers keep a fixed per-sequence state (Mamba, Mamba-2, linear attention, short convolutions)
 # beside or instead of attention: vLLM serves them with its hybrid KV-cache manager, which kvplan does not model yet
 _STATE_SPACE_TYPES = {
-    "zamba": "Zamba (Mamba + shared attention)", "zamba2": "Zamba2 (Mamba-2 + shared attention)",
+    "zamba": "Zamba (Mamba + shared attention)",
     "bamba": "Bamba (Mamba-2 + attention)",
     "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
     "lfm2": "LFM2 (short convolution + attention)",
@@ -613,6 +613,57 @@ def _state_space_model(c: "_Fields", top: "_Fields", family: str, path: Path | s
     }
 
 
+def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
+    """Zamba2, as vLLM builds it (zamba2.py): every layer a Mamba-2 mixer with its norm; the `hybrid` layers of
+    layers_block_type also run one of num_mem_blocks shared transformer blocks (attention over the hidden state
+    concatenated with the embeddings, 2 x hidden wide, in attention_head_dim heads, and a gated GELU MLP), each
+    such layer with its own KV cache, output projection and LoRA adapters. kvplan lays a hybrid layer out as two: the
+    shared block's attention and MLP, then the Mamba-2 mixer; the layer count is so the figure's, not vLLM's."""
+    blocks = c.items("layers_block_type", lambda t: t in ("mamba", "hybrid"), 'a list of "mamba" / "hybrid"')
+    layers = c.need("num_hidden_layers")
+    if not blocks or len(blocks) != layers:
+        raise KvplanError(f"{path}: field '{c.prefix}layers_block_type' is missing or does not list "
+                          f"num_hidden_layers ({layers}) blocks; Zamba2 names each layer's block there")
+    hidden, heads = c.need("hidden_size"), c.need("num_attention_heads")
+    width = c.integer("attention_hidden_size", minimum=1) or 2 * hidden  # Zamba2Config's defaults
+    head_dim = c.integer("attention_head_dim", minimum=1) or width // heads
+    if head_dim * heads != width:
+        raise KvplanError(f"{path}: attention_hidden_size {width} is not num_attention_heads {heads} x "
+                          f"attention_head_dim {head_dim} (vLLM refuses it)")
+    mixers, mlps, norms = [], [], []
+    for b in blocks:
+        if b == "hybrid":
+            mixers.append("full"), mlps.append("dense"), norms.append(0)  # the shared block's norms are its own
+        mixers.append("state"), mlps.append("none"), norms.append(1)
+    expand = c.integer("mamba_expand", minimum=1) or 2
+    mamba_heads, mamba_head_dim = c.need("n_mamba_heads"), c.integer("mamba_headdim", minimum=1) or 64
+    if mamba_heads * mamba_head_dim != expand * hidden:
+        raise KvplanError(f"{path}: n_mamba_heads x mamba_headdim ({mamba_heads} x {mamba_head_dim}) is not "
+                          f"mamba_expand x hidden_size ({expand} x {hidden})")
+    use_adapters = c.flag("use_shared_attention_adapter")
+    tied = c.flag("tie_word_embeddings")
+    dtype, notes = _served_dtype(c.text("torch_dtype") or c.text("dtype"))
+    return {
+        "name": top.text("_name_or_path") or _name_from_path(path), "family": "zamba2", "num_layers": len(mixers),
+        "hidden_size": hidden, "intermediate_size": c.integer("intermediate_size", minimum=1) or 4 * hidden,
+        "num_heads": heads, "num_kv_heads": c.integer("num_key_value_heads", minimum=1) or heads,
+        "head_dim": head_dim, "vocab_size": c.need("vocab_size"),
+        "tie_word_embeddings": True if tied is None else tied,
+        "max_position_embeddings": c.integer("max_position_embeddings", minimum=1) or 4096,
+        "dtype": dtype, "weight_dtype": dtype, "mixers": tuple(mixers), "mlps": tuple(mlps), "norms": tuple(norms),
+        "shared_attention": {"blocks": c.integer("num_mem_blocks", minimum=1) or 1, "input_size": width,
+                             "adapter_rank": c.integer("adapter_rank", minimum=1) or 128,
+                             "attention_adapters": bool(use_adapters)},
+        "state": {"kind": "mamba2", "num_heads": mamba_heads, "head_dim": mamba_head_dim,
+                  "state_size": c.integer("mamba_d_state", minimum=1) or 64,
+                  "n_groups": c.integer("mamba_ngroups", minimum=1) or 1,
+                  "conv_kernel": c.integer("mamba_d_conv", minimum=1) or 4,
+                  "conv_bias": c.flag("use_conv_bias") is not False, "proj_bias": bool(c.flag("add_bias_linear"))},
+        "notes": notes + [f"each of the {blocks.count('hybrid')} hybrid layers is laid out as two, the shared "
+                          f"attention block and the Mamba-2 mixer"],
+    }
+
+
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if not isinstance(cfg, dict):
         raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
@@ -624,6 +675,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         c = text_config
         model_type = (c.text("model_type") or model_type).lower()
 
+    if model_type == "zamba2":
+        return _zamba2_model(c, top, path)
     _refuse_unmodelled_layers(top, c, model_type, path)
     if model_type in _STATE_SPACE_MODELS:
         return _state_space_model(c, top, model_type, path)

@@ -135,6 +135,19 @@ class StateSpec(_Frozen):
         return self.inner + 2 * self.n_groups * self.state_size
 
 
+class SharedAttentionSpec(_Frozen):
+    """Attention blocks whose weights the attention layers share in turn (Zamba2's num_mem_blocks): `blocks` copies
+    of an attention layer and its MLP, which read the hidden state concatenated with the input embeddings
+    (input_size wide, normed there). Each layer using one keeps its own KV cache, a projection of the block's output
+    (hidden x hidden) and LoRA adapters of adapter_rank on the MLP's gate and up (and on q, k and v with
+    attention_adapters)."""
+
+    blocks: int = Field(gt=0)
+    input_size: int = Field(gt=0)
+    adapter_rank: Optional[int] = Field(None, gt=0)
+    attention_adapters: bool = False
+
+
 class VisionSpec(_Frozen):
     """A vision encoder as vLLM's profile run exercises it: one dummy item at the processor's largest size."""
 
@@ -177,6 +190,7 @@ class ModelSpec(_Frozen):
     moe: Optional[MoESpec] = None
     vision: Optional[VisionSpec] = None
     state: Optional[StateSpec] = None
+    shared_attention: Optional[SharedAttentionSpec] = None
     mixers: Optional[tuple[MixerKind, ...]] = Field(
         None, description="each layer's mixer, where layers differ beyond the attention pattern (hybrids)")
     mlps: Optional[tuple[MlpKind, ...]] = Field(
@@ -246,6 +260,9 @@ class ModelSpec(_Frozen):
             for kind, size in (("sliding", self.attention.sliding_window), ("chunked", self.attention.chunk_size)):
                 if kind in self.mixers and size is None:
                     raise ValueError(f"a '{kind}' layer needs attention.{'sliding_window' if kind == 'sliding' else 'chunk_size'}")
+        if self.shared_attention is not None and any(
+                mlp == "dense" and mixer not in ATTENTION_KINDS for mixer, mlp in zip(self.layer_kinds, self.mlp_kinds)):
+            raise ValueError("with shared_attention, only the attention layers (the shared blocks) have a dense MLP")
         if self.mlps is not None and "moe" in self.mlps and self.moe is None:
             raise ValueError("a 'moe' layer needs moe (experts, experts_per_token, ...)")
         return self

@@ -263,13 +263,17 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     else:
         # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
         shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
+        shared = m.shared_attention
+        h_in = shared.input_size if shared else h
         for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
             assert d is not None
             n = len(layers) or L
-            ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h, n, "col", "attention",
-                          bias=m.qkv_bias, layers=layers)
-            ts += _linear("attn.k_proj", kv * d, h, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers)
-            ts += _linear("attn.v_proj", kv * d, h, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers,
+            if shared:  # the layers share `blocks` copies of the weights
+                n, layers = min(n, shared.blocks), ()
+            ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
+                          "attention", bias=m.qkv_bias, layers=layers)
+            ts += _linear("attn.k_proj", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers)
+            ts += _linear("attn.v_proj", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers,
                           loaded_copy=v_from_k)
             ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
             if m.qk_norm_full:  # across all heads: split with them
@@ -280,13 +284,29 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
                 ts.append(Tensor("attn.k_norm", d, 1, n, "rep", "norm", False, layers=layers))
     if m.attention_sinks:
         ts.append(Tensor("attn.sinks", m.num_heads, 1, L, "col", "attention", False))
+    shared = m.shared_attention
+    if shared and L:
+        # each layer's own: the projection of the shared block's output (whole on every rank) and the LoRA adapters
+        ts += _linear("shared.projection", h, h, L, "rep", "attention")
+        if shared.adapter_rank:
+            r = shared.adapter_rank
+            ts += _linear("shared.gate_up_adapter.A", r, h, L, "col", "mlp")
+            ts += _linear("shared.gate_up_adapter.B", 2 * m.intermediate_size, r, L, "col", "mlp")
+            if shared.attention_adapters:
+                ts += _linear("shared.qkv_adapters.A", r, shared.input_size, 3 * L, "col", "attention")
+                ts += _linear("shared.qkv_adapters.B", shared.input_size, r, 3 * L, "col", "attention")
+        # the shared blocks' norms: before attention (input_size wide) and before the MLP
+        ts.append(Tensor("shared.norms", shared.input_size + h, 1, min(L, shared.blocks), "rep", "norm", False))
 
     # MLP / MoE
     moe = m.moe
     mlps = m.mlp_kinds
     dense = tuple(i for i, k in enumerate(mlps) if k == "dense")
     for (width,), layers in _by_shape(dense, lambda i: (m.layer_intermediate(i),)):
-        ts += _mlp("mlp", m, width, len(layers) or len(dense), "mlp", bias=m.mlp_bias, layers=layers)
+        n = len(layers) or len(dense)
+        if m.shared_attention:  # the MLPs of the shared attention blocks
+            n, layers = min(n, m.shared_attention.blocks), ()
+        ts += _mlp("mlp", m, width, n, "mlp", bias=m.mlp_bias, layers=layers)
     if moe and "moe" in mlps:
         n = mlps.count("moe")
         e = moe.num_experts

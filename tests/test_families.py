@@ -132,3 +132,41 @@ def test_llama4_default_tower(tmp_path):
     layer = 4 * 768 * 768 + 4 * 768 + 2 * 768 * 5632 + 5632 + 768 + 4 * 768
     assert param_count(m) - param_count(small) == 32 * layer
     assert not any("Llama4VisionConfig default" in n for n in small.notes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Zamba2: Mamba-2 in every layer, shared attention blocks in the hybrid ones
+
+ZAMBA2 = "Zyphra--Zamba2-2.7B_config.json"
+
+
+def test_zamba2_layers_and_state():
+    m = load_model(str(CORPUS / ZAMBA2))
+    assert len(m.state_layers) == 54 and len(m.attention_layers) == 9
+    assert m.shared_attention.blocks == 2 and m.head_dim == 160  # 2 x 2560 wide over 32 heads
+    layers = kv_layers(m, kv_format("auto"))
+    assert kv_bytes_per_token(layers) == 9 * 2 * 32 * 160 * 2
+    # by hand, as vLLM's MambaSpec holds it: conv state (kernel 4 - 1) x (5120 + 2 x 1 x 64) channels, SSM state
+    # 80 heads x 64 x 64, all in bf16
+    per_layer = 3 * 5248 * 2 + 80 * 64 * 64 * 2
+    assert sum(state_bytes(m)) == per_layer == 686848
+    assert sum(lay.fixed_bytes for lay in layers if lay.kind == "state") == 54 * per_layer
+    # TP 2: the single B/C group is replicated to both ranks, the heads split
+    assert state_bytes(m, tp=2) == (3 * (5120 + 2 * 2 * 64) // 2 * 2, 40 * 64 * 64 * 2)
+
+
+def test_zamba2_pool():
+    m = load_model(str(CORPUS / ZAMBA2))
+    r = capacity(m, load_gpu("h100"), "auto")
+    # the attention block grows to 16 x cdiv(686848, 16 x 20480) = 48 tokens; 9 attention and 54 state layers make
+    # groups of 9: one attention group and six state groups
+    assert r.block_size == 48 and r.num_kv_cache_groups == 7 and r.bytes_per_block == 9 * 48 * 20480
+    assert r.state_layers == 54 and r.state_bytes_per_sequence == 54 * 686848
+
+
+def test_zamba2_attention_adapters(tmp_path):
+    # use_shared_attention_adapter: LoRA adapters (rank 128) on q, k and v of each hybrid layer, 5120 -> 128 -> 5120
+    cfg = json.loads((CORPUS / ZAMBA2).read_text())
+    cfg["use_shared_attention_adapter"] = True
+    m = load_model(str(_write(tmp_path, "z_config.json", cfg)))
+    assert param_count(m) - EXPECTED[ZAMBA2]["params"] == 9 * 3 * 2 * 128 * 5120
