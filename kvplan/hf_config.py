@@ -450,8 +450,7 @@ _STATE_SPACE_TYPES = {
     "bamba": "Bamba (Mamba-2 + attention)",
     "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
     "lfm2": "LFM2 (short convolution + attention)",
-    "plamo2": "PLaMo 2 (Mamba + attention)", "minimax_text_01": "MiniMax-Text-01 (lightning attention)",
-    "minimax_m1": "MiniMax-M1 (lightning attention)", "kimi_linear": "Kimi Linear (KDA linear attention)",
+    "plamo2": "PLaMo 2 (Mamba + attention)",
 }
 # hybrids kvplan reads layer by layer (_hybrid_layers)
 _HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
@@ -469,7 +468,7 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
         mt = (f.text("model_type") or "").lower()
         if mt in _STATE_SPACE_TYPES:
             refuse(f"model_type '{mt}' is {_STATE_SPACE_TYPES[mt]}")
-    if model_type in _HYBRIDS_READ:
+    if model_type in _HYBRIDS_READ or model_type in _MINIMAX_LINEAR:
         return
     pattern = c.text("hybrid_override_pattern")
     if pattern and "M" in pattern:
@@ -613,6 +612,34 @@ def _state_space_model(c: "_Fields", top: "_Fields", family: str, path: Path | s
     }
 
 
+_MINIMAX_LINEAR = {"minimax", "minimax_text_01", "minimax_m1"}
+
+
+def _lightning_layers(c: "_Fields", model_type: str, path: Path | str) -> dict:
+    """MiniMax-Text-01 / MiniMax-M1: softmax attention layers (1 in attn_type_list, or full_attention in
+    layer_types) between lightning linear-attention layers (0, linear_attention), each keeping one head_dim x
+    head_dim state per head (vLLM's minimax_text_01.py, served up to vLLM 0.22: 0.23 removed it)."""
+    if model_type not in _MINIMAX_LINEAR:
+        return {}
+    layers = c.need("num_hidden_layers")
+    kinds = c.items("attn_type_list", lambda t: t in (0, 1), "a list of 0 (linear) and 1 (softmax attention)")
+    if kinds is None:
+        types = c.items("layer_types", lambda t: t in ("linear_attention", "full_attention"),
+                        'a list of "linear_attention" / "full_attention"')
+        kinds = [1 if t == "full_attention" else 0 for t in types] if types else [1] * layers
+    if len(kinds) != layers:
+        raise KvplanError(f"{path}: {c.prefix}attn_type_list lists {len(kinds)} layers; num_hidden_layers is {layers}")
+    heads = c.need("num_attention_heads")
+    head_dim = c.integer("head_dim", minimum=1) or c.need("hidden_size") // heads
+    if c.integer("shared_intermediate_size"):
+        raise KvplanError(f"{path}: {c.prefix}shared_intermediate_size: MiniMax's shared MLP beside the experts is "
+                          f"not modelled yet")
+    return {"mixers": tuple("full" if k else "state" for k in kinds),
+            "state": {"kind": "lightning", "num_heads": heads, "head_dim": head_dim, "state_size": head_dim,
+                      "conv_kernel": 1, "conv_bias": False},
+            "vllm_until": "0.22"}
+
+
 def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
     """Zamba2, as vLLM builds it (zamba2.py): every layer a Mamba-2 mixer with its norm; the `hybrid` layers of
     layers_block_type also run one of num_mem_blocks shared transformer blocks (attention over the hidden state
@@ -677,6 +704,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
 
     if model_type == "zamba2":
         return _zamba2_model(c, top, path)
+    lightning = _lightning_layers(c, model_type, path)
     _refuse_unmodelled_layers(top, c, model_type, path)
     if model_type in _STATE_SPACE_MODELS:
         return _state_space_model(c, top, model_type, path)
@@ -820,6 +848,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         pattern = ["chunked" if r else "full" for r in rope]
     elif window and c.flag("use_sliding_window") is not False:
         pattern = ["sliding"]
+    if lightning:
+        out.update(lightning)
+        layer_types = None
     # a NAS model's blocks; sizes every layer shares are the model's own
     out.update({k: v for k, v in nas.items() if k in ("mixers", "mlps", "norms") or len(set(v)) > 1})
     if family in ("gemma4", "gemma4_text") and pattern:

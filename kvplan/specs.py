@@ -105,9 +105,11 @@ class MoESpec(_Frozen):
 class StateSpec(_Frozen):
     """The mixer of a layer that keeps a fixed state per sequence instead of a growing KV cache: Mamba-2 (heads x
     head_dim channels, n_groups groups of a state_size-wide SSM state), gated delta net (value heads x value head
-    dim, n_groups key heads of state_size-wide keys) or Mamba (one intermediate_size-wide channel set)."""
+    dim, n_groups key heads of state_size-wide keys), Mamba (one intermediate_size-wide channel set), lightning
+    attention (MiniMax: heads of a head_dim x state_size key-value state, no convolution) or Kimi delta attention
+    (KDA: heads of head_dim x state_size, short convolutions on q, k and v)."""
 
-    kind: Literal["mamba2", "gdn", "mamba"]
+    kind: Literal["mamba2", "gdn", "mamba", "lightning", "kda"]
     num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads")
     head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim")
     state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim")
@@ -130,6 +132,10 @@ class StateSpec(_Frozen):
 
     @property
     def conv_channels(self) -> int:
+        if self.kind == "lightning":
+            return 0
+        if self.kind == "kda":  # q, k and v each convolved
+            return 3 * self.inner
         if self.kind == "mamba":
             return self.inner
         return self.inner + 2 * self.n_groups * self.state_size
@@ -231,6 +237,8 @@ class ModelSpec(_Frozen):
     notes: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     origin: Optional[str] = Field(None, description="how this spec was found, when it stands in for the one named")
+    vllm_until: Optional[str] = Field(None, description="the last vLLM release that serves this architecture, where "
+                                      "a later one removed it")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":

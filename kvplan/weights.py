@@ -218,6 +218,11 @@ def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
             ts.append(Tensor(f"linear_attn.{name}", st.num_heads, 1, count, "col", "state", False))
         ts.append(Tensor("linear_attn.norm", st.head_dim, 1, count, "rep", "state", False))
         ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
+    elif st.kind == "lightning":  # MiniMax's linear attention (MiniMaxText01LinearAttention)
+        ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
+        ts += _linear("linear_attn.output_gate", inner, h, count, "col", "state")
+        ts.append(Tensor("linear_attn.norm", inner, 1, count, "col", "state", False))
+        ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
     else:  # Mamba
         rank = st.dt_rank or -(-h // 16)
         ts += _linear("mixer.in_proj", 2 * inner, h, count, "col", "state", bias=st.proj_bias)

@@ -170,3 +170,30 @@ def test_zamba2_attention_adapters(tmp_path):
     cfg["use_shared_attention_adapter"] = True
     m = load_model(str(_write(tmp_path, "z_config.json", cfg)))
     assert param_count(m) - EXPECTED[ZAMBA2]["params"] == 9 * 3 * 2 * 128 * 5120
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MiniMax-M1: lightning attention layers with a fixed per-head state
+
+MINIMAX = "MiniMaxAI--MiniMax-M1-80k_config.json"
+
+
+def test_minimax_lightning_state():
+    m = load_model(str(CORPUS / MINIMAX))
+    assert len(m.attention_layers) == 10 and len(m.state_layers) == 70 and m.state.kind == "lightning"
+    # by hand, as vLLM's linear_attention_state_shape holds it: 64 heads x 128 x 128 in the model dtype, no conv
+    assert state_bytes(m) == (0, 64 * 128 * 128 * 2)
+    assert state_bytes(m, tp=8) == (0, 8 * 128 * 128 * 2)
+    layers = kv_layers(m, kv_format("auto"))
+    assert sum(lay.fixed_bytes for lay in layers) == 70 * 64 * 128 * 128 * 2 == \
+        EXPECTED[MINIMAX]["state_bytes_per_sequence_bf16"]
+
+
+def test_minimax_served_up_to_022():
+    m = load_model(str(CORPUS / MINIMAX))
+    with pytest.raises(KvplanError, match=r"up to 0\.22") as e:
+        capacity(m, load_gpu("h200"), "auto", tp=8)
+    assert "\n" not in str(e.value)
+    r = capacity(m, load_gpu("h200"), "auto", tp=8, engine_version="0.20", max_model_len=131072)
+    # at TP 8 an attention layer holds 1 KV head (512 B a token) and a state page 262144 B: blocks of 512 tokens
+    assert r.fits and r.block_size == 512 and r.state_bytes_per_sequence == 70 * 262144
