@@ -170,6 +170,7 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
         return sized[key]
 
     out = []
+    indexers = frozenset(model.indexer_layers)
     state = sum(state_bytes(model, tp, ssm_default))
     for i, kind in enumerate(model.layer_kinds):
         if kind == "state":  # a fixed state per sequence, in its own dtype whatever the KV cache dtype
@@ -181,9 +182,11 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
         b, auto_bytes = per_token(f, i), per_token(auto, i)
         if model.mla is not None and model.mla.index_head_dim:
             # sparse attention: the latent cache grows with the sequence but a step reads the index_topk best
-            # tokens; the indexer's own keys are a second cache of the layer, all of them read every step
+            # tokens; the indexer's own keys are a second cache of the layer, all of them read every step (a layer
+            # reusing an earlier indexer's choice has none)
             out.append(LayerKV(i, kind, model.mla.index_topk, f.name, b))
-            out.append(LayerKV(i, kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
+            if i in indexers:
+                out.append(LayerKV(i, kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
             continue
         out.append(LayerKV(
             i, kind, model.window_of(kind), f.name, b,

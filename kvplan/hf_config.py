@@ -327,6 +327,24 @@ def _vision_profile(top: "_Fields", v: "_Fields", family: str, arch: str, d: int
             "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
+def _indexed_layers(c: "_Fields", layers: int, path: Path | str) -> tuple[bool, ...]:
+    """The layers vLLM builds a DeepSeek sparse-attention indexer in (deepseek_v2.py / deepseek_v32, IndexCache):
+    with index_topk_pattern, those marked other than "S"; else those where max(layer - index_skip_topk_offset + 1,
+    0) is a multiple of index_topk_freq (1 and 2 by default: every layer). The others reuse the top-k of the last
+    indexer before them, and vLLM drops their indexer weights. (indexer_types, where a config has it, says the same
+    in words; vLLM does not read it.)"""
+    pattern = c.data.get("index_topk_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, (str, list)) or len(pattern) != layers:
+            raise KvplanError(f"{path}: field '{c.prefix}index_topk_pattern': expected one letter per layer "
+                              f"({layers}), found {type_name(pattern)}")
+        return tuple(p != "S" for p in pattern)
+    freq = c.integer("index_topk_freq", minimum=1) or 1
+    offset = c.integer("index_skip_topk_offset")
+    offset = 2 if offset is None else offset
+    return tuple(max(i - offset + 1, 0) % freq == 0 for i in range(layers))
+
+
 def _nas_layers(c: "_Fields", layers: int, hidden: int, heads: int, path: Path | str) -> dict:
     """A NAS model's blocks (Llama-Nemotron's DeciLM, `block_configs`), as vLLM builds them (nemotron_nas.py):
     each layer's attention with num_attention_heads / n_heads_in_group KV heads, or none (no_op), and its gated MLP
@@ -494,8 +512,6 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
                           f"does not size yet")
     if c.data.get("index_n_heads") is not None and not c.has("kv_lora_rank"):
         raise KvplanError(f"{path}: index_n_heads: an indexed sparse attention without MLA is not modelled")
-    if c.data.get("indexer_types") is not None or c.data.get("index_topk_freq") is not None:
-        raise KvplanError(f"{path}: indexer_types / index_topk_freq: an indexer on some layers only is not modelled")
     if model_type.startswith("gemma4"):
         if c.integer("hidden_size_per_layer_input"):
             raise KvplanError(f"{path}: {c.prefix}hidden_size_per_layer_input: Gemma 4's per-layer input embeddings "
@@ -869,6 +885,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                                                 "qk_nope_head_dim", "v_head_dim")}
         if c.integer("index_n_heads"):
             out["mla"].update({k: c.need(k) for k in ("index_n_heads", "index_head_dim", "index_topk")})
+            indexed = _indexed_layers(c, layers, path)
+            if not all(indexed):
+                out["indexed"] = indexed
         out["head_dim"] = None
 
     # MoE

@@ -209,6 +209,9 @@ class ModelSpec(_Frozen):
     v_from_k: Optional[tuple[bool, ...]] = Field(
         None, description="layers whose checkpoint has no v_proj, V being K (Gemma 4's attention_k_eq_v global "
         "layers): vLLM still allocates the V slot and loads K into it, and caches K and V apart")
+    indexed: Optional[tuple[bool, ...]] = Field(
+        None, description="layers with a sparse-attention indexer of their own, where only some have one (the others "
+        "reuse the top-k an earlier indexer chose: index_topk_freq)")
     intermediate_sizes: Optional[tuple[int, ...]] = Field(
         None, description="each layer's dense MLP width, where layers differ (NAS models' ffn_mult)")
     norms: Optional[tuple[int, ...]] = Field(
@@ -249,7 +252,7 @@ class ModelSpec(_Frozen):
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
         for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps), ("kv_heads_per_layer", self.kv_heads_per_layer),
-                            ("head_dims", self.head_dims), ("v_from_k", self.v_from_k),
+                            ("head_dims", self.head_dims), ("v_from_k", self.v_from_k), ("indexed", self.indexed),
                             ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms)):
             if kinds is not None and len(kinds) != self.num_layers:
                 raise ValueError(f"{name} lists {len(kinds)} layers; the model has {self.num_layers}")
@@ -312,6 +315,13 @@ class ModelSpec(_Frozen):
     def layer_intermediate(self, i: int) -> int:
         """Layer i's dense MLP width."""
         return self.intermediate_sizes[i] if self.intermediate_sizes is not None else self.intermediate_size
+
+    @property
+    def indexer_layers(self) -> tuple[int, ...]:
+        """The attention layers holding a sparse-attention indexer (and its key cache)."""
+        if self.mla is None or not self.mla.index_head_dim:
+            return ()
+        return tuple(i for i in self.attention_layers if self.indexed is None or self.indexed[i])
 
     def layer_norms(self, i: int) -> int:
         return self.norms[i] if self.norms is not None else self.norms_per_layer

@@ -261,10 +261,12 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
         if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
             dq = a.q_lora_rank or h
-            ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, L, "rep", "attention")
-            ts += _linear("attn.indexer.wk", a.index_head_dim, h, L, "rep", "attention")
-            ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, L, "rep", "norm", False))
-            ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, L, "rep", "attention")
+            indexed = m.indexer_layers
+            n, at = len(indexed), (indexed if len(indexed) < L else ())
+            ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, n, "rep", "attention", layers=at)
+            ts += _linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
+            ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
+            ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
     else:
         # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
         shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731

@@ -197,3 +197,25 @@ def test_minimax_served_up_to_022():
     r = capacity(m, load_gpu("h200"), "auto", tp=8, engine_version="0.20", max_model_len=131072)
     # at TP 8 an attention layer holds 1 KV head (512 B a token) and a state page 262144 B: blocks of 512 tokens
     assert r.fits and r.block_size == 512 and r.state_bytes_per_sequence == 70 * 262144
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GLM-5.2: a DSA indexer every index_topk_freq layers (the others reuse its top-k)
+
+
+def test_glm52_indexer_every_fourth_layer():
+    m = load_model(str(CORPUS / "zai-org--GLM-5.2_config.json"))
+    # index_topk_freq 4, index_skip_topk_offset 3: layers 0, 1, 2, then 6, 10, ..., 74 (the config's indexer_types
+    # names the same 21 'full')
+    cfg = json.loads((CORPUS / "zai-org--GLM-5.2_config.json").read_text())
+    assert m.indexer_layers == tuple(i for i, t in enumerate(cfg["indexer_types"]) if t == "full")
+    assert len(m.indexer_layers) == 21
+    layers = kv_layers(m, kv_format("auto"))
+    indexer = [lay for lay in layers if lay.format == "indexer"]
+    assert [lay.index for lay in indexer] == list(m.indexer_layers)
+    assert kv_bytes_per_token(indexer) == 21 * (128 + 4)  # fp8 keys and a 4-byte scale per 128
+    # the 57 layers without an indexer hold none of its weights: wq_b (32 x 128 from 2048), wk (128 from 6144),
+    # k_norm (weight and bias of 128) and weights_proj (32 from 6144)
+    full = load_model(str(CORPUS / "zai-org--GLM-5.1_config.json"))
+    per_layer = 32 * 128 * 2048 + 128 * 6144 + 2 * 128 + 32 * 6144
+    assert param_count(full) - param_count(m) == 57 * per_layer
