@@ -327,6 +327,48 @@ def _vision_profile(top: "_Fields", v: "_Fields", family: str, arch: str, d: int
             "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
+# ModelOpt's per-layer algorithms, as vLLM 0.33's MIXED_PRECISION config stores them (W4A16_NVFP4 packs as NVFP4)
+_MODELOPT_FORMATS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "FP8_PB_WO": "fp8_block128",
+                     "FP8_BLOCK": "fp8_block128"}
+
+
+def _modelopt_mixed(q: "_Fields", path: Path | str) -> dict:
+    """A ModelOpt MIXED_PRECISION checkpoint: quantized_layers names each linear layer's algorithm, which vLLM
+    (ModelOptMixedPrecisionConfig) loads layer by layer; a layer it does not name stays in the model dtype. kvplan
+    reads one format for the MLPs and experts, one for the attention and state mixers, and the LM head's."""
+    layers = q.section("quantized_layers")
+    if layers is None or not layers.data:
+        raise KvplanError(f"{path}: field '{q.prefix}quantized_layers' is missing; a ModelOpt MIXED_PRECISION "
+                          f"checkpoint names each layer's algorithm there")
+    found: dict[str, set] = {"mlp": set(), "attention": set(), "lm_head": set()}
+    for name in layers.data:
+        entry = layers.section(name)
+        algo = ((entry.text("quant_algo") if entry is not None else None) or "").upper()
+        if algo not in _MODELOPT_FORMATS:
+            raise KvplanError(f"{path}: {q.prefix}quantized_layers.{name}: ModelOpt quant_algo '{algo or '?'}' is "
+                              f"not modelled; pass --weight-dtype")
+        role = ("lm_head" if name.endswith("lm_head") else
+                "mlp" if any(k in name for k in (".mlp", "expert", "feed_forward")) else
+                "attention" if any(k in name for k in ("attn", "mixer", "attention")) else None)
+        if role is None:
+            raise KvplanError(f"{path}: {q.prefix}quantized_layers.{name}: kvplan cannot tell whether this layer "
+                              f"is attention or MLP; pass --weight-dtype")
+        found[role].add(_MODELOPT_FORMATS[algo])
+    for role, fmts in found.items():
+        if len(fmts) > 1:
+            raise KvplanError(f"{path}: {q.prefix}quantized_layers mixes {', '.join(sorted(fmts))} across the "
+                              f"{role} layers; kvplan sizes one format per kind of layer: pass --weight-dtype")
+    one = lambda role: next(iter(found[role]), None)  # noqa: E731
+    out: dict[str, Any] = {}
+    if one("mlp"):
+        out.update(weight_dtype=one("mlp"), weight_scope="mlp", attention_weight_dtype=one("attention"))
+    elif one("attention"):
+        out.update(weight_dtype=one("attention"))
+    if one("lm_head"):
+        out["lm_head_weight_dtype"] = one("lm_head")
+    return out
+
+
 def _indexed_layers(c: "_Fields", layers: int, path: Path | str) -> tuple[bool, ...]:
     """The layers vLLM builds a DeepSeek sparse-attention indexer in (deepseek_v2.py / deepseek_v32, IndexCache):
     with index_topk_pattern, those marked other than "S"; else those where max(layer - index_skip_topk_offset + 1,
@@ -800,15 +842,17 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             out["weight_dtype"] = compressed_tensors_format(q, path)
         elif method == "modelopt":
             algo = (q.text("quant_algo") or "").upper()
-            formats = {"FP8": "fp8", "NVFP4": "nvfp4", "FP8_PB_WO": "fp8_block128", "FP8_BLOCK": "fp8_block128"}
-            if algo not in formats:
+            if algo == "MIXED_PRECISION":
+                out.update(_modelopt_mixed(q, path))
+            elif algo not in _MODELOPT_FORMATS:
                 raise KvplanError(f"{path}: ModelOpt quant_algo '{algo or '?'}' is not modelled; use the unquantized "
                                   f"config and pass --weight-dtype (fp8, nvfp4, ...)")
-            out["weight_dtype"] = formats[algo]
+            else:
+                out["weight_dtype"] = _MODELOPT_FORMATS[algo]
             # hf_quant_config.json names them exclude_modules, a config.json's quantization_config ignore
             excluded = (q.items("exclude_modules", lambda x: isinstance(x, str), "a list of module names")
                         or q.items("ignore", lambda x: isinstance(x, str), "a list of module names") or [])
-            if sum(1 for x in excluded if "self_attn" in x or ".attn" in x) >= layers:
+            if algo != "MIXED_PRECISION" and sum(1 for x in excluded if "self_attn" in x or ".attn" in x) >= layers:
                 out["weight_scope"] = "mlp"  # every layer's attention kept in the model dtype
         elif method in ("awq", "gptq"):
             bits = bits or 4

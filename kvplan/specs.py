@@ -188,6 +188,11 @@ class ModelSpec(_Frozen):
         "linear", description="which tensors weight_dtype covers: every decoder linear layer, MoE experts only, or "
         "the MLPs and experts (attention left in the model dtype)"
     )
+    attention_weight_dtype: Optional[str] = Field(
+        None, description="with weight_scope 'mlp': the checkpoint format of the attention and state-mixer linear "
+        "layers (a ModelOpt MIXED_PRECISION checkpoint's FP8 attention); None: the model dtype")
+    lm_head_weight_dtype: Optional[str] = Field(None, description="the LM head's checkpoint format, where it is "
+                                                "quantized (ModelOpt MIXED_PRECISION)")
     declared_params: Optional[int] = Field(None, gt=0)
     checkpoint_params: Optional[int] = Field(None, gt=0, description="elements in the checkpoint's safetensors "
                                              "headers, where a local snapshot has them")

@@ -376,8 +376,27 @@ def _quantized(m: ModelSpec, t: Tensor, scope: str) -> bool:
     return scope == "linear" or t.part == "expert"
 
 
-def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: int, fmt: WeightFormat, scope: str) -> int:
+def _own_format(m: ModelSpec, t: Tensor) -> Optional[WeightFormat]:
+    """The format a checkpoint of mixed formats keeps `t` in, where it is not weight_dtype's scope."""
+    if t.name == "lm_head" and m.lm_head_weight_dtype:
+        return weight_format(m.lm_head_weight_dtype)
+    if not t.is_matrix:
+        return None
+    if t.part in ("attention", "state") and m.weight_scope == "mlp" and m.attention_weight_dtype:
+        # a gated delta net's b and a projections (one output per head) are not among the layers a ModelOpt
+        # MIXED_PRECISION checkpoint quantizes: vLLM keeps them in the model dtype
+        return weight_format(m.dtype if t.name == "linear_attn.in_proj_ba" else m.attention_weight_dtype)
+    return None
+
+
+def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: int, fmt: WeightFormat, scope: str,
+                          mixed: bool = False) -> int:
+    """One rank's bytes of `t` in `fmt` over `scope`; with `mixed`, the checkpoint's own format for the tensors a
+    checkpoint of mixed formats keeps apart (attention in FP8, a quantized LM head)."""
     out_dim, in_dim = t.shape_per_rank(tp)
+    own = _own_format(m, t) if mixed else None
+    if own is not None:
+        return own.matrix_bytes(out_dim, in_dim) * t.count
     if _quantized(m, t, scope):
         return fmt.matrix_bytes(out_dim, in_dim) * t.count
     return out_dim * in_dim * t.count * DTYPE_BYTES[m.dtype]
@@ -445,7 +464,7 @@ def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
             continue
         if count != t.count:
             t = replace(t, count=count)
-        b = tensor_bytes_per_rank(m, t, tp, fmt, scope)
+        b = tensor_bytes_per_rank(m, t, tp, fmt, scope, mixed=weight_dtype is None)
         sums["total"] += b
         if t.part == "embed" and not m.tie_word_embeddings:
             sums["embed"] += b

@@ -219,3 +219,30 @@ def test_glm52_indexer_every_fourth_layer():
     full = load_model(str(CORPUS / "zai-org--GLM-5.1_config.json"))
     per_layer = 32 * 128 * 2048 + 128 * 6144 + 2 * 128 + 32 * 6144
     assert param_count(full) - param_count(m) == 57 * per_layer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ModelOpt MIXED_PRECISION: per-layer algorithms
+
+
+def test_modelopt_mixed_precision():
+    m = load_model(str(CORPUS / "nvidia--Qwen3.6-35B-A3B-NVFP4_config.json"))
+    # quantized_layers: W4A16_NVFP4 for the experts, shared experts and LM head, FP8 for the attention and the gated
+    # delta nets' projections; what it does not name (embedding, router, b/a projections, vision tower) stays bf16
+    assert (m.weight_dtype, m.weight_scope, m.attention_weight_dtype, m.lm_head_weight_dtype) == \
+        ("nvfp4", "mlp", "fp8", "nvfp4")
+    from kvplan.weights import WEIGHT_FORMATS, model_tensors, tensor_bytes_per_rank
+    nvfp4, fp8 = WEIGHT_FORMATS["nvfp4"], WEIGHT_FORMATS["fp8"]
+    by_name = {t.name: t for t in model_tensors(m)}
+    expected = {
+        "lm_head": nvfp4.matrix_bytes(248320, 2048),
+        "attn.q_proj": 10 * fp8.matrix_bytes(2 * 16 * 256, 2048),
+        "linear_attn.out_proj": 30 * fp8.matrix_bytes(2048, 32 * 128),
+        "linear_attn.in_proj_ba": 30 * 2 * 32 * 2048 * 2,
+        "moe.shared_experts.up_proj": 40 * nvfp4.matrix_bytes(512, 2048),
+        "moe.router": 40 * 256 * 2048 * 2,
+    }
+    for name, want in expected.items():
+        assert tensor_bytes_per_rank(m, by_name[name], 1, nvfp4, "mlp", mixed=True) == want, name
+    # --weight-dtype replaces the checkpoint's formats: every linear layer in that one
+    assert weight_bytes(m, weight_dtype="fp8").total != weight_bytes(m).total
