@@ -513,7 +513,8 @@ _STATE_SPACE_TYPES = {
     "plamo2": "PLaMo 2 (Mamba + attention)",
 }
 # hybrids kvplan reads layer by layer (_hybrid_layers)
-_HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+_HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                 "kimi_linear"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
 
@@ -615,6 +616,8 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
             "proj_bias": bool(c.flag("mamba_proj_bias")), "dt_bc_norms": True,
         }
         return out
+    if family == "kimi_linear":
+        return _kimi_linear_layers(c, layers, path)
     # Qwen3-Next / Qwen3.5: layer_types, or an attention layer every full_attention_interval
     types = c.items("layer_types", lambda t: isinstance(t, str), "a list of layer types")
     if not types:
@@ -633,6 +636,41 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         "ssm_cache_dtype": _dtype_of(c.text("mamba_ssm_dtype") or c.text("mamba_ssm_cache_dtype")),
     }
     out["attn_output_gate"] = c.flag("attn_output_gate") is not False
+    return out
+
+
+def _kimi_linear_layers(c: "_Fields", layers: int, path: Path | str) -> dict:
+    """Kimi Linear, as vLLM builds it (kimi_linear.py; kimi_k3 in later releases): MLA layers at
+    linear_attn_config.full_attn_layers and Kimi delta attention at kda_layers (both counted from 1), a KDA layer
+    keeping three short-convolution states and a float32 head_dim x head_dim state per head. Kimi-K3's additions
+    (full-rank gates, latent MoE, attention residuals, an MLA output gate) are refused by name."""
+    for key in ("routed_expert_hidden_size", "attn_res_block_size"):
+        if c.data.get(key) is not None:
+            raise KvplanError(f"{path}: field '{c.prefix}{key}': Kimi-K3's latent MoE and attention residuals are "
+                              f"not modelled yet")
+    if c.flag("mla_use_output_gate"):
+        raise KvplanError(f"{path}: field '{c.prefix}mla_use_output_gate': an output gate on MLA (Kimi-K3) is not "
+                          f"modelled yet")
+    kda = c.section("linear_attn_config")
+    if kda is None:
+        raise KvplanError(f"{path}: field '{c.prefix}linear_attn_config' is missing; Kimi Linear names its KDA and "
+                          f"MLA layers there")
+    if kda.flag("use_full_rank_gate"):
+        raise KvplanError(f"{path}: field '{kda.prefix}use_full_rank_gate': Kimi-K3's full-rank KDA gates are not "
+                          f"modelled yet")
+    full = kda.items("full_attn_layers", _is_int, "a list of layer numbers (from 1)") or []
+    linear = kda.items("kda_layers", _is_int, "a list of layer numbers (from 1)") or []
+    if sorted(full + linear) != list(range(1, layers + 1)):
+        raise KvplanError(f"{path}: {kda.prefix}full_attn_layers and kda_layers do not number the {layers} layers "
+                          f"from 1 once each")
+    out: dict[str, Any] = {"mixers": tuple("full" if i + 1 in full else "state" for i in range(layers))}
+    freq = c.integer("moe_layer_freq", minimum=1) or 1
+    if freq > 1 and c.integer("num_experts"):
+        first = c.integer("first_k_dense_replace") or 0
+        out["mlps"] = tuple("moe" if i >= first and i % freq == 0 else "dense" for i in range(layers))
+    head_dim = kda.need("head_dim")
+    out["state"] = {"kind": "kda", "num_heads": kda.need("num_heads"), "head_dim": head_dim, "state_size": head_dim,
+                    "conv_kernel": kda.integer("short_conv_kernel_size", minimum=2) or 4, "conv_bias": False}
     return out
 
 
@@ -680,7 +718,7 @@ def _lightning_layers(c: "_Fields", model_type: str, path: Path | str) -> dict:
     if model_type not in _MINIMAX_LINEAR:
         return {}
     layers = c.need("num_hidden_layers")
-    kinds = c.items("attn_type_list", lambda t: t in (0, 1), "a list of 0 (linear) and 1 (softmax attention)")
+    kinds = c.items("attn_type_list", lambda t: _is_int(t) and t in (0, 1), "a list of 0 (linear) and 1 (softmax attention)")
     if kinds is None:
         types = c.items("layer_types", lambda t: t in ("linear_attention", "full_attention"),
                         'a list of "linear_attention" / "full_attention"')
@@ -939,12 +977,14 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if experts:
         moe: dict[str, Any] = {
             "num_experts": experts,
-            "experts_per_token": c.need("num_experts_per_tok", "experts_per_token", "top_k_experts"),
+            "experts_per_token": c.need("num_experts_per_tok", "experts_per_token", "top_k_experts",
+                                        "num_experts_per_token"),
             "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
         # Qwen2-MoE and Qwen3-Next name one shared expert by its width alone (with a sigmoid gate of its own)
         shared_width = c.integer("shared_expert_intermediate_size") or c.integer("moe_shared_expert_intermediate_size")
-        shared = (c.integer("n_shared_experts") or (1 if family in ("llama4", "llama4_text") else 0)
+        shared = (c.integer("n_shared_experts") or c.integer("num_shared_experts")
+                  or (1 if family in ("llama4", "llama4_text") else 0)
                   or (1 if shared_width else 0))
         if shared:
             moe["shared_experts"] = shared
@@ -960,7 +1000,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             moe["first_dense_layers"] = c.integer("first_k_dense_replace")
         if family == "gpt_oss":
             moe["router_bias"] = moe["expert_bias"] = True
-        if c.text("topk_method") == "noaux_tc" or family == "glm4_moe":
+        if c.text("topk_method") == "noaux_tc" or family in ("glm4_moe", "kimi_linear"):
             moe["score_correction_bias"] = True
         if family in ("gemma4", "gemma4_text"):
             # Gemma 4's MoE block runs beside a dense MLP of intermediate_size: that MLP is a shared expert

@@ -218,6 +218,18 @@ def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
             ts.append(Tensor(f"linear_attn.{name}", st.num_heads, 1, count, "col", "state", False))
         ts.append(Tensor("linear_attn.norm", st.head_dim, 1, count, "rep", "state", False))
         ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
+    elif st.kind == "kda":  # Kimi delta attention (KimiDeltaAttention): low-rank forget (f) and output (g) gates
+        d = st.head_dim
+        ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
+        ts += _linear("linear_attn.b_proj", st.num_heads, h, count, "col", "state")
+        for gate in ("f", "g"):
+            ts += _linear(f"linear_attn.{gate}_a_proj", d, h, count, "rep", "state")
+            ts += _linear(f"linear_attn.{gate}_b_proj", inner, d, count, "col", "state")
+        ts += _conv(conv, st, count)
+        ts.append(Tensor("linear_attn.dt_bias", inner, 1, count, "col", "state", False))
+        ts.append(Tensor("linear_attn.A_log", st.num_heads, 1, count, "col", "state", False))
+        ts.append(Tensor("linear_attn.o_norm", d, 1, count, "rep", "state", False))
+        ts += _linear("linear_attn.o_proj", h, inner, count, "row", "state")
     elif st.kind == "lightning":  # MiniMax's linear attention (MiniMaxText01LinearAttention)
         ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
         ts += _linear("linear_attn.output_gate", inner, h, count, "col", "state")

@@ -246,3 +246,41 @@ def test_modelopt_mixed_precision():
         assert tensor_bytes_per_rank(m, by_name[name], 1, nvfp4, "mlp", mixed=True) == want, name
     # --weight-dtype replaces the checkpoint's formats: every linear layer in that one
     assert weight_bytes(m, weight_dtype="fp8").total != weight_bytes(m).total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kimi Linear: Kimi delta attention (KDA) layers between MLA layers
+
+KIMI_FULL = [4, 8, 12, 16, 20, 24, 27]
+KIMI_LINEAR = {  # the published format (linear_attn_config counts layers from 1), Kimi-Linear-48B-A3B's sizes
+    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_size": 2304,
+    "intermediate_size": 9216, "moe_intermediate_size": 1024, "num_hidden_layers": 27, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": None,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True, "vocab_size": 163840,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "max_position_embeddings": 1048576,
+    "rms_norm_eps": 1e-5, "hidden_act": "silu", "topk_method": "noaux_tc",
+    "linear_attn_config": {"full_attn_layers": KIMI_FULL, "kda_layers": [i for i in range(1, 28) if i not in KIMI_FULL],
+                           "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4}}
+# transformers 5.24.0 on the meta device (KimiLinearForCausalLM.from_config of KIMI_LINEAR), summing numel; its
+# e_score_correction_bias is a buffer, which vLLM's KimiMoE holds as a parameter (26 MoE layers x 256 experts)
+KIMI_LINEAR_PARAMS = 49_122_675_072 + 26 * 256
+
+
+def test_kimi_linear(tmp_path):
+    m = load_model(str(_write(tmp_path, "kimi_config.json", KIMI_LINEAR)))
+    assert param_count(m) == KIMI_LINEAR_PARAMS
+    assert len(m.attention_layers) == 7 and len(m.state_layers) == 20 and m.state.kind == "kda"
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"))) == 7 * (512 + 64) * 2  # the MLA latent
+    # by hand, as vLLM's kda_state_shape holds it: three conv states (kernel 4 - 1) x 32 x 128 in bf16, and the
+    # recurrent state 32 heads x 128 x 128 in float32 whatever the model dtype
+    assert state_bytes(m) == (3 * 3 * 4096 * 2, 32 * 128 * 128 * 4)
+    assert state_bytes(m, tp=4) == (3 * 3 * 1024 * 2, 8 * 128 * 128 * 4)
+    r = capacity(m, load_gpu("h200"), "auto", max_model_len=65536)
+    assert r.fits and r.state_bytes_per_sequence == 20 * (73728 + 2097152)
+
+
+def test_kimi_k3_refused_by_field():
+    with pytest.raises(KvplanError, match="routed_expert_hidden_size") as e:
+        load_model(str(CORPUS / "moonshotai--Kimi-K3_config.json"))
+    assert "\n" not in str(e.value)
