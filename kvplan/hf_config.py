@@ -552,7 +552,8 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
         refuse("linear_attn_config describes linear-attention layers")
     if c.data.get("compress_ratios") is not None:
         raise KvplanError(f"{path}: compress_ratios: DeepSeek-V4's compressed sparse attention keeps caches kvplan "
-                          f"does not size yet")
+                          f"does not size yet (vLLM's own layout: a sliding-window cache per layer, compressed caches "
+                          f"and compressor states)")
     if c.data.get("index_n_heads") is not None and not c.has("kv_lora_rank"):
         raise KvplanError(f"{path}: index_n_heads: an indexed sparse attention without MLA is not modelled")
     if model_type.startswith("gemma4"):
