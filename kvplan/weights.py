@@ -42,6 +42,7 @@ class Tensor:
     kv_heads: int = 0  # for shard "kv": the heads out_dim spans
     layers: tuple[int, ...] = ()  # the layers holding one each, where only some of the part's layers do
     loaded_copy: bool = False  # memory vLLM fills from another tensor of the checkpoint: held, not a parameter
+    shared: bool = False  # one per weight block the attention layers share in turn (Zamba2), not one per layer
 
     @property
     def numel(self) -> int:
@@ -289,12 +290,15 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
             n = len(layers) or L
             if shared:  # the layers share `blocks` copies of the weights
                 n, layers = min(n, shared.blocks), ()
+            start = len(ts)
             ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
                           "attention", bias=m.qkv_bias, layers=layers)
             ts += _linear("attn.k_proj", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers)
             ts += _linear("attn.v_proj", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers,
                           loaded_copy=v_from_k)
             ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
+            if shared:
+                ts[start:] = [replace(t, shared=True) for t in ts[start:]]
             if m.qk_norm_full:  # across all heads: split with them
                 ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, n, "col", "norm", False, layers=layers))
                 ts.append(Tensor("attn.k_norm", kv * d, 1, n, "kv", "norm", False, kv, layers=layers))
@@ -315,7 +319,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
                 ts += _linear("shared.qkv_adapters.A", r, shared.input_size, 3 * L, "col", "attention")
                 ts += _linear("shared.qkv_adapters.B", shared.input_size, r, 3 * L, "col", "attention")
         # the shared blocks' norms: before attention (input_size wide) and before the MLP
-        ts.append(Tensor("shared.norms", shared.input_size + h, 1, min(L, shared.blocks), "rep", "norm", False))
+        ts.append(Tensor("shared.norms", shared.input_size + h, 1, min(L, shared.blocks), "rep", "norm", False,
+                         shared=True))
 
     # MLP / MoE
     moe = m.moe
@@ -325,7 +330,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         n = len(layers) or len(dense)
         if m.shared_attention:  # the MLPs of the shared attention blocks
             n, layers = min(n, m.shared_attention.blocks), ()
-        ts += _mlp("mlp", m, width, n, "mlp", bias=m.mlp_bias, layers=layers)
+        mlp = _mlp("mlp", m, width, n, "mlp", bias=m.mlp_bias, layers=layers)
+        ts += [replace(t, shared=True) for t in mlp] if m.shared_attention else mlp
     if moe and "moe" in mlps:
         n = mlps.count("moe")
         e = moe.num_experts
@@ -440,6 +446,10 @@ def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
     if t.part == "lm_head" or t.name == "final_norm":
         return t.count if last else 0
     mlps = m.mlp_kinds
+    if t.name == "layer_norms":
+        return sum(m.layer_norms(i) for i in stage)
+    if t.shared:  # a stage builds the shared blocks its attention layers take in turn
+        return min(t.count, sum(1 for i in m.attention_layers if i in stage))
     if t.layers:
         layers = list(t.layers)
     elif t.part == "mlp":

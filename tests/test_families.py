@@ -284,3 +284,14 @@ def test_kimi_k3_refused_by_field():
     with pytest.raises(KvplanError, match="routed_expert_hidden_size") as e:
         load_model(str(CORPUS / "moonshotai--Kimi-K3_config.json"))
     assert "\n" not in str(e.value)
+
+
+def test_zamba2_pipeline_stages_build_the_shared_blocks():
+    from kvplan.weights import pipeline_stages
+    m = load_model(str(CORPUS / ZAMBA2))
+    one = weight_bytes(m).total
+    stages = [weight_bytes(m, stage=rng).total for rng in pipeline_stages(m.num_layers, 2)]
+    # each stage holds both shared blocks (its hybrid layers take them in turn): the stages together hold the blocks
+    # twice, and the embedding (tied, so the last stage loads the LM head) twice
+    block = (3 * 5120 * 5120 + 2560 * 5120 + 2 * 10240 * 2560 + 2560 * 10240 + 5120 + 2560) * 2
+    assert sum(stages) == one + 2 * block + 32000 * 2560 * 2
