@@ -770,7 +770,7 @@ def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
     return {
         "name": top.text("_name_or_path") or _name_from_path(path), "family": "zamba2", "num_layers": len(mixers),
         "hidden_size": hidden, "intermediate_size": c.integer("intermediate_size", minimum=1) or 4 * hidden,
-        "num_heads": heads, "num_kv_heads": c.integer("num_key_value_heads", minimum=1) or heads,
+        "num_heads": heads, "num_kv_heads": heads,  # vLLM's Zamba2Attention keeps a KV head per attention head
         "head_dim": head_dim, "vocab_size": c.need("vocab_size"),
         "tie_word_embeddings": True if tied is None else tied,
         "max_position_embeddings": c.integer("max_position_embeddings", minimum=1) or 4096,
