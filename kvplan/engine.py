@@ -208,7 +208,8 @@ def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None
     if st.kind == "lightning":  # one state per head in mamba_cache_dtype (the model dtype), no convolution
         return 0, (st.num_heads // tp) * st.head_dim * st.state_size * b
     if st.kind == "kda":  # q, k and v conv states in the model dtype; the recurrent state always in float32
-        return (st.conv_kernel - 1) * (st.conv_channels // tp) * b, (st.num_heads // tp) * st.head_dim * st.state_size * 4
+        conv = (st.conv_kernel - 1) * (st.conv_channels // tp) * b
+        return conv, (st.num_heads // tp) * st.head_dim * st.state_size * 4
     groups = st.n_groups
     if st.kind == "mamba2" and groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
         groups += tp - groups

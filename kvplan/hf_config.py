@@ -37,7 +37,8 @@ def _dt_rank(c: "_Fields", key: str, hidden: int) -> int:
     return -(-hidden // 16) if c.data.get(key, "auto") == "auto" else c.integer(key, minimum=1)
 
 
-_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "falcon"}  # transformers' defaults
+# transformers' config defaults
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "falcon"}
 
 
 class _Fields:
@@ -719,7 +720,8 @@ def _lightning_layers(c: "_Fields", model_type: str, path: Path | str) -> dict:
     if model_type not in _MINIMAX_LINEAR:
         return {}
     layers = c.need("num_hidden_layers")
-    kinds = c.items("attn_type_list", lambda t: _is_int(t) and t in (0, 1), "a list of 0 (linear) and 1 (softmax attention)")
+    kinds = c.items("attn_type_list", lambda t: _is_int(t) and t in (0, 1),
+                    "a list of 0 (linear) and 1 (softmax attention)")
     if kinds is None:
         types = c.items("layer_types", lambda t: t in ("linear_attention", "full_attention"),
                         'a list of "linear_attention" / "full_attention"')

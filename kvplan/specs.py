@@ -110,9 +110,11 @@ class StateSpec(_Frozen):
     (KDA: heads of head_dim x state_size, short convolutions on q, k and v)."""
 
     kind: Literal["mamba2", "gdn", "mamba", "lightning", "kda"]
-    num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads")
-    head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim")
-    state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim")
+    num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads; lightning and KDA heads")
+    head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim; lightning and KDA "
+                          "head dim")
+    state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim; lightning "
+                            "and KDA: the head dim again")
     n_groups: int = Field(1, gt=0, description="Mamba-2 B/C groups; gated delta net key heads")
     conv_kernel: int = Field(4, gt=0)
     intermediate_size: Optional[int] = Field(None, gt=0, description="Mamba: d_inner")

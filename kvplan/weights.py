@@ -293,9 +293,9 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
             start = len(ts)
             ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
                           "attention", bias=m.qkv_bias, layers=layers)
-            ts += _linear("attn.k_proj", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers)
-            ts += _linear("attn.v_proj", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv, layers=layers,
-                          loaded_copy=v_from_k)
+            for name in ("k_proj", "v_proj"):
+                ts += _linear(f"attn.{name}", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
+                              layers=layers, loaded_copy=v_from_k and name == "v_proj")
             ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
             if shared:
                 ts[start:] = [replace(t, shared=True) for t in ts[start:]]
