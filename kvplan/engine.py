@@ -207,9 +207,10 @@ def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None
     sb = DTYPE_BYTES[st.ssm_cache_dtype or ssm_default or model.dtype]
     if st.kind == "lightning":  # one state per head in mamba_cache_dtype (the model dtype), no convolution
         return 0, (st.num_heads // tp) * st.head_dim * st.state_size * b
-    if st.kind == "kda":  # q, k and v conv states in the model dtype; the recurrent state always in float32
+    if st.kind == "kda":  # q, k and v conv states in the model dtype; the recurrent state in float32 unless named
         conv = (st.conv_kernel - 1) * (st.conv_channels // tp) * b
-        return conv, (st.num_heads // tp) * st.head_dim * st.state_size * 4
+        rb = DTYPE_BYTES[st.ssm_cache_dtype] if st.ssm_cache_dtype else 4
+        return conv, (st.num_heads // tp) * st.head_dim * st.state_size * rb
     groups = st.n_groups
     if st.kind == "mamba2" and groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
         groups += tp - groups

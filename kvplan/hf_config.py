@@ -328,6 +328,35 @@ def _vision_profile(top: "_Fields", v: "_Fields", family: str, arch: str, d: int
             "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
+# a layer of each kind, as a checkpoint names it, to try an ignore list on
+_SAMPLE_MODULES = {"attention": "model.layers.1.self_attn.o_proj", "dense": "model.layers.1.mlp.down_proj",
+                   "shared": "model.layers.1.mlp.shared_experts.down_proj", "expert": "model.layers.1.mlp.experts.0.down_proj"}
+
+
+def _ignored_scope(ignore: list) -> Optional[str]:
+    """The layers a compressed-tensors checkpoint quantizes, from its ignore list (names, or "re:" patterns, which
+    vLLM matches against each module): "experts" where attention, dense MLPs and shared experts are all left out (the
+    Kimi checkpoints), "mlp" where attention alone is; None where the list leaves the decoder's layers alone."""
+    import re
+
+    def ignored(name: str) -> bool:
+        for pattern in ignore:
+            if pattern.startswith("re:"):
+                try:
+                    if re.match(pattern[3:], name):
+                        return True
+                except re.error:
+                    continue
+            elif name == pattern or name.endswith("." + pattern):
+                return True
+        return False
+
+    left_out = {kind for kind, name in _SAMPLE_MODULES.items() if ignored(name)}
+    if "expert" in left_out or "attention" not in left_out:
+        return None
+    return "experts" if {"dense", "shared"} <= left_out else "mlp"
+
+
 # ModelOpt's per-layer algorithms, as vLLM 0.33's MIXED_PRECISION config stores them (W4A16_NVFP4 packs as NVFP4)
 _MODELOPT_FORMATS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "FP8_PB_WO": "fp8_block128",
                      "FP8_BLOCK": "fp8_block128"}
@@ -642,24 +671,16 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
 
 
 def _kimi_linear_layers(c: "_Fields", layers: int, path: Path | str) -> dict:
-    """Kimi Linear, as vLLM builds it (kimi_linear.py; kimi_k3 in later releases): MLA layers at
-    linear_attn_config.full_attn_layers and Kimi delta attention at kda_layers (both counted from 1), a KDA layer
-    keeping three short-convolution states and a float32 head_dim x head_dim state per head. Kimi-K3's additions
-    (full-rank gates, latent MoE, attention residuals, an MLA output gate) are refused by name."""
-    for key in ("routed_expert_hidden_size", "attn_res_block_size"):
-        if c.data.get(key) is not None:
-            raise KvplanError(f"{path}: field '{c.prefix}{key}': Kimi-K3's latent MoE and attention residuals are "
-                              f"not modelled yet")
-    if c.flag("mla_use_output_gate"):
-        raise KvplanError(f"{path}: field '{c.prefix}mla_use_output_gate': an output gate on MLA (Kimi-K3) is not "
-                          f"modelled yet")
+    """Kimi Linear and Kimi-K3's text model, as vLLM builds them (kimi_linear.py; vllm/models/kimi_k3 in later
+    releases): MLA layers at linear_attn_config.full_attn_layers and Kimi delta attention at kda_layers (both counted
+    from 1), a KDA layer keeping three short-convolution states and a float32 head_dim x head_dim state per head.
+    Kimi-K3 adds a full-rank KDA output gate (use_full_rank_gate), an MLA output gate (mla_use_output_gate),
+    routed experts in a latent space (routed_expert_hidden_size, normed with latent_moe_use_norm) and attention
+    residuals (attn_res_block_size)."""
     kda = c.section("linear_attn_config")
     if kda is None:
         raise KvplanError(f"{path}: field '{c.prefix}linear_attn_config' is missing; Kimi Linear names its KDA and "
                           f"MLA layers there")
-    if kda.flag("use_full_rank_gate"):
-        raise KvplanError(f"{path}: field '{kda.prefix}use_full_rank_gate': Kimi-K3's full-rank KDA gates are not "
-                          f"modelled yet")
     full = kda.items("full_attn_layers", _is_int, "a list of layer numbers (from 1)") or []
     linear = kda.items("kda_layers", _is_int, "a list of layer numbers (from 1)") or []
     if sorted(full + linear) != list(range(1, layers + 1)):
@@ -672,7 +693,10 @@ def _kimi_linear_layers(c: "_Fields", layers: int, path: Path | str) -> dict:
         out["mlps"] = tuple("moe" if i >= first and i % freq == 0 else "dense" for i in range(layers))
     head_dim = kda.need("head_dim")
     out["state"] = {"kind": "kda", "num_heads": kda.need("num_heads"), "head_dim": head_dim, "state_size": head_dim,
-                    "conv_kernel": kda.integer("short_conv_kernel_size", minimum=2) or 4, "conv_bias": False}
+                    "conv_kernel": kda.integer("short_conv_kernel_size", minimum=2) or 4, "conv_bias": False,
+                    "full_rank_gate": bool(kda.flag("use_full_rank_gate"))}
+    if c.integer("attn_res_block_size", minimum=1):
+        out["attention_residuals"] = True
     return out
 
 
@@ -881,6 +905,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         bits = q.integer("bits", minimum=1)
         if method == "compressed-tensors":
             out["weight_dtype"] = compressed_tensors_format(q, path)
+            scope = _ignored_scope(q.items("ignore", lambda x: isinstance(x, str), "a list of module names") or [])
+            if scope:
+                out["weight_scope"] = scope
         elif method == "modelopt":
             algo = (q.text("quant_algo") or "").upper()
             if algo == "MIXED_PRECISION":
@@ -968,6 +995,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if c.integer("kv_lora_rank"):
         out["mla"] = {k: c.integer(k) for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                                                 "qk_nope_head_dim", "v_head_dim")}
+        if c.flag("mla_use_output_gate"):
+            out["mla"]["output_gate"] = True
         if c.integer("index_n_heads"):
             out["mla"].update({k: c.need(k) for k in ("index_n_heads", "index_head_dim", "index_topk")})
             indexed = _indexed_layers(c, layers, path)
@@ -995,8 +1024,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                 moe["shared_expert_intermediate_size"] = shared_width
             if family in ("qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
                 moe["shared_expert_gate"] = True
-        if c.integer("moe_latent_size"):
-            moe["latent_size"] = c.integer("moe_latent_size")
+        if c.integer("moe_latent_size") or c.integer("routed_expert_hidden_size"):
+            moe["latent_size"] = c.integer("moe_latent_size") or c.integer("routed_expert_hidden_size")
+            moe["latent_norm"] = bool(c.flag("latent_moe_use_norm"))
         if family == "qwen2_moe" and c.items("mlp_only_layers", _is_int, "a list of layer indices"):
             raise KvplanError(f"{path}: mlp_only_layers: dense layers at chosen indices are not modelled yet")
         if c.integer("first_k_dense_replace"):

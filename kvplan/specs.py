@@ -61,6 +61,8 @@ class MLASpec(_Frozen):
     index_n_heads: Optional[int] = Field(None, gt=0)
     index_head_dim: Optional[int] = Field(None, gt=0)
     index_topk: Optional[int] = Field(None, gt=0)
+    output_gate: bool = Field(False, description="a sigmoid gate on the attention output, projected from the hidden "
+                              "state (heads x v_head_dim; Kimi-K3's mla_use_output_gate)")
 
     @property
     def latent_dim(self) -> int:
@@ -88,6 +90,7 @@ class MoESpec(_Frozen):
                                        "projected in and out per layer (Nemotron-3's moe_latent_size)")
     shared_expert_gate: bool = Field(False, description="a sigmoid gate (hidden x 1) on the shared expert's output "
                                      "(Qwen2-MoE, Qwen3-Next)")
+    latent_norm: bool = Field(False, description="an RMSNorm on the latent the routed experts return (Kimi-K3)")
     router_scales: bool = Field(False, description="a learned scale on the router's input (hidden) and one per "
                                 "expert on its weights (Gemma 4)")
 
@@ -122,6 +125,8 @@ class StateSpec(_Frozen):
     conv_bias: bool = True
     proj_bias: bool = False
     dt_bc_norms: bool = Field(False, description="RMSNorms on the time step, B and C (Jamba's Mamba)")
+    full_rank_gate: bool = Field(False, description="KDA: the output gate one hidden -> heads x head_dim projection, "
+                                 "fused with q, k and v (Kimi-K3), instead of a low-rank pair")
     ssm_cache_dtype: Optional[Literal["bf16", "fp16", "fp32"]] = Field(
         None, description="the SSM/recurrent state's dtype in the cache (mamba_ssm_cache_dtype); None: the model's")
 
@@ -230,6 +235,9 @@ class ModelSpec(_Frozen):
     qk_norm_full: bool = Field(False, description="q and k normed across all their heads (OLMo 2: weights of "
                                "heads x head_dim)")
     mlp_bias: bool = Field(False, description="biases on the dense MLP's projections (GPT-2, GPT-J, phi-2)")
+    attention_residuals: bool = Field(False, description="attention residuals (Kimi-K3's attn_res_block_size): "
+                                      "before the attention and before the MLP of each layer, and before the final "
+                                      "norm, a norm and a 1 x hidden projection weighing the earlier blocks' outputs")
     attn_output_gate: bool = Field(False, description="q_proj also yields a sigmoid gate on the attention output "
                                    "(Qwen3-Next, Qwen3.5): twice the query width")
     lm_head_bias: bool = False

@@ -223,9 +223,11 @@ def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
         d = st.head_dim
         ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
         ts += _linear("linear_attn.b_proj", st.num_heads, h, count, "col", "state")
-        for gate in ("f", "g"):
+        for gate in ("f",) if st.full_rank_gate else ("f", "g"):
             ts += _linear(f"linear_attn.{gate}_a_proj", d, h, count, "rep", "state")
             ts += _linear(f"linear_attn.{gate}_b_proj", inner, d, count, "col", "state")
+        if st.full_rank_gate:
+            ts += _linear("linear_attn.g_proj", inner, h, count, "col", "state")
         ts += _conv(conv, st, count)
         ts.append(Tensor("linear_attn.dt_bias", inner, 1, count, "col", "state", False))
         ts.append(Tensor("linear_attn.A_log", st.num_heads, 1, count, "col", "state", False))
@@ -272,6 +274,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
         ts += _linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
         ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
+        if a.output_gate:
+            ts += _linear("attn.g_proj", m.num_heads * a.v_head_dim, h, L, "col", "attention")
         if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
             dq = a.q_lora_rank or h
             indexed = m.indexer_layers
@@ -343,6 +347,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         if moe.latent_size:
             ts += _linear("moe.fc1_latent_proj", moe.latent_size, h, n, "rep", "router", bias=m.mlp_bias)
             ts += _linear("moe.fc2_latent_proj", h, moe.latent_size, n, "rep", "router", bias=m.mlp_bias)
+            if moe.latent_norm:
+                ts.append(Tensor("moe.latent_norm", moe.latent_size, 1, n, "rep", "norm", False))
         if moe.shared_experts:
             ts += _mlp("moe.shared_experts", m, moe.shared_intermediate, n * moe.shared_experts, "shared_expert")
         if moe.shared_expert_gate:
@@ -356,6 +362,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     if norms:
         ts.append(Tensor("layer_norms", per_norm, 1, norms, "rep", "norm", False))
     ts.append(Tensor("final_norm", per_norm, 1, 1, "rep", "norm", False))
+    if m.attention_residuals:  # a norm and a 1 x hidden projection twice a layer, and once before the final norm
+        ts.append(Tensor("attention_residuals", 2 * h, 1, 2 * m.num_layers + 1, "rep", "norm", False))
 
     if not m.tie_word_embeddings:
         ts.append(Tensor("lm_head", m.vocab_size, h, 1, "vocab", "lm_head", False))

@@ -280,10 +280,20 @@ def test_kimi_linear(tmp_path):
     assert r.fits and r.state_bytes_per_sequence == 20 * (73728 + 2097152)
 
 
-def test_kimi_k3_refused_by_field():
-    with pytest.raises(KvplanError, match="routed_expert_hidden_size") as e:
-        load_model(str(CORPUS / "moonshotai--Kimi-K3_config.json"))
-    assert "\n" not in str(e.value)
+def test_kimi_k3():
+    m = load_model(str(CORPUS / "moonshotai--Kimi-K3_config.json"))
+    assert len(m.attention_layers) == 24 and len(m.state_layers) == 69
+    assert m.state.full_rank_gate and m.mla.output_gate and m.moe.latent_size == 3584 and m.moe.latent_norm
+    assert m.attention_residuals
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"))) == 24 * (512 + 64) * 2
+    # by hand: three conv states 3 x 96 x 128 wide over kernel 4 - 1 in bf16; the recurrent state 96 x 128 x 128 in
+    # float32, or in bfloat16 where mamba_ssm_cache_dtype names it
+    assert state_bytes(m) == (3 * 3 * 12288 * 2, 96 * 128 * 128 * 4)
+    bf16_state = m.model_copy(update={"state": m.state.model_copy(update={"ssm_cache_dtype": "bf16"})})
+    assert state_bytes(bf16_state)[1] == 96 * 128 * 128 * 2
+    # compressed-tensors MXFP4 with attention, shared experts, dense MLPs and the LM head ignored: the routed experts
+    # alone are quantized
+    assert (m.weight_dtype, m.weight_scope) == ("mxfp4", "experts")
 
 
 def test_zamba2_pipeline_stages_build_the_shared_blocks():
