@@ -740,7 +740,7 @@ _MINIMAX_LINEAR = {"minimax", "minimax_text_01", "minimax_m1"}
 def _lightning_layers(c: "_Fields", model_type: str, path: Path | str) -> dict:
     """MiniMax-Text-01 / MiniMax-M1: softmax attention layers (1 in attn_type_list, or full_attention in
     layer_types) between lightning linear-attention layers (0, linear_attention), each keeping one head_dim x
-    head_dim state per head (vLLM's minimax_text_01.py, served up to vLLM 0.22: 0.23 removed it)."""
+    head_dim state per head (vLLM's minimax_text_01.py; vLLM serves it until 0.23, and later releases refuse it)."""
     if model_type not in _MINIMAX_LINEAR:
         return {}
     layers = c.need("num_hidden_layers")
@@ -760,7 +760,7 @@ def _lightning_layers(c: "_Fields", model_type: str, path: Path | str) -> dict:
     return {"mixers": tuple("full" if k else "state" for k in kinds),
             "state": {"kind": "lightning", "num_heads": heads, "head_dim": head_dim, "state_size": head_dim,
                       "conv_kernel": 1, "conv_bias": False},
-            "vllm_until": "0.22"}
+            "vllm_until": "0.23"}
 
 
 def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:

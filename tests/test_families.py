@@ -189,9 +189,9 @@ def test_minimax_lightning_state():
         EXPECTED[MINIMAX]["state_bytes_per_sequence_bf16"]
 
 
-def test_minimax_served_up_to_022():
+def test_minimax_served_until_023():
     m = load_model(str(CORPUS / MINIMAX))
-    with pytest.raises(KvplanError, match=r"up to 0\.22") as e:
+    with pytest.raises(KvplanError, match=r"up to 0\.23") as e:
         capacity(m, load_gpu("h200"), "auto", tp=8)
     assert "\n" not in str(e.value)
     r = capacity(m, load_gpu("h200"), "auto", tp=8, engine_version="0.20", max_model_len=131072)
