@@ -429,11 +429,14 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
 
 
 def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
-    from .engines import backend_block_size, serve_defaults, vllm_rules
+    from .engines import backend_block_size, serve_defaults, version_key, vllm_rules
 
     m, g, fmt = common["model"], common["gpu"], common["kv"]
     version = args.engine_version or (prof.engine_version if prof is not None else None)
     rules = vllm_rules(version)
+    if m.vllm_until and version_key(rules.version) > version_key(m.vllm_until):
+        raise KvplanError(f"{m.name}: vLLM serves this architecture up to {m.vllm_until} and removed it after; "
+                          f"plan it with --engine-version {m.vllm_until} or earlier")
     if fmt.name in rules.cache_dtypes_missing:
         raise KvplanError(f"KV cache dtype '{fmt.name}' does not exist in {rules.label}; it arrived later "
                           f"(choose a later --engine-version)")

@@ -62,7 +62,7 @@ def check_tp(model: ModelSpec, tp: int) -> None:
                               f"{'Mamba-2 heads' if st.kind != 'mamba' else 'Mamba channels'} evenly")
         return
     if not _tp_ok(model, tp):
-        kv = "" if model.is_mla else f" and {model.num_kv_heads} KV heads"
+        kv = "" if model.is_mla else f" and {'/'.join(map(str, model.attention_kv_heads))} KV heads"
         raise KvplanError(
             f"--tp {tp} does not split {model.name}'s {model.num_heads} attention heads{kv} the way vLLM requires "
             f"(heads % tp == 0, and kv_heads % tp == 0 or tp % kv_heads == 0); valid: {', '.join(map(str, ok[:12]))}"
@@ -78,12 +78,15 @@ def _tp_ok(model: ModelSpec, tp: int) -> bool:
         return False
     if model.is_mla:
         return True
-    return model.num_kv_heads % tp == 0 or tp % model.num_kv_heads == 0
+    return all(kv % tp == 0 or tp % kv == 0 for kv in model.attention_kv_heads)
 
 
-def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
-    """vLLM replicates KV heads when TP exceeds them; the MLA latent is one 'head', whole on every rank."""
-    return 1 if model.is_mla else max(1, model.num_kv_heads // tp)
+def kv_heads_per_rank(model: ModelSpec, tp: int, layer: Optional[int] = None) -> int:
+    """vLLM replicates KV heads when TP exceeds them; the MLA latent is one 'head', whole on every rank. With
+    `layer`, that layer's heads (where layers differ)."""
+    if model.is_mla:
+        return 1
+    return max(1, (model.num_kv_heads if layer is None else model.layer_kv_heads(layer)) // tp)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -140,25 +143,34 @@ def skipped_layers(model: ModelSpec, fmt: KVFormat, skip: SkipLayers) -> frozens
     return frozenset(skip)
 
 
-def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int) -> float:
-    """One layer's KV bytes per token on one rank in `fmt`."""
+def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int, layer: Optional[int] = None) -> float:
+    """One layer's KV bytes per token on one rank in `fmt` (layer `layer`'s, where layers differ in KV heads or
+    head size)."""
     bits = DTYPE_BYTES[model.dtype] * 8
     if model.mla:
         return fmt.mla_bytes_per_token(model.mla.kv_lora_rank, model.mla.qk_rope_head_dim, bits)
     if fmt.applies_to == "mla":
         raise KvplanError(f"KV cache dtype '{fmt.name}' applies only to MLA models; {model.name} uses "
                           f"{'multi-query' if model.num_kv_heads == 1 else 'grouped-query'} attention")
-    assert model.head_dim is not None
-    return whole(kv_heads_per_rank(model, tp) * fmt.bytes_per_token_per_kv_head(model.head_dim, model_bits=bits))
+    d = model.head_dim if layer is None else model.layer_head_dim(layer)
+    assert d is not None
+    return whole(kv_heads_per_rank(model, tp, layer) * fmt.bytes_per_token_per_kv_head(d, model_bits=bits))
 
 
 def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = None,
               ssm_default: Optional[str] = None) -> tuple[LayerKV, ...]:
     auto = kv_format("auto")
     skipped = skipped_layers(model, fmt, skip)
-    fmt_bytes = format_bytes_per_token(model, fmt, tp)
-    auto_bytes = format_bytes_per_token(model, auto, tp)
+    sized = {}  # (format, KV heads, head size): bytes per token, for the layers' few shapes
+
+    def per_token(f: KVFormat, i: int) -> float:
+        key = (f.name, model.layer_kv_heads(i), model.layer_head_dim(i))
+        if key not in sized:
+            sized[key] = format_bytes_per_token(model, f, tp, i)
+        return sized[key]
+
     out = []
+    indexers = frozenset(model.indexer_layers)
     state = sum(state_bytes(model, tp, ssm_default))
     for i, kind in enumerate(model.layer_kinds):
         if kind == "state":  # a fixed state per sequence, in its own dtype whatever the KV cache dtype
@@ -166,12 +178,15 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
             continue
         if kind not in ATTENTION_KINDS:  # an MLP-only block
             continue
-        f, b = (auto, auto_bytes) if i in skipped else (fmt, fmt_bytes)
+        f = auto if i in skipped else fmt
+        b, auto_bytes = per_token(f, i), per_token(auto, i)
         if model.mla is not None and model.mla.index_head_dim:
             # sparse attention: the latent cache grows with the sequence but a step reads the index_topk best
-            # tokens; the indexer's own keys are a second cache of the layer, all of them read every step
+            # tokens; the indexer's own keys are a second cache of the layer, all of them read every step (a layer
+            # reusing an earlier indexer's choice has none)
             out.append(LayerKV(i, kind, model.mla.index_topk, f.name, b))
-            out.append(LayerKV(i, kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
+            if i in indexers:
+                out.append(LayerKV(i, kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
             continue
         out.append(LayerKV(
             i, kind, model.window_of(kind), f.name, b,
@@ -190,6 +205,12 @@ def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None
         return 0, 0
     b = DTYPE_BYTES[model.dtype]
     sb = DTYPE_BYTES[st.ssm_cache_dtype or ssm_default or model.dtype]
+    if st.kind == "lightning":  # one state per head in mamba_cache_dtype (the model dtype), no convolution
+        return 0, (st.num_heads // tp) * st.head_dim * st.state_size * b
+    if st.kind == "kda":  # q, k and v conv states in the model dtype; the recurrent state in float32 unless named
+        conv = (st.conv_kernel - 1) * (st.conv_channels // tp) * b
+        rb = DTYPE_BYTES[st.ssm_cache_dtype] if st.ssm_cache_dtype else 4
+        return conv, (st.num_heads // tp) * st.head_dim * st.state_size * rb
     groups = st.n_groups
     if st.kind == "mamba2" and groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
         groups += tp - groups

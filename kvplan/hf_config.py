@@ -37,7 +37,8 @@ def _dt_rank(c: "_Fields", key: str, hidden: int) -> int:
     return -(-hidden // 16) if c.data.get(key, "auto") == "auto" else c.integer(key, minimum=1)
 
 
-_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "falcon"}  # transformers' config defaults
+# transformers' config defaults
+_TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "falcon"}
 
 
 class _Fields:
@@ -231,12 +232,19 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
     linear layers and the position embedding are tensor-parallel, the patch convolution, the norms and Mistral 3's
     patch merger are not. An encoder kvplan cannot size is named in a note and left out."""
     v = top.section("vision_config")
+    arch = (top.text("model_type") or "").lower()
+    if arch == "llama4":  # built from the config class's defaults where the file names no vision_config
+        return _llama4_tower(v or _Fields({}, top.path, "vision_config."), text_hidden)
     if v is None or not v.data:
         return {}, {}, [], None
     kind = (v.text("model_type") or "").lower()
-    arch = (top.text("model_type") or "").lower()
     if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
         return _qwen3_vl_tower(v)
+    if kind == "gemma4_vision":
+        sharded, rep, notes, encoder = _gemma4_tower(v, text_hidden)
+        if top.section("audio_config") is not None and top.section("audio_config").data:
+            notes.append("the audio tower (audio_config) is not counted: its weights are missing from the figures")
+        return sharded, rep, notes, encoder
     family = kind.removesuffix("_vision_model")
     if family not in _VISION_DEFAULTS:
         return {}, {}, [f"the vision tower (vision_config.model_type '{kind or '?'}') is not counted: its weights "
@@ -320,18 +328,223 @@ def _vision_profile(top: "_Fields", v: "_Fields", family: str, arch: str, d: int
             "pixels_per_item": tiles * channels * image * image, "keeps_hidden_states": isinstance(feature_layer, list)}
 
 
+# a layer of each kind, as a checkpoint names it, to try an ignore list on
+_SAMPLE_MODULES = {"attention": "model.layers.1.self_attn.o_proj", "dense": "model.layers.1.mlp.down_proj",
+                   "shared": "model.layers.1.mlp.shared_experts.down_proj", "expert": "model.layers.1.mlp.experts.0.down_proj"}
+
+
+def _ignored_scope(ignore: list) -> Optional[str]:
+    """The layers a compressed-tensors checkpoint quantizes, from its ignore list (names, or "re:" patterns, which
+    vLLM matches against each module): "experts" where attention, dense MLPs and shared experts are all left out (the
+    Kimi checkpoints), "mlp" where attention alone is; None where the list leaves the decoder's layers alone."""
+    import re
+
+    def ignored(name: str) -> bool:
+        for pattern in ignore:
+            if pattern.startswith("re:"):
+                try:
+                    if re.match(pattern[3:], name):
+                        return True
+                except re.error:
+                    continue
+            elif name == pattern or name.endswith("." + pattern):
+                return True
+        return False
+
+    left_out = {kind for kind, name in _SAMPLE_MODULES.items() if ignored(name)}
+    if "expert" in left_out or "attention" not in left_out:
+        return None
+    return "experts" if {"dense", "shared"} <= left_out else "mlp"
+
+
+# ModelOpt's per-layer algorithms, as vLLM 0.33's MIXED_PRECISION config stores them (W4A16_NVFP4 packs as NVFP4)
+_MODELOPT_FORMATS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "FP8_PB_WO": "fp8_block128",
+                     "FP8_BLOCK": "fp8_block128"}
+
+
+def _modelopt_mixed(q: "_Fields", path: Path | str) -> dict:
+    """A ModelOpt MIXED_PRECISION checkpoint: quantized_layers names each linear layer's algorithm, which vLLM
+    (ModelOptMixedPrecisionConfig) loads layer by layer; a layer it does not name stays in the model dtype. kvplan
+    reads one format for the MLPs and experts, one for the attention and state mixers, and the LM head's."""
+    layers = q.section("quantized_layers")
+    if layers is None or not layers.data:
+        raise KvplanError(f"{path}: field '{q.prefix}quantized_layers' is missing; a ModelOpt MIXED_PRECISION "
+                          f"checkpoint names each layer's algorithm there")
+    found: dict[str, set] = {"mlp": set(), "attention": set(), "lm_head": set()}
+    for name in layers.data:
+        entry = layers.section(name)
+        algo = ((entry.text("quant_algo") if entry is not None else None) or "").upper()
+        if algo not in _MODELOPT_FORMATS:
+            raise KvplanError(f"{path}: {q.prefix}quantized_layers.{name}: ModelOpt quant_algo '{algo or '?'}' is "
+                              f"not modelled; pass --weight-dtype")
+        role = ("lm_head" if name.endswith("lm_head") else
+                "mlp" if any(k in name for k in (".mlp", "expert", "feed_forward")) else
+                "attention" if any(k in name for k in ("attn", "mixer", "attention")) else None)
+        if role is None:
+            raise KvplanError(f"{path}: {q.prefix}quantized_layers.{name}: kvplan cannot tell whether this layer "
+                              f"is attention or MLP; pass --weight-dtype")
+        found[role].add(_MODELOPT_FORMATS[algo])
+    for role, fmts in found.items():
+        if len(fmts) > 1:
+            raise KvplanError(f"{path}: {q.prefix}quantized_layers mixes {', '.join(sorted(fmts))} across the "
+                              f"{role} layers; kvplan sizes one format per kind of layer: pass --weight-dtype")
+    one = lambda role: next(iter(found[role]), None)  # noqa: E731
+    out: dict[str, Any] = {}
+    if one("mlp"):
+        out.update(weight_dtype=one("mlp"), weight_scope="mlp", attention_weight_dtype=one("attention"))
+    elif one("attention"):
+        out.update(weight_dtype=one("attention"))
+    if one("lm_head"):
+        out["lm_head_weight_dtype"] = one("lm_head")
+    return out
+
+
+def _indexed_layers(c: "_Fields", layers: int, path: Path | str) -> tuple[bool, ...]:
+    """The layers vLLM builds a DeepSeek sparse-attention indexer in (deepseek_v2.py / deepseek_v32, IndexCache):
+    with index_topk_pattern, those marked other than "S"; else those where max(layer - index_skip_topk_offset + 1,
+    0) is a multiple of index_topk_freq (1 and 2 by default: every layer). The others reuse the top-k of the last
+    indexer before them, and vLLM drops their indexer weights. (indexer_types, where a config has it, says the same
+    in words; vLLM does not read it.)"""
+    pattern = c.data.get("index_topk_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, (str, list)) or len(pattern) != layers:
+            raise KvplanError(f"{path}: field '{c.prefix}index_topk_pattern': expected one letter per layer "
+                              f"({layers}), found {type_name(pattern)}")
+        return tuple(p != "S" for p in pattern)
+    freq = c.integer("index_topk_freq", minimum=1) or 1
+    offset = c.integer("index_skip_topk_offset")
+    offset = 2 if offset is None else offset
+    return tuple(max(i - offset + 1, 0) % freq == 0 for i in range(layers))
+
+
+def _nas_layers(c: "_Fields", layers: int, hidden: int, heads: int, path: Path | str) -> dict:
+    """A NAS model's blocks (Llama-Nemotron's DeciLM, `block_configs`), as vLLM builds them (nemotron_nas.py):
+    each layer's attention with num_attention_heads / n_heads_in_group KV heads, or none (no_op), and its gated MLP
+    of ffn_mult (2/3 x ffn_mult x hidden, rounded up to a multiple of 256) or intermediate_size, or none; a norm
+    before each of the two that is present. vLLM builds no linear replacement (replace_with_linear) of either."""
+    blocks = c.items("block_configs", lambda b: isinstance(b, dict), "a list of per-layer block objects")
+    if len(blocks) != layers:
+        raise KvplanError(f"{path}: {c.prefix}block_configs lists {len(blocks)} blocks; num_hidden_layers is {layers}")
+    mixers, mlps, kv_heads, widths, norms = [], [], [], [], []
+    for i in range(layers):
+        block = _Fields(blocks[i], path, f"{c.prefix}block_configs.{i}.")
+        attn, ffn = block.section("attention"), block.section("ffn")
+        if attn is None or ffn is None:
+            raise KvplanError(f"{path}: field '{block.prefix}{'attention' if attn is None else 'ffn'}' is missing; "
+                              f"a block_configs entry has attention and ffn")
+        for part in (attn, ffn):
+            if part.flag("replace_with_linear") and not part.flag("no_op"):
+                raise KvplanError(f"{path}: field '{part.prefix}replace_with_linear': vLLM builds no linear "
+                                  f"replacement of a block (nemotron_nas.py), so it does not serve this model")
+        if attn.flag("no_op"):
+            mixers.append("none")
+            kv_heads.append(None)
+        else:
+            group = attn.need("n_heads_in_group")
+            if heads % group:
+                raise KvplanError(f"{path}: field '{attn.prefix}n_heads_in_group': {group} does not divide "
+                                  f"num_attention_heads {heads}")
+            mixers.append("full")
+            kv_heads.append(heads // group)
+        if ffn.flag("no_op"):
+            mlps.append("none")
+            widths.append(None)
+        else:
+            mult = ffn.data.get("ffn_mult")
+            if mult is not None:
+                if isinstance(mult, bool) or not isinstance(mult, (int, float)) or mult <= 0:
+                    raise KvplanError(f"{path}: field '{ffn.prefix}ffn_mult': expected a positive number, found "
+                                      f"{type_name(mult)}")
+                width = int(2 * mult * hidden / 3)
+                width = width if width % 256 == 0 else width + 256 - width % 256
+            else:
+                width = ffn.need("intermediate_size")
+            mlps.append("dense")
+            widths.append(width)
+        norms.append((mixers[-1] != "none") + (mlps[-1] != "none"))
+    # a block without attention (or MLP) takes the largest size of the others, which nothing reads
+    fill = lambda sizes: tuple(max((n for n in sizes if n), default=1) if n is None else n for n in sizes)  # noqa: E731
+    return {"mixers": tuple(mixers), "mlps": tuple(mlps), "norms": tuple(norms), "kv_heads_per_layer": fill(kv_heads),
+            "intermediate_sizes": fill(widths)}
+
+
+def _gemma4_layers(c: "_Fields", pattern: list, layers: int, kv_heads: int, head_dim: int) -> dict:
+    """Gemma 4's global (full-attention) layers: heads of global_head_dim, and with attention_k_eq_v no v_proj (V is
+    K) and num_global_key_value_heads KV heads. vLLM builds each layer with its own sizes (gemma4.py), loads K into
+    the V slot and caches K and V apart."""
+    full = [pattern[i % len(pattern)] == "full" for i in range(layers)]
+    k_eq_v = bool(c.flag("attention_k_eq_v"))
+    global_dim = c.integer("global_head_dim", minimum=1) or head_dim
+    global_kv = (c.integer("num_global_key_value_heads", minimum=1) or kv_heads) if k_eq_v else kv_heads
+    out: dict[str, Any] = {}
+    if global_dim != head_dim:
+        out["head_dims"] = tuple(global_dim if f else head_dim for f in full)
+    if global_kv != kv_heads:
+        out["kv_heads_per_layer"] = tuple(global_kv if f else kv_heads for f in full)
+    if k_eq_v and any(full):
+        out["v_from_k"] = tuple(full)
+    return out
+
+
+# transformers' Llama4VisionConfig defaults, which vLLM's Llama4ForConditionalGeneration builds the tower from when
+# a config.json has no vision_config (the published Llama 4 files)
+_LLAMA4_VISION = {"hidden_size": 768, "num_hidden_layers": 34, "num_channels": 3, "intermediate_size": 5632,
+                  "vision_output_dim": 7680, "image_size": 448, "patch_size": 14, "projector_input_dim": 4096,
+                  "projector_output_dim": 4096}
+
+
+def _llama4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], None]:
+    """Llama 4's vision tower as vLLM builds it (mllama4.py): an unfold patch embedding (a linear layer without
+    bias), class and position embeddings, pre- and post-LayerNorms, `num_hidden_layers` layers of fused qkv and o
+    (with biases), a GELU MLP (with biases) and two LayerNorms; the pixel-shuffle adapter's two linear layers and the
+    projector to the text width (biases per multi_modal_projector_bias, default none). The linear layers split
+    across TP ranks (mm_encoder_tp_mode "weights"); the embeddings, norms and row-parallel biases do not."""
+    def field(key: str) -> int:
+        value = v.integer(key, minimum=1)
+        return value if value is not None else _LLAMA4_VISION[key]
+
+    d, i, layers = field("hidden_size"), field("intermediate_size"), field("num_hidden_layers")
+    patch, image, channels = field("patch_size"), field("image_size"), field("num_channels")
+    p_in, p_out, out = field("projector_input_dim"), field("projector_output_dim"), field("vision_output_dim")
+    bias = bool(v.flag("multi_modal_projector_bias"))
+    positions = (image // patch) ** 2 + 1
+    sharded = (layers * (4 * d * d + 3 * d + 2 * d * i + i) + channels * patch * patch * d
+               + i * p_in + p_in * p_out + (p_in if bias else 0))
+    rep = layers * (d + d + 4 * d) + d + positions * d + 4 * d + (p_out if bias else 0)
+    notes = ["the vision encoder's profile run (Llama 4) is not modelled: the activation peak counts the language "
+             "model's alone"]
+    if not v.data:
+        notes.append("no vision_config: the vision tower is transformers' Llama4VisionConfig default, which vLLM "
+                     "builds")
+    return ({"vision_tower": sharded, "multimodal_projector": out * text_hidden}, {"vision_tower": rep}, notes, None)
+
+
+def _gemma4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], None]:
+    """Gemma 4's vision tower, which vLLM builds with transformers' own module (AutoModel.from_config, whole on
+    every rank): a patch projection (3 x patch^2 to hidden, no bias), a two-axis table of position embeddings,
+    `num_hidden_layers` layers of q, k, v, o (no biases), q and k norms of head_dim, a gated MLP and four norms; and
+    the embedder's projection to the text width."""
+    d, i, layers = v.need("hidden_size"), v.need("intermediate_size"), v.need("num_hidden_layers")
+    head = v.integer("head_dim", minimum=1) or d // v.need("num_attention_heads")
+    patch, positions = v.need("patch_size"), v.need("position_embedding_size")
+    tower = layers * (4 * d * d + 3 * d * i + 4 * d + 2 * head) + 3 * patch * patch * d + 2 * positions * d
+    return ({}, {"vision_tower": tower, "multimodal_projector": d * text_hidden},
+            ["the vision encoder's profile run (Gemma 4) is not modelled: the activation peak counts the language "
+             "model's alone"], None)
+
+
 # architectures whose layers keep a fixed per-sequence state (Mamba, Mamba-2, linear attention, short convolutions)
 # beside or instead of attention: vLLM serves them with its hybrid KV-cache manager, which kvplan does not model yet
 _STATE_SPACE_TYPES = {
-    "zamba": "Zamba (Mamba + shared attention)", "zamba2": "Zamba2 (Mamba-2 + shared attention)",
+    "zamba": "Zamba (Mamba + shared attention)",
     "bamba": "Bamba (Mamba-2 + attention)",
     "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
     "lfm2": "LFM2 (short convolution + attention)",
-    "plamo2": "PLaMo 2 (Mamba + attention)", "minimax_text_01": "MiniMax-Text-01 (lightning attention)",
-    "minimax_m1": "MiniMax-M1 (lightning attention)", "kimi_linear": "Kimi Linear (KDA linear attention)",
+    "plamo2": "PLaMo 2 (Mamba + attention)",
 }
 # hybrids kvplan reads layer by layer (_hybrid_layers)
-_HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"}
+_HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+                 "kimi_linear"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
 
@@ -346,7 +559,7 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
         mt = (f.text("model_type") or "").lower()
         if mt in _STATE_SPACE_TYPES:
             refuse(f"model_type '{mt}' is {_STATE_SPACE_TYPES[mt]}")
-    if model_type in _HYBRIDS_READ:
+    if model_type in _HYBRIDS_READ or model_type in _MINIMAX_LINEAR:
         return
     pattern = c.text("hybrid_override_pattern")
     if pattern and "M" in pattern:
@@ -369,17 +582,20 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
         refuse("linear_attn_config describes linear-attention layers")
     if c.data.get("compress_ratios") is not None:
         raise KvplanError(f"{path}: compress_ratios: DeepSeek-V4's compressed sparse attention keeps caches kvplan "
-                          f"does not size yet")
+                          f"does not size yet (vLLM's own layout: a sliding-window cache per layer, compressed caches "
+                          f"and compressor states)")
     if c.data.get("index_n_heads") is not None and not c.has("kv_lora_rank"):
         raise KvplanError(f"{path}: index_n_heads: an indexed sparse attention without MLA is not modelled")
-    if c.data.get("indexer_types") is not None or c.data.get("index_topk_freq") is not None:
-        raise KvplanError(f"{path}: indexer_types / index_topk_freq: an indexer on some layers only is not modelled")
-    if c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
+    if model_type.startswith("gemma4"):
+        if c.integer("hidden_size_per_layer_input"):
+            raise KvplanError(f"{path}: {c.prefix}hidden_size_per_layer_input: Gemma 4's per-layer input embeddings "
+                              f"are not modelled yet")
+        if c.integer("num_kv_shared_layers"):
+            raise KvplanError(f"{path}: {c.prefix}num_kv_shared_layers: layers reading an earlier layer's KV cache "
+                              f"(Gemma 4) are not modelled yet")
+    elif c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
         raise KvplanError(f"{path}: global_head_dim / num_global_key_value_heads: layers with their own KV heads "
-                          f"and head sizes (Gemma 4's global layers) are not modelled yet")
-    if c.data.get("block_configs") is not None:
-        raise KvplanError(f"{path}: block_configs: per-layer NAS configurations (each layer its own attention and "
-                          f"MLP sizes, some layers without attention) are not modelled yet")
+                          f"and head sizes outside Gemma 4 are not modelled")
 
 
 def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> dict:
@@ -431,6 +647,8 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
             "proj_bias": bool(c.flag("mamba_proj_bias")), "dt_bc_norms": True,
         }
         return out
+    if family == "kimi_linear":
+        return _kimi_linear_layers(c, layers, path)
     # Qwen3-Next / Qwen3.5: layer_types, or an attention layer every full_attention_interval
     types = c.items("layer_types", lambda t: isinstance(t, str), "a list of layer types")
     if not types:
@@ -449,6 +667,36 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         "ssm_cache_dtype": _dtype_of(c.text("mamba_ssm_dtype") or c.text("mamba_ssm_cache_dtype")),
     }
     out["attn_output_gate"] = c.flag("attn_output_gate") is not False
+    return out
+
+
+def _kimi_linear_layers(c: "_Fields", layers: int, path: Path | str) -> dict:
+    """Kimi Linear and Kimi-K3's text model, as vLLM builds them (kimi_linear.py; vllm/models/kimi_k3 in later
+    releases): MLA layers at linear_attn_config.full_attn_layers and Kimi delta attention at kda_layers (both counted
+    from 1), a KDA layer keeping three short-convolution states and a float32 head_dim x head_dim state per head.
+    Kimi-K3 adds a full-rank KDA output gate (use_full_rank_gate), an MLA output gate (mla_use_output_gate),
+    routed experts in a latent space (routed_expert_hidden_size, normed with latent_moe_use_norm) and attention
+    residuals (attn_res_block_size)."""
+    kda = c.section("linear_attn_config")
+    if kda is None:
+        raise KvplanError(f"{path}: field '{c.prefix}linear_attn_config' is missing; Kimi Linear names its KDA and "
+                          f"MLA layers there")
+    full = kda.items("full_attn_layers", _is_int, "a list of layer numbers (from 1)") or []
+    linear = kda.items("kda_layers", _is_int, "a list of layer numbers (from 1)") or []
+    if sorted(full + linear) != list(range(1, layers + 1)):
+        raise KvplanError(f"{path}: {kda.prefix}full_attn_layers and kda_layers do not number the {layers} layers "
+                          f"from 1 once each")
+    out: dict[str, Any] = {"mixers": tuple("full" if i + 1 in full else "state" for i in range(layers))}
+    freq = c.integer("moe_layer_freq", minimum=1) or 1
+    if freq > 1 and c.integer("num_experts"):
+        first = c.integer("first_k_dense_replace") or 0
+        out["mlps"] = tuple("moe" if i >= first and i % freq == 0 else "dense" for i in range(layers))
+    head_dim = kda.need("head_dim")
+    out["state"] = {"kind": "kda", "num_heads": kda.need("num_heads"), "head_dim": head_dim, "state_size": head_dim,
+                    "conv_kernel": kda.integer("short_conv_kernel_size", minimum=2) or 4, "conv_bias": False,
+                    "full_rank_gate": bool(kda.flag("use_full_rank_gate"))}
+    if c.integer("attn_res_block_size", minimum=1):
+        out["attention_residuals"] = True
     return out
 
 
@@ -486,6 +734,86 @@ def _state_space_model(c: "_Fields", top: "_Fields", family: str, path: Path | s
     }
 
 
+_MINIMAX_LINEAR = {"minimax", "minimax_text_01", "minimax_m1"}
+
+
+def _lightning_layers(c: "_Fields", model_type: str, path: Path | str) -> dict:
+    """MiniMax-Text-01 / MiniMax-M1: softmax attention layers (1 in attn_type_list, or full_attention in
+    layer_types) between lightning linear-attention layers (0, linear_attention), each keeping one head_dim x
+    head_dim state per head (vLLM's minimax_text_01.py; vLLM serves it until 0.23, and later releases refuse it)."""
+    if model_type not in _MINIMAX_LINEAR:
+        return {}
+    layers = c.need("num_hidden_layers")
+    kinds = c.items("attn_type_list", lambda t: _is_int(t) and t in (0, 1),
+                    "a list of 0 (linear) and 1 (softmax attention)")
+    if kinds is None:
+        types = c.items("layer_types", lambda t: t in ("linear_attention", "full_attention"),
+                        'a list of "linear_attention" / "full_attention"')
+        kinds = [1 if t == "full_attention" else 0 for t in types] if types else [1] * layers
+    if len(kinds) != layers:
+        raise KvplanError(f"{path}: {c.prefix}attn_type_list lists {len(kinds)} layers; num_hidden_layers is {layers}")
+    heads = c.need("num_attention_heads")
+    head_dim = c.integer("head_dim", minimum=1) or c.need("hidden_size") // heads
+    if c.integer("shared_intermediate_size"):
+        raise KvplanError(f"{path}: {c.prefix}shared_intermediate_size: MiniMax's shared MLP beside the experts is "
+                          f"not modelled yet")
+    return {"mixers": tuple("full" if k else "state" for k in kinds),
+            "state": {"kind": "lightning", "num_heads": heads, "head_dim": head_dim, "state_size": head_dim,
+                      "conv_kernel": 1, "conv_bias": False},
+            "vllm_until": "0.23"}
+
+
+def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
+    """Zamba2, as vLLM builds it (zamba2.py): every layer a Mamba-2 mixer with its norm; the `hybrid` layers of
+    layers_block_type also run one of num_mem_blocks shared transformer blocks (attention over the hidden state
+    concatenated with the embeddings, 2 x hidden wide, in attention_head_dim heads, and a gated GELU MLP), each
+    such layer with its own KV cache, output projection and LoRA adapters. kvplan lays a hybrid layer out as two: the
+    shared block's attention and MLP, then the Mamba-2 mixer; the layer count is so the figure's, not vLLM's."""
+    blocks = c.items("layers_block_type", lambda t: t in ("mamba", "hybrid"), 'a list of "mamba" / "hybrid"')
+    layers = c.need("num_hidden_layers")
+    if not blocks or len(blocks) != layers:
+        raise KvplanError(f"{path}: field '{c.prefix}layers_block_type' is missing or does not list "
+                          f"num_hidden_layers ({layers}) blocks; Zamba2 names each layer's block there")
+    hidden, heads = c.need("hidden_size"), c.need("num_attention_heads")
+    width = c.integer("attention_hidden_size", minimum=1) or 2 * hidden  # Zamba2Config's defaults
+    head_dim = c.integer("attention_head_dim", minimum=1) or width // heads
+    if head_dim * heads != width:
+        raise KvplanError(f"{path}: attention_hidden_size {width} is not num_attention_heads {heads} x "
+                          f"attention_head_dim {head_dim} (vLLM refuses it)")
+    mixers, mlps, norms = [], [], []
+    for b in blocks:
+        if b == "hybrid":
+            mixers.append("full"), mlps.append("dense"), norms.append(0)  # the shared block's norms are its own
+        mixers.append("state"), mlps.append("none"), norms.append(1)
+    expand = c.integer("mamba_expand", minimum=1) or 2
+    mamba_heads, mamba_head_dim = c.need("n_mamba_heads"), c.integer("mamba_headdim", minimum=1) or 64
+    if mamba_heads * mamba_head_dim != expand * hidden:
+        raise KvplanError(f"{path}: n_mamba_heads x mamba_headdim ({mamba_heads} x {mamba_head_dim}) is not "
+                          f"mamba_expand x hidden_size ({expand} x {hidden})")
+    use_adapters = c.flag("use_shared_attention_adapter")
+    tied = c.flag("tie_word_embeddings")
+    dtype, notes = _served_dtype(c.text("torch_dtype") or c.text("dtype"))
+    return {
+        "name": top.text("_name_or_path") or _name_from_path(path), "family": "zamba2", "num_layers": len(mixers),
+        "hidden_size": hidden, "intermediate_size": c.integer("intermediate_size", minimum=1) or 4 * hidden,
+        "num_heads": heads, "num_kv_heads": heads,  # vLLM's Zamba2Attention keeps a KV head per attention head
+        "head_dim": head_dim, "vocab_size": c.need("vocab_size"),
+        "tie_word_embeddings": True if tied is None else tied,
+        "max_position_embeddings": c.integer("max_position_embeddings", minimum=1) or 4096,
+        "dtype": dtype, "weight_dtype": dtype, "mixers": tuple(mixers), "mlps": tuple(mlps), "norms": tuple(norms),
+        "shared_attention": {"blocks": c.integer("num_mem_blocks", minimum=1) or 1, "input_size": width,
+                             "adapter_rank": c.integer("adapter_rank", minimum=1) or 128,
+                             "attention_adapters": bool(use_adapters)},
+        "state": {"kind": "mamba2", "num_heads": mamba_heads, "head_dim": mamba_head_dim,
+                  "state_size": c.integer("mamba_d_state", minimum=1) or 64,
+                  "n_groups": c.integer("mamba_ngroups", minimum=1) or 1,
+                  "conv_kernel": c.integer("mamba_d_conv", minimum=1) or 4,
+                  "conv_bias": c.flag("use_conv_bias") is not False, "proj_bias": bool(c.flag("add_bias_linear"))},
+        "notes": notes + [f"each of the {blocks.count('hybrid')} hybrid layers is laid out as two, the shared "
+                          f"attention block and the Mamba-2 mixer"],
+    }
+
+
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if not isinstance(cfg, dict):
         raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
@@ -497,6 +825,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         c = text_config
         model_type = (c.text("model_type") or model_type).lower()
 
+    if model_type == "zamba2":
+        return _zamba2_model(c, top, path)
+    lightning = _lightning_layers(c, model_type, path)
     _refuse_unmodelled_layers(top, c, model_type, path)
     if model_type in _STATE_SPACE_MODELS:
         return _state_space_model(c, top, model_type, path)
@@ -510,6 +841,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     # ChatGLM / GLM-4 embed padded_vocab_size rows (vocab_size there is the tokenizer's)
     vocab = c.integer("padded_vocab_size", minimum=1) or c.need("vocab_size")
     family = model_type or "unknown"
+    nas = _nas_layers(c, layers, hidden, heads, path) if c.data.get("block_configs") is not None else {}
     falcon = family in ("falcon", "refinedweb", "refinedwebmodel")
 
     if falcon and c.flag("multi_query") and not c.flag("new_decoder_architecture"):
@@ -519,7 +851,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     elif family == "chatglm" and c.flag("multi_query_attention"):
         kv_heads = c.need("multi_query_group_num")
     else:
-        kv_heads = c.integer("num_key_value_heads") or c.integer("num_kv_heads") or heads
+        kv_heads = (c.integer("num_key_value_heads") or c.integer("num_kv_heads")
+                    or max(nas.get("kv_heads_per_layer") or [heads]))
     # transformers' own definition when the config omits it (ChatGLM calls it kv_channels)
     head_dim = c.integer("head_dim") or c.integer("kv_channels") or hidden // heads
     legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox")
@@ -527,6 +860,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                     or c.integer("intermediate_size") or c.integer("ffn_hidden_size")
                     or c.integer("ff_intermediate_size") or c.integer("n_inner")
                     or (4 * hidden if falcon or legacy_mlp else None)
+                    or max(nas.get("intermediate_sizes") or [0]) or None  # a NAS model: its widest layer
                     # a MoE model with no dense layer (Qwen3.5's MoE) has no dense width to give
                     or (c.integer("moe_intermediate_size") if (c.has("num_experts") or c.has("n_routed_experts"))
                         and not c.integer("first_k_dense_replace") else None))
@@ -571,15 +905,22 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         bits = q.integer("bits", minimum=1)
         if method == "compressed-tensors":
             out["weight_dtype"] = compressed_tensors_format(q, path)
+            scope = _ignored_scope(q.items("ignore", lambda x: isinstance(x, str), "a list of module names") or [])
+            if scope:
+                out["weight_scope"] = scope
         elif method == "modelopt":
             algo = (q.text("quant_algo") or "").upper()
-            formats = {"FP8": "fp8", "NVFP4": "nvfp4", "FP8_PB_WO": "fp8_block128", "FP8_BLOCK": "fp8_block128"}
-            if algo not in formats:
+            if algo == "MIXED_PRECISION":
+                out.update(_modelopt_mixed(q, path))
+            elif algo not in _MODELOPT_FORMATS:
                 raise KvplanError(f"{path}: ModelOpt quant_algo '{algo or '?'}' is not modelled; use the unquantized "
                                   f"config and pass --weight-dtype (fp8, nvfp4, ...)")
-            out["weight_dtype"] = formats[algo]
-            excluded = q.items("exclude_modules", lambda x: isinstance(x, str), "a list of module names") or []
-            if sum(1 for x in excluded if "self_attn" in x or ".attn" in x) >= layers:
+            else:
+                out["weight_dtype"] = _MODELOPT_FORMATS[algo]
+            # hf_quant_config.json names them exclude_modules, a config.json's quantization_config ignore
+            excluded = (q.items("exclude_modules", lambda x: isinstance(x, str), "a list of module names")
+                        or q.items("ignore", lambda x: isinstance(x, str), "a list of module names") or [])
+            if algo != "MIXED_PRECISION" and sum(1 for x in excluded if "self_attn" in x or ".attn" in x) >= layers:
                 out["weight_scope"] = "mlp"  # every layer's attention kept in the model dtype
         elif method in ("awq", "gptq"):
             bits = bits or 4
@@ -635,6 +976,13 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         pattern = ["chunked" if r else "full" for r in rope]
     elif window and c.flag("use_sliding_window") is not False:
         pattern = ["sliding"]
+    if lightning:
+        out.update(lightning)
+        layer_types = None
+    # a NAS model's blocks; sizes every layer shares are the model's own
+    out.update({k: v for k, v in nas.items() if k in ("mixers", "mlps", "norms") or len(set(v)) > 1})
+    if family in ("gemma4", "gemma4_text") and pattern:
+        out.update(_gemma4_layers(c, pattern, layers, kv_heads, head_dim))
     if pattern:
         att: dict[str, Any] = {"pattern": pattern}
         if "sliding" in pattern:
@@ -647,8 +995,13 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if c.integer("kv_lora_rank"):
         out["mla"] = {k: c.integer(k) for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
                                                 "qk_nope_head_dim", "v_head_dim")}
+        if c.flag("mla_use_output_gate"):
+            out["mla"]["output_gate"] = True
         if c.integer("index_n_heads"):
             out["mla"].update({k: c.need(k) for k in ("index_n_heads", "index_head_dim", "index_topk")})
+            indexed = _indexed_layers(c, layers, path)
+            if not all(indexed):
+                out["indexed"] = indexed
         out["head_dim"] = None
 
     # MoE
@@ -656,12 +1009,14 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     if experts:
         moe: dict[str, Any] = {
             "num_experts": experts,
-            "experts_per_token": c.need("num_experts_per_tok", "experts_per_token"),
+            "experts_per_token": c.need("num_experts_per_tok", "experts_per_token", "top_k_experts",
+                                        "num_experts_per_token"),
             "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
         # Qwen2-MoE and Qwen3-Next name one shared expert by its width alone (with a sigmoid gate of its own)
         shared_width = c.integer("shared_expert_intermediate_size") or c.integer("moe_shared_expert_intermediate_size")
-        shared = (c.integer("n_shared_experts") or (1 if family in ("llama4", "llama4_text") else 0)
+        shared = (c.integer("n_shared_experts") or c.integer("num_shared_experts")
+                  or (1 if family in ("llama4", "llama4_text") else 0)
                   or (1 if shared_width else 0))
         if shared:
             moe["shared_experts"] = shared
@@ -669,16 +1024,20 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                 moe["shared_expert_intermediate_size"] = shared_width
             if family in ("qwen2_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
                 moe["shared_expert_gate"] = True
-        if c.integer("moe_latent_size"):
-            moe["latent_size"] = c.integer("moe_latent_size")
+        if c.integer("moe_latent_size") or c.integer("routed_expert_hidden_size"):
+            moe["latent_size"] = c.integer("moe_latent_size") or c.integer("routed_expert_hidden_size")
+            moe["latent_norm"] = bool(c.flag("latent_moe_use_norm"))
         if family == "qwen2_moe" and c.items("mlp_only_layers", _is_int, "a list of layer indices"):
             raise KvplanError(f"{path}: mlp_only_layers: dense layers at chosen indices are not modelled yet")
         if c.integer("first_k_dense_replace"):
             moe["first_dense_layers"] = c.integer("first_k_dense_replace")
         if family == "gpt_oss":
             moe["router_bias"] = moe["expert_bias"] = True
-        if c.text("topk_method") == "noaux_tc" or family == "glm4_moe":
+        if c.text("topk_method") == "noaux_tc" or family in ("glm4_moe", "kimi_linear"):
             moe["score_correction_bias"] = True
+        if family in ("gemma4", "gemma4_text"):
+            # Gemma 4's MoE block runs beside a dense MLP of intermediate_size: that MLP is a shared expert
+            moe.update(shared_experts=1, shared_expert_intermediate_size=intermediate, router_scales=True)
         out["moe"] = moe
         if family in ("llama4", "llama4_text") and c.integer("intermediate_size_mlp"):
             out["intermediate_size"] = c.integer("intermediate_size_mlp")
@@ -691,12 +1050,15 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     out["qkv_bias"] = attention_bias or family in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl") or bool(
         c.flag("qkv_bias"))
     out["o_bias"] = attention_bias and family != "glm4_moe"
-    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "qwen3_next", "qwen3_5",
+    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+                                 "qwen3_next", "qwen3_5",
                                  "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
                       or bool(c.flag("use_qk_norm") and c.text("qk_norm_type") == "per_head")
                       or bool(c.flag("use_qk_norm") and family == "glm4_moe"))
-    if family in ("gemma2", "gemma3", "gemma3_text"):
+    if family in ("gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text"):
         out["norms_per_layer"] = 4
+    if family in ("gemma4", "gemma4_text") and out.get("moe"):
+        out["norms_per_layer"] = 7  # the MoE block's pre-norm and the post-norms of both branches
     if falcon:
         out.update(norms_per_layer=1, norm_bias=True, gated_mlp=False)
     # the older layouts, as their transformers modelling code builds them (and vLLM's, weight for weight)

@@ -391,9 +391,9 @@ def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat
     element (head + head_v) like fp8."""
     if rules.sliding_nvfp4_packed or fmt.family != "nvfp4" or model.is_mla:
         return layers
-    unpacked = kv_heads_per_rank(model, tp) * 2 * (model.head_dim or 0)
-    return tuple(replace(lay, bytes_per_token=unpacked) if lay.kind == "sliding" and lay.format == fmt.name else lay
-                 for lay in layers)
+    return tuple(replace(lay, bytes_per_token=kv_heads_per_rank(model, tp, lay.index) * 2
+                         * (model.layer_head_dim(lay.index) or 0))
+                 if lay.kind == "sliding" and lay.format == fmt.name else lay for lay in layers)
 
 
 def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,

@@ -70,6 +70,9 @@ def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[
             data = fmt.k[0]
             per_layer = latent * (bits if data.bits is None else data.bits) // 8
         return per_layer * L, 0.0, L, 0
+    if model.kv_heads_per_layer is not None or model.head_dims is not None:
+        raise KvplanError(f"{model.name}'s attention layers differ in KV heads or head size; kvplan sizes SGLang's "
+                          f"pool for one attention shape only (plan it for vLLM)")
     n = max(1, model.num_kv_heads // max(1, tp // dcp))
     # K and V of one head, every scale included, from the format catalog (the same bytes SGLang's
     # _compute_cell_size counts: fp8 1 byte per element, mxfp8 one e8m0 scale per 32, fp4 two per byte plus an

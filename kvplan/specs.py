@@ -61,6 +61,8 @@ class MLASpec(_Frozen):
     index_n_heads: Optional[int] = Field(None, gt=0)
     index_head_dim: Optional[int] = Field(None, gt=0)
     index_topk: Optional[int] = Field(None, gt=0)
+    output_gate: bool = Field(False, description="a sigmoid gate on the attention output, projected from the hidden "
+                              "state (heads x v_head_dim; Kimi-K3's mla_use_output_gate)")
 
     @property
     def latent_dim(self) -> int:
@@ -88,6 +90,9 @@ class MoESpec(_Frozen):
                                        "projected in and out per layer (Nemotron-3's moe_latent_size)")
     shared_expert_gate: bool = Field(False, description="a sigmoid gate (hidden x 1) on the shared expert's output "
                                      "(Qwen2-MoE, Qwen3-Next)")
+    latent_norm: bool = Field(False, description="an RMSNorm on the latent the routed experts return (Kimi-K3)")
+    router_scales: bool = Field(False, description="a learned scale on the router's input (hidden) and one per "
+                                "expert on its weights (Gemma 4)")
 
     @model_validator(mode="after")
     def _k_le_e(self) -> "MoESpec":
@@ -103,12 +108,16 @@ class MoESpec(_Frozen):
 class StateSpec(_Frozen):
     """The mixer of a layer that keeps a fixed state per sequence instead of a growing KV cache: Mamba-2 (heads x
     head_dim channels, n_groups groups of a state_size-wide SSM state), gated delta net (value heads x value head
-    dim, n_groups key heads of state_size-wide keys) or Mamba (one intermediate_size-wide channel set)."""
+    dim, n_groups key heads of state_size-wide keys), Mamba (one intermediate_size-wide channel set), lightning
+    attention (MiniMax: heads of a head_dim x state_size key-value state, no convolution) or Kimi delta attention
+    (KDA: heads of head_dim x state_size, short convolutions on q, k and v)."""
 
-    kind: Literal["mamba2", "gdn", "mamba"]
-    num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads")
-    head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim")
-    state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim")
+    kind: Literal["mamba2", "gdn", "mamba", "lightning", "kda"]
+    num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads; lightning and KDA heads")
+    head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim; lightning and KDA "
+                          "head dim")
+    state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim; lightning "
+                            "and KDA: the head dim again")
     n_groups: int = Field(1, gt=0, description="Mamba-2 B/C groups; gated delta net key heads")
     conv_kernel: int = Field(4, gt=0)
     intermediate_size: Optional[int] = Field(None, gt=0, description="Mamba: d_inner")
@@ -116,6 +125,8 @@ class StateSpec(_Frozen):
     conv_bias: bool = True
     proj_bias: bool = False
     dt_bc_norms: bool = Field(False, description="RMSNorms on the time step, B and C (Jamba's Mamba)")
+    full_rank_gate: bool = Field(False, description="KDA: the output gate one hidden -> heads x head_dim projection, "
+                                 "fused with q, k and v (Kimi-K3), instead of a low-rank pair")
     ssm_cache_dtype: Optional[Literal["bf16", "fp16", "fp32"]] = Field(
         None, description="the SSM/recurrent state's dtype in the cache (mamba_ssm_cache_dtype); None: the model's")
 
@@ -128,9 +139,26 @@ class StateSpec(_Frozen):
 
     @property
     def conv_channels(self) -> int:
+        if self.kind == "lightning":
+            return 0
+        if self.kind == "kda":  # q, k and v each convolved
+            return 3 * self.inner
         if self.kind == "mamba":
             return self.inner
         return self.inner + 2 * self.n_groups * self.state_size
+
+
+class SharedAttentionSpec(_Frozen):
+    """Attention blocks whose weights the attention layers share in turn (Zamba2's num_mem_blocks): `blocks` copies
+    of an attention layer and its MLP, which read the hidden state concatenated with the input embeddings
+    (input_size wide, normed there). Each layer using one keeps its own KV cache, a projection of the block's output
+    (hidden x hidden) and LoRA adapters of adapter_rank on the MLP's gate and up (and on q, k and v with
+    attention_adapters)."""
+
+    blocks: int = Field(gt=0)
+    input_size: int = Field(gt=0)
+    adapter_rank: Optional[int] = Field(None, gt=0)
+    attention_adapters: bool = False
 
 
 class VisionSpec(_Frozen):
@@ -167,6 +195,11 @@ class ModelSpec(_Frozen):
         "linear", description="which tensors weight_dtype covers: every decoder linear layer, MoE experts only, or "
         "the MLPs and experts (attention left in the model dtype)"
     )
+    attention_weight_dtype: Optional[str] = Field(
+        None, description="with weight_scope 'mlp': the checkpoint format of the attention and state-mixer linear "
+        "layers (a ModelOpt MIXED_PRECISION checkpoint's FP8 attention); None: the model dtype")
+    lm_head_weight_dtype: Optional[str] = Field(None, description="the LM head's checkpoint format, where it is "
+                                                "quantized (ModelOpt MIXED_PRECISION)")
     declared_params: Optional[int] = Field(None, gt=0)
     checkpoint_params: Optional[int] = Field(None, gt=0, description="elements in the checkpoint's safetensors "
                                              "headers, where a local snapshot has them")
@@ -175,16 +208,36 @@ class ModelSpec(_Frozen):
     moe: Optional[MoESpec] = None
     vision: Optional[VisionSpec] = None
     state: Optional[StateSpec] = None
+    shared_attention: Optional[SharedAttentionSpec] = None
     mixers: Optional[tuple[MixerKind, ...]] = Field(
         None, description="each layer's mixer, where layers differ beyond the attention pattern (hybrids)")
     mlps: Optional[tuple[MlpKind, ...]] = Field(
         None, description="each layer's MLP, where it is not one per layer (Nemotron-H's separate blocks)")
+    kv_heads_per_layer: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's KV heads, where attention layers differ (Gemma 4's global layers, NAS models); "
+        "num_kv_heads elsewhere")
+    head_dims: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's head size, where attention layers differ (Gemma 4's global layers)")
+    v_from_k: Optional[tuple[bool, ...]] = Field(
+        None, description="layers whose checkpoint has no v_proj, V being K (Gemma 4's attention_k_eq_v global "
+        "layers): vLLM still allocates the V slot and loads K into it, and caches K and V apart")
+    indexed: Optional[tuple[bool, ...]] = Field(
+        None, description="layers with a sparse-attention indexer of their own, where only some have one (the others "
+        "reuse the top-k an earlier indexer chose: index_topk_freq)")
+    intermediate_sizes: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's dense MLP width, where layers differ (NAS models' ffn_mult)")
+    norms: Optional[tuple[int, ...]] = Field(
+        None, description="each layer's norms, where layers differ (a NAS block without attention or MLP has none "
+        "for it); norms_per_layer elsewhere")
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (weights of head_dim)")
     qk_norm_full: bool = Field(False, description="q and k normed across all their heads (OLMo 2: weights of "
                                "heads x head_dim)")
     mlp_bias: bool = Field(False, description="biases on the dense MLP's projections (GPT-2, GPT-J, phi-2)")
+    attention_residuals: bool = Field(False, description="attention residuals (Kimi-K3's attn_res_block_size): "
+                                      "before the attention and before the MLP of each layer, and before the final "
+                                      "norm, a norm and a 1 x hidden projection weighing the earlier blocks' outputs")
     attn_output_gate: bool = Field(False, description="q_proj also yields a sigmoid gate on the attention output "
                                    "(Qwen3-Next, Qwen3.5): twice the query width")
     lm_head_bias: bool = False
@@ -202,6 +255,8 @@ class ModelSpec(_Frozen):
     notes: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     origin: Optional[str] = Field(None, description="how this spec was found, when it stands in for the one named")
+    vllm_until: Optional[str] = Field(None, description="the last vLLM release that serves this architecture, where "
+                                      "a later one removed it")
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
@@ -211,15 +266,29 @@ class ModelSpec(_Frozen):
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.moe and self.moe.first_dense_layers > self.num_layers:
             raise ValueError("moe.first_dense_layers exceeds num_layers")
-        for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps)):
+        for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps), ("kv_heads_per_layer", self.kv_heads_per_layer),
+                            ("head_dims", self.head_dims), ("v_from_k", self.v_from_k), ("indexed", self.indexed),
+                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms)):
             if kinds is not None and len(kinds) != self.num_layers:
                 raise ValueError(f"{name} lists {len(kinds)} layers; the model has {self.num_layers}")
+        for name, sizes in (("kv_heads_per_layer", self.kv_heads_per_layer), ("head_dims", self.head_dims),
+                            ("intermediate_sizes", self.intermediate_sizes)):
+            if sizes is not None and any(isinstance(n, bool) or n < 1 for n in sizes):
+                raise ValueError(f"{name} holds a size below 1")
+        if self.norms is not None and any(n < 0 for n in self.norms):
+            raise ValueError("norms holds a negative count")
+        for kv in set(self.kv_heads_per_layer or ()):
+            if self.num_heads % kv:
+                raise ValueError(f"num_heads {self.num_heads} is not a multiple of a layer's {kv} KV heads")
         if self.mixers is not None:
             if "state" in self.mixers and self.state is None:
                 raise ValueError("a 'state' layer needs the state mixer described (state: kind, heads, ...)")
             for kind, size in (("sliding", self.attention.sliding_window), ("chunked", self.attention.chunk_size)):
                 if kind in self.mixers and size is None:
                     raise ValueError(f"a '{kind}' layer needs attention.{'sliding_window' if kind == 'sliding' else 'chunk_size'}")
+        if self.shared_attention is not None and any(
+                mlp == "dense" and mixer not in ATTENTION_KINDS for mixer, mlp in zip(self.layer_kinds, self.mlp_kinds)):
+            raise ValueError("with shared_attention, only the attention layers (the shared blocks) have a dense MLP")
         if self.mlps is not None and "moe" in self.mlps and self.moe is None:
             raise ValueError("a 'moe' layer needs moe (experts, experts_per_token, ...)")
         return self
@@ -250,6 +319,32 @@ class ModelSpec(_Frozen):
             return self.mlps
         first = self.moe.first_dense_layers if self.moe else self.num_layers
         return tuple("dense" if i < first else "moe" for i in range(self.num_layers))
+
+    def layer_kv_heads(self, i: int) -> int:
+        """Layer i's KV heads (num_kv_heads unless the layers differ)."""
+        return self.kv_heads_per_layer[i] if self.kv_heads_per_layer is not None else self.num_kv_heads
+
+    def layer_head_dim(self, i: int) -> Optional[int]:
+        return self.head_dims[i] if self.head_dims is not None else self.head_dim
+
+    def layer_intermediate(self, i: int) -> int:
+        """Layer i's dense MLP width."""
+        return self.intermediate_sizes[i] if self.intermediate_sizes is not None else self.intermediate_size
+
+    @property
+    def indexer_layers(self) -> tuple[int, ...]:
+        """The attention layers holding a sparse-attention indexer (and its key cache)."""
+        if self.mla is None or not self.mla.index_head_dim:
+            return ()
+        return tuple(i for i in self.attention_layers if self.indexed is None or self.indexed[i])
+
+    def layer_norms(self, i: int) -> int:
+        return self.norms[i] if self.norms is not None else self.norms_per_layer
+
+    @property
+    def attention_kv_heads(self) -> tuple[int, ...]:
+        """The distinct KV head counts of the attention layers."""
+        return tuple(sorted({self.layer_kv_heads(i) for i in self.attention_layers})) or (self.num_kv_heads,)
 
     @property
     def is_hybrid(self) -> bool:

@@ -40,6 +40,9 @@ class Tensor:
     part: Part
     is_matrix: bool = True  # a linear layer's weight (quantizable); False for biases, norms, sinks
     kv_heads: int = 0  # for shard "kv": the heads out_dim spans
+    layers: tuple[int, ...] = ()  # the layers holding one each, where only some of the part's layers do
+    loaded_copy: bool = False  # memory vLLM fills from another tensor of the checkpoint: held, not a parameter
+    shared: bool = False  # one per weight block the attention layers share in turn (Zamba2), not one per layer
 
     @property
     def numel(self) -> int:
@@ -146,29 +149,41 @@ def weight_format(name: str) -> WeightFormat:
 # The tensor list
 
 
-def _linear(name, out_dim, in_dim, count, shard, part, bias=False, bias_shard=None, kv_heads=0) -> list[Tensor]:
-    ts = [Tensor(name, out_dim, in_dim, count, shard, part, True, kv_heads)]
+def _linear(name, out_dim, in_dim, count, shard, part, bias=False, bias_shard=None, kv_heads=0,
+            layers: tuple[int, ...] = (), loaded_copy: bool = False) -> list[Tensor]:
+    ts = [Tensor(name, out_dim, in_dim, count, shard, part, True, kv_heads, layers, loaded_copy)]
     if bias:
         # A column-parallel bias is split with its outputs; a row-parallel bias is added once, so every rank holds it.
         bshard = bias_shard or (shard if shard in ("col", "kv") else "rep")
-        ts.append(Tensor(name + ".bias", out_dim, 1, count, bshard, part, False, kv_heads))
+        ts.append(Tensor(name + ".bias", out_dim, 1, count, bshard, part, False, kv_heads, layers, loaded_copy))
     return ts
 
 
 def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = False,
-         hidden: Optional[int] = None) -> list[Tensor]:
+         hidden: Optional[int] = None, layers: tuple[int, ...] = ()) -> list[Tensor]:
     h = hidden or m.hidden_size
     ts: list[Tensor] = []
     if m.gated_mlp:
         if bias:  # gpt-oss stores gate and up fused, with one bias of 2*width
-            ts += _linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True)
+            ts += _linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True, layers=layers)
         else:
-            ts += _linear(f"{prefix}.gate_proj", width, h, count, "col", part)
-            ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part)
+            ts += _linear(f"{prefix}.gate_proj", width, h, count, "col", part, layers=layers)
+            ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, layers=layers)
     else:
-        ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias)
-    ts += _linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias)
+        ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias, layers=layers)
+    ts += _linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias, layers=layers)
     return ts
+
+
+def _by_shape(layers, shape) -> list[tuple[tuple, tuple[int, ...]]]:
+    """`layers` grouped by shape(i), in order of first appearance: [(shape, layers of that shape)]. One group (and
+    no layer list, the part's every layer) where all agree."""
+    groups: dict[tuple, list[int]] = {}
+    for i in layers:
+        groups.setdefault(shape(i), []).append(i)
+    if len(groups) == 1:
+        return [(next(iter(groups)), ())]
+    return [(k, tuple(v)) for k, v in groups.items()]
 
 
 def _conv(channels: int, st, count: int) -> list[Tensor]:
@@ -203,6 +218,25 @@ def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
         for name in ("dt_bias", "A_log"):
             ts.append(Tensor(f"linear_attn.{name}", st.num_heads, 1, count, "col", "state", False))
         ts.append(Tensor("linear_attn.norm", st.head_dim, 1, count, "rep", "state", False))
+        ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
+    elif st.kind == "kda":  # Kimi delta attention (KimiDeltaAttention): low-rank forget (f) and output (g) gates
+        d = st.head_dim
+        ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
+        ts += _linear("linear_attn.b_proj", st.num_heads, h, count, "col", "state")
+        for gate in ("f",) if st.full_rank_gate else ("f", "g"):
+            ts += _linear(f"linear_attn.{gate}_a_proj", d, h, count, "rep", "state")
+            ts += _linear(f"linear_attn.{gate}_b_proj", inner, d, count, "col", "state")
+        if st.full_rank_gate:
+            ts += _linear("linear_attn.g_proj", inner, h, count, "col", "state")
+        ts += _conv(conv, st, count)
+        ts.append(Tensor("linear_attn.dt_bias", inner, 1, count, "col", "state", False))
+        ts.append(Tensor("linear_attn.A_log", st.num_heads, 1, count, "col", "state", False))
+        ts.append(Tensor("linear_attn.o_norm", d, 1, count, "rep", "state", False))
+        ts += _linear("linear_attn.o_proj", h, inner, count, "row", "state")
+    elif st.kind == "lightning":  # MiniMax's linear attention (MiniMaxText01LinearAttention)
+        ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
+        ts += _linear("linear_attn.output_gate", inner, h, count, "col", "state")
+        ts.append(Tensor("linear_attn.norm", inner, 1, count, "col", "state", False))
         ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
     else:  # Mamba
         rank = st.dt_rank or -(-h // 16)
@@ -240,35 +274,68 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
         ts += _linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
         ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
+        if a.output_gate:
+            ts += _linear("attn.g_proj", m.num_heads * a.v_head_dim, h, L, "col", "attention")
         if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
             dq = a.q_lora_rank or h
-            ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, L, "rep", "attention")
-            ts += _linear("attn.indexer.wk", a.index_head_dim, h, L, "rep", "attention")
-            ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, L, "rep", "norm", False))
-            ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, L, "rep", "attention")
+            indexed = m.indexer_layers
+            n, at = len(indexed), (indexed if len(indexed) < L else ())
+            ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, n, "rep", "attention", layers=at)
+            ts += _linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
+            ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
+            ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
     else:
-        d = m.head_dim
-        assert d is not None
-        ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h, L, "col", "attention",
-                      bias=m.qkv_bias)
-        for n in ("k_proj", "v_proj"):
-            ts += _linear(f"attn.{n}", m.num_kv_heads * d, h, L, "kv", "attention", bias=m.qkv_bias, kv_heads=m.num_kv_heads)
-        ts += _linear("attn.o_proj", h, m.num_heads * d, L, "row", "attention", bias=m.o_bias)
-        if m.qk_norm_full:  # across all heads: split with them
-            ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, L, "col", "norm", False))
-            ts.append(Tensor("attn.k_norm", m.num_kv_heads * d, 1, L, "kv", "norm", False, m.num_kv_heads))
-        elif m.qk_norm:
-            ts.append(Tensor("attn.q_norm", d, 1, L, "rep", "norm", False))
-            ts.append(Tensor("attn.k_norm", d, 1, L, "rep", "norm", False))
+        # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
+        shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
+        shared = m.shared_attention
+        h_in = shared.input_size if shared else h
+        for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
+            assert d is not None
+            n = len(layers) or L
+            if shared:  # the layers share `blocks` copies of the weights
+                n, layers = min(n, shared.blocks), ()
+            start = len(ts)
+            ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
+                          "attention", bias=m.qkv_bias, layers=layers)
+            for name in ("k_proj", "v_proj"):
+                ts += _linear(f"attn.{name}", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
+                              layers=layers, loaded_copy=v_from_k and name == "v_proj")
+            ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
+            if shared:
+                ts[start:] = [replace(t, shared=True) for t in ts[start:]]
+            if m.qk_norm_full:  # across all heads: split with them
+                ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, n, "col", "norm", False, layers=layers))
+                ts.append(Tensor("attn.k_norm", kv * d, 1, n, "kv", "norm", False, kv, layers=layers))
+            elif m.qk_norm:
+                ts.append(Tensor("attn.q_norm", d, 1, n, "rep", "norm", False, layers=layers))
+                ts.append(Tensor("attn.k_norm", d, 1, n, "rep", "norm", False, layers=layers))
     if m.attention_sinks:
         ts.append(Tensor("attn.sinks", m.num_heads, 1, L, "col", "attention", False))
+    shared = m.shared_attention
+    if shared and L:
+        # each layer's own: the projection of the shared block's output (whole on every rank) and the LoRA adapters
+        ts += _linear("shared.projection", h, h, L, "rep", "attention")
+        if shared.adapter_rank:
+            r = shared.adapter_rank
+            ts += _linear("shared.gate_up_adapter.A", r, h, L, "col", "mlp")
+            ts += _linear("shared.gate_up_adapter.B", 2 * m.intermediate_size, r, L, "col", "mlp")
+            if shared.attention_adapters:
+                ts += _linear("shared.qkv_adapters.A", r, shared.input_size, 3 * L, "col", "attention")
+                ts += _linear("shared.qkv_adapters.B", shared.input_size, r, 3 * L, "col", "attention")
+        # the shared blocks' norms: before attention (input_size wide) and before the MLP
+        ts.append(Tensor("shared.norms", shared.input_size + h, 1, min(L, shared.blocks), "rep", "norm", False,
+                         shared=True))
 
     # MLP / MoE
     moe = m.moe
     mlps = m.mlp_kinds
-    dense_layers = mlps.count("dense")
-    if dense_layers:
-        ts += _mlp("mlp", m, m.intermediate_size, dense_layers, "mlp", bias=m.mlp_bias)
+    dense = tuple(i for i, k in enumerate(mlps) if k == "dense")
+    for (width,), layers in _by_shape(dense, lambda i: (m.layer_intermediate(i),)):
+        n = len(layers) or len(dense)
+        if m.shared_attention:  # the MLPs of the shared attention blocks
+            n, layers = min(n, m.shared_attention.blocks), ()
+        mlp = _mlp("mlp", m, width, n, "mlp", bias=m.mlp_bias, layers=layers)
+        ts += [replace(t, shared=True) for t in mlp] if m.shared_attention else mlp
     if moe and "moe" in mlps:
         n = mlps.count("moe")
         e = moe.num_experts
@@ -280,16 +347,23 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         if moe.latent_size:
             ts += _linear("moe.fc1_latent_proj", moe.latent_size, h, n, "rep", "router", bias=m.mlp_bias)
             ts += _linear("moe.fc2_latent_proj", h, moe.latent_size, n, "rep", "router", bias=m.mlp_bias)
+            if moe.latent_norm:
+                ts.append(Tensor("moe.latent_norm", moe.latent_size, 1, n, "rep", "norm", False))
         if moe.shared_experts:
             ts += _mlp("moe.shared_experts", m, moe.shared_intermediate, n * moe.shared_experts, "shared_expert")
         if moe.shared_expert_gate:
             ts.append(Tensor("moe.shared_expert_gate", 1, h, n, "rep", "router", True))
+        if moe.router_scales:
+            ts.append(Tensor("moe.router_scales", h + e, 1, n, "rep", "router", False))
 
     # Norms
     per_norm = h * (2 if m.norm_bias else 1)
-    if m.norms_per_layer:
-        ts.append(Tensor("layer_norms", per_norm, 1, m.num_layers * m.norms_per_layer, "rep", "norm", False))
+    norms = sum(m.layer_norms(i) for i in range(m.num_layers))
+    if norms:
+        ts.append(Tensor("layer_norms", per_norm, 1, norms, "rep", "norm", False))
     ts.append(Tensor("final_norm", per_norm, 1, 1, "rep", "norm", False))
+    if m.attention_residuals:  # a norm and a 1 x hidden projection twice a layer, and once before the final norm
+        ts.append(Tensor("attention_residuals", 2 * h, 1, 2 * m.num_layers + 1, "rep", "norm", False))
 
     if not m.tie_word_embeddings:
         ts.append(Tensor("lm_head", m.vocab_size, h, 1, "vocab", "lm_head", False))
@@ -304,13 +378,15 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
 
 def param_count(m: ModelSpec) -> int:
     """Unique parameters of the main model (tied embeddings counted once), computed from the architecture."""
-    return sum(t.numel for t in model_tensors(m))
+    return sum(t.numel for t in model_tensors(m) if not t.loaded_copy)
 
 
 def active_param_count(m: ModelSpec) -> int:
     """Parameters one token uses: all but the routed experts not chosen."""
     total = 0
     for t in model_tensors(m):
+        if t.loaded_copy:
+            continue
         if t.part == "expert" and m.moe:
             total += t.numel * m.moe.experts_per_token // m.moe.num_experts
         elif t.part != "extra":
@@ -326,8 +402,27 @@ def _quantized(m: ModelSpec, t: Tensor, scope: str) -> bool:
     return scope == "linear" or t.part == "expert"
 
 
-def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: int, fmt: WeightFormat, scope: str) -> int:
+def _own_format(m: ModelSpec, t: Tensor) -> Optional[WeightFormat]:
+    """The format a checkpoint of mixed formats keeps `t` in, where it is not weight_dtype's scope."""
+    if t.name == "lm_head" and m.lm_head_weight_dtype:
+        return weight_format(m.lm_head_weight_dtype)
+    if not t.is_matrix:
+        return None
+    if t.part in ("attention", "state") and m.weight_scope == "mlp" and m.attention_weight_dtype:
+        # a gated delta net's b and a projections (one output per head) are not among the layers a ModelOpt
+        # MIXED_PRECISION checkpoint quantizes: vLLM keeps them in the model dtype
+        return weight_format(m.dtype if t.name == "linear_attn.in_proj_ba" else m.attention_weight_dtype)
+    return None
+
+
+def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: int, fmt: WeightFormat, scope: str,
+                          mixed: bool = False) -> int:
+    """One rank's bytes of `t` in `fmt` over `scope`; with `mixed`, the checkpoint's own format for the tensors a
+    checkpoint of mixed formats keeps apart (attention in FP8, a quantized LM head)."""
     out_dim, in_dim = t.shape_per_rank(tp)
+    own = _own_format(m, t) if mixed else None
+    if own is not None:
+        return own.matrix_bytes(out_dim, in_dim) * t.count
     if _quantized(m, t, scope):
         return fmt.matrix_bytes(out_dim, in_dim) * t.count
     return out_dim * in_dim * t.count * DTYPE_BYTES[m.dtype]
@@ -359,7 +454,13 @@ def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
     if t.part == "lm_head" or t.name == "final_norm":
         return t.count if last else 0
     mlps = m.mlp_kinds
-    if t.part == "mlp":
+    if t.name == "layer_norms":
+        return sum(m.layer_norms(i) for i in stage)
+    if t.shared:  # a stage builds the shared blocks its attention layers take in turn
+        return min(t.count, sum(1 for i in m.attention_layers if i in stage))
+    if t.layers:
+        layers = list(t.layers)
+    elif t.part == "mlp":
         layers = [i for i, k in enumerate(mlps) if k == "dense"]
     elif t.part in ("router", "expert", "shared_expert"):
         layers = [i for i, k in enumerate(mlps) if k == "moe"]
@@ -393,7 +494,7 @@ def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
             continue
         if count != t.count:
             t = replace(t, count=count)
-        b = tensor_bytes_per_rank(m, t, tp, fmt, scope)
+        b = tensor_bytes_per_rank(m, t, tp, fmt, scope, mixed=weight_dtype is None)
         sums["total"] += b
         if t.part == "embed" and not m.tie_word_embeddings:
             sums["embed"] += b

@@ -217,16 +217,17 @@ def test_float32_checkpoints_run_in_bfloat16(tmp_path):
 
 
 @pytest.mark.parametrize("patch, says", [
-    ({"model_type": "zamba2"}, "model_type 'zamba2' is Zamba2"),
+    ({"model_type": "zamba"}, "model_type 'zamba' is Zamba"),
+    ({"model_type": "zamba2"}, "field 'layers_block_type' is missing"),
     ({"hybrid_override_pattern": "M-M*-M-"}, "hybrid_override_pattern 'M-M*-M-...' has Mamba layers"),
     ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "layer_types has 'linear_attention' layers"),
     ({"attn_type_list": [0, 0, 1]}, "attn_type_list has linear (lightning) attention layers"),
     ({"attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period 8"),
-    ({"block_configs": [{"attention": {"no_op": True}}]}, "block_configs: per-layer NAS"),
+    ({"block_configs": [{"attention": {"no_op": True}}]}, "block_configs lists 1 blocks; num_hidden_layers is 32"),
     ({"layer_types": ["mystery_attention"]}, "'mystery_attention'"),
     ({"compress_ratios": [4, 128]}, "DeepSeek-V4's compressed sparse attention"),
     ({"index_n_heads": 64}, "indexed sparse attention without MLA"),
-    ({"global_head_dim": 512}, "Gemma 4's global layers"),
+    ({"global_head_dim": 512}, "global_head_dim / num_global_key_value_heads"),
 ])
 def test_layouts_kvplan_cannot_size_are_refused(tmp_path, patch, says):
     # never priced as attention: each is one line naming the field

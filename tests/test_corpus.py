@@ -16,10 +16,6 @@ from kvplan.weights import param_count
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "hf-corpus"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
 CONFIGS = sorted(n for n in EXPECTED if "hf_quant_config" not in n)
-# transformers builds Llama 4 with its default vision tower when a config leaves vision_config out; kvplan does not
-# count a tower it is not given
-VISION_DEFAULTS = {"meta-llama--Llama-4-Maverick-17B-128E-Instruct_config.json",
-                   "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json"}
 
 
 def _load(name):
@@ -36,7 +32,7 @@ def test_corpus_config(name):
     if m is None:  # one line naming the file and what kvplan cannot size
         assert refusal.startswith(str(CORPUS / name)) and "\n" not in refusal
         return
-    if e.get("params") and name not in VISION_DEFAULTS:
+    if e.get("params"):
         assert param_count(m) == pytest.approx(e["params"], rel=1e-3), e.get("params_method")
     if e.get("kv_bytes_per_token_bf16") is not None:
         # the attention cache proper; a sparse-attention indexer's own keys are listed apart in expected.json
@@ -51,5 +47,5 @@ def test_corpus_coverage():
     assert len(CONFIGS) >= 40 and len(matched) >= 40
     families = {load_model(str(CORPUS / n)).family for n in matched}
     for fam in ("llama", "qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron_h", "gptj", "phi", "starcoder2", "cohere",
-                "olmo2", "qwen2_moe", "qwen3_vl"):
+                "olmo2", "qwen2_moe", "qwen3_vl", "gemma4", "zamba2", "minimax_m1", "glm_moe_dsa", "llama4"):
         assert any(f == fam or f.startswith(fam) for f in families), fam

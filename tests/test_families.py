@@ -1,0 +1,307 @@
+"""Layouts read from config.json into the per-layer description: Gemma 4's global layers, NAS block_configs,
+Llama 4's default vision tower, Zamba2's shared attention, linear-attention states. The corpus test checks each
+file's parameter count and KV bytes; these check what it does not: per-layer sizes, the refusals, the state bytes
+per sequence worked by hand, and that the pool and weight figures take the per-layer sizes."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvplan.engine import check_tp, kv_bytes_per_token, kv_layers, state_bytes
+from kvplan.errors import KvplanError
+from kvplan.formats import kv_format
+from kvplan.pool import capacity
+from kvplan.specs import load_gpu, load_model
+from kvplan.weights import param_count, weight_bytes
+
+CORPUS = Path(__file__).resolve().parent / "fixtures" / "hf-corpus"
+EXPECTED = json.loads((CORPUS / "expected.json").read_text())
+
+
+def _write(tmp_path, name, cfg):
+    p = tmp_path / name
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 4: global layers with their own KV heads and head size
+
+
+def test_gemma4_global_layers_sized_apart():
+    m = load_model(str(CORPUS / "google--gemma-4-26B-A4B_config.json"))
+    layers = kv_layers(m, kv_format("auto"))
+    full = [lay for lay in layers if lay.kind == "full"]
+    sliding = [lay for lay in layers if lay.kind == "sliding"]
+    assert len(full) == 5 and len(sliding) == 25
+    assert {lay.bytes_per_token for lay in full} == {2 * 2 * 512 * 2}  # 2 global KV heads of 512, K and V
+    assert {lay.bytes_per_token for lay in sliding} == {8 * 256 * 2 * 2}
+    # at TP 4 the global layers' 2 KV heads are replicated (one per rank), the sliding layers' 8 split in 2s
+    layers4 = kv_layers(m, kv_format("auto"), tp=4)
+    assert {lay.bytes_per_token for lay in layers4 if lay.kind == "full"} == {1 * 512 * 2 * 2}
+    assert {lay.bytes_per_token for lay in layers4 if lay.kind == "sliding"} == {2 * 256 * 2 * 2}
+    check_tp(m, 8)  # 16 heads; 8 and 2 KV heads: 8 divides 8, 8 is a multiple of 2
+
+
+def test_gemma4_v_slot_held_not_counted():
+    # attention_k_eq_v: the checkpoint has no v_proj on the global layers; vLLM allocates the V slot and loads K into
+    # it, so the weights held exceed the parameters by that slot
+    m = load_model(str(CORPUS / "google--gemma-4-26B-A4B_config.json"))
+    assert param_count(m) == EXPECTED["google--gemma-4-26B-A4B_config.json"]["params"]
+    v_slot = 5 * 2 * 512 * 2816  # 5 global layers, 2 KV heads of 512, from hidden 2816
+    assert weight_bytes(m).total == (param_count(m) + v_slot) * 2
+
+
+def test_gemma4_capacity_pages():
+    m = load_model(str(CORPUS / "google--gemma-4-26B-A4B_config.json"))
+    r = capacity(m, load_gpu("h100"), "auto", max_model_len=32768)
+    # a sliding page (16 x 8192 B) is twice a global one (16 x 4096 B): the global layers take 32 tokens a block;
+    # 25 sliding and 5 global layers make groups of 5: five sliding groups and one global
+    assert r.page_bytes == 16 * 8192 and r.num_kv_cache_groups == 6 and r.bytes_per_block == 5 * 16 * 8192
+
+
+def test_gemma4_per_layer_inputs_refused(tmp_path):
+    cfg = json.loads((CORPUS / "google--gemma-4-26B-A4B_config.json").read_text())
+    cfg["text_config"]["hidden_size_per_layer_input"] = 256
+    with pytest.raises(KvplanError, match="hidden_size_per_layer_input") as e:
+        load_model(str(_write(tmp_path, "g4_config.json", cfg)))
+    assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NAS block_configs (Llama-Nemotron Super / Ultra, DeciLM)
+
+NAS = "nvidia--Llama-3_3-Nemotron-Super-49B-v1_config.json"
+
+
+def _nas_without_linear(tmp_path):
+    """The corpus file with its one linear-replacement attention made a no-op (vLLM serves that)."""
+    cfg = json.loads((CORPUS / NAS).read_text())
+    for b in cfg["block_configs"]:
+        if b["attention"]["replace_with_linear"]:
+            b["attention"].update(replace_with_linear=False, no_op=True)
+    return load_model(str(_write(tmp_path, "nas_config.json", cfg)))
+
+
+def test_nas_linear_replacement_refused():
+    # vLLM's DeciLM builds attention from n_heads_in_group (null on a linear replacement): it cannot load the file
+    with pytest.raises(KvplanError, match=r"block_configs\.77\.attention\.replace_with_linear") as e:
+        load_model(str(CORPUS / NAS))
+    assert "\n" not in str(e.value) and "vLLM" in str(e.value)
+
+
+def test_nas_blocks(tmp_path):
+    m = _nas_without_linear(tmp_path)
+    # the hand count of expected.json less the linear replacement (8192 x 8192) and the norm before it
+    assert param_count(m) == EXPECTED[NAS]["params"] - 8192 * 8192 - 8192
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"))) == EXPECTED[NAS]["kv_bytes_per_token_bf16"]
+    assert len(m.attention_layers) == 48 and m.mlp_kinds.count("none") == 1
+    # ffn_mult 5.25 -> int(2 x 5.25 x 8192 / 3) = 28672; 1.95 -> 10649, rounded up to a multiple of 256: 10752
+    assert set(m.intermediate_sizes) == {28672, 14336, 10752, 7168}
+    r = capacity(m, load_gpu("h200"), "auto", tp=2, max_model_len=32768)
+    assert r.fits and r.page_bytes == 16 * 4 * 128 * 2 * 2  # 4 KV heads per rank
+    assert r.bytes_per_block == 48 * r.page_bytes  # one group: the 48 attention layers
+
+
+def test_nas_ffn_intermediate_size(tmp_path):
+    cfg = json.loads((CORPUS / NAS).read_text())
+    cfg["block_configs"] = [{"attention": {"n_heads_in_group": 8, "no_op": False},
+                             "ffn": {"intermediate_size": 1000 + i, "no_op": False}} for i in range(80)]
+    m = load_model(str(_write(tmp_path, "nas2_config.json", cfg)))
+    assert m.intermediate_sizes == tuple(1000 + i for i in range(80)) and m.kv_heads_per_layer is None
+    assert m.num_kv_heads == 8 and m.norms == (2,) * 80
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Llama 4: the vision tower vLLM builds from the config class's defaults
+
+SCOUT = "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json"
+
+
+def test_llama4_default_tower(tmp_path):
+    m = load_model(str(CORPUS / SCOUT))
+    e = EXPECTED[SCOUT]
+    assert param_count(m) - e["params_language_model"] == e["params"] - e["params_language_model"]
+    assert any("Llama4VisionConfig default" in n for n in m.notes)
+    # a vision_config of its own replaces the defaults: 2 layers of (768-wide fused qkv and o with biases, a GELU MLP
+    # of 5632 with biases, two LayerNorms) instead of 34
+    cfg = json.loads((CORPUS / SCOUT).read_text())
+    cfg["vision_config"] = {"num_hidden_layers": 2}
+    small = load_model(str(_write(tmp_path, "scout_config.json", cfg)))
+    layer = 4 * 768 * 768 + 4 * 768 + 2 * 768 * 5632 + 5632 + 768 + 4 * 768
+    assert param_count(m) - param_count(small) == 32 * layer
+    assert not any("Llama4VisionConfig default" in n for n in small.notes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Zamba2: Mamba-2 in every layer, shared attention blocks in the hybrid ones
+
+ZAMBA2 = "Zyphra--Zamba2-2.7B_config.json"
+
+
+def test_zamba2_layers_and_state():
+    m = load_model(str(CORPUS / ZAMBA2))
+    assert len(m.state_layers) == 54 and len(m.attention_layers) == 9
+    assert m.shared_attention.blocks == 2 and m.head_dim == 160  # 2 x 2560 wide over 32 heads
+    layers = kv_layers(m, kv_format("auto"))
+    assert kv_bytes_per_token(layers) == 9 * 2 * 32 * 160 * 2
+    # by hand, as vLLM's MambaSpec holds it: conv state (kernel 4 - 1) x (5120 + 2 x 1 x 64) channels, SSM state
+    # 80 heads x 64 x 64, all in bf16
+    per_layer = 3 * 5248 * 2 + 80 * 64 * 64 * 2
+    assert sum(state_bytes(m)) == per_layer == 686848
+    assert sum(lay.fixed_bytes for lay in layers if lay.kind == "state") == 54 * per_layer
+    # TP 2: the single B/C group is replicated to both ranks, the heads split
+    assert state_bytes(m, tp=2) == (3 * (5120 + 2 * 2 * 64) // 2 * 2, 40 * 64 * 64 * 2)
+
+
+def test_zamba2_pool():
+    m = load_model(str(CORPUS / ZAMBA2))
+    r = capacity(m, load_gpu("h100"), "auto")
+    # the attention block grows to 16 x cdiv(686848, 16 x 20480) = 48 tokens; 9 attention and 54 state layers make
+    # groups of 9: one attention group and six state groups
+    assert r.block_size == 48 and r.num_kv_cache_groups == 7 and r.bytes_per_block == 9 * 48 * 20480
+    assert r.state_layers == 54 and r.state_bytes_per_sequence == 54 * 686848
+
+
+def test_zamba2_attention_adapters(tmp_path):
+    # use_shared_attention_adapter: LoRA adapters (rank 128) on q, k and v of each hybrid layer, 5120 -> 128 -> 5120
+    cfg = json.loads((CORPUS / ZAMBA2).read_text())
+    cfg["use_shared_attention_adapter"] = True
+    m = load_model(str(_write(tmp_path, "z_config.json", cfg)))
+    assert param_count(m) - EXPECTED[ZAMBA2]["params"] == 9 * 3 * 2 * 128 * 5120
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MiniMax-M1: lightning attention layers with a fixed per-head state
+
+MINIMAX = "MiniMaxAI--MiniMax-M1-80k_config.json"
+
+
+def test_minimax_lightning_state():
+    m = load_model(str(CORPUS / MINIMAX))
+    assert len(m.attention_layers) == 10 and len(m.state_layers) == 70 and m.state.kind == "lightning"
+    # by hand, as vLLM's linear_attention_state_shape holds it: 64 heads x 128 x 128 in the model dtype, no conv
+    assert state_bytes(m) == (0, 64 * 128 * 128 * 2)
+    assert state_bytes(m, tp=8) == (0, 8 * 128 * 128 * 2)
+    layers = kv_layers(m, kv_format("auto"))
+    assert sum(lay.fixed_bytes for lay in layers) == 70 * 64 * 128 * 128 * 2 == \
+        EXPECTED[MINIMAX]["state_bytes_per_sequence_bf16"]
+
+
+def test_minimax_served_until_023():
+    m = load_model(str(CORPUS / MINIMAX))
+    with pytest.raises(KvplanError, match=r"up to 0\.23") as e:
+        capacity(m, load_gpu("h200"), "auto", tp=8)
+    assert "\n" not in str(e.value)
+    r = capacity(m, load_gpu("h200"), "auto", tp=8, engine_version="0.20", max_model_len=131072)
+    # at TP 8 an attention layer holds 1 KV head (512 B a token) and a state page 262144 B: blocks of 512 tokens
+    assert r.fits and r.block_size == 512 and r.state_bytes_per_sequence == 70 * 262144
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GLM-5.2: a DSA indexer every index_topk_freq layers (the others reuse its top-k)
+
+
+def test_glm52_indexer_every_fourth_layer():
+    m = load_model(str(CORPUS / "zai-org--GLM-5.2_config.json"))
+    # index_topk_freq 4, index_skip_topk_offset 3: layers 0, 1, 2, then 6, 10, ..., 74 (the config's indexer_types
+    # names the same 21 'full')
+    cfg = json.loads((CORPUS / "zai-org--GLM-5.2_config.json").read_text())
+    assert m.indexer_layers == tuple(i for i, t in enumerate(cfg["indexer_types"]) if t == "full")
+    assert len(m.indexer_layers) == 21
+    layers = kv_layers(m, kv_format("auto"))
+    indexer = [lay for lay in layers if lay.format == "indexer"]
+    assert [lay.index for lay in indexer] == list(m.indexer_layers)
+    assert kv_bytes_per_token(indexer) == 21 * (128 + 4)  # fp8 keys and a 4-byte scale per 128
+    # the 57 layers without an indexer hold none of its weights: wq_b (32 x 128 from 2048), wk (128 from 6144),
+    # k_norm (weight and bias of 128) and weights_proj (32 from 6144)
+    full = load_model(str(CORPUS / "zai-org--GLM-5.1_config.json"))
+    per_layer = 32 * 128 * 2048 + 128 * 6144 + 2 * 128 + 32 * 6144
+    assert param_count(full) - param_count(m) == 57 * per_layer
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ModelOpt MIXED_PRECISION: per-layer algorithms
+
+
+def test_modelopt_mixed_precision():
+    m = load_model(str(CORPUS / "nvidia--Qwen3.6-35B-A3B-NVFP4_config.json"))
+    # quantized_layers: W4A16_NVFP4 for the experts, shared experts and LM head, FP8 for the attention and the gated
+    # delta nets' projections; what it does not name (embedding, router, b/a projections, vision tower) stays bf16
+    assert (m.weight_dtype, m.weight_scope, m.attention_weight_dtype, m.lm_head_weight_dtype) == \
+        ("nvfp4", "mlp", "fp8", "nvfp4")
+    from kvplan.weights import WEIGHT_FORMATS, model_tensors, tensor_bytes_per_rank
+    nvfp4, fp8 = WEIGHT_FORMATS["nvfp4"], WEIGHT_FORMATS["fp8"]
+    by_name = {t.name: t for t in model_tensors(m)}
+    expected = {
+        "lm_head": nvfp4.matrix_bytes(248320, 2048),
+        "attn.q_proj": 10 * fp8.matrix_bytes(2 * 16 * 256, 2048),
+        "linear_attn.out_proj": 30 * fp8.matrix_bytes(2048, 32 * 128),
+        "linear_attn.in_proj_ba": 30 * 2 * 32 * 2048 * 2,
+        "moe.shared_experts.up_proj": 40 * nvfp4.matrix_bytes(512, 2048),
+        "moe.router": 40 * 256 * 2048 * 2,
+    }
+    for name, want in expected.items():
+        assert tensor_bytes_per_rank(m, by_name[name], 1, nvfp4, "mlp", mixed=True) == want, name
+    # --weight-dtype replaces the checkpoint's formats: every linear layer in that one
+    assert weight_bytes(m, weight_dtype="fp8").total != weight_bytes(m).total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kimi Linear: Kimi delta attention (KDA) layers between MLA layers
+
+KIMI_FULL = [4, 8, 12, 16, 20, 24, 27]
+KIMI_LINEAR = {  # the published format (linear_attn_config counts layers from 1), Kimi-Linear-48B-A3B's sizes
+    "architectures": ["KimiLinearForCausalLM"], "model_type": "kimi_linear", "hidden_size": 2304,
+    "intermediate_size": 9216, "moe_intermediate_size": 1024, "num_hidden_layers": 27, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "num_experts": 256, "num_experts_per_token": 8, "num_shared_experts": 1,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": None,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "mla_use_nope": True, "vocab_size": 163840,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "max_position_embeddings": 1048576,
+    "rms_norm_eps": 1e-5, "hidden_act": "silu", "topk_method": "noaux_tc",
+    "linear_attn_config": {"full_attn_layers": KIMI_FULL, "kda_layers": [i for i in range(1, 28) if i not in KIMI_FULL],
+                           "head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4}}
+# transformers 5.24.0 on the meta device (KimiLinearForCausalLM.from_config of KIMI_LINEAR), summing numel; its
+# e_score_correction_bias is a buffer, which vLLM's KimiMoE holds as a parameter (26 MoE layers x 256 experts)
+KIMI_LINEAR_PARAMS = 49_122_675_072 + 26 * 256
+
+
+def test_kimi_linear(tmp_path):
+    m = load_model(str(_write(tmp_path, "kimi_config.json", KIMI_LINEAR)))
+    assert param_count(m) == KIMI_LINEAR_PARAMS
+    assert len(m.attention_layers) == 7 and len(m.state_layers) == 20 and m.state.kind == "kda"
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"))) == 7 * (512 + 64) * 2  # the MLA latent
+    # by hand, as vLLM's kda_state_shape holds it: three conv states (kernel 4 - 1) x 32 x 128 in bf16, and the
+    # recurrent state 32 heads x 128 x 128 in float32 whatever the model dtype
+    assert state_bytes(m) == (3 * 3 * 4096 * 2, 32 * 128 * 128 * 4)
+    assert state_bytes(m, tp=4) == (3 * 3 * 1024 * 2, 8 * 128 * 128 * 4)
+    r = capacity(m, load_gpu("h200"), "auto", max_model_len=65536)
+    assert r.fits and r.state_bytes_per_sequence == 20 * (73728 + 2097152)
+
+
+def test_kimi_k3():
+    m = load_model(str(CORPUS / "moonshotai--Kimi-K3_config.json"))
+    assert len(m.attention_layers) == 24 and len(m.state_layers) == 69
+    assert m.state.full_rank_gate and m.mla.output_gate and m.moe.latent_size == 3584 and m.moe.latent_norm
+    assert m.attention_residuals
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"))) == 24 * (512 + 64) * 2
+    # by hand: three conv states 3 x 96 x 128 wide over kernel 4 - 1 in bf16; the recurrent state 96 x 128 x 128 in
+    # float32, or in bfloat16 where mamba_ssm_cache_dtype names it
+    assert state_bytes(m) == (3 * 3 * 12288 * 2, 96 * 128 * 128 * 4)
+    bf16_state = m.model_copy(update={"state": m.state.model_copy(update={"ssm_cache_dtype": "bf16"})})
+    assert state_bytes(bf16_state)[1] == 96 * 128 * 128 * 2
+    # compressed-tensors MXFP4 with attention, shared experts, dense MLPs and the LM head ignored: the routed experts
+    # alone are quantized
+    assert (m.weight_dtype, m.weight_scope) == ("mxfp4", "experts")
+
+
+def test_zamba2_pipeline_stages_build_the_shared_blocks():
+    from kvplan.weights import pipeline_stages
+    m = load_model(str(CORPUS / ZAMBA2))
+    one = weight_bytes(m).total
+    stages = [weight_bytes(m, stage=rng).total for rng in pipeline_stages(m.num_layers, 2)]
+    # each stage holds both shared blocks (its hybrid layers take them in turn): the stages together hold the blocks
+    # twice, and the embedding (tied, so the last stage loads the LM head) twice
+    block = (3 * 5120 * 5120 + 2560 * 5120 + 2 * 10240 * 2560 + 2560 * 10240 + 5120 + 2560) * 2
+    assert sum(stages) == one + 2 * block + 32000 * 2560 * 2
