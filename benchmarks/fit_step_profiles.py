@@ -7,7 +7,7 @@ tables renamed <family>-<table>.parquet, then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
-Needs pandas and pyarrow (`pip install -e '.[parquet]'`). Every family is t = t0 + bytes / (eta x peak bandwidth),
+Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about ten minutes on two cores. Every family is t = t0 + bytes / (eta x peak bandwidth),
 with the extra terms named below, fitted by least squares on relative error; the share of rows of at least 64 MiB
 that the fit reproduces within 10% is written beside each fit.
 """
@@ -45,11 +45,25 @@ def _share(pred, y, big):
     return round(float(np.mean(err[big] < 0.10)), 3), int(big.sum())
 
 
+def _attention_model(p, x, peak, tile):
+    """The decode-attention time of kvplan.step.attention_call_seconds, on arrays (p in us, ns, ps and GB/s)."""
+    t0, c_seq, c_q, eta, c_tok, per_head, per_seq = p
+    units, kvh, qh, n, per_token = x
+    n_eff = np.ceil(n / tile) * tile
+    bw = np.minimum(eta * peak, np.maximum(kvh * per_head * 1e9, units * per_seq * 1e9))
+    return t0 * 1e-6 + c_seq * 1e-9 * units + c_q * 1e-9 * qh + np.maximum(units * n_eff * per_token / bw,
+                                                                          c_tok * 1e-12 * n_eff)
+
+
 def attention(df, peak):
     """Decode attention: t = t0 + c_seq x (batch x KV heads) + c_q x (batch x query heads)
-    + max(bytes / (eta x B), c_tok x context). c_seq is each (sequence, KV head) pair's own work (block-table walk,
-    split combine), c_q each query head's; c_tok is the serial walk of one split over a sequence's tokens, which
-    bounds a call whose bytes are too few to load the GPU (batch 1 below ~8k tokens: every cache dtype alike)."""
+    + max(bytes / min(eta x B, max(KV heads x R_head, batch x KV heads x R_seq)), c_tok x context), the context
+    rounded up to the kernel's tile of tokens. c_seq is each (sequence, KV head) pair's own work (block-table walk,
+    split combine), c_q each query head's; the streaming rate is capped by how many streams the kernel's grid runs
+    at once (per KV head and per sequence-head pair); c_tok is one split's serial walk over a sequence. Fitted by
+    least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3."""
+    from scipy.optimize import least_squares
+
     out = {}
     full = df[df.window_size == 0] if "window_size" in df else df
     for kv, eb in (("bfloat16", 2), ("fp8", 1)):
@@ -57,54 +71,76 @@ def attention(df, peak):
         if d.empty:
             continue
         n = (d.step + 1).to_numpy(float)
-        byt = (d.batch_size * n * d.num_key_value_heads * d.head_dim * 2 * eb).to_numpy(float)
-        seqs = (d.batch_size * d.num_key_value_heads).to_numpy(float)
+        kvh = d.num_key_value_heads.to_numpy(float)
+        units = d.batch_size.to_numpy(float) * kvh
         qh = (d.batch_size * d.num_heads).to_numpy(float)
+        per_token = (d.head_dim * 2 * eb).to_numpy(float)
+        x = (units, kvh, qh, n, per_token)
         y = d.latency.to_numpy(float) / 1e3
-        big = byt >= 64 * MB
-        w = 1 / y * np.where(big, 1.0, 0.3)
+        big = units * n * per_token >= 64 * MB
+        w = np.where(big, 1.0, 0.3)
         best = None
-        for eta in np.linspace(0.40, 1.10, 71):
-            for c_tok in np.concatenate([[0.0], np.geomspace(1e-11, 1e-8, 60)]):
-                core = np.maximum(byt / (eta * peak), c_tok * n)
-                coef, pred = _lstsq([np.ones_like(y), seqs, qh], y - core, w)
-                pred = pred + core
-                loss = float(np.sum((w * (pred - y)) ** 2))
-                if best is None or loss < best[0]:
-                    best = (loss, eta, c_tok, coef)
-        _, eta, c_tok, coef = best
-        pred = coef[0] + coef[1] * seqs + coef[2] * qh + np.maximum(byt / (eta * peak), c_tok * n)
-        share, rows = _share(pred, y, big)
-        out[kv] = dict(t0_s=float(coef[0]), eta=float(eta), per_sequence_head_s=float(coef[1]),
-                       per_query_head_s=float(coef[2]), per_token_chain_s=float(c_tok), within_10pct=share,
-                       rows_64mib=rows)
+        for tile in (1, 64, 128):
+            for start in ((9, 15, 0.3, 0.85, 300, 1000, 50), (9, 15, 0.3, 0.85, 300, 3000, 1000)):
+                r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile) / y) * w, np.array(start),
+                                  bounds=([0, 0, 0, 0.2, 0, 1, 1], [50, 200, 10, 1.2, 5000, 20000, 20000]),
+                                  loss="soft_l1", f_scale=0.05, max_nfev=300)
+                share, rows = _share(_attention_model(r.x, x, peak, tile), y, big)
+                if best is None or share > best[0]:
+                    best = (share, rows, tile, r.x)
+        share, rows, tile, p = best
+        out[kv] = dict(t0_s=float(p[0]) * 1e-6, eta=float(p[3]), per_sequence_head_s=float(p[1]) * 1e-9,
+                       per_query_head_s=float(p[2]) * 1e-9, per_token_chain_s=float(p[4]) * 1e-12,
+                       tile_tokens=int(tile), stream_per_kv_head_bytes_per_s=float(p[5]) * 1e9,
+                       stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, within_10pct=share, rows_64mib=rows)
     return out
 
 
+GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64))  # tokens per GEMM: the kernel configurations change between them
+
+
+def _gemm_model(p, x, peak):
+    t0, eta, a, b = p
+    byt, n = x
+    return t0 * 1e-6 + byt / np.minimum(eta * peak, np.exp(a) * n ** b * 1e9)
+
+
 def gemm(df, peak, f16, f8):
-    """GEMMs: t = t0 + max(bytes / (eta x B), flops / (mu x F)); t0 and eta from decode-sized rows (m <= 64), mu
-    from large compute-bound rows (m, n, k >= 4096)."""
+    """GEMMs: t = t0 + max(bytes / min(eta x B, exp(a) x n^b), flops / (mu x F)), one (t0, eta, a, b) per bucket of
+    decode-sized m (<= 16, <= 32, <= 64; larger m take the last), the cap being the rate a grid of n output columns
+    sustains; mu from large compute-bound rows (m, n, k >= 4096)."""
+    from scipy.optimize import least_squares
+
     out = {}
     for dt in sorted(df.gemm_dtype.unique()):
         wb, ab = WEIGHT_BYTES.get(dt), ACT_BYTES.get(dt, 2)
         if wb is None:
             continue
         flops_peak = (f8 if ab < 2 and f8 else f16) * (2 if dt == "nvfp4" else 1)
-
-        def feats(d):
-            return ((d.n * d.k * wb + d.m * d.k * ab + d.m * d.n * 2).to_numpy(float),
-                    (2.0 * d.m * d.n * d.k).to_numpy(float), d.latency.to_numpy(float) / 1e3)
-        d = df[(df.gemm_dtype == dt) & (df.m <= 64)]
-        byt, _, y = feats(d)
-        big = byt >= 64 * MB
-        coef, _ = _lstsq([np.ones_like(y), byt], y, 1 / y * np.where(big, 1.0, 0.3))
-        t0, eta = float(coef[0]), float(1 / (coef[1] * peak))
+        buckets, hits, total = [], 0, 0
+        for lo, hi in GEMM_BUCKETS:
+            d = df[(df.gemm_dtype == dt) & (df.m >= lo) & (df.m <= hi)]
+            if d.empty:
+                continue
+            n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))
+            byt = n * k * wb + m * k * ab + m * n * 2
+            y = d.latency.to_numpy(float) / 1e3
+            big = byt >= 64 * MB
+            w = np.where(big, 1.0, 0.3)
+            r = least_squares(lambda p: np.log(_gemm_model(p, (byt, n), peak) / y) * w, [4, 0.85, 3, 0.5],
+                              bounds=([0, 0.1, -20, 0], [50, 1.5, 40, 8]), loss="soft_l1", f_scale=0.05)
+            share, rows = _share(_gemm_model(r.x, (byt, n), peak), y, big)
+            hits, total = hits + share * rows, total + rows
+            buckets.append(dict(max_tokens=hi, t0_s=float(r.x[0]) * 1e-6, eta=float(r.x[1]),
+                                cap_log_bytes_per_s=float(r.x[2] + np.log(1e9)), cap_exponent=float(r.x[3]),
+                                within_10pct=share, rows_64mib=rows))
         large = df[(df.gemm_dtype == dt) & (df.m >= 4096) & (df.n >= 4096) & (df.k >= 4096)]
-        _, fl, yl = feats(large)
-        mu = float(np.median(fl / (flops_peak * (yl - t0)))) if len(yl) else 0.5
-        pred = t0 + np.maximum(byt / (eta * peak), feats(d)[1] / (mu * flops_peak))
-        share, rows = _share(pred, y, big)
-        out[dt] = dict(t0_s=t0, eta=eta, mu=mu, peak_flops=flops_peak, within_10pct=share, rows_64mib=rows)
+        t0 = buckets[-1]["t0_s"]
+        fl = (2.0 * large.m * large.n * large.k).to_numpy(float)
+        mu = float(np.median(fl / (flops_peak * (large.latency.to_numpy(float) / 1e3 - t0)))) if len(large) else 0.5
+        out[dt] = dict(t0_s=buckets[0]["t0_s"], eta=buckets[-1]["eta"], mu=mu, peak_flops=flops_peak,
+                       buckets=buckets, within_10pct=round(hits / total, 3) if total else None,
+                       rows_64mib=int(total))
     return out
 
 

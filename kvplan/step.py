@@ -46,6 +46,13 @@ class Fit:
     mu: Optional[float] = None  # achieved fraction of peak FLOP/s where the kernel is compute-bound
     peak_flops: Optional[float] = None
     bytes_per_s: Optional[float] = None  # all-reduce: message bytes per second
+    # decode attention: the kernel's tile of tokens, and the streaming rate its grid sustains per KV head and per
+    # (sequence, KV head) pair when it runs too few programs to load the memory system
+    tile_tokens: int = 1
+    stream_per_kv_head_bytes_per_s: Optional[float] = None
+    stream_per_sequence_head_bytes_per_s: Optional[float] = None
+    # GEMMs: (t0, eta, cap) per range of tokens, the kernel configuration changing between them; see gemm_call_seconds
+    buckets: tuple = ()
     within_10pct: Optional[float] = None  # share of the source rows of >= 64 MiB the fit reproduces within 10%
     source: str = "bundled"
 
@@ -205,17 +212,37 @@ class StepTime:
 
 def _gemm_seconds(fit: Fit, peak_bw: float, matrix_bytes: float, m, n: int, k: int, act_bytes: float, xp=SCALAR):
     byt = matrix_bytes + m * k * act_bytes + m * n * 2
-    t = byt / (fit.eta * peak_bw)
+    flops = 2.0 * m * n * k
+    if not fit.buckets:
+        t = byt / (fit.eta * peak_bw)
+        if fit.mu and fit.peak_flops:
+            t = xp.maximum(t, flops / (fit.mu * fit.peak_flops))
+        return fit.t0_s + t
+    # the bucket of m (decode-sized ranges; larger m take the last), selected elementwise; the rate a grid of n
+    # output columns sustains caps the bandwidth
+    t = None
+    for b in reversed(fit.buckets):
+        cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"]
+        tb = b["t0_s"] + byt / min(b["eta"] * peak_bw, cap)
+        t = tb if t is None else xp.where(m <= b["max_tokens"], tb, t)
     if fit.mu and fit.peak_flops:
-        t = xp.maximum(t, 2.0 * m * n * k / (fit.mu * fit.peak_flops))
-    return fit.t0_s + t
+        t = xp.maximum(t, fit.buckets[-1]["t0_s"] + flops / (fit.mu * fit.peak_flops))
+    return t
 
 
 def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_heads: int, context, nbytes,
                            xp=SCALAR):
     """One decode-attention call: `batch` sequences of `context` cached tokens, `nbytes` of cache read."""
+    bw = fit.eta * peak_bw
+    if fit.stream_per_kv_head_bytes_per_s or fit.stream_per_sequence_head_bytes_per_s:
+        streams = xp.maximum(kv_heads * (fit.stream_per_kv_head_bytes_per_s or 0.0),
+                             batch * kv_heads * (fit.stream_per_sequence_head_bytes_per_s or 0.0))
+        bw = xp.minimum(bw, streams)
+    if fit.tile_tokens > 1:  # a program walks whole tiles of tokens
+        whole = xp.ceil(context / fit.tile_tokens) * fit.tile_tokens
+        nbytes, context = nbytes * whole / xp.maximum(context, 1), whole
     return (fit.t0_s + fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
-            + xp.maximum(nbytes / (fit.eta * peak_bw), fit.per_token_chain_s * context))
+            + xp.maximum(nbytes / bw, fit.per_token_chain_s * context))
 
 
 def gemm_call_seconds(fit: Fit, peak_bw: float, m: float, n: int, k: int, matrix_bytes: float,

@@ -66,19 +66,27 @@ def _d(model, gpu="h100", kv="auto", **kw):
 
 
 def test_worked_example_dense_llama_8b_h100_batch1():
-    """Llama-3.1-8B, bf16, H100, batch 1, 2,048 cached tokens, by hand from the fitted numbers."""
+    """Llama-3.1-8B, bf16, H100, batch 1, 2,049 cached tokens, by hand from the fitted numbers."""
     g, a = FITS["H100-SXM5-80GB"]["gemm"]["bfloat16"], FITS["H100-SXM5-80GB"]["attention"]["bfloat16"]
+    b1 = g["buckets"][0]  # one token: the first bucket (m <= 16)
+    assert b1["max_tokens"] == 16
     B = 3.35e12
 
     def gemm(n, k):  # m = 1: weight bytes, one activation row in, one row out (bf16), memory-bound
-        return g["t0_s"] + (n * k * 2 + k * 2 + n * 2) / (g["eta"] * B)
+        rate = min(b1["eta"] * B, math.exp(b1["cap_log_bytes_per_s"]) * n ** b1["cap_exponent"])
+        return b1["t0_s"] + (n * k * 2 + k * 2 + n * 2) / rate
     # per layer: qkv 6144 x 4096 (32 + 2 x 8 heads of 128), o 4096 x 4096, gate_up 28672 x 4096, down 4096 x 14336
     gemms = 32 * (gemm(6144, 4096) + gemm(4096, 4096) + gemm(28672, 4096) + gemm(4096, 14336)) + gemm(128256, 4096)
-    # one attention call per layer: 8 KV heads, 32 query heads, 2,049 tokens x 8 heads x 128 x 2 (K, V) x 2 bytes
-    kv_bytes = 2049 * 8 * 128 * 2 * 2
+    # one attention call per layer: 8 KV heads, 32 query heads; 2,049 tokens walked in whole tiles of 64 (2,112),
+    # x 8 heads x 128 x 2 (K, V) x 2 bytes, at the rate 8 KV heads' streams sustain (or the bandwidth)
+    assert a["tile_tokens"] == 64
+    tokens = math.ceil(2049 / 64) * 64
+    kv_bytes = tokens * 8 * 128 * 2 * 2
+    rate = min(a["eta"] * B, max(8 * a["stream_per_kv_head_bytes_per_s"], 8 * a["stream_per_sequence_head_bytes_per_s"]))
     attn = 32 * (a["t0_s"] + a["per_sequence_head_s"] * 8 + a["per_query_head_s"] * 32
-                 + max(kv_bytes / (a["eta"] * B), a["per_token_chain_s"] * 2049))
+                 + max(kv_bytes / rate, a["per_token_chain_s"] * tokens))
     s = step_model(_d("llama-3.1-8b")).step(1, 2049)
+    assert tokens == 2112
     assert s.gemm_s == pytest.approx(gemms, rel=1e-9)
     assert s.attention_s == pytest.approx(attn, rel=1e-9)
     assert s.moe_s == 0 and s.allreduce_s == 0
