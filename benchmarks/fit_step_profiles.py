@@ -145,12 +145,14 @@ def gemm(df, peak, f16, f8):
 
 
 def moe(df, peak, f16, f8):
-    """Fused MoE layer (balanced routing, no expert parallelism): bytes are the experts the tokens touch under
-    uniform routing, E x (1 - (1 - k/E)^T), times their three matrices on this rank; same form as GEMMs."""
+    """Fused MoE layer (balanced routing, no expert parallelism): t = t0 + c_e x experts touched
+    + max(bytes / (eta x B), flops / (mu x F)), the experts the tokens touch under uniform routing being
+    E x (1 - (1 - k/E)^T), their bytes the three matrices each holds on this rank; c_e is each touched expert's own
+    block walk (narrow experts under a large MoE TP run far below the bandwidth)."""
     out = {}
     df = df[(df.distribution == "balanced") & (df.moe_ep_size == 1)]
     for dt in sorted(df.moe_dtype.unique()):
-        wb = WEIGHT_BYTES.get(dt if dt != "int4_wo" else "int4_wo")
+        wb = WEIGHT_BYTES.get(dt)
         if wb is None:
             continue
         flops_peak = f8 if dt.startswith("fp8") and f8 else f16
@@ -158,19 +160,20 @@ def moe(df, peak, f16, f8):
         def feats(d):
             inter = d.inter_size / d.moe_tp_size
             e, k, t = d.num_experts, d.topk, d.num_tokens
-            touched = e * (1 - (1 - k / e) ** t)
-            return ((touched * 3 * d.hidden_size * inter * wb).to_numpy(float),
+            touched = (e * (1 - (1 - k / e) ** t)).to_numpy(float)
+            return (touched, touched * (3 * d.hidden_size * inter * wb).to_numpy(float),
                     (t * k * 6.0 * d.hidden_size * inter).to_numpy(float), d.latency.to_numpy(float) / 1e3)
         d = df[(df.moe_dtype == dt) & (df.num_tokens <= 64)]
-        byt, _, y = feats(d)
+        touched, byt, fl, y = feats(d)
         big = byt >= 64 * MB
-        coef, _ = _lstsq([np.ones_like(y), byt], y, 1 / y * np.where(big, 1.0, 0.3))
-        t0, eta = float(coef[0]), float(1 / (coef[1] * peak))
-        _, fl, yl = feats(df[(df.moe_dtype == dt) & (df.num_tokens >= 4096)])
-        mu = float(np.median(fl / (flops_peak * (yl - t0)))) if len(yl) else 0.5
-        pred = t0 + np.maximum(byt / (eta * peak), feats(d)[1] / (mu * flops_peak))
+        coef, _ = _lstsq([np.ones_like(y), touched, byt], y, 1 / y * np.where(big, 1.0, 0.3))
+        t0, c_e, eta = float(coef[0]), float(max(coef[1], 0.0)), float(1 / (coef[2] * peak))
+        tl, _, fll, yl = feats(df[(df.moe_dtype == dt) & (df.num_tokens >= 4096)])
+        mu = float(np.median(fll / (flops_peak * (yl - t0 - c_e * tl)))) if len(yl) else 0.5
+        pred = t0 + c_e * touched + np.maximum(byt / (eta * peak), fl / (mu * flops_peak))
         share, rows = _share(pred, y, big)
-        out[dt] = dict(t0_s=t0, eta=eta, mu=mu, peak_flops=flops_peak, within_10pct=share, rows_64mib=rows)
+        out[dt] = dict(t0_s=t0, per_expert_s=c_e, eta=eta, mu=mu, peak_flops=flops_peak, within_10pct=share,
+                       rows_64mib=rows)
     return out
 
 

@@ -3,7 +3,7 @@ t = t0 + bytes / (eta x peak bandwidth) (plus the few terms each kernel family n
 
 Kernel families and what a step runs of each (per rank, per layer unless said):
 * weight GEMMs: every dense matrix at m = tokens in the step, t0 + max(bytes / (eta B), flops / (mu F));
-* fused MoE: the routed experts the tokens touch (uniform routing), same form;
+* fused MoE: the routed experts the tokens touch (uniform routing), the same form plus a cost per touched expert;
 * decode attention: one call per attention layer over the cached tokens of the batch, t0 + c_seq x (sequences x
   KV heads) + c_q x (sequences x query heads) + max(bytes / (eta B), c_tok x context), and for an fp8 cache the
   kernel that quantizes the query; a state layer (Mamba, gated delta net) reads and
@@ -53,6 +53,7 @@ class Fit:
     stream_per_sequence_head_bytes_per_s: Optional[float] = None
     # GEMMs: (t0, eta, cap) per range of tokens, the kernel configuration changing between them; see gemm_call_seconds
     buckets: tuple = ()
+    per_expert_s: float = 0.0  # fused MoE: each touched expert's own cost
     within_10pct: Optional[float] = None  # share of the source rows of >= 64 MiB the fit reproduces within 10%
     source: str = "bundled"
 
@@ -347,7 +348,7 @@ class StepModel:
                 t = per_layer_bytes / (f.eta * bw)
                 if f.mu and f.peak_flops:
                     t = xp.maximum(t, flops / (f.mu * f.peak_flops))
-                moe = layers * (f.t0_s + t)
+                moe = layers * (f.t0_s + f.per_expert_s * touched + t)
             else:  # each touched expert's matrices as GEMMs
                 moe = sum(c / e * touched * _gemm_seconds(f2, bw, mb, tokens * kk / touched, n, k, a, xp)
                           for f2, mb, n, k, c, a in self.experts)

@@ -99,7 +99,8 @@ def test_worked_example_moe_qwen3_30b_a3b_h100_batch1():
     touched = 128 * (1 - (1 - 8 / 128) ** 1)  # = 8
     expert_bytes = 3 * 768 * 2048 * 2  # gate, up (768 x 2048) and down (2048 x 768), bf16
     flops = 1 * 8 * 6 * 2048 * 768
-    per_layer = f["t0_s"] + max(touched * expert_bytes / (f["eta"] * B), flops / (f["mu"] * f["peak_flops"]))
+    per_layer = (f["t0_s"] + f["per_expert_s"] * touched
+                 + max(touched * expert_bytes / (f["eta"] * B), flops / (f["mu"] * f["peak_flops"])))
     s = step_model(_d("qwen3-30b-a3b")).step(1, 2048)
     assert touched == pytest.approx(8)
     assert s.moe_s == pytest.approx(48 * per_layer, rel=1e-9)
