@@ -398,41 +398,7 @@ def params_read_per_token(model: ModelSpec, tp: int) -> float:
     return total
 
 
-def _matrix_calls(model: ModelSpec, batch) -> float:
-    """Weight matrices one decode step multiplies (one GEMV call each): every dense matrix, and the matrices of
-    the experts the batch touches."""
-    from .weights import model_tensors
-
-    calls = 1.0 if model.tie_word_embeddings else 0.0  # a tied LM head multiplies the embedding table
-    for t in model_tensors(model):
-        if t.part == "lm_head":
-            calls += t.count
-            continue
-        if not t.is_matrix or t.part in ("embed", "extra"):
-            continue
-        if t.part == "expert" and model.moe:
-            calls = calls + t.count * experts_touched(model, batch) / model.moe.num_experts
-        else:
-            calls = calls + t.count
-    return calls
-
-
 _DECODE_FAMILY = {"auto": "bfloat16", "float16": "bfloat16", "fp8": "fp8_e4m3", "fp8_inc": "fp8_e4m3"}
-
-
-def calibrated_ms(model: ModelSpec, calibration, fmt_name: str, weight_dtype: str, weight_read_bytes_, kv_bytes,
-                  batch) -> tuple[Optional[float], list[str]]:
-    """Step time from a calibration profile: t0 per call plus bytes at the measured fraction of peak, for the
-    weight GEMVs and for one decode-attention call per layer. None when the profile lacks a family."""
-    gemv = calibration.fit("gemv_fp8" if weight_dtype.startswith("fp8") else "gemv_bf16")
-    decode = calibration.fit("decode_" + _DECODE_FAMILY.get(fmt_name, fmt_name))
-    missing = [n for n, f in (("weight GEMV", gemv), (f"{fmt_name} decode", decode)) if f is None]
-    if missing:
-        return None, [f"the calibration profile has no {' or '.join(missing)} measurement: step ms is the roofline"]
-    peak = calibration.peak_bandwidth_bytes_per_s
-    seconds = (gemv.seconds(weight_read_bytes_, peak, calls=_matrix_calls(model, batch))
-               + decode.seconds(kv_bytes, peak, calls=len(model.attention_layers) or model.num_layers))
-    return seconds * 1e3, []
 
 
 def step_figures(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequence[LayerKV], wb: WeightBytes,
@@ -504,7 +470,6 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
     model, tp, weight_dtype, gpu, skip = d.model, d.tp, d.weight_dtype, d.gpu, d.skip
-    calibration, calibration_source = d.calibration, d.calibration_source
     dtype = d.kv
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
     base_fmt = kv_format(baseline)
