@@ -284,18 +284,45 @@ def crossover(
     _show(as_json, data, "crossover_tables", results, m, ds[0].gpu)
 
 
+IslOpt = Annotated[Optional[str], typer.Option("--isl", help="prompt tokens per request (e.g. 1024, 8k)")]
+OslOpt = Annotated[Optional[str], typer.Option("--osl", help="output tokens per request (e.g. 1024, 1k)")]
+ConcurrencyOpt = Annotated[Optional[List[str]], typer.Option(
+    "--concurrency", "-n", help="concurrent requests (e.g. 4,16,64); default: powers of two up to what the KV pool "
+    "holds")]
+TpotOpt = Annotated[Optional[float], typer.Option(
+    "--tpot-ms", help="time-per-output-token limit: pick each dtype's best concurrency that meets it")]
+
+
+def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
+                tpot_ms, ttft_ms, **deployment):
+    """The throughput table both `throughput` and `plot throughput` show (kvplan.steady)."""
+    from .deployment import deployments
+    from .errors import KvplanError
+    from .specs import load_model
+    from .steady import throughput_of
+
+    for name, v in (("--isl", isl), ("--osl", osl)):
+        if v is None:
+            raise KvplanError(f"{name} is required: the request's {'prompt' if name == '--isl' else 'output'} "
+                              f"tokens (e.g. {name} 1024)")
+    if gpu is None:
+        raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
+    m = load_model(model)
+    ds = deployments(_deployment_args(model=m, gpu=gpu, **deployment),
+                     _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]), needs_memory=True)
+    return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
+                            _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms)
+
+
 @app.command()
 def throughput(
     model: ModelArg,
     gpu: GpuOpt = None,
-    isl: Annotated[Optional[str], typer.Option("--isl", help="prompt tokens per request (e.g. 1024, 8k)")] = None,
-    osl: Annotated[Optional[str], typer.Option("--osl", help="output tokens per request (e.g. 1024, 1k)")] = None,
-    concurrency: Annotated[Optional[List[str]], typer.Option(
-        "--concurrency", "-n", help="concurrent requests (e.g. 4,16,64); default: powers of two up to what the KV "
-        "pool holds")] = None,
+    isl: IslOpt = None,
+    osl: OslOpt = None,
+    concurrency: ConcurrencyOpt = None,
     dtype: DtypesOpt = None,
-    tpot_ms: Annotated[Optional[float], typer.Option(
-        "--tpot-ms", help="time-per-output-token limit: pick each dtype's best concurrency that meets it")] = None,
+    tpot_ms: TpotOpt = None,
     ttft_ms: Annotated[Optional[float], typer.Option(
         "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")] = None,
     tp: TpOpt = None,
@@ -312,26 +339,10 @@ def throughput(
     """Which KV dtype serves the most output tokens per second per GPU: TPOT, TTFT and tokens/s per dtype and
     concurrency, from step times fitted to vLLM's own kernels (or your `kvplan measure` profile) and the pool's
     concurrency limit; with --tpot-ms / --ttft-ms, the best concurrency under them and the winner."""
-    from .deployment import deployments
-    from .errors import KvplanError
-    from .specs import load_model
-    from .steady import throughput_of
-
-    for name, v in (("--isl", isl), ("--osl", osl)):
-        if v is None:
-            raise KvplanError(f"{name} is required: the request's {'prompt' if name == '--isl' else 'output'} "
-                              f"tokens (e.g. {name} 1024)")
-    if gpu is None:
-        raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
-    m = load_model(model)
-    args = _deployment_args(model=m, gpu=gpu, tp=tp, pp=pp, weight_dtype=weight_dtype, engine=engine,
-                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                            calibration=calibration)
-    default = ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]
-    ds = deployments(args, _formats_for(m, dtype, default), needs_memory=True)
-    r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
-                      _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms)
+    m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, tp=tp, pp=pp,
+                       weight_dtype=weight_dtype, engine=engine, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, calibration=calibration)
     _show(as_json, r.to_dict(), "throughput_table", r, m)
 
 
@@ -494,13 +505,12 @@ def plot_crossover(
 def plot_throughput(
     model: ModelArg,
     gpu: GpuOpt = None,
-    isl: Annotated[Optional[str], typer.Option("--isl", help="prompt tokens per request")] = None,
-    osl: Annotated[Optional[str], typer.Option("--osl", help="output tokens per request")] = None,
-    concurrency: Annotated[Optional[List[str]], typer.Option(
-        "--concurrency", "-n", help="concurrent requests (default: powers of two up to the pool's limit)")] = None,
+    isl: IslOpt = None,
+    osl: OslOpt = None,
+    concurrency: ConcurrencyOpt = None,
     dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
                                                        help=DTYPE_HELP + " (default: auto and fp8)")] = None,
-    tpot_ms: Annotated[Optional[float], typer.Option("--tpot-ms", help="TPOT limit, drawn")] = None,
+    tpot_ms: TpotOpt = None,
     tp: TpOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     engine: EngineOpt = None,
@@ -510,23 +520,10 @@ def plot_throughput(
 ) -> None:
     """Output tokens/s per GPU against TPOT for each KV dtype, one point per concurrency (its Pareto curve), the
     TPOT limit drawn and each dtype's best concurrency under it marked."""
-    from .deployment import deployments
-    from .errors import KvplanError
     from .plots import throughput_figure
-    from .specs import load_model
-    from .steady import throughput_of
 
-    for name, v in (("--isl", isl), ("--osl", osl)):
-        if v is None:
-            raise KvplanError(f"{name} is required (e.g. {name} 1024)")
-    if gpu is None:
-        raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
-    m = load_model(model)
-    ds = deployments(_deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype, engine=engine,
-                                      calibration=calibration),
-                     _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]), needs_memory=True)
-    r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
-                      _sizes(concurrency, "--concurrency") or None, tpot_ms, None)
+    _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, None, tp=tp, weight_dtype=weight_dtype,
+                       engine=engine, calibration=calibration)
     _draw(throughput_figure(r), output, as_json)
 
 
