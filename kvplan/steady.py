@@ -10,6 +10,7 @@ decode step (kvplan.step prices both):
 * TPOT = the mean step time (each decoding sequence gets one token per step);
 * TTFT = half a step of waiting for the next step, then n_chunks steps that each carry a full chunk of the prompt;
 * output tokens/s = decoding sequences / step time; per GPU, divided by TP x PP; per user, 1 / TPOT.
+With pipeline parallelism each of the PP batches in flight carries 1/PP of the requests through every stage.
 A concurrency above what the KV pool holds for requests of isl + osl tokens (the same engine rules as `capacity`)
 is marked kv_limited and priced at nothing: the engine would queue or preempt those requests.
 """
@@ -113,16 +114,19 @@ def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline) -> 
                              mean_context=isl + osl / 2)
     budget = _chunk_budget(d)
     ctx = isl + osl / 2
-    n_chunks = math.ceil(isl / max(budget - c, 1))
+    # with pipeline parallelism vLLM keeps one batch in flight per stage: each carries 1/pp of the requests through
+    # every stage, so a token's interval is the whole model's step for that share
+    share = c / d.pp
+    n_chunks = math.ceil(isl / max(budget - share, 1))
     chunk = isl / n_chunks
-    decoding = c * osl / (osl + n_chunks)
+    decoding = share * osl / (osl + n_chunks)
     plain = sm.step(decoding, ctx)
     full = sm.step(decoding, ctx, chunk, isl / 2)
-    # prompt chunks arrive at c x n_chunks / (osl + n_chunks) per step; each adds what a step carrying it costs
-    chunks_per_step = c * n_chunks / (osl + n_chunks)
+    # prompt chunks arrive at share x n_chunks / (osl + n_chunks) per step; each adds what a step carrying it costs
+    chunks_per_step = share * n_chunks / (osl + n_chunks)
     t = plain.total_s + chunks_per_step * (full.total_s - plain.total_s)
     ttft = 0.5 * t + n_chunks * full.total_s
-    out = decoding / t
+    out = decoding * d.pp / t
     step = plain
     return ThroughputRow(
         name, c, tpot_ms=t * 1e3, ttft_ms=ttft * 1e3, output_tokens_per_s=out, output_tokens_per_s_per_gpu=out / gpus,

@@ -241,3 +241,17 @@ def test_plot_throughput(cli, tmp_path):
         assert s["marker"][0] <= 20
     r = cli("plot", "throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k")
     assert r.code == 0 and "TPOT (ms)" in r.out
+
+
+def test_pipeline_parallel_batches_in_flight(cli):
+    # PP 2 keeps two batches in flight, each with half the requests through both stages: at concurrency 16 each
+    # token waits one whole-model step of 8 sequences, the TPOT of PP 1 at concurrency 8; twice the tokens on
+    # twice the GPUs, the same per GPU
+    def row(pp, c):
+        d = json.loads(cli("throughput", "llama-3.1-70b", "--gpu", "h100", "--tp", "4", "--pp", str(pp), "--isl",
+                           "1k", "--osl", "1k", "-n", str(c), "-d", "auto", "--json").out)
+        return d["rows"][0]
+    a, b = row(2, 16), row(1, 8)
+    assert a["tpot_ms"] == pytest.approx(b["tpot_ms"], rel=1e-12)
+    assert a["output_tokens_per_s"] == pytest.approx(2 * b["output_tokens_per_s"], rel=1e-12)
+    assert a["output_tokens_per_s_per_gpu"] == pytest.approx(b["output_tokens_per_s_per_gpu"], rel=1e-12)
