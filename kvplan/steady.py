@@ -265,9 +265,12 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None) -> 
         if mine is not None and theirs is not None:
             x = 1 - mine / theirs
             faster = f", and {abs(x):.0%} {'faster' if x >= 0 else 'slower'} steps at {base.concurrency} sequences"
+    if win.concurrency == base.concurrency:
+        how = f"at the same {win.concurrency} sequences, with {1 - win.tpot_ms / base.tpot_ms:.0%} faster steps"
+    else:
+        how = f"with {seqs:.2g}x the sequences ({win.concurrency} vs {base.concurrency}){faster}"
     return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:+.0%} output tokens/s per GPU over {base_name} "
-                                f"under {limits}, with {seqs:.2g}x the sequences ({win.concurrency} vs "
-                                f"{base.concurrency}){faster}; mean context {isl + osl // 2:,} tokens")
+                                f"under {limits}, {how}; mean context {isl + osl // 2:,} tokens")
 
 
 def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Sequence[str] = ("auto", "fp8"),
