@@ -624,10 +624,8 @@ def _deepseek_v4(c: "_Fields", top: "_Fields", layers: int, out: dict, path: Pat
         experts = "nvfp4" if algo == "MIXED_PRECISION" and (q.text("moe_quant_algo") or "").upper() == "NVFP4" else (
             "mxfp4" if (c.text("expert_dtype") or "").lower() == "fp4" else None)
         if experts:
-            res.update(weight_dtype=experts, weight_scope="mlp", attention_weight_dtype="fp8_block128")
-            res["notes"] = list(out.get("notes", [])) + [
-                f"routed experts in {experts}, the other linear layers in fp8 (128x128 blocks); the shared expert, "
-                f"fp8 in the checkpoint, is counted in {experts}"]
+            res.update(weight_dtype=experts, weight_scope="mlp", attention_weight_dtype="fp8_block128",
+                       shared_expert_weight_dtype="fp8_block128")
         else:
             res["weight_dtype"] = "fp8_block128"
     return res

@@ -232,6 +232,9 @@ class ModelSpec(_Frozen):
     attention_weight_dtype: Optional[str] = Field(
         None, description="with weight_scope 'mlp': the checkpoint format of the attention and state-mixer linear "
         "layers (a ModelOpt MIXED_PRECISION checkpoint's FP8 attention); None: the model dtype")
+    shared_expert_weight_dtype: Optional[str] = Field(None, description="the shared experts' checkpoint format, where "
+                                                      "it differs from the routed experts' (DeepSeek-V4's fp8 beside "
+                                                      "FP4 experts)")
     lm_head_weight_dtype: Optional[str] = Field(None, description="the LM head's checkpoint format, where it is "
                                                 "quantized (ModelOpt MIXED_PRECISION)")
     declared_params: Optional[int] = Field(None, gt=0)

@@ -450,6 +450,8 @@ def _own_format(m: ModelSpec, t: Tensor) -> Optional[WeightFormat]:
         return weight_format(m.lm_head_weight_dtype)
     if not t.is_matrix:
         return None
+    if t.part == "shared_expert" and m.shared_expert_weight_dtype:
+        return weight_format(m.shared_expert_weight_dtype)
     if t.part in ("attention", "state") and m.weight_scope == "mlp" and m.attention_weight_dtype:
         # a gated delta net's b and a projections (one output per head) are not among the layers a ModelOpt
         # MIXED_PRECISION checkpoint quantizes: vLLM keeps them in the model dtype
