@@ -421,6 +421,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         if m.state_layers:
             raise KvplanError(f"{m.name} keeps a fixed state in {len(m.state_layers)} layers: SGLang's hybrid (Mamba) "
                               f"pool is not modelled; plan it with --engine vllm")
+        if m.compressed is not None:
+            raise KvplanError(f"{m.name} uses DeepSeek-V4's compressed attention: SGLang's pool for it is not "
+                              f"modelled; plan it with --engine vllm")
         if m.mla is not None and m.mla.index_head_dim:
             raise KvplanError(f"{m.name} uses DeepSeek sparse attention: SGLang's NSA pool (the indexer's cache) is "
                               f"not modelled; plan it with --engine vllm")
@@ -437,6 +440,12 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     if m.vllm_until and version_key(rules.version) > version_key(m.vllm_until):
         raise KvplanError(f"{m.name}: vLLM serves this architecture up to {m.vllm_until} and removed it after; "
                           f"plan it with --engine-version {m.vllm_until} or earlier")
+    if m.compressed is not None and args.block_size not in (None, 256):
+        raise KvplanError(f"--block-size {args.block_size}: vLLM's DeepSeek-V4 sparse MLA backend takes blocks of 256 "
+                          f"tokens only")
+    if m.compressed is not None and version_key(rules.version) < version_key("0.33"):
+        raise KvplanError(f"{m.name}: DeepSeek-V4's caches are planned with vLLM 0.33's rules only (the release "
+                          f"whose layout kvplan follows); use --engine-version 0.33")
     if fmt.name in rules.cache_dtypes_missing:
         raise KvplanError(f"KV cache dtype '{fmt.name}' does not exist in {rules.label}; it arrived later "
                           f"(choose a later --engine-version)")

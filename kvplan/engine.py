@@ -103,6 +103,20 @@ class LayerKV:
     residual_tokens: int = 0  # newest tokens held in the model dtype instead (KIVI)
     residual_extra_bytes_per_token: float = 0.0  # model-dtype bytes minus format bytes, for those tokens
     fixed_bytes: int = 0  # a state layer's cache per sequence (conv and SSM state), whatever the context
+    # A cache whose page vLLM lays out itself (DeepSeek-V4): one stored entry covers entry_tokens tokens in
+    # entry_bytes, a block holds block_tokens tokens whatever --block-size says, and the page is padded up to a
+    # multiple of page_align bytes. A windowed one of these (kind "sliding") costs nothing per token beyond its
+    # window: its window's bytes are fixed_bytes.
+    entry_tokens: int = 1
+    entry_bytes: int = 0
+    block_tokens: int = 0
+    page_align: int = 1
+
+    @property
+    def own_page_bytes(self) -> int:
+        """The page vLLM gives this cache (its spec's block of entries, padded), for a cache with block_tokens."""
+        raw = self.block_tokens // self.entry_tokens * self.entry_bytes
+        return -(-raw // self.page_align) * self.page_align
 
 
 SkipLayers = Optional[tuple]  # None: the format's default; ("none",); ("sliding_window",); or layer indices
@@ -169,6 +183,8 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
             sized[key] = format_bytes_per_token(model, f, tp, i)
         return sized[key]
 
+    if model.compressed is not None:
+        return compressed_kv_layers(model, fmt)
     out = []
     indexers = frozenset(model.indexer_layers)
     state = sum(state_bytes(model, tp, ssm_default))
@@ -192,6 +208,54 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
             i, kind, model.window_of(kind), f.name, b,
             f.residual_tokens, (auto_bytes - b) if f.residual_tokens else 0.0,
         ))
+    return tuple(out)
+
+
+# DeepSeek-V4 on vLLM (vllm/models/deepseek_v4): the fp8_ds_mla entry is 448 fp8 no-RoPE values, 64 bf16 RoPE values
+# and 8 bytes of UE8M0 scales (584 B), in pages padded to 576 B; blocks of 256 tokens for the compressed caches
+# (DeepseekV4SparseMLABackend's only kernel block size), 64 for the sliding window (DeepseekV4SWACache), 4 and 8 for
+# the ratio-4 and ratio-128 compressor states (CompressorStateCache).
+DSV4_ENTRY_BYTES, DSV4_PAGE_ALIGN, DSV4_BLOCK, DSV4_SWA_BLOCK = 584, 576, 256, 64
+DSV4_STATE_BLOCK = {4: 4, 128: 8}
+DSV4_FORMATS = ("auto", "fp8", "fp8_e4m3", "fp8_ds_mla")
+
+
+def compressed_kv_layers(model: ModelSpec, fmt: KVFormat) -> tuple[LayerKV, ...]:
+    """DeepSeek-V4's caches per layer as vLLM 0.33 allocates them (every one whole on every TP rank):
+
+    * every layer: the last sliding_window tokens uncompressed, one fp8_ds_mla entry per token
+      (DeepseekV4SWACache.get_kv_cache_spec, a SlidingWindowMLASpec);
+    * a layer of compress ratio r > 1: one fp8_ds_mla entry per r tokens (DeepseekV4Attention.get_kv_cache_spec, an
+      MLAAttentionSpec with tokens_per_state r), and its compressor's unfinished entries: a window of coff x r tokens
+      of float32 kv and score rows, 2 x coff x head_dim wide (CompressorStateCache);
+    * a ratio-4 layer's lightning indexer: one key per 4 tokens, index_head_dim fp8 values and a float32 scale per
+      128 (DeepseekV4IndexerCache), and its compressor's state (2 x 2 x index_head_dim float32 per token, window 8).
+
+    vLLM's FlashMLA backend (the default on Hopper and Blackwell) keeps them in fp8_ds_mla whatever the KV cache
+    dtype, and refuses a 16-bit one."""
+    if fmt.name not in DSV4_FORMATS:
+        raise KvplanError(f"--kv-cache-dtype {fmt.name}: vLLM's FlashMLA backend keeps DeepSeek-V4's caches in "
+                          f"fp8_ds_mla only (use auto, fp8 or fp8_ds_mla)")
+    a = model.compressed
+    assert a is not None
+    name, entry = fmt.name, DSV4_ENTRY_BYTES
+    index_entry = a.index_head_dim + a.index_head_dim // 128 * 4
+    out = []
+    for i, r in enumerate(a.compress_ratios):
+        if r > 1:
+            out.append(LayerKV(i, "full", a.index_topk * r if r == 4 else None, name, entry / r, entry_tokens=r,
+                               entry_bytes=entry, block_tokens=DSV4_BLOCK, page_align=DSV4_PAGE_ALIGN))
+            if r == 4:
+                out.append(LayerKV(i, "full", None, "indexer", index_entry / r, entry_tokens=r, entry_bytes=index_entry,
+                                   block_tokens=DSV4_BLOCK, page_align=DSV4_PAGE_ALIGN))
+        out.append(LayerKV(i, "sliding", a.sliding_window, name, 0.0, fixed_bytes=a.sliding_window * entry,
+                           entry_bytes=entry, block_tokens=DSV4_SWA_BLOCK, page_align=DSV4_PAGE_ALIGN))
+        if r > 1:
+            widths = [a.head_dim] + ([a.index_head_dim] if r == 4 else [])
+            for w in widths:
+                window, row = a.coff(r) * r, 2 * a.coff(r) * w * 4
+                out.append(LayerKV(i, "sliding", window, "compressor", 0.0, fixed_bytes=window * row, entry_bytes=row,
+                                   block_tokens=DSV4_STATE_BLOCK[r], page_align=DSV4_PAGE_ALIGN))
     return tuple(out)
 
 
@@ -225,7 +289,8 @@ def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None
 
 def skipped_indices(layers: Sequence[LayerKV], fmt: KVFormat) -> list[int]:
     """The cache layers `kv_layers` left in the model dtype rather than `fmt` (a DSA indexer keeps its own)."""
-    return sorted(lay.index for lay in layers if lay.kind != "state" and lay.format not in (fmt.name, "indexer"))
+    return sorted(lay.index for lay in layers
+                  if lay.kind != "state" and lay.format not in (fmt.name, "indexer", "compressor"))
 
 
 def kv_bytes_per_token(layers: Sequence[LayerKV]) -> float:

@@ -580,11 +580,7 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
             refuse(f"layer_types has {', '.join(repr(t) for t in state)} layers")
     if c.data.get("linear_attn_config") is not None:
         refuse("linear_attn_config describes linear-attention layers")
-    if c.data.get("compress_ratios") is not None:
-        raise KvplanError(f"{path}: compress_ratios: DeepSeek-V4's compressed sparse attention keeps caches kvplan "
-                          f"does not size yet (vLLM's own layout: a sliding-window cache per layer, compressed caches "
-                          f"and compressor states)")
-    if c.data.get("index_n_heads") is not None and not c.has("kv_lora_rank"):
+    if c.data.get("index_n_heads") is not None and not c.has("kv_lora_rank") and c.data.get("compress_ratios") is None:
         raise KvplanError(f"{path}: index_n_heads: an indexed sparse attention without MLA is not modelled")
     if model_type.startswith("gemma4"):
         if c.integer("hidden_size_per_layer_input"):
@@ -596,6 +592,43 @@ def _refuse_unmodelled_layers(top: "_Fields", c: "_Fields", model_type: str, pat
     elif c.data.get("global_head_dim") is not None or c.data.get("num_global_key_value_heads") is not None:
         raise KvplanError(f"{path}: global_head_dim / num_global_key_value_heads: layers with their own KV heads "
                           f"and head sizes outside Gemma 4 are not modelled")
+
+
+def _deepseek_v4(c: "_Fields", top: "_Fields", layers: int, out: dict, path: Path | str) -> dict:
+    """DeepSeek-V4 (DeepseekV4ForCausalLM): compress_ratios gives each layer's tokens per compressed entry (0: the
+    sliding window alone); the list also covers the next-token-prediction layers, which are not part of the model.
+    The routed experts are MXFP4 when expert_dtype is "fp4" (vLLM's DeepseekV4 quantization config), NVFP4 in
+    NVIDIA's ModelOpt checkpoints, and the other linear layers FP8 in 128x128 blocks."""
+    ratios = c.items("compress_ratios", _is_int, "a list of whole numbers such as [0, 0, 4, 128, ...]") or []
+    if len(ratios) < layers:
+        raise KvplanError(f"{path}: {c.prefix}compress_ratios lists {len(ratios)} layers; the model has {layers}")
+    ratios = [max(1, r) for r in ratios[:layers]]
+    bad = sorted({r for r in ratios if r not in (1, 4, 128)})
+    if bad:
+        raise KvplanError(f"{path}: {c.prefix}compress_ratios holds {bad[0]}: vLLM's DeepSeek-V4 compressor takes "
+                          f"ratios 4 and 128 (0: no compression)")
+    window = c.need("sliding_window")
+    spec = {"head_dim": c.need("head_dim"), "rope_head_dim": c.need("qk_rope_head_dim"),
+            "q_lora_rank": c.need("q_lora_rank"), "o_lora_rank": c.need("o_lora_rank"), "o_groups": c.need("o_groups"),
+            "sliding_window": window, "compress_ratios": tuple(ratios),
+            "index_n_heads": c.need("index_n_heads"), "index_head_dim": c.need("index_head_dim"),
+            "index_topk": c.need("index_topk"), "hc_mult": c.integer("hc_mult", minimum=1) or 1}
+    res: dict[str, Any] = {
+        "compressed": spec, "num_kv_heads": 1, "head_dim": spec["head_dim"],
+        "attention": {"pattern": ["sliding"], "sliding_window": window},
+        "mixers": tuple("sliding" if r == 1 else "full" for r in ratios),
+    }
+    q = top.section("quantization_config")
+    if q is not None and q.data:
+        algo = (q.text("quant_algo") or "").upper()
+        experts = "nvfp4" if algo == "MIXED_PRECISION" and (q.text("moe_quant_algo") or "").upper() == "NVFP4" else (
+            "mxfp4" if (c.text("expert_dtype") or "").lower() == "fp4" else None)
+        if experts:
+            res.update(weight_dtype=experts, weight_scope="mlp", attention_weight_dtype="fp8_block128",
+                       shared_expert_weight_dtype="fp8_block128")
+        else:
+            res["weight_dtype"] = "fp8_block128"
+    return res
 
 
 def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> dict:
@@ -1004,6 +1037,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
                 out["indexed"] = indexed
         out["head_dim"] = None
 
+    if c.data.get("compress_ratios") is not None:
+        out.update(_deepseek_v4(c, top, layers, out, path))
+
     # MoE
     experts = c.integer("num_local_experts") or c.integer("n_routed_experts") or c.integer("num_experts")
     if experts:
@@ -1033,7 +1069,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             moe["first_dense_layers"] = c.integer("first_k_dense_replace")
         if family == "gpt_oss":
             moe["router_bias"] = moe["expert_bias"] = True
-        if c.text("topk_method") == "noaux_tc" or family in ("glm4_moe", "kimi_linear"):
+        if (c.text("topk_method") == "noaux_tc" and "compressed" not in out) or family in ("glm4_moe", "kimi_linear"):
             moe["score_correction_bias"] = True
         if family in ("gemma4", "gemma4_text"):
             # Gemma 4's MoE block runs beside a dense MLP of intermediate_size: that MLP is a shared expert

@@ -95,6 +95,61 @@ def hybrid_state_groups(layers: Sequence[LayerKV], block_size: int, align: int, 
                          block, tuple(specs))
 
 
+def _approximate_gcd(values: Sequence[int], lower_bound: int) -> int:
+    """vLLM's chunk size with the least upward padding over `values` (ties: the larger), tried from lower_bound up to
+    the largest value (kv_cache_planning._approximate_gcd)."""
+    best, best_pad = lower_bound, None
+    for d in range(max(1, lower_bound), max(values) + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad <= best_pad:
+            best, best_pad = d, pad
+    return best
+
+
+def packed_kv_cache_groups(layers: Sequence[LayerKV]) -> KVCacheGroups:
+    """vLLM 0.33's groups for caches whose pages differ and are packed side by side in each block (the block-outermost
+    layout a DeepSeek-V4 backend declares; kv_cache_planning._get_packed_kv_cache_groups):
+
+    * caches are bucketed by type: the same tokens per block, and full attention or one sliding window;
+    * a bucket is balanced when it holds as many caches of each page size; the largest balanced bucket of several page
+      sizes sets the fewest pattern repeats a group may hold, and the repeats per group are the number from there up
+      that pads the balanced buckets' counts least; a balanced bucket splits into cdiv(count, repeats) groups (caches
+      [i::n] of it), any other bucket is one group;
+    * every block of the shared pool holds one page of each cache of the widest group, so a block is the largest sum
+      of pages over the groups, and a request takes blocks in every group by that group's rule."""
+    specs = [_LayerSpec("sliding" if lay.kind == "sliding" else "full", lay.window if lay.kind == "sliding" else None,
+                        lay.block_tokens, lay.own_page_bytes) for lay in layers]
+    buckets: dict[tuple, list[_LayerSpec]] = {}
+    for sp in specs:
+        buckets.setdefault((sp.kind, sp.window, sp.tokens_per_block), []).append(sp)
+    bucketed = []
+    for members in buckets.values():
+        by_page: dict[int, list[_LayerSpec]] = {}
+        for sp in members:
+            by_page.setdefault(sp.page_bytes, []).append(sp)
+        most = max(len(v) for v in by_page.values())
+        bucketed.append((members, by_page, most, len({len(v) for v in by_page.values()}) == 1))
+    least = max((most for _, by_page, most, balanced in bucketed if balanced and len(by_page) > 1), default=0)
+    repeats = _approximate_gcd([most for *_, most, balanced in bucketed if balanced], least) if least else None
+    groups: list[list[_LayerSpec]] = []
+    for members, by_page, most, balanced in bucketed:
+        n = -(-most // repeats) if balanced and repeats else 1
+        if repeats is None and members[0].kind == "sliding" and len(bucketed) > 1:
+            raise KvplanError("vLLM packs sliding-window caches of this layout by a rule kvplan does not model")
+        if n == 1:
+            groups.append(members)
+            continue
+        pattern = list(zip(*by_page.values(), strict=True))
+        groups += [[sp for rep in pattern[i::n] for sp in rep] for i in range(n)]
+    per_group = [sum(sp.page_bytes for sp in g) for g in groups]
+    counted: dict[_LayerSpec, int] = {}
+    for g in groups:  # a group's caches share one type, so any of them counts its blocks per request
+        rep = _LayerSpec(g[0].kind, g[0].window, g[0].tokens_per_block, max(sp.page_bytes for sp in g))
+        counted[rep] = counted.get(rep, 0) + 1
+    growing = [sp.tokens_per_block for sp in specs if sp.kind == "full"] or [specs[0].tokens_per_block]
+    return KVCacheGroups(max(per_group), len(groups), 0, tuple(counted.items()), 1, max(growing), tuple(specs))
+
+
 def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: Optional[str] = None,
                     raise_block_for_skip_layers: bool = True) -> KVCacheGroups:
     """vLLM's pages and KV-cache groups (0.30+: platforms' _align_heterogeneous_kv_block_size, then
@@ -364,7 +419,9 @@ def plan_for(d) -> PoolPlan:
         else:
             available = requested - nk.total
         layers = tuple(lay for lay in all_layers if lay.index in rng)  # a layer may hold several caches, or none
-        if any(lay.kind == "state" for lay in layers):
+        if any(lay.block_tokens for lay in layers):  # caches that lay out their own pages (DeepSeek-V4)
+            groups = packed_kv_cache_groups(layers)
+        elif any(lay.kind == "state" for lay in layers):
             mlen_now = model.max_position_embeddings if d.max_model_len in (None, "auto") else int(d.max_model_len)
             groups = hybrid_state_groups(layers, d.block_size, 64 if model.is_mla else 16, rules.hybrid_state_blocks,
                                          mlen_now)
@@ -496,6 +553,17 @@ def capacity_of(d) -> CapacityResult:
         else:
             notes.append(f"{held}; with no attention, a block is one sequence's state in every layer and a request "
                          f"takes {plan.rules.hybrid_state_blocks} of them")
+    own = [lay for lay in layers if lay.block_tokens]
+    if own:
+        growing = [lay for lay in own if lay.kind == "full"]
+        ratios = "/".join(str(r) for r in sorted({lay.entry_tokens for lay in growing}))
+        notes.append(f"{len(own)} caches over {len({lay.index for lay in own})} layers ({len(growing)} growing by an "
+                     f"entry per {ratios} tokens, {len(own) - len(growing)} windowed: the sliding window and the "
+                     f"compressor states, {sum(lay.fixed_bytes for lay in own):,} B a sequence); vLLM packs their "
+                     f"pages ({', '.join(f'{p:,}' for p in sorted({lay.own_page_bytes for lay in own}))} B) side by "
+                     f"side in {groups.num_groups} KV-cache groups sharing blocks of {groups.bytes_per_block:,} B; a "
+                     f"request takes blocks in every group, the windowed ones for their window plus the "
+                     f"{plan.in_flight:,} tokens in flight")
     if groups.padding_layers:
         notes.append(f"{groups.num_groups} KV-cache groups of {groups.group_size} layers; "
                      f"{groups.padding_layers} padding layers")

@@ -238,8 +238,10 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
 
 
 def _dname(dtype: str, model) -> str:
-    """'auto' is the model's dtype: say which."""
-    return f"auto ({model.dtype})" if dtype == "auto" else dtype
+    """'auto' is the model's dtype (DeepSeek-V4's fp8_ds_mla on vLLM): say which."""
+    if dtype == "auto":
+        return "auto (fp8_ds_mla)" if getattr(model, "compressed", None) is not None else f"auto ({model.dtype})"
+    return dtype
 
 
 def _layer_list(xs: Sequence[int]) -> str:

@@ -74,6 +74,40 @@ class MLASpec(_Frozen):
         return 0 if not self.index_head_dim else self.index_head_dim + self.index_head_dim // 128 * 4
 
 
+class CompressedAttentionSpec(_Frozen):
+    """DeepSeek-V4's attention: one shared K=V head of head_dim (the last rope_head_dim of it rotated), queries
+    through a q_lora_rank latent, the output through o_groups grouped projections of o_lora_rank. Every layer keeps
+    the last sliding_window tokens uncompressed; a layer with compress ratio r > 1 also caches one compressed entry
+    per r tokens, made by a compressor that holds its unfinished entries (r, or 2r overlapping for r = 4). The
+    ratio-4 layers (compressed sparse attention) carry a lightning indexer with compressed keys of its own and read
+    the index_topk entries it picks; the ratio-128 layers (heavily compressed attention) read every entry."""
+
+    head_dim: int = Field(gt=0)
+    rope_head_dim: int = Field(gt=0)
+    q_lora_rank: int = Field(gt=0)
+    o_lora_rank: int = Field(gt=0)
+    o_groups: int = Field(gt=0)
+    sliding_window: int = Field(gt=0)
+    compress_ratios: tuple[int, ...] = Field(description="per layer: tokens per compressed entry; 1: the sliding "
+                                             "window alone")
+    index_n_heads: int = Field(gt=0)
+    index_head_dim: int = Field(gt=0)
+    index_topk: int = Field(gt=0)
+    hc_mult: int = Field(1, gt=0, description="hyper-connections: the residual stream is hc_mult copies wide, mixed "
+                         "before and after each block")
+
+    @model_validator(mode="after")
+    def _ratios(self) -> "CompressedAttentionSpec":
+        bad = sorted({r for r in self.compress_ratios if r not in (1, 4, 128)})
+        if bad:
+            raise ValueError(f"compress ratio {bad[0]}: vLLM's compressor takes 4 or 128 (1: no compression)")
+        return self
+
+    def coff(self, ratio: int) -> int:
+        """Entries a compressor builds at once: 2 overlapping for ratio 4, else 1."""
+        return 2 if ratio == 4 else 1
+
+
 class MoESpec(_Frozen):
     num_experts: int = Field(gt=0)
     experts_per_token: int = Field(gt=0)
@@ -198,6 +232,9 @@ class ModelSpec(_Frozen):
     attention_weight_dtype: Optional[str] = Field(
         None, description="with weight_scope 'mlp': the checkpoint format of the attention and state-mixer linear "
         "layers (a ModelOpt MIXED_PRECISION checkpoint's FP8 attention); None: the model dtype")
+    shared_expert_weight_dtype: Optional[str] = Field(None, description="the shared experts' checkpoint format, where "
+                                                      "it differs from the routed experts' (DeepSeek-V4's fp8 beside "
+                                                      "FP4 experts)")
     lm_head_weight_dtype: Optional[str] = Field(None, description="the LM head's checkpoint format, where it is "
                                                 "quantized (ModelOpt MIXED_PRECISION)")
     declared_params: Optional[int] = Field(None, gt=0)
@@ -205,6 +242,7 @@ class ModelSpec(_Frozen):
                                              "headers, where a local snapshot has them")
     attention: AttentionLayout = AttentionLayout()
     mla: Optional[MLASpec] = None
+    compressed: Optional[CompressedAttentionSpec] = None
     moe: Optional[MoESpec] = None
     vision: Optional[VisionSpec] = None
     state: Optional[StateSpec] = None
@@ -289,6 +327,9 @@ class ModelSpec(_Frozen):
         if self.shared_attention is not None and any(
                 mlp == "dense" and mixer not in ATTENTION_KINDS for mixer, mlp in zip(self.layer_kinds, self.mlp_kinds)):
             raise ValueError("with shared_attention, only the attention layers (the shared blocks) have a dense MLP")
+        if self.compressed is not None and len(self.compressed.compress_ratios) != self.num_layers:
+            raise ValueError(f"compressed.compress_ratios lists {len(self.compressed.compress_ratios)} layers; the "
+                             f"model has {self.num_layers}")
         if self.mlps is not None and "moe" in self.mlps and self.moe is None:
             raise ValueError("a 'moe' layer needs moe (experts, experts_per_token, ...)")
         return self

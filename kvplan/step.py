@@ -312,11 +312,15 @@ class StepModel:
         self.layers = kv_layers(m, d.kv, tp, d.skip)
         fam = d.kv.family
         self.attn_family = "float" if d.kv.is_model_dtype or d.kv.name in ("bfloat16", "float16") else fam
+        if m.compressed is not None:  # DeepSeek-V4: one fp8_ds_mla cache whatever the dtype named, read as it is
+            self.attn_family = fam = "float"
         self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
         elif m.mla:  # no MLA kernel fit: the GQA kernel's on the latent's bytes, one KV head
             self.estimated.append("MLA decode attention")
+        elif m.compressed is not None:  # no sparse-MLA kernel fit: the GQA kernel's on the entries' bytes
+            self.estimated.append("DeepSeek-V4 sparse decode attention")
         # vLLM quantizes the query to fp8 in its own kernel before an fp8 cache's attention call
         # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
         self.query_quant = fam == "fp8" and not m.mla
@@ -362,8 +366,12 @@ class StepModel:
             if lay.kind == "state":  # read and write the state once per sequence
                 total += f.t0_s + batch * 2 * lay.fixed_bytes / (f.eta * bw)
                 continue
+            if lay.format == "compressor":  # a compressor's unfinished entries: read and written once a step
+                total += batch * 2 * lay.fixed_bytes / (f.eta * bw)
+                continue
             n = context if lay.window is None else xp.minimum(context, lay.window)
-            byt = batch * n * lay.bytes_per_token
+            # a cache of its own layout (DeepSeek-V4) holds entry_bytes per entry_tokens tokens, windowed or not
+            byt = batch * n * (lay.bytes_per_token or lay.entry_bytes / lay.entry_tokens)
             if lay.residual_tokens:
                 byt = byt + batch * xp.minimum(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
             heads = self.kv_heads if lay.format != "indexer" else 1
@@ -398,10 +406,10 @@ class StepModel:
             per = 4 * (m.head_dim or 0)
         total = 0.0
         for lay in self.layers:
-            if lay.kind == "state" or lay.format == "indexer":
+            if lay.kind == "state" or lay.format in ("indexer", "compressor"):
                 continue
             n = context if lay.window is None else xp.minimum(context, lay.window)
-            total = total + tokens * n * per * self.q_heads
+            total = total + tokens * n / lay.entry_tokens * per * self.q_heads  # a compressed layer's entries
         return total / (f.mu * f.peak_flops)
 
     # -- the step ------------------------------------------------------------------------------------------------

@@ -252,6 +252,46 @@ def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
     return ts
 
 
+def _compressed_attention(m: ModelSpec) -> list[Tensor]:
+    """DeepSeek-V4's attention, hyper-connections and their compressors, as transformers' DeepseekV4 modelling code
+    builds them and vLLM's (vllm/models/deepseek_v4: DeepseekV4Attention, DeepseekCompressor, DeepseekV4Indexer)
+    splits them: the query up-projection, the grouped output projections and the sinks split across TP ranks; the
+    fused q_a/kv projection, the compressors and the indexer are whole on every rank, and vLLM keeps the
+    compressors' and the indexer's weights_proj unquantized."""
+    a, h, H, L = m.compressed, m.hidden_size, m.num_heads, m.num_layers
+    d = a.head_dim
+    ts: list[Tensor] = [Tensor("attn.sinks", H, 1, L, "col", "attention", False)]
+    ts += _linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
+    ts.append(Tensor("attn.q_a_norm", a.q_lora_rank, 1, L, "rep", "norm", False))
+    ts += _linear("attn.q_b_proj", H * d, a.q_lora_rank, L, "col", "attention")
+    ts += _linear("attn.kv_proj", d, h, L, "rep", "attention")
+    ts.append(Tensor("attn.kv_norm", d, 1, L, "rep", "norm", False))
+    ts += _linear("attn.o_a_proj", a.o_groups * a.o_lora_rank, H * d // a.o_groups, L, "col", "attention")
+    ts += _linear("attn.o_b_proj", h, a.o_groups * a.o_lora_rank, L, "row", "attention")
+    for ratio, layers in _by_shape([i for i, r in enumerate(a.compress_ratios) if r > 1],
+                                   lambda i: (a.compress_ratios[i],)):
+        r, = ratio
+        n, at = len(layers) or sum(1 for x in a.compress_ratios if x == r), layers
+        width = a.coff(r) * d  # kv and gate, 2 overlapping entries at ratio 4
+        ts.append(Tensor("attn.compressor.position_bias", r, width, n, "rep", "attention", False, layers=at))
+        ts.append(Tensor("attn.compressor.kv_gate_proj", 2 * width, h, n, "rep", "attention", False, layers=at))
+        ts.append(Tensor("attn.compressor.kv_norm", d, 1, n, "rep", "norm", False, layers=at))
+        if r == 4:  # the lightning indexer and its own compressor
+            iw = a.coff(r) * a.index_head_dim
+            ts.append(Tensor("attn.indexer.position_bias", r, iw, n, "rep", "attention", False, layers=at))
+            ts.append(Tensor("attn.indexer.kv_gate_proj", 2 * iw, h, n, "rep", "attention", False, layers=at))
+            ts.append(Tensor("attn.indexer.kv_norm", a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
+            ts += _linear("attn.indexer.q_b_proj", a.index_n_heads * a.index_head_dim, a.q_lora_rank, n, "rep",
+                          "attention", layers=at)
+            ts.append(Tensor("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", False, layers=at))
+    if a.hc_mult > 1:  # before attention and before the MLP: a mixing projection, its bias and 3 scales
+        mix = (2 + a.hc_mult) * a.hc_mult
+        ts.append(Tensor("hc.fn", mix, a.hc_mult * h, 2 * L, "rep", "norm", False))
+        ts.append(Tensor("hc.base_scale", mix + 3, 1, 2 * L, "rep", "norm", False))
+        ts.append(Tensor("hc_head", a.hc_mult * (a.hc_mult * h + 1) + 1, 1, 1, "rep", "norm", False))
+    return ts
+
+
 def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     """Every parameter tensor of the model (main model only: no MTP/draft layers)."""
     h = m.hidden_size
@@ -284,6 +324,8 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
             ts += _linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
             ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
             ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
+    elif m.compressed:
+        ts += _compressed_attention(m)
     else:
         # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
         shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
@@ -408,6 +450,8 @@ def _own_format(m: ModelSpec, t: Tensor) -> Optional[WeightFormat]:
         return weight_format(m.lm_head_weight_dtype)
     if not t.is_matrix:
         return None
+    if t.part == "shared_expert" and m.shared_expert_weight_dtype:
+        return weight_format(m.shared_expert_weight_dtype)
     if t.part in ("attention", "state") and m.weight_scope == "mlp" and m.attention_weight_dtype:
         # a gated delta net's b and a projections (one output per head) are not among the layers a ModelOpt
         # MIXED_PRECISION checkpoint quantizes: vLLM keeps them in the model dtype

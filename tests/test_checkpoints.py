@@ -225,7 +225,8 @@ def test_float32_checkpoints_run_in_bfloat16(tmp_path):
     ({"attn_layer_period": 8, "attn_layer_offset": 4}, "attn_layer_period 8"),
     ({"block_configs": [{"attention": {"no_op": True}}]}, "block_configs lists 1 blocks; num_hidden_layers is 32"),
     ({"layer_types": ["mystery_attention"]}, "'mystery_attention'"),
-    ({"compress_ratios": [4, 128]}, "DeepSeek-V4's compressed sparse attention"),
+    ({"compress_ratios": [4, 128]}, "compress_ratios lists 2 layers; the model has 32"),
+    ({"compress_ratios": [2] * 32}, "compress_ratios holds 2: vLLM's DeepSeek-V4 compressor takes ratios 4 and 128"),
     ({"index_n_heads": 64}, "indexed sparse attention without MLA"),
     ({"global_head_dim": 512}, "global_head_dim / num_global_key_value_heads"),
 ])

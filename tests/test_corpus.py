@@ -37,6 +37,15 @@ def test_corpus_config(name):
     if e.get("kv_bytes_per_token_bf16") is not None:
         # the attention cache proper; a sparse-attention indexer's own keys are listed apart in expected.json
         layers = [lay for lay in kv_layers(m, kv_format("auto")) if lay.format != "indexer"]
+        if m.compressed is not None:
+            # DeepSeek-V4: vLLM keeps the entries in fp8_ds_mla (584 B); the architecture's figure is one bf16 K=V
+            # head of head_dim per compressed entry, the sliding window and compressor states apart
+            growing = [lay for lay in layers if lay.kind == "full"]
+            assert sum(lay.entry_bytes / lay.entry_tokens for lay in growing) == kv_bytes_per_token(layers)
+            assert sum(m.compressed.head_dim * 2 / lay.entry_tokens for lay in growing) == e["kv_bytes_per_token_bf16"]
+            assert sum(lay.window for lay in layers if lay.format == "auto" and lay.kind == "sliding") \
+                * m.compressed.head_dim * 2 == e["sliding_window_bytes_per_sequence_bf16"]
+            return
         assert kv_bytes_per_token(layers) * (2 / {"bf16": 2, "fp16": 2, "fp32": 4}[m.dtype]) \
             == e["kv_bytes_per_token_bf16"]
 
@@ -47,5 +56,5 @@ def test_corpus_coverage():
     assert len(CONFIGS) >= 40 and len(matched) >= 40
     families = {load_model(str(CORPUS / n)).family for n in matched}
     for fam in ("llama", "qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron_h", "gptj", "phi", "starcoder2", "cohere",
-                "olmo2", "qwen2_moe", "qwen3_vl", "gemma4", "zamba2", "minimax_m1", "glm_moe_dsa", "llama4"):
+                "olmo2", "qwen2_moe", "qwen3_vl", "gemma4", "zamba2", "minimax_m1", "glm_moe_dsa", "llama4", "deepseek_v4"):
         assert any(f == fam or f.startswith(fam) for f in families), fam
