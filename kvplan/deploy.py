@@ -341,6 +341,10 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         Figure("non-torch memory", meas.get("non_torch_gib"), _gib(nk["non_torch"]), "GiB"),
         Figure("CUDA-graph estimate", meas.get("cudagraph_estimated_gib"),
                _gib(nk["parts"].get("cudagraph_estimate", nk["cudagraph"])), "GiB"),
+        # what the capture then took: "Graph capturing finished in N secs, took X GiB" (0.19), or the "(actual)"
+        # of "CUDA graph pool memory"
+        Figure("CUDA-graph capture", meas.get("graph_capture_gib", meas.get("cudagraph_actual_gib")),
+               _gib(nk["parts"].get("cudagraph_capture", nk["cudagraph"])), "GiB"),
         Figure("non-KV memory beyond the weights", _gib(requested - weights - available),
                _gib(nk["total"] - nk["weights"]), "GiB"),
     ]
@@ -380,6 +384,9 @@ def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict,
             Figure("available KV cache memory", log.measured.get("available_kv_gib"), _gib(pred.available_kv_bytes),
                    "GiB"),
             Figure("model weights", log.measured.get("weights_gib"), _gib(pred.non_kv["weights"]), "GiB")]
+        if "graph_capture_gib" in log.measured and "cudagraph_capture" in pred.non_kv.get("parts", {}):
+            figures.append(Figure("CUDA-graph capture", log.measured["graph_capture_gib"],
+                                  _gib(pred.non_kv["parts"]["cudagraph_capture"]), "GiB"))
         config["gpu"] = pred.gpu
     except KvplanError as e:
         predicted, figures = str(e), []

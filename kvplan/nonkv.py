@@ -14,12 +14,18 @@ field of the version's rules in kvplan.engines:
               (cuBLAS handles, CUDA modules loaded lazily at first use), with TP > 1 torch's NCCL communicator
               where it is made lazily (before 0.30) and the FlashInfer all-reduce workspace on SM90/SM100
   cudagraph   the CUDA-graph estimate the engine subtracts (0.20 and later; 0.19 measures it but does not
-              subtract it): the capture activations, the capture stream's cuBLAS workspace, FlashInfer's attention
-              workspace where that backend runs (SM100 multi-head attention), and a cost per graph
+              subtract it): the capture activations, the capture stream's cuBLAS workspace, FlashAttention 3's
+              split-KV accumulators in the FULL graphs (Hopper), FlashInfer's attention workspace where that backend
+              runs (SM100 multi-head attention), and a cost per graph
+
+What the capture then really takes (parts["cudagraph_capture"], which the sampler warm-up after it has to live
+with) differs from the estimate: the eager warm-up's activations and their captured copy sit in two pools, every
+graph costs its own driver memory, and FlashAttention 3 keeps its split-KV accumulators for the largest FULL graph
+of at most 992 requests, which vLLM's two samples miss when the largest capture size is above that (gpt-oss).
 
 The per-graph capture cost has no source constant beyond vLLM's 1 MiB floor; kvplan takes it per piece of the
-compiled model from what vLLM 0.19 prints (per_graph_bytes). A startup log pins all of it (`kvplan` reads one and
-keeps the measured overheads as a profile).
+compiled model from what vLLM 0.19 prints, scaled by the kernels a piece launches (per_graph_bytes). A startup log
+pins all of it (`kvplan` reads one and keeps the measured overheads as a profile).
 """
 
 from __future__ import annotations
@@ -40,14 +46,65 @@ _FP32_ROTARY = ("gpt_oss", "minimax_text_01", "bailing_moe_linear")
 FULL_GRAPH_MIN_BYTES = 1 * MiB  # vLLM's _MIN_PER_GRAPH_BYTES
 
 
-def per_graph_bytes(num_layers: int, mode: str) -> int:
+# Kernels one compiled decoder layer launches outside attention (a piecewise graph's piece): the two fused
+# residual-add + RMSNorms, the QKV and output projections, the rotary embedding, and the MLP's gate_up GEMM,
+# SiLU-and-mul and down GEMM
+DENSE_PIECE_KERNELS = 8
+# what a FULL graph adds per layer: the KV-cache write, FlashAttention's forward and its split-KV combine
+ATTENTION_GRAPH_KERNELS = 3
+# gpt-oss's MXFP4 experts on Hopper (the TRITON backend, fused_moe/gpt_oss_triton_kernels_moe.py
+# triton_kernel_moe_forward) launch ten kernels where a dense MLP launches three: the router GEMM, triton_kernels'
+# top-k, two bitmatrix-metadata kernels (tensor_details/bitmatrix.py), two ragged-metadata kernels
+# (tensor_details/ragged_tensor.py), the gate-scale gather, two matmul_ogs and the reduce that folds the scattered
+# top-k rows (matmul_ogs.py: a scatter with more than one expert per token goes through a scratchpad)
+MXFP4_TRITON_MOE_KERNELS = 10
+
+
+def piece_kernels(m: ModelSpec, gpu: Optional[GPUSpec] = None) -> int:
+    """Kernels one layer's piece of the compiled model launches (DENSE_PIECE_KERNELS, or more for gpt-oss's MXFP4
+    experts on Hopper)."""
+    if m.moe and m.weight_dtype == "mxfp4" and _cc_family(gpu) == "sm90":
+        return DENSE_PIECE_KERNELS - 3 + MXFP4_TRITON_MOE_KERNELS
+    return DENSE_PIECE_KERNELS
+
+
+def per_graph_bytes(num_layers: int, mode: str, kernels: int = DENSE_PIECE_KERNELS) -> int:
     """The steady cost of one more captured CUDA graph: its nodes' driver allocations, which grow with the pieces
-    the compiled model is split into (one per layer plus one). vLLM 0.19 prints both samples on H100 ("Estimated
-    PIECEWISE/FULL CUDA graph memory: F MiB first-capture + (n-1) x d MiB per-graph"): piecewise 4-6 MiB at 24-32
-    layers, 8 at 40, 18-20 at 80; full 4-6 at 28-32, 6-8 at 40, 10-14 at 80. About 0.2 MiB (piecewise) and
-    0.15 MiB (full) per piece, to the nearest 2 MiB page the driver maps, and never below vLLM's 1 MiB floor."""
-    per_piece = 0.2 if mode == "piecewise" else 0.15
+    the compiled model is split into (one per layer plus one) and the kernels each launches. vLLM 0.19 prints both
+    samples on H100 ("Estimated PIECEWISE/FULL CUDA graph memory: F MiB first-capture + (n-1) x d MiB per-graph"):
+    piecewise 4-6 MiB at 24-32 layers, 8 at 40, 18-20 at 80; full 4-6 at 28-32, 6-8 at 40, 10-14 at 80. About
+    0.2 MiB (piecewise) and 0.15 MiB (full) per piece of a dense layer's kernels, to the nearest 2 MiB page the
+    driver maps, and never below vLLM's 1 MiB floor; a layer that launches more kernels costs more in proportion
+    (`kernels`, from piece_kernels; a FULL graph counts the attention's kernels too)."""
+    if mode == "piecewise":
+        per_piece = 0.2 * kernels / DENSE_PIECE_KERNELS
+    else:
+        per_piece = 0.15 * (kernels + ATTENTION_GRAPH_KERNELS) / (DENSE_PIECE_KERNELS + ATTENTION_GRAPH_KERNELS)
     return max(FULL_GRAPH_MIN_BYTES, round(per_piece * (num_layers + 1) / 2) * 2 * MiB)
+
+
+# FlashAttention 3 under FULL CUDA graphs (Hopper): vLLM caps the split-KV count for every batch up to the largest
+# capture size (v1/attention/backends/flash_attn.py FlashAttentionMetadataBuilder: max_num_splits =
+# AttentionConfig.flash_attn_max_num_splits_for_cuda_graph, 32 in config/attention.py), and FA3's mha_fwd then
+# allocates its accumulators for that many splits: out_accum [splits, heads, tokens, head_dim] and softmax_lse_accum
+# [splits, heads, tokens], float32. FA3 splits dynamically only for varlen batches of at most 992 requests; above
+# that it keeps one split and allocates none. Inside a capture they come from the graph pool and stay there.
+FA3_MAX_NUM_SPLITS = 32
+FA3_DYNAMIC_SPLIT_MAX_BATCH = 992
+
+
+def fa3_split_accumulators(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, tokens: int) -> int:
+    """FlashAttention 3's split-KV accumulators for one FULL graph of `tokens` decode requests: 32 splits x query
+    heads on this rank x tokens x (head_dim + 1 for the log-sum-exp) x 4 bytes; 0 off Hopper, for MLA (FlashMLA),
+    for heads FA3 does not take (above 256), and above FA3's 992-request dynamic-split limit. Llama-3.1-8B at 512:
+    32 x 32 x 512 x 129 x 4 = 258 MiB, what vLLM 0.19's first FULL sample printed (260 MiB)."""
+    hd = m.head_dim or 0
+    if (_cc_family(gpu) != "sm90" or m.mla or not m.attention_layers or not 0 < hd <= 256
+            or not 0 < tokens <= FA3_DYNAMIC_SPLIT_MAX_BATCH):
+        return 0
+    return FA3_MAX_NUM_SPLITS * (m.num_heads // tp) * tokens * (hd + 1) * 4
+
+
 FLASHINFER_ATTENTION_WORKSPACE = 394 * MiB  # VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE
 # FlashInfer's all-reduce workspace size per rank (FI_ALLREDUCE_FUSION_MAX_SIZE_MB, in MiB), by arch and TP; SM103
 # (B300) doubled its TP 8 size in 0.33
@@ -201,7 +258,10 @@ def _forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace
         # through triton_kernels' matmul_ogs instead and take none (vLLM 0.19's gpt-oss peak is the sampler's alone)
         workspace = 0 if m.weight_dtype == "mxfp4" else tokens * k * (max(ie // tp, H) + max(2 * ie // tp, H)) * b
         shared = tokens * b * 3 * m.moe.shared_intermediate * m.moe.shared_experts // tp
-        moe = tokens * b * 2 * H + tokens * e * b + 8 * tokens * k + shared
+        # matmul_ogs (MXFP4, triton_kernels) writes the fused SwiGLU's [tokens x k, I] output and scatters the
+        # second GEMM through a [tokens x k, H] scratchpad before reducing the k rows (matmul_ogs.py init_allocation)
+        ogs = tokens * k * (ie // tp + H) * b if m.weight_dtype == "mxfp4" else 0
+        moe = tokens * b * 2 * H + tokens * e * b + 8 * tokens * k + shared + ogs
         if with_moe_workspace:
             moe += workspace
     peak = max(attn, dense, moe, state) + (tokens * H * b if tp > 1 else 0)  # all-reduce output beside its input
@@ -316,7 +376,7 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     parts.update(library_non_torch=LIBRARY_NON_TORCH, torch_nccl_communicator=torch_nccl,
                  flashinfer_allreduce_workspace=fi_workspace, transport=link)
 
-    estimate = 0
+    estimate = capture = splits = 0
     n_pw = n_full = 0
     if not enforce_eager:
         # gpt-oss raises the largest capture size to 1,024 (GptOssForCausalLMConfig): 83 graphs per mode
@@ -324,20 +384,40 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
             R_max * 2, rules.max_capture_sm100 if fam in ("sm100", "sm103") else 512)
         cap_max = min(cap_max, T)
         sizes = _capture_sizes(cap_max)
-        n_pw, n_full = len(sizes), len([s for s in sizes if s <= R_max])
+        full_sizes = [s for s in sizes if s <= R_max]
+        n_pw, n_full = len(sizes), len(full_sizes)
         f_cg, _ = _forward_peak(m, max(sizes), tp, b, with_moe_workspace=False)
+        kernels = piece_kernels(m, gpu)
+        g_pw = per_graph_bytes(m.num_layers, "piecewise", kernels)
+        g_full = per_graph_bytes(m.num_layers, "full", kernels)
         # mrv2 captures every piecewise graph for real after one eager warm-up each (the capture activations
         # twice); the older runner takes two samples per mode and extrapolates
         warmups = 2 if rules.runner == "mrv2" else 1
-        estimate = (warmups * f_cg + cublas + (n_pw - 1) * per_graph_bytes(m.num_layers, "piecewise")
-                    + (n_full - 1) * per_graph_bytes(m.num_layers, "full"))
+        first = warmups * f_cg + cublas
+        if rules.runner == "v1" and full_sizes:
+            # FlashAttention 3's split-KV accumulators: the older runner's estimate keeps the larger of its first
+            # PIECEWISE and first FULL samples (gpu_model_runner.profile_cudagraph_memory), and the first FULL
+            # sample holds them where the largest FULL graph is within FA3's dynamic-split limit; the capture itself
+            # keeps them for the largest FULL graph within it
+            first = max(first, fa3_split_accumulators(m, gpu, tp, max(full_sizes)))
+            splits = fa3_split_accumulators(
+                m, gpu, tp, max([s for s in full_sizes if s <= FA3_DYNAMIC_SPLIT_MAX_BATCH], default=0))
+        estimate = first + (n_pw - 1) * g_pw + (n_full - 1) * g_full
+        # what capture_model's free-memory drop holds (gpu_model_runner.capture_model measures before its
+        # empty_cache): each size's eager warm-up (cudagraph_num_of_warmups = 1, config/vllm.py) in the default pool
+        # and its captured copy in the graph pool (_warmup_and_capture), the capture stream's cuBLAS workspace,
+        # FA3's accumulators, and every graph's own driver memory; kvplan has not traced MRV2's capture and takes
+        # its estimate for it
+        capture = 2 * f_cg + cublas + splits + n_pw * g_pw + n_full * g_full if rules.runner == "v1" else estimate
         if fam in ("sm100", "sm103") and not m.mla:
             # FlashInfer is the SM100 backend for multi-head attention; its workspace is made at the first FULL
             # warm-up, inside the estimate's first sample
             estimate += FLASHINFER_ATTENTION_WORKSPACE
+            capture += FLASHINFER_ATTENTION_WORKSPACE
     cudagraph = estimate if rules.subtracts_cudagraphs else 0
     parts.update(rotary_cache=rotary, capture_sizes=n_pw, full_graphs=n_full, sampler_rows=R,
-                 cudagraph_estimate=estimate, cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
+                 cudagraph_estimate=estimate, cudagraph_capture=capture, fa3_split_accumulators=splits,
+                 cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
                  cublas_workspace=rules.cublas_workspace)
     repack = mxfp4_hopper_repack(m, tp) if fam == "sm90" else 0
     # the caching allocator's blocks beyond the parameters' bytes: vLLM's "Model loading took" is
@@ -483,8 +563,8 @@ def mxfp4_hopper_load(m: ModelSpec, tp: int, rotary: int = 0) -> tuple[int, int,
 # buffers and beyond what a weight conversion leaves (mxfp4_hopper_load: 1.9 and 1.4 GiB for gpt-oss-20b at
 # TP 1 and 2, against 1.75 and 1.56 GiB in its logs): 0.0-0.1 GiB in some runs and about 0.95 GiB in others of the
 # same models (vLLM 0.19, H100; a freshly compiled Llama-3.1-8B holds it, a cached compile does not, a freshly
-# compiled Granite does not). Which allocations pin it is not known, and the CUDA graphs' own capture takes
-# 0.1-0.4 GiB more than kvplan's estimate of it (1.1 GiB more for gpt-oss-20b, whose graphs cost 6-8 MiB each): a
+# compiled Granite does not). Which allocations pin it is not known; with kvplan's figure for what the CUDA-graph
+# capture takes (parts["cudagraph_capture"], within 0.2 GiB of the 24 logs that print it) that makes 1.1 GiB: a
 # margin below this figure is flagged as a risk.
 FRAGMENTATION_SEEN = int(1.1 * GiB)
 
@@ -495,7 +575,8 @@ def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, tot
     dummy requests (gpu_worker.compile_or_warm_up_model): the bf16 logits, then fp32 logits, probabilities and q.
     Returns (the memory free for it, what it needs). Free: what utilization leaves outside the budget, less the
     memory in use before the snapshot, plus the profile's peak (released), less the torch buffers that persist (the
-    hidden-state buffer, the Triton top-k buffer) and the graphs' memory beyond what the budget subtracted."""
+    hidden-state buffer, the Triton top-k buffer) and what the CUDA-graph capture took beyond what the budget
+    subtracted."""
     rules = _rules(version)
     V = m.vocab_size
     v_pad = padded_vocab(V)
@@ -504,7 +585,8 @@ def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, tot
     sms = (gpu.sm_count if gpu and gpu.sm_count else 132)
     # persistent: the hidden-state buffer, the Triton top-k buffer, and the MoE workspace the workspace manager keeps
     persist = nk.max_num_batched_tokens * m.hidden_size * b + 4 * sms * V + nk.parts.get("moe_workspace", 0)
-    graphs = nk.parts.get("cudagraph_estimate", 0) - nk.cudagraph
+    # what the capture took beyond what the budget subtracted (all of it in 0.19, which subtracts nothing)
+    graphs = max(0, nk.parts.get("cudagraph_capture", nk.parts.get("cudagraph_estimate", 0)) - nk.cudagraph)
     # segments the weights' conversion left partly used stay reserved: the KV cache's tensors (one per layer of a
     # group, kv_tensor_bytes each) fill their free blocks where they fit, and the sampler's tensors fit none of them
     # when the largest is smaller than the bf16 logits

@@ -534,8 +534,8 @@ def capacity_of(d) -> CapacityResult:
             notes.append(f"sampler warm-up at risk: {free / GiB:.2f} GiB are left after the KV cache and CUDA graphs "
                          f"for its {need / GiB:.2f} GiB ({plan.non_kv.max_num_seqs:,} dummy requests), a margin "
                          f"of {(free - need) / GiB:.2f} GiB, less than the {FRAGMENTATION_SEEN / GiB:.1f} GiB the "
-                         f"profile run's allocator fragments usually hold (gpt-oss-20b failed so at utilization 0.95); "
-                         f"{fix} for a margin")
+                         f"profile run's allocator fragments (up to 0.95 GiB in vLLM 0.19's runs) and the CUDA-graph "
+                         f"capture's spread (0.2 GiB) can take; {fix} for a margin")
     if auto and mlen < model.max_position_embeddings:
         notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
                      f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")

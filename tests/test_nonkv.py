@@ -2,8 +2,9 @@
 bf16, TP 1, H100 SXM, `vllm serve` defaults: 8,192 batched tokens, 1,024 sequences, vocab 128,256)."""
 
 from kvplan import load_gpu, load_model
-from kvplan.nonkv import (LIBRARY_NON_TORCH, TORCH_NCCL_COMMUNICATOR, _capture_sizes, _forward_peak, non_kv_memory,
-                          per_graph_bytes, pre_snapshot_bytes, serve_defaults, transport)
+from kvplan.nonkv import (LIBRARY_NON_TORCH, TORCH_NCCL_COMMUNICATOR, _capture_sizes, _forward_peak,
+                          fa3_split_accumulators, non_kv_memory, per_graph_bytes, piece_kernels, pre_snapshot_bytes,
+                          serve_defaults, transport)
 
 MiB, GiB = 2**20, 2**30
 H100 = load_gpu("h100")
@@ -93,11 +94,23 @@ def test_cudagraph_estimate():
     assert per_graph_bytes(80, "piecewise") == 16 * MiB and per_graph_bytes(80, "full") == 12 * MiB
     assert run("0.33").cudagraph == 2 * f_cg + 32 * MiB + 50 * 6 * MiB + 50 * 4 * MiB
     assert run("0.33", enforce_eager=True).cudagraph == 0
-    # 0.20: two samples per mode extrapolated, 50 more piecewise and 50 more full graphs
-    assert run("0.20").cudagraph == f_cg + 32 * MiB + 50 * 6 * MiB + 50 * 4 * MiB
+    # 0.20: two samples per mode extrapolated, 50 more piecewise and 50 more full graphs. The first FULL sample
+    # (512 requests) holds FlashAttention 3's split-KV accumulators, 32 splits x 32 heads x 512 x (128 + 1) x 4 B =
+    # 258 MiB (vLLM 0.19 printed 260 MiB for it), more than the first piecewise one (46 + 32 MiB cuBLAS), and the
+    # estimate keeps the larger: 258 + 300 + 200 = 758 MiB (vLLM 0.19 printed 0.84 GiB, its full samples 6 MiB)
+    splits = 32 * 32 * 512 * 129 * 4
+    assert round(splits / MiB) == 258 and fa3_split_accumulators(L31, H100, 1, 512) == splits
+    assert run("0.20").cudagraph == splits + 50 * 6 * MiB + 50 * 4 * MiB
     # 0.19 measures the estimate and logs it, but does not subtract it (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)
     v019 = run("0.19")
     assert v019.cudagraph == 0 and v019.parts["cudagraph_estimate"] == run("0.20").cudagraph
+    # what the capture then takes: the eager warm-up's activations and their captured copy (2 x 46 MiB), the capture
+    # stream's cuBLAS workspace (32), the accumulators (258) and all 51 + 51 graphs (510): 892 MiB = 0.87 GiB
+    # (vLLM 0.19's Llama-3.1-8B runs: "Graph capturing finished in 3 secs, took 0.91 GiB")
+    assert v019.parts["cudagraph_capture"] == 2 * f_cg + 32 * MiB + splits + 51 * 6 * MiB + 51 * 4 * MiB
+    assert round(v019.parts["cudagraph_capture"] / GiB, 2) == 0.87
+    # MRV2 (0.30+): its capture is taken to be its estimate; no FA3 term there (not traced)
+    assert run("0.33").parts["cudagraph_capture"] == run("0.33").cudagraph
 
 
 def test_flashinfer_attention_workspace_on_sm100():
@@ -233,3 +246,49 @@ def test_hopper_swizzle_keeps_one_result():
     _swizzle_scale(a, 32, 5760, 90)
     a.empty_cache()
     assert (a.allocated, a.reserved) == (271_319_040 + 16_957_440, 278 * MiB)
+
+
+def test_fa3_split_accumulators_limits():
+    # FA3 splits dynamically only for batches of at most 992 requests; off Hopper, for MLA and for heads above 256
+    # there are none
+    assert fa3_split_accumulators(L31, H100, 1, 992) == 32 * 32 * 992 * 129 * 4
+    assert fa3_split_accumulators(L31, H100, 1, 1008) == 0
+    assert fa3_split_accumulators(L31, H100, 2, 512) == 32 * 16 * 512 * 129 * 4  # the heads on this rank
+    assert fa3_split_accumulators(L31, load_gpu("b200"), 1, 512) == 0
+    assert fa3_split_accumulators(load_model("deepseek-v3"), H100, 8, 512) == 0
+
+
+def test_gpt_oss_capture_on_hopper():
+    # gpt-oss-20b (24 layers, 64 query heads of 64, H = I = 2,880, 32 experts, top-4) captures 83 sizes up to 1,024
+    # per mode. vLLM 0.19 on H100: "Graph capturing finished in 40 secs, took 1.84 GiB" at TP 1 and 1.55 GiB at TP 2,
+    # against an estimate of 1.30 and 1.09 GiB
+    m = load_model("gpt-oss-20b")
+
+    def nk(tp):
+        return non_kv_memory(m, H100, total_bytes=H100.memory_total_bytes, tp=tp, weights=0, version="0.19",
+                             max_model_len=8192)
+
+    one, two = nk(1), nk(2)
+    assert (one.parts["capture_sizes"], one.parts["full_graphs"]) == (83, 83)
+    # 1. FA3's accumulators: 1,024 and 1,008 requests are above FA3's 992-request dynamic-split limit (vLLM's two FULL
+    # samples printed 6 and 8 MiB), but 992 is not: 32 x 64 x 992 x 65 x 4 = 528,220,160 B = 504 MiB at TP 1, half
+    # at TP 2 (the OOM messages: 626 and 318 MiB in the CUDA-graph pools)
+    assert one.parts["fa3_split_accumulators"] == 32 * 64 * 992 * 65 * 4
+    assert two.parts["fa3_split_accumulators"] == 32 * 32 * 992 * 65 * 4
+    # 2. the widest piece at 1,024 tokens: the MoE's hidden states and router logits, plus matmul_ogs's fused SwiGLU
+    # output and the scatter's scratchpad, 1,024 x 4 x (2,880 + 2,880) x 2 B: 59,080,704 B = 56 MiB
+    f_cg = 1024 * 2 * 2 * 2880 + 1024 * 32 * 2 + 8 * 1024 * 4 + 1024 * 4 * (2880 + 2880) * 2
+    assert _forward_peak(m, 1024, 1, 2, with_moe_workspace=False)[0] == f_cg == 59_080_704
+    # 3. per graph: a layer's piece launches 8 - 3 + 10 = 15 kernels, so piecewise 0.2 x 15/8 x 25 pieces = 9.4
+    # -> 10 MiB and full 0.15 x 18/11 x 25 = 6.1 -> 6 MiB (vLLM's samples: 6 and 8 MiB; 7.5 a graph on average
+    # in what the capture took beyond the pools)
+    assert piece_kernels(m, H100) == 15 and piece_kernels(m, load_gpu("b200")) == 8
+    assert per_graph_bytes(24, "piecewise", 15) == 10 * MiB and per_graph_bytes(24, "full", 15) == 6 * MiB
+    # TP 1: 2 x 56 + 32 + 504 + 83 x 16 = 1,976 MiB = 1.93 GiB (the log: 1.84)
+    assert one.parts["cudagraph_capture"] == 2 * f_cg + 32 * MiB + 32 * 64 * 992 * 65 * 4 + 83 * 16 * MiB
+    assert round(one.parts["cudagraph_capture"] / GiB, 2) == 1.93
+    # TP 2: the MoE's intermediate halves (1,440), the all-reduce output sits beside its input: 2 x 51 + 32 + 252 +
+    # 1,328 = 1,713 MiB = 1.67 GiB (the log: 1.55)
+    f2 = 1024 * 2 * 2 * 2880 + 1024 * 32 * 2 + 8 * 1024 * 4 + 1024 * 4 * (1440 + 2880) * 2 + 1024 * 2880 * 2
+    assert two.parts["cudagraph_capture"] == 2 * f2 + 32 * MiB + 32 * 32 * 992 * 65 * 4 + 83 * 16 * MiB
+    assert round(two.parts["cudagraph_capture"] / GiB, 2) == 1.67
