@@ -955,21 +955,26 @@ def models_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"
 
 @models_app.command("show")
 def models_show(
-    name: str = typer.Argument(..., help="catalog name, YAML spec or config.json path"),
+    name: str = typer.Argument(..., help="catalog name, Hugging Face id (org/name or org/name@revision), "
+                                          "config.json, snapshot folder or YAML spec"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
-    """Show one model spec, with its computed parameter count."""
+    """Show one model spec, with its computed parameter count and, for a snapshot folder or a Hugging Face id, the
+    checkpoint's own from its safetensors headers (no weights downloaded), and whether the two agree."""
     from .specs import load_model
     from .weights import active_param_count, param_count
 
-    m = load_model(name)
+    m = load_model(name, checkpoint=True)
     extra = {"computed_params": param_count(m)}
-    if m.checkpoint_params:  # a local snapshot: what its safetensors hold, beside the architecture's count
+    table = {}
+    if m.checkpoint_params:  # what the safetensors hold, beside the architecture's count
         extra["checkpoint_params"] = m.checkpoint_params
         extra["checkpoint_agrees"] = _checkpoint_agrees(m, extra["computed_params"])
+    elif m.checkpoint_unavailable:
+        table = {"checkpoint_unavailable": None, "checkpoint_params": f"unavailable: {m.checkpoint_unavailable}"}
     if m.moe:
         extra["active_params"] = active_param_count(m)
-    _show(as_json, {**m.model_dump(), **extra}, "spec_detail", m, extra)
+    _show(as_json, {**m.model_dump(), **extra}, "spec_detail", m, {**extra, **table})
 
 
 def _checkpoint_agrees(m, computed: int) -> str:

@@ -1,9 +1,11 @@
 """Models by Hugging Face id: the config.json (and ModelOpt's hf_quant_config.json) of a repo, from the local
 Hugging Face cache or, with the `hub` extra (huggingface_hub), from the Hub itself. Honours HF_ENDPOINT, HF_TOKEN,
-HF_HUB_CACHE / HF_HOME and HF_HUB_OFFLINE as huggingface_hub does. No weights are downloaded."""
+HF_HUB_CACHE / HF_HOME and HF_HUB_OFFLINE as huggingface_hub does. No weights are downloaded: the checkpoint's own
+parameter count comes from its safetensors headers alone, read with HTTP range requests."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -29,6 +31,20 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _quiet() -> None:
+    """One line on failure: huggingface_hub's own retry warnings and progress bars stay quiet."""
+    import logging
+
+    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:
+        pass
+
+
 def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     """The local path of a repo's config.json: the Hugging Face cache first, else downloaded (config.json and, where
     the repo has one, hf_quant_config.json) into that cache."""
@@ -46,15 +62,11 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     if _offline():
         raise KvplanError(f"'{repo}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download it "
                           f"once online (or unset HF_HUB_OFFLINE)")
-    import logging
-
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
-    # one line on failure: huggingface_hub's own retry warnings and progress bars stay quiet
-    logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _quiet()
     at = f" at revision {revision}" if revision else ""
     try:
         path = Path(hf_hub_download(repo, "config.json", revision=revision))
@@ -93,3 +105,69 @@ def _cached_revision(cache: Path, repo: str, revision: str) -> Optional[Path]:
         return None
     found = folder / "snapshots" / commit / "config.json"
     return found if found.is_file() else None
+
+
+def checkpoint_summary(repo: str, revision: Optional[str], config: Path) -> tuple[Optional[dict], Optional[str]]:
+    """The elements of every tensor in a repo's safetensors files and the elements per dtype, from their headers
+    alone (model.safetensors, or model.safetensors.index.json and each shard's header; no weights downloaded), at
+    the commit `config` was read from. Kept in kvplan's cache, so that later runs, offline too, show it. Returns
+    (summary, None), or (None, why the count is unavailable): a missing count never fails the command."""
+    commit = config.parent.name if config.parent.parent.name == "snapshots" else (revision or "main")
+    saved = _summary_file(repo, commit)
+    try:
+        summary = json.loads(saved.read_text(encoding="utf-8"))
+        if isinstance(summary, dict) and isinstance(summary.get("elements"), int) and summary["elements"] > 0:
+            return summary, None
+    except (OSError, ValueError):
+        pass
+    try:
+        from huggingface_hub import HfApi
+    except ImportError:
+        return None, "install the hub extra (pip install 'kvplan[hub]') to read its safetensors headers from the Hub"
+    if _offline():
+        return None, ("HF_HUB_OFFLINE is set and its safetensors headers were not read before; run this once "
+                      "online")
+    _quiet()
+    try:
+        meta = HfApi().get_safetensors_metadata(repo, revision=commit)
+    except Exception as e:  # noqa: BLE001 - the plan stands without the count; the reason is one line
+        # by class name: huggingface_hub has moved these between modules across releases
+        kinds = {k.__name__ for k in type(e).__mro__}
+        if "NotASafetensorsRepoError" in kinds:
+            return None, f"'{repo}' has no safetensors weights (model.safetensors or model.safetensors.index.json)"
+        if "GatedRepoError" in kinds:
+            return None, (f"'{repo}' is gated: accept its terms on the Hub and set HF_TOKEN to read its safetensors "
+                          f"headers")
+        if "RepositoryNotFoundError" in kinds:
+            return None, f"'{repo}' was not found on the Hub to read its safetensors headers (private? set HF_TOKEN)"
+        if "RevisionNotFoundError" in kinds:
+            return None, f"'{repo}' has no revision '{commit}' on the Hub"
+        reason = " ".join(str(e).split())[:160]
+        if "SafetensorsParsingError" in kinds:
+            return None, f"its safetensors headers cannot be read ({reason})"
+        return None, f"cannot read its safetensors headers from the Hub ({reason})"
+    dtypes: dict[str, int] = {}
+    for f in meta.files_metadata.values():
+        for dtype, n in f.parameter_count.items():
+            dtypes[dtype] = dtypes.get(dtype, 0) + int(n)
+    total = sum(dtypes.values())
+    if total <= 0:
+        return None, f"the safetensors headers of '{repo}' list no tensors"
+    summary = {"elements": total, "dtypes": dict(sorted(dtypes.items())), "files": len(meta.files_metadata)}
+    try:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        tmp = saved.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary), encoding="utf-8")
+        tmp.replace(saved)
+    except OSError:  # a read-only cache: shown now, read again next time
+        pass
+    return summary, None
+
+
+def _summary_file(repo: str, commit: str) -> Path:
+    """Where kvplan keeps a repo's safetensors header summary: its cache directory (KVPLAN_CACHE_DIR, else
+    XDG_CACHE_HOME/kvplan or ~/.cache/kvplan), hub/<org>--<name>/<commit>.json."""
+    from .calibration import cache_dir
+
+    safe = lambda s: re.sub(r"[^\w.-]", "-", s.replace("/", "--"))  # noqa: E731
+    return cache_dir().parent / "hub" / safe(repo.lower()) / f"{safe(commit)}.json"

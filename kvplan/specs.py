@@ -239,7 +239,11 @@ class ModelSpec(_Frozen):
                                                 "quantized (ModelOpt MIXED_PRECISION)")
     declared_params: Optional[int] = Field(None, gt=0)
     checkpoint_params: Optional[int] = Field(None, gt=0, description="elements in the checkpoint's safetensors "
-                                             "headers, where a local snapshot has them")
+                                             "headers, where a snapshot folder or the Hub has them")
+    checkpoint_dtypes: Optional[dict[str, int]] = Field(None, description="the checkpoint's elements per safetensors "
+                                                        "dtype (BF16, F8_E4M3, U8, ...)")
+    checkpoint_unavailable: Optional[str] = Field(None, description="why a Hugging Face id's checkpoint count "
+                                                  "could not be read")
     attention: AttentionLayout = AttentionLayout()
     mla: Optional[MLASpec] = None
     compressed: Optional[CompressedAttentionSpec] = None
@@ -604,14 +608,15 @@ def _looks_like_path(name: str) -> bool:
     return name.endswith((".yaml", ".yml", ".json")) or os.sep in name or name.startswith(".")
 
 
-def load_model(name_or_path: str) -> ModelSpec:
+def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
     """A model by catalog name or alias, a path to a YAML spec, a Hugging Face config.json or snapshot folder, or a
     Hugging Face id (org/name: the local Hugging Face cache, else the Hub with the hub extra, else the catalog
-    model of that architecture)."""
+    model of that architecture). With `checkpoint`, a Hugging Face id's checkpoint count comes from its safetensors
+    headers on the Hub (or kvplan's cache of them) where its snapshot holds no weights."""
     from .hub import looks_like_repo_id
 
     if looks_like_repo_id(name_or_path):
-        return _model_for_repo_id(name_or_path)
+        return _model_for_repo_id(name_or_path, checkpoint)
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         hint = "name a catalog model, a YAML spec or a config.json"
@@ -627,25 +632,37 @@ def load_model(name_or_path: str) -> ModelSpec:
                 q = q.get("quantization", q) if isinstance(q, dict) else q
                 cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **q} if isinstance(q, dict) else q}
             fields = model_from_hf_config(cfg, path)
-            held = checkpoint_elements(path.parent)
+            held = checkpoint_tensors(path.parent)
             if held:
-                fields["checkpoint_params"] = held
+                fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]
             return _build(ModelSpec, fields, path)
         return _build(ModelSpec, read_yaml(path, "file", hint), path)
     return _resolve("models", name_or_path)
 
 
 def checkpoint_elements(folder: Path) -> Optional[int]:
-    """The elements of every tensor in a snapshot's *.safetensors files, read from their headers alone (an 8-byte
-    little-endian length, then a JSON object of shapes); None where there are none or one is unreadable."""
+    """The elements of every tensor in a snapshot's *.safetensors files (see checkpoint_tensors)."""
+    held = checkpoint_tensors(folder)
+    return held["elements"] if held else None
+
+
+def checkpoint_tensors(folder: Path) -> Optional[dict]:
+    """The elements of every tensor in a snapshot's *.safetensors files and the elements per dtype, read from their
+    headers alone (an 8-byte little-endian length, then a JSON object of dtypes and shapes); None where there are
+    none, one is unreadable, or model.safetensors.index.json names a shard the folder lacks (a partial download)."""
     import json
     import math
     import struct
 
-    total, found = 0, False
+    total, dtypes, found = 0, {}, False
     try:
         files = sorted(folder.glob("*.safetensors"))
-    except OSError:
+        index = folder / "model.safetensors.index.json"
+        if files and index.is_file():
+            shards = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()
+            if not all((folder / str(s)).is_file() for s in set(shards)):
+                return None
+    except (OSError, ValueError, AttributeError):
         return None
     for f in files:
         try:
@@ -656,19 +673,25 @@ def checkpoint_elements(folder: Path) -> Optional[int]:
                 header = json.loads(fh.read(n))
         except (OSError, ValueError, struct.error):
             return None
+        if not isinstance(header, dict):
+            return None
         for name, t in header.items():
             if name != "__metadata__" and isinstance(t, dict) and isinstance(t.get("shape"), list):
-                total += math.prod(int(x) for x in t["shape"])
+                n = math.prod(int(x) for x in t["shape"])
+                total += n
+                dtype = str(t.get("dtype", "?"))
+                dtypes[dtype] = dtypes.get(dtype, 0) + n
                 found = True
-    return total if found else None
+    return {"elements": total, "dtypes": dict(sorted(dtypes.items()))} if found and total else None
 
 
-def _model_for_repo_id(name: str) -> ModelSpec:
-    from .hub import fetch_config, split_revision
+def _model_for_repo_id(name: str, checkpoint: bool = False) -> ModelSpec:
+    from .hub import checkpoint_summary, fetch_config, split_revision
 
     repo, revision = split_revision(name)
     try:
-        return load_model(str(fetch_config(repo, revision)))
+        config = fetch_config(repo, revision)
+        spec = load_model(str(config))
     except KvplanError as fetch_error:
         if "catalog" not in str(fetch_error) and "HF_HUB_OFFLINE" not in str(fetch_error):
             raise
@@ -681,6 +704,12 @@ def _model_for_repo_id(name: str) -> ModelSpec:
         return spec.model_copy(update={"origin": f"'{repo}' planned as the catalog's {spec.name} (the same "
                                                  f"architecture); its own config.json needs the Hugging Face cache "
                                                  f"or the hub extra"})
+    if not checkpoint or spec.checkpoint_params:  # a snapshot with its weights already counts them
+        return spec
+    summary, why = checkpoint_summary(repo, revision, config)
+    if summary is None:
+        return spec.model_copy(update={"checkpoint_unavailable": why})
+    return spec.model_copy(update={"checkpoint_params": summary["elements"], "checkpoint_dtypes": summary["dtypes"]})
 
 
 def _modelopt_file(config: Path) -> Optional[Path]:
