@@ -1,6 +1,9 @@
-"""Timing the kernels: one workload per family at a given size, timed with L2 flushed between samples (a buffer at
-least twice the L2 written before each), CUDA events on a GPU (wall clock elsewhere), warm-up first, the median
-with p10 and p90 kept. Out of memory at a size backs off to the next smaller one."""
+"""Timing the kernels: one workload per family at a given size, every buffer, table and scale built before the
+clock starts. On a GPU each sample is an L2 flush (a read of a buffer at least twice the L2, so no dirty line is
+left to be written back inside the next sample), a start event, the call (replayed from a CUDA graph where it can
+be captured), an end event; the samples are queued back to back behind a short GPU sleep that lets the host run
+ahead, and the host waits once, after the last sample. Off a GPU, the wall clock. Warm-up first, the median with
+p10 and p90 kept. Out of memory at a size backs off to the next smaller one."""
 
 from __future__ import annotations
 
@@ -15,23 +18,64 @@ from kvplan.calibration import MB, FamilyFit, MeasurePlan, fit_family
 HEAD_DIM, KV_HEADS, HEADS, BLOCK = 128, 8, 32, 16
 
 
-def _timer(device: torch.device) -> Callable[[Callable[[], None], torch.Tensor], float]:
-    if device.type == "cuda":
-        def timed(fn, flush):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+def flush_reader(flush_bytes: int, device: torch.device) -> Callable[[], None]:
+    """A callable that evicts the L2 by reading `flush_bytes` once (the streaming read probe into a preallocated
+    result): reading leaves clean lines, which the next call's loads replace without a write-back."""
+    from .stream import read_probe
+
+    buf = torch.ones(max(4, flush_bytes // 4 * 4), dtype=torch.uint8, device=device)
+    partial = torch.empty(-(-buf.numel() // 4 // 4096), dtype=torch.int32, device=device)
+    return lambda: read_probe(buf, out=partial)
+
+
+def as_graph(fn: Callable[[], None], device: torch.device) -> Callable[[], None]:
+    """On a GPU, `fn` captured once in a CUDA graph and returned as its replay (one launch, whatever `fn`
+    launches); `fn` itself where capture is not possible (off a GPU, or a call that cannot be captured). `fn`
+    must have run once already (its kernels compiled, its buffers allocated)."""
+    if device.type != "cuda":
+        return fn
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
             fn()
-            end.record()
-            torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1e3
-    else:
-        def timed(fn, flush):
-            flush.zero_()
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graph.replay()
+        torch.cuda.synchronize(device)
+        return graph.replay
+    except Exception:  # noqa: BLE001 - an uncapturable call is timed launch by launch
+        torch.cuda.synchronize(device)
+        return fn
+
+
+def time_samples(fn: Callable[[], None], flush: Callable[[], None], samples: int,
+                 device: torch.device) -> list[float]:
+    """Seconds of `samples` calls of `fn`, each after `flush()`. On a GPU: events around each call, every sample
+    queued before the host waits (once, at the end), so no host work and no synchronisation falls between two
+    events; off a GPU, the wall clock around each call."""
+    if device.type != "cuda":
+        out = []
+        for _ in range(samples):
+            flush()
             t = time.perf_counter()
             fn()
-            return time.perf_counter() - t
-    return timed
+            out.append(time.perf_counter() - t)
+        return out
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:  # about 50 us of GPU time per sample at 2 GHz: the host queues every sample meanwhile
+        sleep(100_000 * samples)
+    for start, end in zip(starts, ends, strict=True):
+        flush()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    return [start.elapsed_time(end) / 1e3 for start, end in zip(starts, ends, strict=True)]
 
 
 def workload(family: str, size_bytes: int, device: torch.device) -> tuple[Callable[[], None], int]:
@@ -42,17 +86,20 @@ def workload(family: str, size_bytes: int, device: torch.device) -> tuple[Callab
     if family in ("stream_read", "stream_copy"):
         buf = torch.randint(0, 255, (size_bytes // 4 * 4,), dtype=torch.uint8, device=device)
         if family == "stream_read":
-            return (lambda: read_probe(buf)), buf.numel()
-        return (lambda: copy_probe(buf)), 2 * buf.numel()
+            partial = torch.empty(-(-buf.numel() // 4 // 4096), dtype=torch.int32, device=device)
+            return (lambda: read_probe(buf, out=partial)), buf.numel()
+        dst = torch.empty_like(buf)
+        return (lambda: copy_probe(buf, out=dst)), 2 * buf.numel()
     if family.startswith("gemv_"):
         k = 4096 if size_bytes >= 8 * MB else 256
         n = max(32, size_bytes // (k * (1 if family == "gemv_fp8" else 2)))
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16) / 64
         x = torch.randn(8, k, device=device, dtype=torch.bfloat16)
-        if family == "gemv_fp8":
+        y = torch.empty(8, n, device=device, dtype=torch.bfloat16)
+        if family == "gemv_fp8":  # the fp8 weights and their fp32 scale per output channel
             wq, sc = quantize_fp8_weights(w)
-            return (lambda: gemv(x, wq, sc)), wq.numel()
-        return (lambda: gemv(x, w)), w.numel() * 2
+            return (lambda: gemv(x, wq, sc, out=y)), wq.numel() + 4 * sc.numel()
+        return (lambda: gemv(x, w, out=y)), w.numel() * 2
     if family.startswith("decode_"):
         return _decode_workload(family.removeprefix("decode_"), size_bytes, device)
     raise ValueError(f"unknown kernel family {family}")
@@ -64,7 +111,7 @@ def _decode_workload(fmt: str, size_bytes: int, device: torch.device):
     layout = slot_layout(fmt, HEAD_DIM)
     per_token = layout.slot_bytes * KV_HEADS
     ctx = 4096 if size_bytes >= 64 * MB else max(BLOCK, size_bytes // per_token // 4 // BLOCK * BLOCK)
-    seqs = max(1, size_bytes // (per_token * ctx))
+    seqs = max(1, -(-size_bytes // (per_token * ctx)))  # at least the size asked for
     blocks = seqs * ctx // BLOCK
     cache = torch.randint(0, 120, (blocks, BLOCK, KV_HEADS, layout.slot_bytes), dtype=torch.uint8, device=device)
     table = torch.arange(blocks, dtype=torch.int32, device=device).view(seqs, ctx // BLOCK)
@@ -76,8 +123,7 @@ def _decode_workload(fmt: str, size_bytes: int, device: torch.device):
 def run_plan(plan: MeasurePlan, device: torch.device, peak_bytes_per_s: float,
              progress: Callable[[str], None] = lambda _: None) -> dict[str, FamilyFit]:
     """Every point of the plan, timed; then one fit per family."""
-    timed = _timer(device)
-    flush = torch.empty(plan.flush_bytes // 4, dtype=torch.int32, device=device)
+    flush = flush_reader(plan.flush_bytes, device)
     points: dict[str, list[tuple[float, float, float, float]]] = {}
     for item in plan.items:
         progress(f"{item.family} {item.size_bytes / MB:,.0f} MB")
@@ -92,11 +138,11 @@ def run_plan(plan: MeasurePlan, device: torch.device, peak_bytes_per_s: float,
                 size //= 2  # back off, and try the half
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-        for _ in range(plan.warmup):
+        for _ in range(max(1, plan.warmup)):
             fn()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        times = sorted(timed(fn, flush) for _ in range(item.samples))
+        times = sorted(time_samples(as_graph(fn, device), flush, item.samples, device))
         points.setdefault(item.family, []).append((float(moved), _quantile(times, 0.5), _quantile(times, 0.1),
                                                    _quantile(times, 0.9)))
         del fn
@@ -269,39 +315,56 @@ def validate_step(model, fmt_name: str, batch: int, context: int, layers: int, d
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     q = torch.randn(batch, model.num_heads, model.head_dim, dtype=torch.bfloat16, device=device)
     decode, _ = _decode_call(layout, q, cache, table, lens, device)
+    gemv_out = {w.shape: torch.empty(batch, w.shape[0], dtype=torch.bfloat16, device=device) for w, _ in weights}
 
     def step() -> None:
         for _ in range(layers):
             for w, sc in weights:
-                gemv(x[w.shape[1]], w, sc)
+                gemv(x[w.shape[1]], w, sc, out=gemv_out[w.shape])
             decode()
 
-    timed = _timer(device)
-    flush = torch.empty(16 * MB // 4, dtype=torch.int32, device=device)
-    for _ in range(warmup):
+    flush = flush_reader(2 * 50 * MB, device)
+    for _ in range(max(1, warmup)):
         step()
-    times = sorted(timed(step, flush) for _ in range(samples))
-    kv_bytes = batch * context * model.num_kv_heads * layout.slot_bytes
+    times = sorted(time_samples(step, flush, samples, device))
+    kv_bytes = decode_bytes(layout, batch, context, model.num_kv_heads)
     return {"seconds": _quantile(times, 0.5), "weight_bytes": layers * per_layer_bytes,
             "kv_bytes": layers * kv_bytes, "layers": layers, "gemv_calls": layers * len(mats)}
 
 
+def decode_bytes(layout, seqs: int, context: int, kv_heads: int) -> int:
+    """The KV bytes one decode call reads for `seqs` sequences of `context` tokens: every token's slot of every KV
+    head; for KIVI the quantized tokens' slots plus the full-precision residual window (K and V, in bf16) of the
+    newest tokens, which the cache's slots do not hold."""
+    if layout.fmt.family == "kivi":
+        from .kivi_attention import _params, quantized_len
+
+        _, g, r = _params(layout)
+        nq = quantized_len(context, g, r)
+        return seqs * kv_heads * (nq * layout.slot_bytes + (context - nq) * 2 * layout.head_dim * 2)
+    return seqs * context * kv_heads * layout.slot_bytes
+
+
 def _decode_call(layout, q, cache, table, lens, device):
-    """The decode kernel for `layout`, as a zero-argument callable (and the bytes it reads)."""
+    """The decode kernel for `layout`, as a zero-argument callable that only launches kernels (its split buffers
+    and output kept in a workspace from call to call, its tables built before), and the KV bytes it reads."""
     family = layout.fmt.family
+    ws: dict = {}
+    seqs, context, kv_heads = q.shape[0], int(lens.max()), cache.shape[2]
+    moved = decode_bytes(layout, seqs, context, kv_heads)
     if family == "per_token_head" and layout.fmt.name.startswith("int4"):
         from .int4_attention import paged_decode_int4
-        return (lambda: paged_decode_int4(q, cache, layout, table, lens)), cache.numel()
+        return (lambda: paged_decode_int4(q, cache, layout, table, lens, workspace=ws)), moved
     if family == "nvfp4":
         from .nvfp4_attention import paged_decode_nvfp4
         cache.view(-1, layout.slot_bytes)[:, :] &= 0x77
-        return (lambda: paged_decode_nvfp4(q, cache, layout, table, lens, 1e-2, 1e-2)), cache.numel()
+        return (lambda: paged_decode_nvfp4(q, cache, layout, table, lens, 1e-2, 1e-2, workspace=ws)), moved
     if family == "turboquant":
         from .turboquant_attention import paged_decode_turboquant
-        return (lambda: paged_decode_turboquant(q, cache, layout, table, lens)), cache.numel()
+        return (lambda: paged_decode_turboquant(q, cache, layout, table, lens, workspace=ws)), moved
     if family == "kivi":
         from .kivi_attention import make_residual, paged_decode_kivi
         res = make_residual(q.shape[0], layout, cache.shape[2]).to(device)
-        return (lambda: paged_decode_kivi(q, cache, res, layout, table, lens)), cache.numel()
+        return (lambda: paged_decode_kivi(q, cache, res, layout, table, lens, workspace=ws)), moved
     from .paged_attention import paged_decode
-    return (lambda: paged_decode(q, cache, layout, table, lens)), cache.numel()
+    return (lambda: paged_decode(q, cache, layout, table, lens, workspace=ws)), moved
