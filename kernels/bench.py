@@ -18,13 +18,19 @@ from kvplan.calibration import MB, FamilyFit, MeasurePlan, fit_family
 HEAD_DIM, KV_HEADS, HEADS, BLOCK = 128, 8, 32, 16
 
 
-def flush_reader(flush_bytes: int, device: torch.device) -> Callable[[], None]:
+def flush_reader(flush_bytes: int, device: torch.device, kernel: bool | None = None) -> Callable[[], None]:
     """A callable that evicts the L2 by reading `flush_bytes` once (the streaming read probe into a preallocated
-    result): reading leaves clean lines, which the next call's loads replace without a write-back."""
+    result): reading leaves clean lines, which the next call's loads replace without a write-back. Off a GPU
+    (`kernel` false by default there) torch sums the buffer instead: the interpreter would take minutes over it."""
     from .stream import read_probe
 
     buf = torch.ones(max(4, flush_bytes // 4 * 4), dtype=torch.uint8, device=device)
     partial = torch.empty(-(-buf.numel() // 4 // 4096), dtype=torch.int32, device=device)
+    if kernel is None:
+        kernel = device.type == "cuda"
+    if not kernel:
+        words = buf.view(torch.int32)
+        return lambda: words.sum(dtype=torch.int64)
     return lambda: read_probe(buf, out=partial)
 
 
@@ -111,7 +117,7 @@ def _decode_workload(fmt: str, size_bytes: int, device: torch.device):
     layout = slot_layout(fmt, HEAD_DIM)
     per_token = layout.slot_bytes * KV_HEADS
     ctx = 4096 if size_bytes >= 64 * MB else max(BLOCK, size_bytes // per_token // 4 // BLOCK * BLOCK)
-    seqs = max(1, -(-size_bytes // (per_token * ctx)))  # at least the size asked for
+    seqs = max(1, -(-size_bytes // decode_bytes(layout, 1, ctx, KV_HEADS)))  # at least the size asked for
     blocks = seqs * ctx // BLOCK
     cache = torch.randint(0, 120, (blocks, BLOCK, KV_HEADS, layout.slot_bytes), dtype=torch.uint8, device=device)
     table = torch.arange(blocks, dtype=torch.int32, device=device).view(seqs, ctx // BLOCK)

@@ -55,6 +55,33 @@ def test_fractions_of_peak_and_of_the_stream_read():
     assert p.stream_fraction("gemv_bf16") is None
 
 
+def test_stream_fraction_interpolates_the_read():
+    # stream read: 256 MB in 100 us (268,435,456 / 1e-4 = 2.68435456e12 B/s) and 1,024 MB in 320 us
+    # (1,073,741,824 / 3.2e-4 = 3.3554432e12 B/s). 512 MB sits halfway between them in log(bytes), so the read's
+    # rate there is their geometric mean, 2.68435456e12 x sqrt(1.25) = 3.0012e12 B/s
+    peak = 4.8e12
+    read = fit_family("stream_read", [(256 * MB, 1e-4, 0, 0), (1024 * MB, 3.2e-4, 0, 0)], peak)
+    mid = 2.68435456e12 * math.sqrt(1.25)
+    # a decode point of 512 MB at 0.75 of that, and one of 2,048 MB (past the read's largest size: the 1,024 MB rate
+    # holds) at 0.5 of 3.3554432e12; a 255 MB point falls under the 256 MB floor and is not averaged
+    dec = fit_family("decode_int4_per_token_head",
+                     [(255 * MB, 1e-4, 0, 0), (512 * MB, 512 * MB / (0.75 * mid), 0, 0),
+                      (2048 * MB, 2048 * MB / (0.5 * 3.3554432e12), 0, 0)], peak)
+    p = CalibrationProfile({"name": "x"}, peak, {"stream_read": read, "decode_int4_per_token_head": dec})
+    assert p.stream_bandwidth(512 * MB) == pytest.approx(3.0012e12, rel=1e-4)
+    assert p.stream_bandwidth(8 * MB) == pytest.approx(2.68435456e12, rel=1e-12)  # below: the smallest size's rate
+    assert p.stream_fraction("decode_int4_per_token_head") == pytest.approx((0.75 + 0.5) / 2, rel=1e-12)
+    assert p.stream_fraction("stream_read") == pytest.approx(1.0, rel=1e-12)
+    # a point that matches no read size exactly still gets its fraction: at 300 MB the read runs at
+    # 2.68435456e12 x 1.25^w with w = log(300/256) / log(1024/256) = 0.1144 (the rate grows by 1.25 over the range)
+    w = math.log(300 / 256) / math.log(1024 / 256)
+    at300 = 2.68435456e12 * 1.25 ** w  # 2.7538e12 B/s
+    one = fit_family("decode_nvfp4", [(300 * MB, 300 * MB / (0.9 * at300), 0, 0)], peak)
+    p.families["decode_nvfp4"] = one
+    assert round(w, 4) == 0.1144 and at300 == pytest.approx(2.7538e12, rel=1e-4)
+    assert p.stream_fraction("decode_nvfp4") == pytest.approx(0.9, rel=1e-12)
+
+
 def test_dry_run_and_no_gpu(cli):
     r = cli("measure", "--dry-run", "--quick")
     assert r.code == 0 and "decode_turboquant_3bit_nc" in r.out and "minutes" in r.out
@@ -93,6 +120,10 @@ def test_pipeline_on_cpu(tmp_path):
                                   "decode_int4_per_token_head"}
     for f in prof.families.values():
         assert f.eta > 0 and f.t0_s >= 0 and len(f.points) == 2 and math.isfinite(f.eta)
+    # every family gets a fraction of the streaming read, int4 too (its points never match the read's sizes)
+    assert all(prof.stream_fraction(f, min_bytes=0) is not None for f in prof.families)
+    int4 = prof.families["decode_int4_per_token_head"].points
+    assert {p[0] for p in int4}.isdisjoint(p[0] for p in prof.families["stream_read"].points)
     assert not list(tmp_path.glob(".*.tmp"))
 
 
