@@ -115,9 +115,7 @@ def _decode_workload(fmt: str, size_bytes: int, device: torch.device):
     from .layouts import slot_layout
 
     layout = slot_layout(fmt, HEAD_DIM)
-    per_token = layout.slot_bytes * KV_HEADS
-    ctx = 4096 if size_bytes >= 64 * MB else max(BLOCK, size_bytes // per_token // 4 // BLOCK * BLOCK)
-    seqs = max(1, -(-size_bytes // decode_bytes(layout, 1, ctx, KV_HEADS)))  # at least the size asked for
+    ctx, seqs = decode_shape(layout, size_bytes)
     blocks = seqs * ctx // BLOCK
     cache = torch.randint(0, 120, (blocks, BLOCK, KV_HEADS, layout.slot_bytes), dtype=torch.uint8, device=device)
     table = torch.arange(blocks, dtype=torch.int32, device=device).view(seqs, ctx // BLOCK)
@@ -156,50 +154,166 @@ def run_plan(plan: MeasurePlan, device: torch.device, peak_bytes_per_s: float,
 
 
 PAGED_FORMATS = ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head")
+QUANTIZED_FORMATS = ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4", "turboquant_4bit_nc",
+                     "turboquant_k3v4_nc", "turboquant_3bit_nc", "kivi2", "kivi4")
+CHECK_FORMATS = PAGED_FORMATS + QUANTIZED_FORMATS
 
 
-def self_check(device: torch.device) -> list[str]:
-    """The paged decode kernel of each format, run on `device` over a small scattered cache with ragged lengths
-    and several context splits, against the plain torch reference on the CPU: the formats that disagree (none,
-    normally). On a GPU its tensor-core path is the one the interpreter tests cannot reach."""
-    from .paged_attention import (
-        make_cache,
-        paged_decode,
-        paged_decode_reference,
-        write_kv,
-    )
+def decode_shape(layout, size_bytes: int) -> tuple[int, int]:
+    """(context, sequences) of the decode workload that reads about `size_bytes` (at least that many): 4,096-token
+    sequences from 64 MB up, below that four sequences of a shorter context."""
+    per_token = layout.slot_bytes * KV_HEADS
+    ctx = 4096 if size_bytes >= 64 * MB else max(BLOCK, size_bytes // per_token // 4 // BLOCK * BLOCK)
+    return ctx, max(1, -(-size_bytes // decode_bytes(layout, 1, ctx, KV_HEADS)))
 
-    lens, bs, kv_heads, heads, d = [5, 70, 17], 16, 2, 8, 64
+
+def timed_contexts(fmt: str, sizes: list[int]) -> list[int]:
+    """The context lengths the plan's sizes time in `fmt`."""
+    from .layouts import slot_layout
+
+    layout = slot_layout(fmt, HEAD_DIM)
+    return sorted({decode_shape(layout, s)[0] for s in sizes})
+
+
+def self_check(device: torch.device, contexts: dict[str, list[int]] | list[int] | None = None,
+               head_dim: int = HEAD_DIM, kv_heads: int = KV_HEADS, heads: int = HEADS,
+               formats: tuple[str, ...] = CHECK_FORMATS) -> list[str]:
+    """Every decode kernel `kvplan measure` times, run on `device` at the timed shape (head_dim 128, 8 KV heads,
+    32 query heads, the context lengths the plan times: `contexts`, per format or for all; 4,096 tokens by
+    default) beside an empty sequence, a single token and a ragged 37, over a scattered cache, with the split
+    count the timing uses and with 3 splits, against the plain torch reference on the CPU: the formats that
+    disagree, or return anything but zeros for the empty sequence (none, normally). On a GPU, the write kernels
+    too, against the torch writers, at the same head_dim and KV heads. On a GPU its tensor-core and fp8
+    conversion paths are the ones the interpreter tests cannot reach."""
     gen = torch.Generator().manual_seed(0)
+    bad = []
+    for fmt in formats:
+        ctxs = contexts.get(fmt, [4096]) if isinstance(contexts, dict) else list(contexts or [4096])
+        lens = [0, 1, 37] + sorted(ctxs)
+        try:
+            ok = _decode_matches(fmt, lens, head_dim, kv_heads, heads, gen, device)
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to run fails the check, with its reason
+            bad.append(f"{fmt} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            continue
+        if not ok:
+            bad.append(fmt)
+    if device.type == "cuda":
+        from .paged_attention import make_cache
+
+        for fmt in PAGED_FORMATS:
+            if fmt in formats:
+                cache, layout = make_cache(fmt, 4, BLOCK, kv_heads, head_dim)
+                if not _write_path_matches(cache, layout, gen, device):
+                    bad.append(f"{fmt} (write path)")
+        bad += _quantized_write_paths(gen, device, kv_heads, head_dim,
+                                      tuple(f for f in QUANTIZED_FORMATS if f in formats))
+    return bad
+
+
+def _decode_matches(fmt: str, lens: list[int], d: int, kv_heads: int, heads: int, gen: torch.Generator,
+                    device: torch.device) -> bool:
+    """One format's decode kernel on `device` against attention over the dequantized cache, on the CPU."""
+    import importlib
+
+    from .layouts import slot_layout
+    from .paged_attention import dequantize_cache, make_cache, paged_decode, write_kv
+
+    layout = slot_layout(fmt, d)
+    family = layout.fmt.family
+    bs = BLOCK
     need = [-(-n // bs) for n in lens]
-    table = torch.zeros(len(lens), max(need), dtype=torch.int32)
-    perm = torch.randperm(sum(need), generator=gen)
+    table = torch.zeros(len(lens), max(max(need), 1), dtype=torch.int32)
+    perm = torch.randperm(max(sum(need), 1), generator=gen)
     used = 0
     for s, b in enumerate(need):
         table[s, :b] = perm[used:used + b].to(torch.int32)
         used += b
+    cache, _ = make_cache(fmt, max(sum(need), 1), bs, kv_heads, d)
     ctx = torch.tensor(lens, dtype=torch.int32)
     q = torch.randn(len(lens), heads, d, generator=gen).to(torch.bfloat16)
-    bad = []
-    for fmt in PAGED_FORMATS:
-        cache, layout = make_cache(fmt, sum(need), bs, kv_heads, d)
-        for s, n in enumerate(lens):
-            pos = torch.arange(n)
-            write_kv(cache, layout, table[s, pos // bs].long() * bs + pos % bs, torch.randn(n, kv_heads, d, generator=gen),
-                     torch.randn(n, kv_heads, d, generator=gen), 0.05, 0.05)
-        ref = paged_decode_reference(q, cache, layout, table, ctx, 0.05, 0.05)
-        out = paged_decode(q.to(device), cache.to(device), layout, table.to(device), ctx.to(device), 0.05, 0.05,
-                           splits=3).float().cpu()
-        if not torch.allclose(out, ref.float(), atol=2e-2, rtol=2e-2):
-            bad.append(fmt)
-        elif device.type == "cuda" and not _write_path_matches(cache, layout, gen, device):
-            bad.append(f"{fmt} (write path)")
-    if device.type == "cuda":
-        bad += _quantized_write_paths(gen, device)
-    return bad
+    ks = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
+    vs = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
+    slots = [table[s, torch.arange(n) // bs].long() * bs + torch.arange(n) % bs for s, n in enumerate(lens)]
+    extra: dict = {}
+    is_int4 = fmt.startswith("int4")
+    if family == "kivi":
+        kivi = importlib.import_module(f"{__package__}.kivi_attention")
+        residual = kivi.make_residual(len(lens), layout, kv_heads, torch.float32)
+        for s in range(len(lens)):
+            kivi.write_sequence(cache, residual, layout, table[s], s, ks[s], vs[s])
+        k_seq, v_seq = _kivi_sequences(kivi, cache, residual, layout, table, lens)
+
+        def run(splits):
+            return kivi.paged_decode_kivi(q.to(device), cache.to(device), residual.to(device), layout,
+                                          table.to(device), ctx.to(device), splits=splits)
+    else:
+        if is_int4:
+            mod = importlib.import_module(f"{__package__}.int4_attention")
+            write, deq, launch = mod.write_kv_int4, mod.dequantize_cache_int4, mod.paged_decode_int4
+        elif family == "nvfp4":
+            mod = importlib.import_module(f"{__package__}.nvfp4_attention")
+            kg = mod.global_scale(torch.cat(ks)) if sum(lens) else 1.0
+            vg = mod.global_scale(torch.cat(vs)) if sum(lens) else 1.0
+            extra = {"k_global": kg, "v_global": vg}
+            write = lambda c, lay, sl, k, v: mod.write_kv_nvfp4(c, lay, sl, k, v, kg, vg)  # noqa: E731
+            deq = lambda c, lay: mod.dequantize_cache_nvfp4(c, lay, kg, vg)  # noqa: E731
+            launch = mod.paged_decode_nvfp4
+        elif family == "turboquant":
+            mod = importlib.import_module(f"{__package__}.turboquant_attention")
+            write, deq, launch = mod.write_kv_turboquant, mod.dequantize_cache_turboquant, mod.paged_decode_turboquant
+        else:
+            extra = {"k_scale": 0.05, "v_scale": 0.05}
+            write = lambda c, lay, sl, k, v: write_kv(c, lay, sl, k, v, 0.05, 0.05)  # noqa: E731
+            deq = lambda c, lay: dequantize_cache(c, lay, 0.05, 0.05)  # noqa: E731
+            launch = paged_decode
+        for s in range(len(lens)):
+            if lens[s]:
+                write(cache, layout, slots[s], ks[s], vs[s])
+        k_all, v_all = deq(cache, layout)
+        k_flat, v_flat = k_all.reshape(-1, kv_heads, d), v_all.reshape(-1, kv_heads, d)
+        k_seq = [k_flat[sl] for sl in slots]
+        v_seq = [v_flat[sl] for sl in slots]
+
+        def run(splits):
+            return launch(q.to(device), cache.to(device), layout, table.to(device), ctx.to(device), splits=splits,
+                          **extra)
+    ref = torch.zeros(len(lens), heads, d)
+    for s, n in enumerate(lens):
+        if n:
+            k = k_seq[s].repeat_interleave(heads // kv_heads, 1)
+            v = v_seq[s].repeat_interleave(heads // kv_heads, 1)
+            p = (torch.einsum("hd,nhd->hn", q[s].float(), k) / d ** 0.5).softmax(-1)
+            ref[s] = torch.einsum("hn,nhd->hd", p, v)
+    for splits in (None, 3):
+        out = run(splits).float().cpu()
+        if not torch.isfinite(out).all() or not bool((out[0] == 0).all()):
+            return False  # the empty sequence (the first) attends to nothing: zeros
+        if not torch.allclose(out, ref, atol=2e-2, rtol=2e-2):
+            return False
+    return True
 
 
-def _quantized_write_paths(gen, device) -> list[str]:
+def _kivi_sequences(kivi, cache, residual, layout, table, lens):
+    """Each sequence's K and V [n, kv_heads, d] as KIVI stores them: its whole groups decoded, then the residual."""
+    _, g, r = kivi._params(layout)
+    bs, kv_heads = cache.shape[1], cache.shape[2]
+    flat = cache.view(-1, kv_heads, layout.slot_bytes)
+    k_seq, v_seq = [], []
+    for s, n in enumerate(lens):
+        nq = kivi.quantized_len(n, g, r)
+        kp, vp = [], []
+        for start in range(0, nq, g):
+            pos = torch.arange(start, start + g)
+            kk, vv = kivi.decode_group(flat[table[s, pos // bs].long() * bs + pos % bs], layout)
+            kp.append(kk)
+            vp.append(vv)
+        k_seq.append(torch.cat(kp + [residual[s, : n - nq, :, 0].float()]))
+        v_seq.append(torch.cat(vp + [residual[s, : n - nq, :, 1].float()]))
+    return k_seq, v_seq
+
+
+def _quantized_write_paths(gen, device, kv_heads: int = 2, d: int = 128,
+                           formats: tuple[str, ...] = QUANTIZED_FORMATS) -> list[str]:
     """On a GPU, the int4, NVFP4, TurboQuant and KIVI write kernels against the torch writers, byte by byte: the
     bytes may differ only where a value sits on a rounding boundary (well under 1% of them)."""
     from .int4_attention import reshape_and_cache_int4, write_kv_int4
@@ -208,12 +322,11 @@ def _quantized_write_paths(gen, device) -> list[str]:
     from .paged_attention import make_cache
     from .turboquant_attention import reshape_and_cache_turboquant, write_kv_turboquant
 
-    n, kv_heads, d = 64, 2, 128
+    n = 64
     k = torch.randn(n, kv_heads, d, generator=gen) * 3
     v = torch.randn(n, kv_heads, d, generator=gen)
     bad = []
-    for fmt in ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4", "turboquant_4bit_nc",
-                "turboquant_k3v4_nc", "turboquant_3bit_nc", "kivi2", "kivi4"):
+    for fmt in formats:
         ref, layout = make_cache(fmt, n // 16, 16, kv_heads, d)
         mine = torch.zeros_like(ref, device=device)
         if fmt.startswith("kivi"):  # two token groups of 32

@@ -212,15 +212,65 @@ def test_validate_needs_a_gpu(cli):
 
 
 def test_self_check_before_measuring(monkeypatch):
-    # measure refuses to time kernels that compute the wrong thing: the check passes as shipped, and a decode
-    # kernel that returns zeros fails it in every format
+    # measure refuses to time kernels that compute the wrong thing: every decode kernel passes as shipped (here at
+    # small shapes under the interpreter; on a GPU at head_dim 128, 8 KV heads and the timed contexts), an empty
+    # sequence included, and a decode kernel that returns zeros fails it in every format
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import bench, int4_attention, kivi_attention, paged_attention
+
+    small = dict(head_dim=64, kv_heads=2, heads=4)
+    assert bench.self_check(torch.device("cpu"), [40], **small) == []
+    zeros = lambda q, *a, **k: torch.zeros_like(q)  # noqa: E731
+    monkeypatch.setattr(paged_attention, "paged_decode", zeros)
+    monkeypatch.setattr(int4_attention, "paged_decode_int4", zeros)
+    monkeypatch.setattr(kivi_attention, "paged_decode_kivi", zeros)
+    fmts = ("bfloat16", "fp8_e4m3", "int4_per_token_head", "kivi2")
+    assert bench.self_check(torch.device("cpu"), [40], formats=fmts, **small) == list(fmts)
+
+
+def test_self_check_reports_nan_for_an_empty_sequence(monkeypatch):
+    # a kernel that leaves NaN where a sequence has no token fails the check, though every other row is right
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
     from kvplan.kernels import bench, paged_attention
 
-    assert bench.self_check(torch.device("cpu")) == []
-    monkeypatch.setattr(paged_attention, "paged_decode", lambda q, *a, **k: torch.zeros_like(q))
-    assert bench.self_check(torch.device("cpu")) == list(bench.PAGED_FORMATS)
+    real = paged_attention.paged_decode
+
+    def nan_first(*a, **k):
+        out = real(*a, **k)
+        out[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(paged_attention, "paged_decode", nan_first)
+    assert bench.self_check(torch.device("cpu"), [20], head_dim=64, kv_heads=2, heads=4,
+                            formats=("float16",)) == ["float16"]
+
+
+def test_self_check_shapes_are_the_timed_ones():
+    # the contexts the quick plan times in bf16: 4,096 tokens from 64 MB up; at 8 MB, a slot of 512 bytes x 8 KV
+    # heads = 4,096 bytes a token, 8,388,608 / 4,096 / 4 = 512 tokens (four sequences)
+    from kvplan.kernels import bench
+
+    assert bench.timed_contexts("bfloat16", [8 * MB, 64 * MB, 256 * MB, 1024 * MB]) == [512, 4096]
+    # int4: 136 x 8 = 1,088 bytes a token; 8,388,608 // 1,088 // 4 = 1,927, down to whole blocks of 16: 1,920
+    assert bench.timed_contexts("int4_per_token_head", [8 * MB, 64 * MB]) == [1920, 4096]
+    assert (bench.HEAD_DIM, bench.KV_HEADS) == (128, 8)
+    assert set(bench.CHECK_FORMATS) >= {f.removeprefix("decode_") for f in FAMILIES if f.startswith("decode_")}
+
+
+def test_empty_sequence_gives_zeros():
+    # a sequence of no token attends to nothing: zeros from every split layout, never NaN
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels.paged_attention import make_cache, paged_decode
+
+    cache, layout = make_cache("float16", 2, 16, 2, 64)
+    q = torch.randn(2, 4, 64).to(torch.float16)
+    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    for splits in (1, 2):
+        out = paged_decode(q, cache, layout, table, torch.tensor([0, 0], dtype=torch.int32), splits=splits)
+        assert bool((out == 0).all())
 
 
 def test_write_path_check(monkeypatch):
