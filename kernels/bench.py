@@ -73,8 +73,8 @@ def time_samples(fn: Callable[[], None], flush: Callable[[], None], samples: int
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(samples)]
     sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is not None:  # about 50 us of GPU time per sample at 2 GHz: the host queues every sample meanwhile
-        sleep(100_000 * samples)
+    if sleep is not None:  # about 100 us of GPU time per sample at 2 GHz: the host queues every sample meanwhile
+        sleep(200_000 * samples)
     for start, end in zip(starts, ends, strict=True):
         flush()
         start.record()
@@ -403,7 +403,8 @@ def validate_step(model, fmt_name: str, batch: int, context: int, layers: int, d
                   samples: int = 5, warmup: int = 2) -> dict:
     """A synthetic decode step of `model`'s shapes on one rank: for each of `layers` layers, every weight GEMV
     (dense matrices, and the MoE experts one token touches) and the paged decode attention of `batch` sequences
-    of `context` tokens in `fmt_name`. Returns the measured median seconds and the bytes read."""
+    of `context` tokens in `fmt_name`, replayed as one CUDA graph where it can be captured (as the engines run
+    their decode steps). Returns the measured median seconds and the bytes read."""
     from kvplan.weights import model_tensors
 
     from .gemv import gemv, quantize_fp8_weights
@@ -445,7 +446,7 @@ def validate_step(model, fmt_name: str, batch: int, context: int, layers: int, d
     flush = flush_reader(2 * 50 * MB, device)
     for _ in range(max(1, warmup)):
         step()
-    times = sorted(time_samples(step, flush, samples, device))
+    times = sorted(time_samples(as_graph(step, device), flush, samples, device))
     kv_bytes = decode_bytes(layout, batch, context, model.num_kv_heads)
     return {"seconds": _quantile(times, 0.5), "weight_bytes": layers * per_layer_bytes,
             "kv_bytes": layers * kv_bytes, "layers": layers, "gemv_calls": layers * len(mats)}

@@ -179,35 +179,48 @@ def split_plan(seqs: int, kv_heads: int, max_ctx: int, unit: int, device: torch.
     return -(-max(max_ctx, 1) // per), per
 
 
+def _output(seqs: int, heads: int, d: int, dtype: torch.dtype, device: torch.device,
+            workspace: dict | None) -> torch.Tensor:
+    key = ("out", seqs, heads, d, dtype, device)
+    out = workspace.get(key) if workspace is not None else None
+    if out is None:
+        out = torch.empty(seqs, heads, d, dtype=dtype, device=device)
+        if workspace is not None:
+            workspace[key] = out
+    return out
+
+
 def split_buffers(q: torch.Tensor, kv_heads: int, max_ctx: int, unit: int, splits: int | None = None,
-                  workspace: dict | None = None) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-    """For queries q [seqs, heads, d]: the split plan (`split_plan`) and its float32 buffers, the partial outputs
-    [seqs x splits, heads, d] and their (max, sum) [seqs x splits, heads, 2]: (splits, split_len, part, ml).
-    With a `workspace` (a dict the caller keeps), the buffers are allocated on the first call and reused on every
-    later call of the same shapes."""
+                  workspace: dict | None = None,
+                  out_dtype: torch.dtype | None = None) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    """For queries q [seqs, heads, d]: the split plan (`split_plan`) and its buffers, the partial outputs
+    [seqs x splits, heads, d] (float32) and their (max, sum) [seqs x splits, heads, 2]: (splits, split_len, part,
+    ml). With one split and an `out_dtype`, `part` is the answer itself [seqs, heads, d] in that dtype: the kernel
+    writes it and `combine_splits` launches nothing. With a `workspace` (a dict the caller keeps), the buffers are
+    allocated on the first call and reused on every later call of the same shapes."""
     seqs, heads, d = q.shape
     n_split, split_len = split_plan(seqs, kv_heads, max_ctx, unit, q.device, splits)
     key = ("split", seqs * n_split, heads, d, q.device)
     bufs = workspace.get(key) if workspace is not None else None
     if bufs is None:
-        bufs = (torch.empty(seqs * n_split, heads, d, dtype=torch.float32, device=q.device),
-                torch.empty(seqs * n_split, heads, 2, dtype=torch.float32, device=q.device))
+        part = None if n_split == 1 and out_dtype is not None else torch.empty(
+            seqs * n_split, heads, d, dtype=torch.float32, device=q.device)
+        bufs = (part, torch.empty(seqs * n_split, heads, 2, dtype=torch.float32, device=q.device))
         if workspace is not None:
             workspace[key] = bufs
-    return n_split, split_len, bufs[0], bufs[1]
+    part = bufs[0] if bufs[0] is not None else _output(seqs, heads, d, out_dtype, q.device, workspace)
+    return n_split, split_len, part, bufs[1]
 
 
 def combine_splits(part: torch.Tensor, ml: torch.Tensor, seqs: int, num_splits: int,
                    dtype: torch.dtype, workspace: dict | None = None) -> torch.Tensor:
     """Fold each sequence's split rows into its attention output [seqs, heads, d] in `dtype` (with a `workspace`,
-    into the same output tensor on every call of the same shapes: each call overwrites the last one's answer)."""
+    into the same output tensor on every call of the same shapes: each call overwrites the last one's answer).
+    One split already written as the answer (`split_buffers` with `out_dtype`) is returned as it is."""
     _, heads, d = part.shape
-    key = ("out", seqs, heads, d, dtype, part.device)
-    out = workspace.get(key) if workspace is not None else None
-    if out is None:
-        out = torch.empty(seqs, heads, d, dtype=dtype, device=part.device)
-        if workspace is not None:
-            workspace[key] = out
+    if num_splits == 1 and part.dtype == dtype and part.shape[0] == seqs:
+        return part
+    out = _output(seqs, heads, d, dtype, part.device, workspace)
     _combine_kernel[(seqs, heads)](part, ml, out, heads, num_splits, D=d, D_PAD=triton.next_power_of_2(d),
                                    S_PAD=max(2, triton.next_power_of_2(num_splits)))
     return out

@@ -221,7 +221,8 @@ def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, 
     assert slot == layout.slot_bytes and d == layout.head_dim
     group = heads // kv_heads
     q_rot = rotate(q).contiguous()
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 torch.float32)
     _int4_decode_kernel[(seqs, kv_heads, n_split)](
         q_rot, cache, block_table, context_lens, part, ml, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
         split_len, q_rot.stride(0), q_rot.stride(1), part.stride(0), part.stride(1),

@@ -237,7 +237,8 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
     bits, g, r = _params(layout)
     assert slot == layout.slot_bytes and d == layout.head_dim and d % g == 0 and residual.shape[1] >= r + g - 1
     o = _offsets(layout)
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits, workspace)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits, workspace,
+                                                 q.dtype)
     q32 = q.float().contiguous()
     _kivi_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, residual, block_table, context_lens, part, ml, 1.0 / math.sqrt(d), block_table.shape[1],

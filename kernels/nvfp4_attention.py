@@ -225,7 +225,8 @@ def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout,
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and d % 16 == 0
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 q.dtype)
     q32 = q.float().contiguous()
     _nvfp4_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, block_table, context_lens, part, ml, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],

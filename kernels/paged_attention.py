@@ -240,7 +240,8 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and heads % kv_heads == 0
     group = heads // kv_heads
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 q.dtype)
     _paged_decode_kernel[(seqs, kv_heads, n_split)](
         q, cache, block_table, context_lens, part, ml, float(k_scale), float(v_scale),
         1.0 / math.sqrt(d), block_table.shape[1], group, split_len,

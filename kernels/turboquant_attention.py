@@ -280,7 +280,8 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
     kb, vb, nc = _params(layout)
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
     cent = centroid_table(kb if kb != 8 else 4, d, q.device)
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 q.dtype)
     _tq_decode_kernel[(seqs, kv_heads, n_split)](
         q_in, cache, block_table, context_lens, part, ml, cent, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),

@@ -107,6 +107,14 @@ def capture() -> list[dict]:
     for fmt in ("kivi2", "kivi4"):
         cache, layout = make_cache(fmt, 2, 16, KV_HEADS, HEAD_DIM)
         reshape_and_cache_kivi(cache, layout, torch.arange(32), x, x)
+    # the combine kernel, which folds several splits (the CPU plans one split, where the decode kernels write the
+    # answer and nothing is combined): into bf16 answers and into the float32 ones int4 rotates back
+    from kvplan.kernels.bench import HEADS
+    from kvplan.kernels.common import combine_splits
+
+    part = torch.zeros(2, HEADS, HEAD_DIM)
+    for dtype in (torch.bfloat16, torch.float32):
+        combine_splits(part, torch.zeros(2, HEADS, 2), 1, 2, dtype)
     return list(launches.values())
 
 

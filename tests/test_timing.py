@@ -101,7 +101,7 @@ def test_gpu_samples_wait_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync"))
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(f"sleep {cycles}"), raising=False)
     times = bench.time_samples(lambda: log.append("call"), lambda: log.append("flush"), 3, torch.device("cuda"))
-    assert log == ["sleep 300000"] + ["flush", "record", "call", "record"] * 3 + ["sync"]
+    assert log == ["sleep 600000"] + ["flush", "record", "call", "record"] * 3 + ["sync"]
     # each sample's events are 2 log entries apart (record, call, record): 2 "ms" = 0.002 s
     assert times == [0.002, 0.002, 0.002]
 
