@@ -30,7 +30,7 @@ class PlanItem:
 class MeasurePlan:
     items: list[PlanItem]
     warmup: int
-    flush_bytes: int  # written between samples to evict L2 (at least twice its size)
+    flush_bytes: int  # read between samples to evict L2 (at least twice its size)
     bandwidth_bytes_per_s: float  # assumed for the duration estimate
     notes: list[str] = field(default_factory=list)
 
