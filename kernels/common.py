@@ -148,7 +148,9 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, num_heads, num_splits,
     ml = ml_ptr + (rows * num_heads + h) * 2
     m = tl.load(ml, mask=s_ok, other=float("-inf"))
     l_s = tl.load(ml + 1, mask=s_ok, other=0.0)
-    w = tl.where(l_s > 0, tl.exp(m - tl.max(m, axis=0)) * l_s, 0.0)
+    m_max = tl.max(m, axis=0)
+    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)  # no split saw a token: every weight is 0 below
+    w = tl.where(l_s > 0, tl.exp(m - m_ref) * l_s, 0.0)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
     part = tl.load(part_ptr + (rows[:, None] * num_heads + h) * D + d[None, :], mask=s_ok[:, None] & d_ok[None, :],

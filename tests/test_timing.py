@@ -148,3 +148,56 @@ def test_every_decode_point_moves_at_least_its_size():
     for fmt in ("int4_per_token_head", "kivi2", "bfloat16"):
         _, moved = bench.workload(f"decode_{fmt}", 1 * MB, cpu)
         assert 1 * MB <= moved < 2 * MB
+
+
+def test_calls_replayed_from_a_cuda_graph(monkeypatch):
+    # on a GPU a call is captured once (after a run on a side stream, as capture requires) and timed as the graph's
+    # replay; a call that cannot be captured is timed as it is (the CUDA calls mocked)
+    log = []
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    class Capture:
+        def __init__(self, graph):
+            log.append("capture")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class Stream:
+        def __init__(self, device=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    class Using(Capture):
+        def __init__(self, stream):
+            log.append("side stream")
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", Using)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync"))
+    gpu = torch.device("cuda")
+    replay = bench.as_graph(lambda: log.append("call"), gpu)
+    assert log == ["side stream", "call", "capture", "call", "replay", "sync"]
+    log.clear()
+    replay()
+    assert log == ["replay"]
+
+    def uncapturable():
+        if "capture" in log:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        log.append("call")
+
+    log.clear()
+    fn = bench.as_graph(uncapturable, gpu)
+    assert fn is uncapturable
