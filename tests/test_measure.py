@@ -309,3 +309,25 @@ def test_quantized_write_path_check(monkeypatch):
         f"{fmt} (write path)" for fmt in ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4",
                                           "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
                                           "kivi2", "kivi4")]
+
+
+def test_self_check_on_a_gpu_covers_the_write_kernels_at_the_timed_shape(monkeypatch):
+    # on a GPU the check also runs every write kernel, at head_dim 128 and 8 KV heads (the device calls mocked: the
+    # shapes and formats each check receives are what is checked)
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import bench
+
+    seen = {"decode": [], "paged": [], "quantized": None}
+    monkeypatch.setattr(bench, "_decode_matches", lambda fmt, lens, d, kv, heads, gen, dev:
+                        seen["decode"].append((fmt, lens, d, kv, heads)) or True)
+    monkeypatch.setattr(bench, "_write_path_matches", lambda cache, layout, gen, dev:
+                        seen["paged"].append((layout.fmt.name, cache.shape[2], layout.head_dim)) or True)
+    monkeypatch.setattr(bench, "_quantized_write_paths", lambda gen, dev, kv, d, fmts:
+                        seen.__setitem__("quantized", (kv, d, fmts)) or [])
+    assert bench.self_check(torch.device("cuda"), {"bfloat16": [512, 4096]}) == []
+    assert seen["decode"][0] == ("bfloat16", [0, 1, 37, 512, 4096], 128, 8, 32)
+    assert [f for f, *_ in seen["decode"]] == list(bench.CHECK_FORMATS)  # all 15, 4,096 tokens where not told
+    assert seen["decode"][-1][1] == [0, 1, 37, 4096]
+    assert seen["paged"] == [(f, 8, 128) for f in bench.PAGED_FORMATS]
+    assert seen["quantized"] == (8, 128, bench.QUANTIZED_FORMATS)
