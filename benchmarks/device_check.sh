@@ -1,42 +1,91 @@
 #!/usr/bin/env bash
 # Everything `kvplan measure` is for, on one CUDA GPU, in one go (about 4 minutes on an H100 or H200):
-#   1. the device, driver, torch and triton versions;
-#   2. `kvplan measure --quick`: the self-check of every kernel against its torch reference on this GPU, then the
-#      probes, GEMVs and decode kernels over 8 MB to 1 GB, fitted, written as a calibration profile;
-#   3. `kvplan measure --validate llama3-8b`: a synthetic decode step of Llama-3-8B's shapes, measured against the
-#      roofline and the calibrated prediction, for bf16, fp8 and int4 KV caches.
-# Everything lands in OUTDIR (default: $OUT where that is set, else ./device-check): calibration.yaml (the
-# profile to keep under hardware/calibration/), and one log per step.
+#   wheels    install the wheels of benchmarks/device_wheels.txt from .whl/ (where the machine has no index;
+#             benchmarks/fetch_device_wheels.sh downloads them), each one checked present first;
+#   imports   kvplan, torch, triton and kvplan's own requirements import, with their versions;
+#   device    the GPU, driver, torch and triton versions;
+#   measure   `kvplan measure --quick`: the self-check of every decode and write kernel against its torch
+#             reference at the timed shapes, then the probes, GEMVs and decode kernels over 8 MB to 1 GB, fitted,
+#             written as a calibration profile;
+#   validate-auto, validate-fp8, validate-int4_per_token_head
+#             `kvplan measure --validate llama3-8b`: a synthetic decode step of Llama-3-8B's shapes against the
+#             roofline and the calibrated prediction, for bf16, fp8 and int4 KV caches.
+# Every step runs, whatever the earlier ones did. Everything lands in OUTDIR (default: $OUT where that is set, else
+# ./device-check), in three files: results.tsv (one line per step: its name, exit status and seconds),
+# steps.log (each step's output under a "== step" header) and calibration.yaml (the profile to keep under
+# hardware/calibration/). The script exits 0 when every step passed, 1 otherwise.
 #
 #   bash benchmarks/device_check.sh [OUTDIR]
 #
-# Run from the repository root. kvplan needs typer, rich, pydantic and pyyaml beside torch and triton; where the
-# machine lacks some, put their wheels in .whl/ (pip download --no-deps --only-binary=:all: ...) and the script
-# installs them into /tmp/site first.
-set -euo pipefail
+# Run from the repository root.
+set -uo pipefail
 out=${1:-${OUT:-device-check}}
 mkdir -p "$out"
+here=$(cd "$(dirname "$0")" && pwd)
 export PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 unset TRITON_INTERPRET
+: >"$out/steps.log"
+printf 'step\tstatus\tseconds\n' >"$out/results.tsv"
+failed=0
 
-step() { echo "== $*" | tee -a "$out/steps.log"; }
+# run_step NAME COMMAND...: the command's output into steps.log (and the terminal), its result into results.tsv
+run_step() {
+    local name=$1 t0 rc
+    shift
+    echo "== $name: $*" | tee -a "$out/steps.log"
+    t0=$(date +%s)
+    "$@" 2>&1 | tee -a "$out/steps.log"
+    rc=${PIPESTATUS[0]}
+    printf '%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" >>"$out/results.tsv"
+    echo "== $name: exit $rc" | tee -a "$out/steps.log"
+    [ "$rc" -eq 0 ] || failed=1
+    return 0
+}
 
-step "device"
-{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv || true
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
-} 2>&1 | tee "$out/device.log"
+install_wheels() {
+    local missing=0 line name
+    if ! compgen -G ".whl/*.whl" >/dev/null; then
+        echo "no wheels in .whl/: kvplan's requirements must already be installed"
+        return 0
+    fi
+    while read -r line; do
+        line=${line%%#*}
+        name=${line%%==*}
+        [ -n "${name// /}" ] || continue
+        # wheel file names spell the project name in lower case with underscores
+        if ! compgen -G ".whl/$(echo "$name" | tr 'A-Z-' 'a-z_')-${line##*==}-*.whl" >/dev/null; then
+            echo "missing wheel: $line"
+            missing=1
+        fi
+    done <"$here/device_wheels.txt"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || return 1
+    return $missing
+}
 
-step "measure --quick"
-python3 -m kvplan measure --quick --output "$out/calibration.yaml" 2>&1 | tee "$out/measure.log"
+imports() {
+    python3 -c "
+import torch, triton, typer, pydantic, yaml, rich, kvplan.cli
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)
+print('typer', typer.__version__, 'pydantic', pydantic.VERSION, 'pyyaml', yaml.__version__)
+print('gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none visible to torch')"
+}
 
+device() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+}
+
+run_step wheels install_wheels
+export PYTHONPATH=/tmp/site:$PYTHONPATH  # the installed wheels first, where there were any
+run_step imports imports
+run_step device device
+run_step measure python3 -m kvplan measure --quick --output "$out/calibration.yaml"
+cal=()
+[ -f "$out/calibration.yaml" ] && cal=(--calibration "$out/calibration.yaml")
 for dtype in auto fp8 int4_per_token_head; do
-    step "validate llama3-8b, KV $dtype"
-    python3 -m kvplan measure --validate llama3-8b -d "$dtype" --calibration "$out/calibration.yaml" 2>&1 \
-        | tee "$out/validate-$dtype.log"
+    run_step "validate-$dtype" python3 -m kvplan measure --validate llama3-8b -d "$dtype" "${cal[@]}"
 done
-step "done: $out/calibration.yaml"
+echo "== results ($out/results.tsv)"
+cat "$out/results.tsv"
+exit $failed

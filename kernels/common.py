@@ -9,6 +9,8 @@ normalized output with its running max and sum to row q x num_splits + s of a fl
 -inf and sum 0, and weighs nothing.
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -146,13 +148,22 @@ def _combine_kernel(part_ptr, ml_ptr, out_ptr, num_heads, num_splits,
     ml = ml_ptr + (rows * num_heads + h) * 2
     m = tl.load(ml, mask=s_ok, other=float("-inf"))
     l_s = tl.load(ml + 1, mask=s_ok, other=0.0)
-    w = tl.where(l_s > 0, tl.exp(m - tl.max(m, axis=0)) * l_s, 0.0)
+    m_max = tl.max(m, axis=0)
+    m_ref = tl.where(m_max > float("-inf"), m_max, 0.0)  # no split saw a token: every weight is 0 below
+    w = tl.where(l_s > 0, tl.exp(m - m_ref) * l_s, 0.0)
     d = tl.arange(0, D_PAD)
     d_ok = d < D
     part = tl.load(part_ptr + (rows[:, None] * num_heads + h) * D + d[None, :], mask=s_ok[:, None] & d_ok[None, :],
                    other=0.0)
-    out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
+    w_sum = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * part, axis=0) / tl.where(w_sum > 0, w_sum, 1.0)  # an empty sequence attends to nothing
     tl.store(out_ptr + (seq * num_heads + h) * D + d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """The device's SM count, asked once (the split plan reads it on every call)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def split_plan(seqs: int, kv_heads: int, max_ctx: int, unit: int, device: torch.device,
@@ -163,29 +174,55 @@ def split_plan(seqs: int, kv_heads: int, max_ctx: int, unit: int, device: torch.
     if splits is None:
         splits = 1
         if device.type == "cuda":
-            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            sms = sm_count(device)
             splits = max(1, min(-(-4 * sms // (seqs * kv_heads)), max_ctx // min_split_tokens))
     per = -(-max(max_ctx, 1) // max(1, splits))
     per = -(-per // unit) * unit
     return -(-max(max_ctx, 1) // per), per
 
 
-def split_buffers(q: torch.Tensor, kv_heads: int, max_ctx: int, unit: int,
-                  splits: int | None = None) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-    """For queries q [seqs, heads, d]: the split plan (`split_plan`) and its float32 buffers, the partial outputs
-    [seqs x splits, heads, d] and their (max, sum) [seqs x splits, heads, 2]: (splits, split_len, part, ml)."""
+def _output(seqs: int, heads: int, d: int, dtype: torch.dtype, device: torch.device,
+            workspace: dict | None) -> torch.Tensor:
+    key = ("out", seqs, heads, d, dtype, device)
+    out = workspace.get(key) if workspace is not None else None
+    if out is None:
+        out = torch.empty(seqs, heads, d, dtype=dtype, device=device)
+        if workspace is not None:
+            workspace[key] = out
+    return out
+
+
+def split_buffers(q: torch.Tensor, kv_heads: int, max_ctx: int, unit: int, splits: int | None = None,
+                  workspace: dict | None = None,
+                  out_dtype: torch.dtype | None = None) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    """For queries q [seqs, heads, d]: the split plan (`split_plan`) and its buffers, the partial outputs
+    [seqs x splits, heads, d] (float32) and their (max, sum) [seqs x splits, heads, 2]: (splits, split_len, part,
+    ml). With one split and an `out_dtype`, `part` is the answer itself [seqs, heads, d] in that dtype: the kernel
+    writes it and `combine_splits` launches nothing. With a `workspace` (a dict the caller keeps), the buffers are
+    allocated on the first call and reused on every later call of the same shapes."""
     seqs, heads, d = q.shape
     n_split, split_len = split_plan(seqs, kv_heads, max_ctx, unit, q.device, splits)
-    return (n_split, split_len,
-            torch.empty(seqs * n_split, heads, d, dtype=torch.float32, device=q.device),
-            torch.empty(seqs * n_split, heads, 2, dtype=torch.float32, device=q.device))
+    key = ("split", seqs * n_split, heads, d, q.device)
+    bufs = workspace.get(key) if workspace is not None else None
+    if bufs is None:
+        part = None if n_split == 1 and out_dtype is not None else torch.empty(
+            seqs * n_split, heads, d, dtype=torch.float32, device=q.device)
+        bufs = (part, torch.empty(seqs * n_split, heads, 2, dtype=torch.float32, device=q.device))
+        if workspace is not None:
+            workspace[key] = bufs
+    part = bufs[0] if bufs[0] is not None else _output(seqs, heads, d, out_dtype, q.device, workspace)
+    return n_split, split_len, part, bufs[1]
 
 
 def combine_splits(part: torch.Tensor, ml: torch.Tensor, seqs: int, num_splits: int,
-                   dtype: torch.dtype) -> torch.Tensor:
-    """Fold each sequence's split rows into its attention output [seqs, heads, d] in `dtype`."""
+                   dtype: torch.dtype, workspace: dict | None = None) -> torch.Tensor:
+    """Fold each sequence's split rows into its attention output [seqs, heads, d] in `dtype` (with a `workspace`,
+    into the same output tensor on every call of the same shapes: each call overwrites the last one's answer).
+    One split already written as the answer (`split_buffers` with `out_dtype`) is returned as it is."""
     _, heads, d = part.shape
-    out = torch.empty(seqs, heads, d, dtype=dtype, device=part.device)
+    if num_splits == 1 and part.dtype == dtype and part.shape[0] == seqs:
+        return part
+    out = _output(seqs, heads, d, dtype, part.device, workspace)
     _combine_kernel[(seqs, heads)](part, ml, out, heads, num_splits, D=d, D_PAD=triton.next_power_of_2(d),
                                    S_PAD=max(2, triton.next_power_of_2(num_splits)))
     return out

@@ -42,8 +42,9 @@ def quantize_fp8_weights(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bn: int = 32,
-         bk: int = 64) -> torch.Tensor:
-    """x [B, K] (B <= 64) times W^T: W bf16 [N, K], or fp8 bytes [N, K] with `scale` [N]."""
+         bk: int = 64, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [B, K] (B <= 64) times W^T: W bf16 [N, K], or fp8 bytes [N, K] with `scale` [N]; into `out` [B, N] (x's
+    dtype) where given."""
     b, k = x.shape
     n = w.shape[0]
     if b > 64:
@@ -51,8 +52,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None = None, bn
     fp8 = w.dtype == torch.uint8
     if fp8 and scale is None:
         raise ValueError("fp8 weights need their per-channel scales")
-    y = torch.empty(b, n, dtype=x.dtype, device=x.device)
-    dummy = scale if scale is not None else torch.empty(1, device=x.device)
+    y = out if out is not None else torch.empty(b, n, dtype=x.dtype, device=x.device)
+    dummy = scale if scale is not None else y  # never read without fp8
     _gemv_kernel[(triton.cdiv(n, bn),)](x, w, dummy, y, b, n, k, x.stride(0), w.stride(0), y.stride(0),
                                         B_PAD=max(16, triton.next_power_of_2(b)), BN=bn, BK=bk, FP8=fp8)
     return y

@@ -13,6 +13,7 @@ o = D H o' / d is rotated back in the launcher.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import triton
@@ -37,16 +38,28 @@ SIGN_SEED = 0x9E3779B9  # fixed: the same signs on every rank and every restart
 
 
 def hadamard(d: int, device="cpu") -> torch.Tensor:
-    """The unnormalized Sylvester Hadamard matrix (entries +-1), d a power of two."""
+    """The unnormalized Sylvester Hadamard matrix (entries +-1), d a power of two. Built once per size and device
+    and shared (read-only: never modify it in place)."""
     if d & (d - 1):
         raise ValueError(f"the Hadamard rotation needs a power-of-two head_dim, got {d}")
-    h = torch.ones(1, 1, device=device)
+    return _hadamard(d, torch.device(device))
+
+
+@lru_cache(maxsize=None)
+def _hadamard(d: int, device: torch.device) -> torch.Tensor:
+    h = torch.ones(1, 1)
     while h.shape[0] < d:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h
+    return h.to(device)
 
 
 def rht_signs(d: int, device="cpu") -> torch.Tensor:
+    """The fixed random signs D of the rotation, built once per size and device (read-only)."""
+    return _rht_signs(d, torch.device(device))
+
+
+@lru_cache(maxsize=None)
+def _rht_signs(d: int, device: torch.device) -> torch.Tensor:
     g = torch.Generator(device="cpu").manual_seed(SIGN_SEED)
     return (torch.randint(0, 2, (d,), generator=g) * 2 - 1).to(torch.float32).to(device)
 
@@ -201,13 +214,15 @@ def _int4_decode_kernel(
 
 
 def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                      context_lens: torch.Tensor, tile: int = 16, splits: int | None = None) -> torch.Tensor:
+                      context_lens: torch.Tensor, tile: int = 16, splits: int | None = None,
+                      workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim
     group = heads // kv_heads
     q_rot = rotate(q).contiguous()
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 torch.float32)
     _int4_decode_kernel[(seqs, kv_heads, n_split)](
         q_rot, cache, block_table, context_lens, part, ml, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
         split_len, q_rot.stride(0), q_rot.stride(1), part.stride(0), part.stride(1),
@@ -215,7 +230,7 @@ def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, 
         V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(2, triton.next_power_of_2(group)),
         TILE=tile,
     )
-    return unrotate(combine_splits(part, ml, seqs, n_split, torch.float32)).to(q.dtype)
+    return unrotate(combine_splits(part, ml, seqs, n_split, torch.float32, workspace)).to(q.dtype)
 
 
 def dequantize_cache_int4(cache: torch.Tensor, layout: SlotLayout) -> tuple[torch.Tensor, torch.Tensor]:

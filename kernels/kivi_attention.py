@@ -230,13 +230,15 @@ def _kivi_decode_kernel(
 
 
 def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tensor, layout: SlotLayout,
-                      block_table: torch.Tensor, context_lens: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+                      block_table: torch.Tensor, context_lens: torch.Tensor, splits: int | None = None,
+                      workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     bits, g, r = _params(layout)
     assert slot == layout.slot_bytes and d == layout.head_dim and d % g == 0 and residual.shape[1] >= r + g - 1
     o = _offsets(layout)
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits, workspace,
+                                                 q.dtype)
     q32 = q.float().contiguous()
     _kivi_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, residual, block_table, context_lens, part, ml, 1.0 / math.sqrt(d), block_table.shape[1],
@@ -247,7 +249,7 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         V_SCALE=o["v_scale"], V_ZERO=o["v_zero"], G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)),
         num_warps=8,  # a whole 32-token group per tile: with 4 warps its registers spill on sm_90
     )
-    return combine_splits(part, ml, seqs, n_split, q.dtype)
+    return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
 
 def make_residual(seqs: int, layout: SlotLayout, kv_heads: int, dtype=torch.bfloat16) -> torch.Tensor:

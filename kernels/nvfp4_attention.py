@@ -220,11 +220,13 @@ def _nvfp4_decode_kernel(
 
 def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
                        context_lens: torch.Tensor, k_global: float, v_global: float, tile: int = 16,
-                       splits: int | None = None) -> torch.Tensor:
+                       splits: int | None = None,
+                       workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and d % 16 == 0
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 q.dtype)
     q32 = q.float().contiguous()
     _nvfp4_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, block_table, context_lens, part, ml, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],
@@ -232,7 +234,7 @@ def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout,
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, V_DATA=layout.v_data, HALF=d // 2,
         G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
     )
-    return combine_splits(part, ml, seqs, n_split, q.dtype)
+    return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
 
 def dequantize_cache_nvfp4(cache: torch.Tensor, layout: SlotLayout, k_global: float,

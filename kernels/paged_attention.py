@@ -55,7 +55,7 @@ def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr, WIDEN:
 
 @triton.jit
 def _paged_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, k_scale_ptr, v_scale_ptr,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, k_tensor_scale, v_tensor_scale,
     sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
@@ -78,9 +78,6 @@ def _paged_decode_kernel(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    if MODE == 1 or MODE == 2:
-        k_tensor_scale = tl.load(k_scale_ptr)
-        v_tensor_scale = tl.load(v_scale_ptr)
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
@@ -234,18 +231,19 @@ def reshape_and_cache(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tens
 
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
                  context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 16,
-                 splits: int | None = None) -> torch.Tensor:
+                 splits: int | None = None, workspace: dict | None = None) -> torch.Tensor:
     """Attention of q [seqs, heads, D] over each sequence's cached tokens; returns [seqs, heads, D] in q's dtype.
-    `splits`: programs per sequence and KV head along the context (default: enough to fill the GPU)."""
+    `splits`: programs per sequence and KV head along the context (default: enough to fill the GPU). The per-tensor
+    scales travel as kernel arguments (no tensor is built per call); `workspace` (see `split_buffers`) keeps the
+    split buffers and the output from call to call."""
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and heads % kv_heads == 0
     group = heads // kv_heads
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
-    ks = torch.tensor([k_scale], dtype=torch.float32, device=q.device)
-    vs = torch.tensor([v_scale], dtype=torch.float32, device=q.device)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 q.dtype)
     _paged_decode_kernel[(seqs, kv_heads, n_split)](
-        q, cache, block_table, context_lens, part, ml, ks, vs,
+        q, cache, block_table, context_lens, part, ml, float(k_scale), float(v_scale),
         1.0 / math.sqrt(d), block_table.shape[1], group, split_len,
         q.stride(0), q.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot,
@@ -256,7 +254,7 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block
         # fp32 (exactly); on a GPU they stay bf16 (fp16 for an fp16 cache) for the tensor cores
         WIDEN=_INTERPRETED,
     )
-    return combine_splits(part, ml, seqs, n_split, q.dtype)
+    return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -24,12 +24,14 @@ def _copy_kernel(src_ptr, dst_ptr, n_words, BLOCK: tl.constexpr):
     tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
 
 
-def read_probe(buf: torch.Tensor, block: int = 4096) -> torch.Tensor:
-    """Reads `buf` (bytes, a multiple of 4) once as int32 words; returns the per-program wrapped sums."""
+def read_probe(buf: torch.Tensor, block: int = 4096, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Reads `buf` (bytes, a multiple of 4) once as int32 words; returns the per-program wrapped sums (into `out`,
+    int32 [ceil(words / block)], where given)."""
     words = buf.view(torch.int32)
     n = words.numel()
     grid = triton.cdiv(n, block)
-    partial = torch.empty(grid, dtype=torch.int32, device=buf.device)
+    partial = out if out is not None else torch.empty(grid, dtype=torch.int32, device=buf.device)
+    assert partial.numel() >= grid
     _read_kernel[(grid,)](words, partial, n, BLOCK=block)
     return partial
 
@@ -41,9 +43,10 @@ def read_probe_reference(buf: torch.Tensor, block: int = 4096) -> torch.Tensor:
     return ((sums + 2**31) % 2**32 - 2**31).to(torch.int32)  # int32 wrap-around, as the kernel adds
 
 
-def copy_probe(src: torch.Tensor, block: int = 4096) -> torch.Tensor:
+def copy_probe(src: torch.Tensor, block: int = 4096, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Copies `src` (bytes, a multiple of 4) as int32 words, into `out` (like `src`) where given."""
     words = src.view(torch.int32)
-    dst = torch.empty_like(words)
+    dst = (out if out is not None else torch.empty_like(src)).view(torch.int32)
     n = words.numel()
     _copy_kernel[(triton.cdiv(n, block),)](words, dst, n, BLOCK=block)
     return dst.view(src.dtype)

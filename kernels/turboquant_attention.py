@@ -57,6 +57,21 @@ def lloyd_max_centroids(bits: int, d: int, iters: int = 300) -> tuple[float, ...
     return tuple(x / math.sqrt(d) for x in c)
 
 
+@lru_cache(maxsize=None)
+def centroid_table(bits: int, d: int, device: torch.device) -> torch.Tensor:
+    """The Lloyd-Max centroids as a float32 tensor on `device`, built once (read-only)."""
+    return torch.tensor(lloyd_max_centroids(bits, d), dtype=torch.float32).to(device)
+
+
+@lru_cache(maxsize=None)
+def boundary_table(bits: int, d: int, device: torch.device) -> torch.Tensor:
+    """The cell boundaries between neighbouring centroids, ascending, padded to a power of two with +inf, as a
+    float32 tensor on `device`, built once (read-only)."""
+    cent = lloyd_max_centroids(bits, d)
+    mids = [(a + b) / 2 for a, b in zip(cent, cent[1:], strict=False)] + [math.inf]
+    return torch.tensor(mids, dtype=torch.float32).to(device)
+
+
 def _params(layout: SlotLayout) -> tuple[int, int, bool]:
     p = layout.fmt.params
     return p["key_bits"], p["value_bits"], p["norm_correction"]
@@ -185,9 +200,7 @@ def reshape_and_cache_turboquant(cache: torch.Tensor, layout: SlotLayout, slots:
     tokens, kv_heads, d = k.shape
     assert d == layout.head_dim and cache.shape[3] == layout.slot_bytes and d & (d - 1) == 0
     kb, vb, _ = _params(layout)
-    cent = lloyd_max_centroids(kb if kb != 8 else 4, d)
-    mids = torch.tensor([(a + b) / 2 for a, b in zip(cent, cent[1:], strict=False)] + [math.inf],
-                        dtype=torch.float32, device=cache.device)  # padded to a power of two with +inf
+    mids = boundary_table(kb if kb != 8 else 4, d, torch.device(cache.device))
     k, v = k.contiguous(), v.contiguous()
     _tq_write_kernel[(tokens, kv_heads)](
         k, v, slots.to(device=cache.device, dtype=torch.int64).contiguous(), cache, hadamard(d, cache.device),
@@ -259,14 +272,16 @@ def _tq_decode_kernel(
 
 
 def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                            context_lens: torch.Tensor, tile: int = 16, splits: int | None = None) -> torch.Tensor:
+                            context_lens: torch.Tensor, tile: int = 16, splits: int | None = None,
+                            workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim
     kb, vb, nc = _params(layout)
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
-    cent = torch.tensor(lloyd_max_centroids(kb if kb != 8 else 4, d), dtype=torch.float32, device=q.device)
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits)
+    cent = centroid_table(kb if kb != 8 else 4, d, q.device)
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 q.dtype)
     _tq_decode_kernel[(seqs, kv_heads, n_split)](
         q_in, cache, block_table, context_lens, part, ml, cent, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
@@ -274,4 +289,4 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
         G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
     )
-    return combine_splits(part, ml, seqs, n_split, q.dtype)
+    return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)

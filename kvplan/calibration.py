@@ -30,7 +30,7 @@ class PlanItem:
 class MeasurePlan:
     items: list[PlanItem]
     warmup: int
-    flush_bytes: int  # written between samples to evict L2 (at least twice its size)
+    flush_bytes: int  # read between samples to evict L2 (at least twice its size)
     bandwidth_bytes_per_s: float  # assumed for the duration estimate
     notes: list[str] = field(default_factory=list)
 
@@ -131,15 +131,37 @@ class CalibrationProfile:
         big = max(f.points, key=lambda p: p[0])
         return big[0] / big[1] / self.peak_bandwidth_bytes_per_s
 
-    def stream_fraction(self, family: str, min_bytes: int = 256 * MB) -> Optional[float]:
-        """The family's bytes per second as a fraction of the streaming read's at the same size, averaged over the
-        sizes of at least `min_bytes` both measured: how close a kernel comes to the bandwidth this GPU delivers
-        when the per-call cost no longer counts. None without such sizes."""
-        f, ref = self.families.get(family), self.families.get("stream_read")
-        if f is None or ref is None:
+    def stream_bandwidth(self, nbytes: float) -> Optional[float]:
+        """The streaming read's bytes per second at `nbytes`: between two measured sizes, interpolated linearly in
+        log(bytes per second) over log(bytes); beyond the measured sizes, the nearest one's. None without a
+        streaming read."""
+        import math
+
+        ref = self.families.get("stream_read")
+        if ref is None or not ref.points:
             return None
-        ref_s = {p[0]: p[1] for p in ref.points}
-        ratios = [ref_s[p[0]] / p[1] for p in f.points if p[0] >= min_bytes and p[0] in ref_s]
+        pts = sorted((p[0], p[0] / p[1]) for p in ref.points)
+        if nbytes <= pts[0][0]:
+            return pts[0][1]
+        if nbytes >= pts[-1][0]:
+            return pts[-1][1]
+        for (x0, b0), (x1, b1) in zip(pts, pts[1:], strict=False):
+            if x0 <= nbytes <= x1:
+                if x1 == x0:
+                    return b0
+                w = math.log(nbytes / x0) / math.log(x1 / x0)
+                return math.exp(math.log(b0) + w * math.log(b1 / b0))
+        return pts[-1][1]
+
+    def stream_fraction(self, family: str, min_bytes: int = 256 * MB) -> Optional[float]:
+        """The family's bytes per second as a fraction of the streaming read's at the same number of bytes
+        (`stream_bandwidth`, interpolated between the read's sizes), averaged over the family's points of at
+        least `min_bytes`: how close a kernel comes to the bandwidth this GPU delivers when the per-call cost no
+        longer counts. None without such points or without a streaming read."""
+        f = self.families.get(family)
+        if f is None or self.families.get("stream_read") is None:
+            return None
+        ratios = [p[0] / p[1] / self.stream_bandwidth(p[0]) for p in f.points if p[0] >= min_bytes]
         return sum(ratios) / len(ratios) if ratios else None
 
 

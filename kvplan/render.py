@@ -556,7 +556,8 @@ def calibration_table(profile) -> None:
                   f"{profile.peak_fraction(fam):.2f}", "-" if sf is None else f"{sf:.2f}")
     print_table(con, t)
     con.print("of peak: at the largest size, against the datasheet bandwidth. of stream read: against the streaming "
-              "read at the same size, averaged over sizes of 256 MB and more.")
+              "read at the same number of bytes (interpolated between its sizes), averaged over sizes of 256 MB and "
+              "more.")
 
 
 def validate_table(r: dict) -> None:

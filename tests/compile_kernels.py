@@ -1,7 +1,7 @@
 """Compile every kvplan kernel for a GPU architecture without a GPU: the interpreter tests prove what the kernels
 compute, this proves that Triton's compiler accepts them (down to a cubin) for the architecture given.
 
-    python tests/compile_kernels.py [--arch 90] [--arch 80 ...]
+    python tests/compile_kernels.py [--arch 90] [--arch 80 ...] [--report]
 
 Two steps, each in its own interpreter (Triton chooses between interpreting and compiling when a kernel is
 defined): first, with TRITON_INTERPRET=1, every workload `kvplan measure` runs is launched on the CPU with each
@@ -47,6 +47,16 @@ def _type_of(value) -> str:
     raise TypeError(f"cannot type {value!r}")
 
 
+def _divisible(value) -> bool:
+    """The runtime's specialization: a pointer 16-byte aligned (every allocation on a GPU is), an integer (not a
+    flag) divisible by 16; the compiler is told so, and may use 16-byte vector loads and drop the bounds math."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.data_ptr() % 16 == 0
+    return isinstance(value, int) and not isinstance(value, bool) and value % 16 == 0
+
+
 def capture() -> list[dict]:
     """Every distinct launch of every `kvplan measure` workload, by kernel: argument types and constants."""
     import importlib
@@ -68,9 +78,10 @@ def capture() -> list[dict]:
                 params = list(inspect.signature(self.kernel.fn).parameters)[:len(args)]  # constants come by name
                 signature = {n: _type_of(a) for n, a in zip(params, args, strict=True)}
                 options = {k: constants.pop(k) for k in ("num_warps", "num_stages") if k in constants}
-                key = json.dumps([self.module, self.name, signature, constants, options], sort_keys=True)
+                aligned = sorted(n for n, a in zip(params, args, strict=True) if _divisible(a))
+                key = json.dumps([self.module, self.name, signature, constants, options, aligned], sort_keys=True)
                 launches[key] = {"module": self.module, "kernel": self.name, "signature": signature,
-                                 "constants": constants, "options": options}
+                                 "constants": constants, "options": options, "aligned": aligned}
             return launch
 
     for module, names in KERNELS.items():
@@ -107,6 +118,14 @@ def capture() -> list[dict]:
     for fmt in ("kivi2", "kivi4"):
         cache, layout = make_cache(fmt, 2, 16, KV_HEADS, HEAD_DIM)
         reshape_and_cache_kivi(cache, layout, torch.arange(32), x, x)
+    # the combine kernel, which folds several splits (the CPU plans one split, where the decode kernels write the
+    # answer and nothing is combined): into bf16 answers and into the float32 ones int4 rotates back
+    from kvplan.kernels.bench import HEADS
+    from kvplan.kernels.common import combine_splits
+
+    part = torch.zeros(2, HEADS, HEAD_DIM)
+    for dtype in (torch.bfloat16, torch.float32):
+        combine_splits(part, torch.zeros(2, HEADS, 2), 1, 2, dtype)
     return list(launches.values())
 
 
@@ -136,7 +155,109 @@ def _resources(ptx: str, arch: int) -> str:
     return ""
 
 
-def compile_all(launches: list[dict], archs: list[int]) -> int:
+# Hopper (sm_90: H100 SXM and H200 alike): per SM 65,536 registers allocated 256 a warp at a time, 228 KB of shared
+# memory (1 KB of it reserved per block), 64 warps and 32 blocks at most; 132 SMs, each issuing 4 warp-instructions
+# a clock, at the 1.98 GHz both report as their highest SM clock
+SM90 = {"regs": 65536, "smem": 233472, "warps": 64, "blocks": 32, "sms": 132, "issue": 4, "clock_hz": 1.98e9}
+
+
+def blocks_per_sm(regs: int, shared: int, warps: int, sm: dict = SM90) -> int:
+    """Blocks of a kernel resident on one SM at once: the fewest its registers, shared memory and warps allow."""
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = sm["regs"] // (per_warp * warps) if regs else sm["blocks"]
+    by_smem = sm["smem"] // (shared + 1024)
+    return max(0, min(by_regs, by_smem, sm["warps"] // warps, sm["blocks"]))
+
+
+def main_loop(sass: str) -> int:
+    """Instructions in the largest loop of a disassembled kernel (nvdisasm -c): from a label to the branch back
+    to it, 16 bytes an instruction; 0 where the kernel has no loop (a trailing one-instruction trap loop aside)."""
+    import re
+
+    labels, best, pending = {}, 0, []
+    for line in sass.splitlines():
+        m = re.match(r"^(\.L_x_\d+):", line.strip())
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = re.match(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*)$", line)
+        if not m:
+            continue
+        addr = int(m.group(1), 16)
+        for name in pending:
+            labels[name] = addr
+        pending = []
+        b = re.search(r"\bBRA\b.*?\(?(\.L_x_\d+)\)?", m.group(2))
+        if b and b.group(1) in labels and labels[b.group(1)] <= addr:
+            size = (addr - labels[b.group(1)]) // 16 + 1
+            if size > 3:
+                best = max(best, size)
+    return best
+
+
+def _bytes_per_iteration(kernel: str, c: dict) -> int | None:
+    """Bytes one program reads in one trip of its main loop (a whole program where it has none)."""
+    if kernel in ("_paged_decode_kernel", "_int4_decode_kernel", "_nvfp4_decode_kernel", "_tq_decode_kernel"):
+        return c["TILE"] * c["SLOT"]  # TILE tokens of one KV head: K and V
+    if kernel == "_kivi_decode_kernel":
+        return c["G"] * c["SLOT"]  # one token group
+    if kernel == "_gemv_kernel":
+        return c["BK"] * c["BN"] * (1 if c["FP8"] else 2)
+    if kernel == "_read_kernel":
+        return c["BLOCK"] * 4
+    if kernel == "_copy_kernel":
+        return c["BLOCK"] * 8  # read and written
+    return None
+
+
+def _report_row(launch: dict, consts: dict, compiled, arch: int) -> dict:
+    """Registers, shared memory, blocks per SM (from the compiled kernel), main-loop warp-instructions per byte
+    (from its SASS) and the issue ceiling they set."""
+    import re
+    import tempfile
+
+    import triton
+
+    regs = spill = 0
+    m = re.match(r"(\d+) registers, (\d+) B", _resources(compiled.asm["ptx"], arch) or "")
+    if m:
+        regs, spill = int(m.group(1)), int(m.group(2))
+    warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([os.path.join(bin_dir, "nvdisasm"), "-c", path], capture_output=True,
+                              text=True).stdout
+    loop = main_loop(sass)
+    if not loop:  # no loop: the whole program
+        loop = sum(1 for line in sass.splitlines() if re.match(r"^\s*/\*[0-9a-f]{4,}\*/", line))
+    nbytes = _bytes_per_iteration(launch["kernel"], consts)
+    per_byte = loop * warps / nbytes if nbytes else None
+    ceiling = SM90["sms"] * SM90["issue"] * SM90["clock_hz"] / per_byte if per_byte else None
+    return {"kernel": launch["kernel"], "constants": consts, "warps": warps, "registers": regs, "spilled": spill,
+            "shared": shared, "blocks_per_sm": blocks_per_sm(regs, shared, warps), "loop_instructions": loop,
+            "bytes_per_iteration": nbytes, "instructions_per_byte": per_byte, "issue_ceiling_bytes_per_s": ceiling}
+
+
+def print_report(rows: list[dict]) -> None:
+    print("\nstatic report (sm_90): registers, shared memory and blocks per SM from the compiled kernels; main-loop "
+          "warp-instructions per byte from their SASS; issue ceiling = 132 SMs x 4 warp-instructions a clock x "
+          "1.98 GHz / instructions per byte")
+    print(f"{'kernel':44} {'warps':>5} {'regs':>4} {'smem B':>7} {'blocks/SM':>9} {'loop instr':>10} "
+          f"{'B/iter':>7} {'instr/B':>8} {'ceiling TB/s':>12}")
+    for r in rows:
+        c = r["constants"]
+        what = r["kernel"] + " " + " ".join(f"{k}={c[k]}" for k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8")
+                                            if k in c)
+        per_b = "-" if r["instructions_per_byte"] is None else f"{r['instructions_per_byte']:.3f}"
+        ceil = "-" if r["issue_ceiling_bytes_per_s"] is None else f"{r['issue_ceiling_bytes_per_s'] / 1e12:.2f}"
+        print(f"report {what:37} {r['warps']:>5} {r['registers']:>4} {r['shared']:>7} {r['blocks_per_sm']:>9} "
+              f"{r['loop_instructions']:>10} {r['bytes_per_iteration'] or '-':>7} {per_b:>8} {ceil:>12}")
+
+
+def compile_all(launches: list[dict], archs: list[int], report: list | None = None) -> int:
     import importlib
 
     import triton
@@ -146,6 +267,7 @@ def compile_all(launches: list[dict], archs: list[int]) -> int:
     failed = 0
     for arch in archs:
         for launch in launches:
+            rows = report if arch == 90 else None
             kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
             signature = dict(launch["signature"])
             for p in kernel.params:
@@ -156,10 +278,13 @@ def compile_all(launches: list[dict], archs: list[int]) -> int:
             what = f"sm_{arch} {launch['kernel']} " + " ".join(
                 f"{k}={v}" for k, v in {**consts, **launch["options"]}.items()
                 if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8", "FOUR_OVER_SIX", "num_warps"))
+            attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in launch.get("aligned", [])}
             try:
-                compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts),
+                compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs),
                                           target=GPUTarget("cuda", arch, 32), options=launch["options"])
                 print(f"ok      {what:48} {_resources(compiled.asm['ptx'], arch)}")
+                if rows is not None:
+                    rows.append(_report_row(launch, consts, compiled, arch))
             except Exception as e:  # report every failure, then exit 1
                 failed += 1
                 print(f"FAILED  {what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -169,6 +294,8 @@ def compile_all(launches: list[dict], archs: list[int]) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, action="append", help="compute capability x 10, e.g. 90 (H100/H200)")
+    ap.add_argument("--report", action="store_true",
+                    help="after compiling, a static performance report per launch (sm_90 only)")
     ap.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.capture:
@@ -184,7 +311,11 @@ def main() -> int:
         return 2
     launches = json.loads(out.stdout)
     print(f"{len(launches)} distinct kernel launches")
-    return 1 if compile_all(launches, args.arch or [90]) else 0
+    report = [] if args.report else None
+    failed = compile_all(launches, args.arch or [90], report)
+    if report:
+        print_report(report)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

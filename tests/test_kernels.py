@@ -533,3 +533,27 @@ def test_kivi_write_kernel_writes_what_encode_group_writes(fmt):
     assert _only_slots_written(out, slots)
     # the same statistics in the same order: the same bytes
     assert torch.equal(out, ref)
+
+
+def test_one_split_skips_the_combine(monkeypatch):
+    # one split per sequence: the decode kernel writes the answer itself and no combine kernel is launched; three
+    # splits: one combine launch, one program per (sequence, head); the same answer both ways
+    from kvplan.kernels import common
+
+    grids = []
+    real = common._combine_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(common, "_combine_kernel", Counting())
+    lens = [5, 37]
+    cache, layout, table, ctx = _filled_cache("float16", lens, kv_heads=2)
+    q = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(3)).to(torch.float16)
+    one = paged_decode(q, cache, layout, table, ctx, splits=1)
+    assert grids == [] and one.dtype == torch.float16
+    three = paged_decode(q, cache, layout, table, ctx, splits=3)
+    assert grids == [(2, 8)]
+    torch.testing.assert_close(one.float(), three.float(), atol=2e-3, rtol=2e-3)

@@ -15,10 +15,19 @@ pytest.importorskip("triton")
 def test_every_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("compile_kernels.py")
-    r = subprocess.run([sys.executable, str(script), "--arch", "90"], env=env, capture_output=True, text=True,
-                       timeout=900)
+    r = subprocess.run([sys.executable, str(script), "--arch", "90", "--report"], env=env, capture_output=True,
+                       text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     ok = [line.split()[2] for line in r.stdout.splitlines() if line.startswith("ok ")]
+    # the static report: one row per launch, and for every decode kernel its blocks per SM, main-loop
+    # instructions and instructions per byte read
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("report ")]
+    assert len(rows) == len(ok)
+    decode = [row for row in rows if row[1].endswith("_decode_kernel")]
+    assert len(decode) == 13  # paged in 5 modes, int4, NVFP4, TurboQuant in 4 bit layouts, KIVI in 2
+    for row in decode:
+        blocks, loop, per_byte, ceiling = int(row[-5]), int(row[-4]), float(row[-2]), float(row[-1])
+        assert blocks >= 1 and loop > 0 and per_byte > 0 and ceiling > 0
     # the 18 families `kvplan measure` runs use 8 kernels (the paged kernel in 5 modes, turboquant in 4 bit
     # layouts, KIVI in 2), each launch with its own constants: 19 distinct launches counting the combine kernel's
     # two; the paged write path in its 6 modes (fp16 too), the int4 write path, the NVFP4 one in 2, the
@@ -28,3 +37,31 @@ def test_every_kernel_compiles_for_sm90():
                        "_reshape_and_cache_kernel", "_int4_write_kernel", "_nvfp4_write_kernel",
                        "_tq_write_kernel", "_kivi_write_kernel"}
     assert len(ok) == 34 and "FAILED" not in r.stdout
+
+
+def test_report_arithmetic():
+    sys.path.insert(0, str(Path(__file__).parent))
+    import compile_kernels as ck
+
+    # 64 registers a thread: 64 x 32 = 2,048 a warp (a multiple of 256), 4 warps: 8,192 a block, 65,536 / 8,192 = 8
+    # blocks; 12,864 B of shared memory + 1 KB reserved: 233,472 / 13,888 = 16; 64 / 4 = 16 by warps: 8
+    assert ck.blocks_per_sm(64, 12864, 4) == 8
+    # 100 registers: 3,200 a warp, rounded up to 3,328 (13 x 256); 4 warps 13,312: 65,536 / 13,312 = 4 blocks
+    assert ck.blocks_per_sm(100, 8768, 4) == 4
+    # 243 registers, 8 warps: 7,776 a warp, rounded to 7,936; 63,488 a block: 1
+    assert ck.blocks_per_sm(243, 4096, 8) == 1
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_3:
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0020*/                   FFMA R3, R2, R2, R3 ;
+        /*0030*/                   IADD3 R4, R4, 0x10, RZ ;
+        /*0040*/                   ISETP.GE.AND P0, PT, R4, R5, PT ;
+        /*0050*/              @!P0 BRA `(.L_x_3) ;
+        /*0060*/                   EXIT ;
+.L_x_5:
+        /*0070*/                   BRA `(.L_x_5);
+"""
+    # the loop runs from 0x10 to the branch at 0x50: (0x50 - 0x10) / 16 + 1 = 5 instructions; the one-instruction
+    # trap loop at the end does not count
+    assert ck.main_loop(sass) == 5

@@ -55,6 +55,33 @@ def test_fractions_of_peak_and_of_the_stream_read():
     assert p.stream_fraction("gemv_bf16") is None
 
 
+def test_stream_fraction_interpolates_the_read():
+    # stream read: 256 MB in 100 us (268,435,456 / 1e-4 = 2.68435456e12 B/s) and 1,024 MB in 320 us
+    # (1,073,741,824 / 3.2e-4 = 3.3554432e12 B/s). 512 MB sits halfway between them in log(bytes), so the read's
+    # rate there is their geometric mean, 2.68435456e12 x sqrt(1.25) = 3.0012e12 B/s
+    peak = 4.8e12
+    read = fit_family("stream_read", [(256 * MB, 1e-4, 0, 0), (1024 * MB, 3.2e-4, 0, 0)], peak)
+    mid = 2.68435456e12 * math.sqrt(1.25)
+    # a decode point of 512 MB at 0.75 of that, and one of 2,048 MB (past the read's largest size: the 1,024 MB rate
+    # holds) at 0.5 of 3.3554432e12; a 255 MB point falls under the 256 MB floor and is not averaged
+    dec = fit_family("decode_int4_per_token_head",
+                     [(255 * MB, 1e-4, 0, 0), (512 * MB, 512 * MB / (0.75 * mid), 0, 0),
+                      (2048 * MB, 2048 * MB / (0.5 * 3.3554432e12), 0, 0)], peak)
+    p = CalibrationProfile({"name": "x"}, peak, {"stream_read": read, "decode_int4_per_token_head": dec})
+    assert p.stream_bandwidth(512 * MB) == pytest.approx(3.0012e12, rel=1e-4)
+    assert p.stream_bandwidth(8 * MB) == pytest.approx(2.68435456e12, rel=1e-12)  # below: the smallest size's rate
+    assert p.stream_fraction("decode_int4_per_token_head") == pytest.approx((0.75 + 0.5) / 2, rel=1e-12)
+    assert p.stream_fraction("stream_read") == pytest.approx(1.0, rel=1e-12)
+    # a point that matches no read size exactly still gets its fraction: at 300 MB the read runs at
+    # 2.68435456e12 x 1.25^w with w = log(300/256) / log(1024/256) = 0.1144 (the rate grows by 1.25 over the range)
+    w = math.log(300 / 256) / math.log(1024 / 256)
+    at300 = 2.68435456e12 * 1.25 ** w  # 2.7538e12 B/s
+    one = fit_family("decode_nvfp4", [(300 * MB, 300 * MB / (0.9 * at300), 0, 0)], peak)
+    p.families["decode_nvfp4"] = one
+    assert round(w, 4) == 0.1144 and at300 == pytest.approx(2.7538e12, rel=1e-4)
+    assert p.stream_fraction("decode_nvfp4") == pytest.approx(0.9, rel=1e-12)
+
+
 def test_dry_run_and_no_gpu(cli):
     r = cli("measure", "--dry-run", "--quick")
     assert r.code == 0 and "decode_turboquant_3bit_nc" in r.out and "minutes" in r.out
@@ -93,6 +120,10 @@ def test_pipeline_on_cpu(tmp_path):
                                   "decode_int4_per_token_head"}
     for f in prof.families.values():
         assert f.eta > 0 and f.t0_s >= 0 and len(f.points) == 2 and math.isfinite(f.eta)
+    # every family gets a fraction of the streaming read, int4 too (its points never match the read's sizes)
+    assert all(prof.stream_fraction(f, min_bytes=0) is not None for f in prof.families)
+    int4 = prof.families["decode_int4_per_token_head"].points
+    assert {p[0] for p in int4}.isdisjoint(p[0] for p in prof.families["stream_read"].points)
     assert not list(tmp_path.glob(".*.tmp"))
 
 
@@ -181,15 +212,65 @@ def test_validate_needs_a_gpu(cli):
 
 
 def test_self_check_before_measuring(monkeypatch):
-    # measure refuses to time kernels that compute the wrong thing: the check passes as shipped, and a decode
-    # kernel that returns zeros fails it in every format
+    # measure refuses to time kernels that compute the wrong thing: every decode kernel passes as shipped (here at
+    # small shapes under the interpreter; on a GPU at head_dim 128, 8 KV heads and the timed contexts), an empty
+    # sequence included, and a decode kernel that returns zeros fails it in every format
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import bench, int4_attention, kivi_attention, paged_attention
+
+    small = dict(head_dim=64, kv_heads=2, heads=4)
+    assert bench.self_check(torch.device("cpu"), [40], **small) == []
+    zeros = lambda q, *a, **k: torch.zeros_like(q)  # noqa: E731
+    monkeypatch.setattr(paged_attention, "paged_decode", zeros)
+    monkeypatch.setattr(int4_attention, "paged_decode_int4", zeros)
+    monkeypatch.setattr(kivi_attention, "paged_decode_kivi", zeros)
+    fmts = ("bfloat16", "fp8_e4m3", "int4_per_token_head", "kivi2")
+    assert bench.self_check(torch.device("cpu"), [40], formats=fmts, **small) == list(fmts)
+
+
+def test_self_check_reports_nan_for_an_empty_sequence(monkeypatch):
+    # a kernel that leaves NaN where a sequence has no token fails the check, though every other row is right
     torch = pytest.importorskip("torch")
     pytest.importorskip("triton")
     from kvplan.kernels import bench, paged_attention
 
-    assert bench.self_check(torch.device("cpu")) == []
-    monkeypatch.setattr(paged_attention, "paged_decode", lambda q, *a, **k: torch.zeros_like(q))
-    assert bench.self_check(torch.device("cpu")) == list(bench.PAGED_FORMATS)
+    real = paged_attention.paged_decode
+
+    def nan_first(*a, **k):
+        out = real(*a, **k)
+        out[0] = float("nan")
+        return out
+
+    monkeypatch.setattr(paged_attention, "paged_decode", nan_first)
+    assert bench.self_check(torch.device("cpu"), [20], head_dim=64, kv_heads=2, heads=4,
+                            formats=("float16",)) == ["float16"]
+
+
+def test_self_check_shapes_are_the_timed_ones():
+    # the contexts the quick plan times in bf16: 4,096 tokens from 64 MB up; at 8 MB, a slot of 512 bytes x 8 KV
+    # heads = 4,096 bytes a token, 8,388,608 / 4,096 / 4 = 512 tokens (four sequences)
+    from kvplan.kernels import bench
+
+    assert bench.timed_contexts("bfloat16", [8 * MB, 64 * MB, 256 * MB, 1024 * MB]) == [512, 4096]
+    # int4: 136 x 8 = 1,088 bytes a token; 8,388,608 // 1,088 // 4 = 1,927, down to whole blocks of 16: 1,920
+    assert bench.timed_contexts("int4_per_token_head", [8 * MB, 64 * MB]) == [1920, 4096]
+    assert (bench.HEAD_DIM, bench.KV_HEADS) == (128, 8)
+    assert set(bench.CHECK_FORMATS) >= {f.removeprefix("decode_") for f in FAMILIES if f.startswith("decode_")}
+
+
+def test_empty_sequence_gives_zeros():
+    # a sequence of no token attends to nothing: zeros from every split layout, never NaN
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels.paged_attention import make_cache, paged_decode
+
+    cache, layout = make_cache("float16", 2, 16, 2, 64)
+    q = torch.randn(2, 4, 64).to(torch.float16)
+    table = torch.tensor([[0], [1]], dtype=torch.int32)
+    for splits in (1, 2):
+        out = paged_decode(q, cache, layout, table, torch.tensor([0, 0], dtype=torch.int32), splits=splits)
+        assert bool((out == 0).all())
 
 
 def test_write_path_check(monkeypatch):
@@ -228,3 +309,25 @@ def test_quantized_write_path_check(monkeypatch):
         f"{fmt} (write path)" for fmt in ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4",
                                           "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
                                           "kivi2", "kivi4")]
+
+
+def test_self_check_on_a_gpu_covers_the_write_kernels_at_the_timed_shape(monkeypatch):
+    # on a GPU the check also runs every write kernel, at head_dim 128 and 8 KV heads (the device calls mocked: the
+    # shapes and formats each check receives are what is checked)
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import bench
+
+    seen = {"decode": [], "paged": [], "quantized": None}
+    monkeypatch.setattr(bench, "_decode_matches", lambda fmt, lens, d, kv, heads, gen, dev:
+                        seen["decode"].append((fmt, lens, d, kv, heads)) or True)
+    monkeypatch.setattr(bench, "_write_path_matches", lambda cache, layout, gen, dev:
+                        seen["paged"].append((layout.fmt.name, cache.shape[2], layout.head_dim)) or True)
+    monkeypatch.setattr(bench, "_quantized_write_paths", lambda gen, dev, kv, d, fmts:
+                        seen.__setitem__("quantized", (kv, d, fmts)) or [])
+    assert bench.self_check(torch.device("cuda"), {"bfloat16": [512, 4096]}) == []
+    assert seen["decode"][0] == ("bfloat16", [0, 1, 37, 512, 4096], 128, 8, 32)
+    assert [f for f, *_ in seen["decode"]] == list(bench.CHECK_FORMATS)  # all 15, 4,096 tokens where not told
+    assert seen["decode"][-1][1] == [0, 1, 37, 4096]
+    assert seen["paged"] == [(f, 8, 128) for f in bench.PAGED_FORMATS]
+    assert seen["quantized"] == (8, 128, bench.QUANTIZED_FORMATS)

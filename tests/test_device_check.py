@@ -1,0 +1,128 @@
+"""benchmarks/device_check.sh on the CPU: run with a fake python3 and nvidia-smi that record their calls, it runs
+every step even when one fails and writes each step's result; and the wheels it installs are a closed set."""
+
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "device_check.sh"
+MANIFEST = ROOT / "benchmarks" / "device_wheels.txt"
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+echo "$*" >>"$CALLS"
+case "$*" in
+  *"measure --quick"*)
+    if [ -n "${FAIL_MEASURE:-}" ]; then echo "the self-check failed"; exit 3; fi
+    out=""; prev=""
+    for a in "$@"; do [ "$prev" = "--output" ] && out=$a; prev=$a; done
+    echo "schema: kvplan-calibration/1" >"$out" ;;
+  *) echo "ran: $*" ;;
+esac
+exit 0
+"""
+
+
+def _manifest() -> list[tuple[str, str]]:
+    rows = []
+    for line in MANIFEST.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            rows.append((name, version))
+    return rows
+
+
+def _run(tmp_path, *, fail_measure: bool, drop: str | None):
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    work = tmp_path / "repo"
+    (work / ".whl").mkdir(parents=True)
+    for name, version in _manifest():  # empty stand-ins named as pip names the wheels
+        if name != drop:
+            (work / ".whl" / f"{name.lower().replace('-', '_')}-{version}-py3-none-any.whl").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, text in (("python3", FAKE_PYTHON), ("nvidia-smi", "#!/usr/bin/env bash\necho 'NVIDIA H200, 143771 MiB'\n")):
+        (bin_dir / tool).write_text(text)
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    calls = tmp_path / "calls.log"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls)}
+    env.pop("OUT", None)
+    if fail_measure:
+        env["FAIL_MEASURE"] = "1"
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(SCRIPT), str(out)], cwd=work, env=env, capture_output=True, text=True,
+                       timeout=60)
+    results = [line.split("\t") for line in (out / "results.tsv").read_text().splitlines()[1:]]
+    return r, {name: int(rc) for name, rc, _ in results}, [c.split() for c in calls.read_text().splitlines()], out
+
+
+def test_every_step_runs_when_one_fails(tmp_path):
+    r, status, calls, out = _run(tmp_path, fail_measure=True, drop="pyyaml")
+    # the missing wheel fails the wheels step and the self-check fails measure; every later step still ran
+    assert status == {"wheels": 1, "imports": 0, "device": 0, "measure": 3, "validate-auto": 0, "validate-fp8": 0,
+                      "validate-int4_per_token_head": 0}
+    assert r.returncode == 1
+    log = (out / "steps.log").read_text()
+    assert "missing wheel: pyyaml==6.0.4" in log and "the self-check failed" in log
+    assert "== measure: exit 3" in log and "NVIDIA H200" in log
+    # the wheels went in without an index, into /tmp/site; the validations ran without a profile (none written)
+    assert calls[0][:4] == ["-m", "pip", "install", "-q"] and "--no-index" in calls[0] and "/tmp/site" in calls[0]
+    validate = [c for c in calls if "--validate" in c]
+    assert [c[c.index("-d") + 1] for c in validate] == ["auto", "fp8", "int4_per_token_head"]
+    assert not any("--calibration" in c for c in validate)
+    assert sorted(p.name for p in out.iterdir()) == ["results.tsv", "steps.log"]
+
+
+def test_every_step_passes(tmp_path):
+    r, status, calls, out = _run(tmp_path, fail_measure=False, drop=None)
+    assert set(status.values()) == {0} and len(status) == 7 and r.returncode == 0
+    validate = [c for c in calls if "--validate" in c]
+    assert all(c[c.index("--calibration") + 1] == str(out / "calibration.yaml") for c in validate)
+    # three files come back from the machine, well inside what a device run returns (8)
+    assert sorted(p.name for p in out.iterdir()) == ["calibration.yaml", "results.tsv", "steps.log"]
+
+
+def test_no_step_cancels_the_others():
+    text = SCRIPT.read_text()
+    assert not re.search(r"^\s*set -[a-z]*e", text, re.M)  # no errexit
+    assert "set -uo pipefail" in text
+
+
+def test_the_wheels_are_a_closed_set():
+    # every requirement of every listed wheel (for CPython 3.12 on Linux, extras left out) is listed too, kvplan's
+    # own requirements on the measure path are there (typer, rich, pydantic, pyyaml), and typer's annotated-doc and
+    # pydantic's compiled core are among them; read from the installed packages' metadata, where they match the pins
+    from importlib import metadata
+
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+
+    pins = dict(_manifest())
+    norm = {n.lower().replace("_", "-"): v for n, v in pins.items()}
+    assert {"typer", "rich", "pydantic", "pyyaml", "annotated-doc", "pydantic-core"} <= set(norm)
+    env = {**default_environment(), "python_version": "3.12", "python_full_version": "3.12.3",
+           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64", "extra": ""}
+    checked = 0
+    for name, version in norm.items():
+        try:
+            if metadata.version(name) != version:
+                continue
+        except metadata.PackageNotFoundError:
+            continue
+        for text in metadata.requires(name) or []:
+            req = Requirement(text)
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            dep = req.name.lower().replace("_", "-")
+            assert dep in norm, f"{name} needs {dep}, which benchmarks/device_wheels.txt leaves out"
+            assert req.specifier.contains(norm[dep], prereleases=True), f"{name} needs {req}, pinned {norm[dep]}"
+        checked += 1
+    if not checked:
+        pytest.skip("none of the pinned versions is installed here")
