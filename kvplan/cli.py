@@ -654,6 +654,9 @@ def sweep(
         print(f"wrote {len(df):,} rows to {output}", file=sys.stderr)
     for why in df.attrs["skipped"]:
         print(f"left out: {why}", file=sys.stderr)
+    if "expected_step_ms" in df.columns:
+        for gpu_name, prof in df.attrs.get("step_profiles", {}).items():
+            print(f"expected_step_ms on {gpu_name}: {prof}", file=sys.stderr)
 
 
 @app.command()

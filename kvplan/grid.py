@@ -84,6 +84,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     cols: dict[str, list] = {c: [] for c in COLUMNS}
     codes = {"model": [], "gpu": [], "dtype": []}
     skipped: list[str] = []
+    profiles: dict[str, str] = {}
     base_fmt = kv_format(baseline)
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
@@ -147,7 +148,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
         for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
             cols[key].append(per_bc(step[key]))
         cols["bound"].append(per_bc(step["kv_bound"]).astype(np.int8))
-        cols["expected_step_ms"].append(per_bc(_expected_ms(d, grid_b, grid_c)))
+        cols["expected_step_ms"].append(per_bc(_expected_ms(d, grid_b, grid_c, profiles)))
         cols["crossover_tokens_at_batch"].append(
             per_bc(np.array([np.nan if nstar_b[int(b)] is None else nstar_b[int(b)] for b in grid_b])))
 
@@ -174,11 +175,13 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     df = pd.DataFrame(frame, copy=False)
     df.attrs["skipped"] = skipped
     df.attrs["weight_read"] = weight_read
+    df.attrs["step_profiles"] = profiles  # GPU -> the profile its expected_step_ms come from
     return df
 
 
-def _expected_ms(d, batches, contexts):
-    """The step model's time at each (batch, context), NaN where no profile prices the GPU."""
+def _expected_ms(d, batches, contexts, profiles: dict):
+    """The step model's time at each (batch, context), NaN where no profile prices the GPU; `profiles` collects the
+    profile each GPU's times come from."""
     import numpy as np
 
     from .step import bundled_profile, step_model
@@ -186,6 +189,7 @@ def _expected_ms(d, batches, contexts):
     if d.gpu is None or (d.calibration is None and bundled_profile(d.gpu) is None):
         return np.full(len(batches), np.nan)
     sm = step_model(d)
+    profiles[d.gpu.name] = sm.profile.name
     return sm.step(np.asarray(batches, dtype=np.float64), np.asarray(contexts, dtype=np.float64), xp=np).total_s * 1e3
 
 

@@ -225,6 +225,7 @@ def test_one_step_model_for_crossover_sweep_and_throughput(cli):
                        "--json").out)["operating_points"][0]["calibrated_step_ms"]
     df = kvplan.sweep(["llama-3.1-8b"], ["h200"], dtypes=["fp8"], batches=[32], contexts=[4096])
     assert float(df["expected_step_ms"].iloc[0]) == pytest.approx(x, rel=1e-12)
+    assert df.attrs["step_profiles"] == {"H200-SXM-141GB": "bundled H200-SXM-141GB (h200_sxm (vLLM 0.19.0) kernel timings)"}
     sm = step_model(_d("llama-3.1-8b", gpu="h200", kv="fp8"))
     assert sm.step(32, 4096).total_s * 1e3 == pytest.approx(x, rel=1e-12)
     # a GPU without a profile has no expected step: NaN in the sweep, no column in crossover
