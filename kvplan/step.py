@@ -2,20 +2,23 @@
 t = t0 + bytes / (eta x peak bandwidth) (plus the few terms each kernel family needs), summed over a rank's layers.
 
 Kernel families and what a step runs of each (per rank, per layer unless said):
-* weight GEMMs: every dense matrix at m = tokens in the step, t0 + max(bytes / (eta B), flops / (mu F));
-* fused MoE: the routed experts the tokens touch (uniform routing), the same form plus a cost per touched expert;
-* decode attention: one call per attention layer over the cached tokens of the batch, t0 + c_seq x (sequences x
-  KV heads) + c_q x (sequences x query heads) + max(bytes / (eta B), c_tok x context), and for an fp8 cache the
-  kernel that quantizes the query; a state layer (Mamba, gated delta net) reads and
-  writes its state at the same rate;
+* weight GEMMs: one per fused weight matrix (vLLM's QKV and gate-up) and the LM head, at m = tokens in the step:
+  t0 + max(bytes / min(eta B, cap(n)), flops / (mu F)), with (t0, eta, cap) per range of m, the rate a grid of n
+  output columns sustains capping the bandwidth;
+* fused MoE: the routed experts the tokens touch (uniform routing), t0 + c_e x touched + max(bytes / (eta B),
+  flops / (mu F));
+* decode attention: one call per attention layer, t0 + c_seq x (sequences x KV heads) + c_q x (sequences x query
+  heads) + max(bytes / min(eta B, streams), c_tok x context), the context walked in whole tiles and the streams the
+  rate the kernel's grid sustains per KV head and per (sequence, KV head); for an fp8 cache also the kernel that
+  quantizes the query; a state layer (Mamba, gated delta net) reads and writes its state at the same rate;
 * all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
 * the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
 
-Profiles: the bundled fits for A100, H100, H200 and B200 (hardware/profiles/step-time.yaml, fitted from public timings of
-vLLM's own kernels by benchmarks/fit_step_profiles.py), or a profile `kvplan measure` wrote, whose measured GEMV and
-decode families replace the bundled ones. Cache formats the bundled tables lack take the bf16 kernel's fit with their
-own bytes plus fp8's measured conversion cost per element, and are marked estimated.
+Profiles: the bundled fits for A100, H100, H200 and B200 (hardware/profiles/step-time.yaml, fitted from public
+timings of vLLM's own kernels by benchmarks/fit_step_profiles.py), or a profile `kvplan measure` wrote, whose
+measured GEMV and decode families replace the bundled ones. Cache formats the bundled tables lack take the bf16
+kernel's fit with their own bytes plus fp8's measured conversion cost per element, and are marked estimated.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from functools import lru_cache
 from typing import Optional
 
 from .errors import KvplanError
-from .xp import SCALAR
 from .specs import GPUSpec, ModelSpec
+from .xp import SCALAR
 
 SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul
 SAMPLER_KERNELS = 8  # logits copy, temperature, top-k/top-p, softmax, sampling, argmax (vLLM v1 Sampler)
@@ -78,8 +81,8 @@ def _bundled() -> dict:
 
 
 def _fits(d: dict, keyfn=str) -> dict:
-    return {keyfn(k): Fit(**{f: v for f, v in x.items() if f in Fit.__dataclass_fields__}) for k, v in d.items()
-            for x in [v]}
+    """Fits read from the profile file (figures about the fit itself, such as its row count, left out)."""
+    return {keyfn(k): Fit(**{f: x for f, x in v.items() if f in Fit.__dataclass_fields__}) for k, v in d.items()}
 
 
 def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:

@@ -82,7 +82,8 @@ def test_worked_example_dense_llama_8b_h100_batch1():
     assert a["tile_tokens"] == 64
     tokens = math.ceil(2049 / 64) * 64
     kv_bytes = tokens * 8 * 128 * 2 * 2
-    rate = min(a["eta"] * B, max(8 * a["stream_per_kv_head_bytes_per_s"], 8 * a["stream_per_sequence_head_bytes_per_s"]))
+    streams = max(8 * a["stream_per_kv_head_bytes_per_s"], 8 * a["stream_per_sequence_head_bytes_per_s"])
+    rate = min(a["eta"] * B, streams)
     attn = 32 * (a["t0_s"] + a["per_sequence_head_s"] * 8 + a["per_query_head_s"] * 32
                  + max(kv_bytes / rate, a["per_token_chain_s"] * tokens))
     s = step_model(_d("llama-3.1-8b")).step(1, 2049)
@@ -225,7 +226,8 @@ def test_one_step_model_for_crossover_sweep_and_throughput(cli):
                        "--json").out)["operating_points"][0]["calibrated_step_ms"]
     df = kvplan.sweep(["llama-3.1-8b"], ["h200"], dtypes=["fp8"], batches=[32], contexts=[4096])
     assert float(df["expected_step_ms"].iloc[0]) == pytest.approx(x, rel=1e-12)
-    assert df.attrs["step_profiles"] == {"H200-SXM-141GB": "bundled H200-SXM-141GB (h200_sxm (vLLM 0.19.0) kernel timings)"}
+    assert df.attrs["step_profiles"] == {
+        "H200-SXM-141GB": "bundled H200-SXM-141GB (h200_sxm (vLLM 0.19.0) kernel timings)"}
     sm = step_model(_d("llama-3.1-8b", gpu="h200", kv="fp8"))
     assert sm.step(32, 4096).total_s * 1e3 == pytest.approx(x, rel=1e-12)
     # a GPU without a profile has no expected step: NaN in the sweep, no column in crossover
