@@ -8,7 +8,8 @@ concurrency x n_chunks / (osl + n_chunks) chunks per step. A step carries every 
 context of the running requests, isl + osl / 2), and each chunk adds what a step carrying it costs beyond the plain
 decode step (kvplan.step prices both):
 * TPOT = the mean step time (each decoding sequence gets one token per step);
-* TTFT = half a step of waiting for the next step, then n_chunks steps that each carry a full chunk of the prompt;
+* TTFT = half a step of waiting for the next step, the wait for a free prefill slot (an M/D/1 queue: prompts arrive
+  at the rate above, a step serves as many as its token budget holds), then n_chunks steps that each carry a chunk;
 * output tokens/s = decoding sequences / step time; per GPU, divided by TP x PP; per user, 1 / TPOT.
 With pipeline parallelism each of the PP batches in flight carries 1/PP of the requests through every stage.
 A concurrency above what the KV pool holds for requests of isl + osl tokens (the same engine rules as `capacity`)
@@ -125,7 +126,14 @@ def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline) -> 
     # prompt chunks arrive at share x n_chunks / (osl + n_chunks) per step; each adds what a step carrying it costs
     chunks_per_step = share * n_chunks / (osl + n_chunks)
     t = plain.total_s + chunks_per_step * (full.total_s - plain.total_s)
-    ttft = 0.5 * t + n_chunks * full.total_s
+    # a prompt waits for the next step, then for a free prefill slot: a step takes max(1, room // isl) prompts
+    # (or one chunk of a longer one); arrivals at chunks_per_step queue as in an M/D/1 queue of step-long service
+    slots = max(1, (budget - decoding) // isl) if isl <= budget - decoding else 1
+    load = chunks_per_step / slots
+    # a closed loop holds at most the other users' prompts ahead of this one
+    worst = (c - 1) * n_chunks * full.total_s / slots
+    queue = min(t * load / (2 * (1 - load)), worst) if load < 1 else worst
+    ttft = 0.5 * t + queue + n_chunks * full.total_s
     out = decoding * d.pp / t
     step = plain
     return ThroughputRow(
