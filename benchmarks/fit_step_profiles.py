@@ -62,39 +62,50 @@ def attention(df, peak):
     rounded up to the kernel's tile of tokens. c_seq is each (sequence, KV head) pair's own work (block-table walk,
     split combine), c_q each query head's; the streaming rate is capped by how many streams the kernel's grid runs
     at once (per KV head and per sequence-head pair); c_tok is one split's serial walk over a sequence. Fitted by
-    least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3."""
-    from scipy.optimize import least_squares
-
+    least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head size."""
     out = {}
     full = df[df.window_size == 0] if "window_size" in df else df
     for kv, eb in (("bfloat16", 2), ("fp8", 1)):
-        d = full[full.kv_cache_dtype == kv]
-        if d.empty:
-            continue
-        n = (d.step + 1).to_numpy(float)
-        kvh = d.num_key_value_heads.to_numpy(float)
-        units = d.batch_size.to_numpy(float) * kvh
-        qh = (d.batch_size * d.num_heads).to_numpy(float)
-        per_token = (d.head_dim * 2 * eb).to_numpy(float)
-        x = (units, kvh, qh, n, per_token)
-        y = d.latency.to_numpy(float) / 1e3
-        big = units * n * per_token >= 64 * MB
-        w = np.where(big, 1.0, 0.3)
-        best = None
-        for tile in (1, 64, 128):
-            for start in ((9, 15, 0.3, 0.85, 300, 1000, 50), (9, 15, 0.3, 0.85, 300, 3000, 1000)):
-                r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile) / y) * w, np.array(start),
-                                  bounds=([0, 0, 0, 0.2, 0, 1, 1], [50, 200, 10, 1.2, 5000, 20000, 20000]),
-                                  loss="soft_l1", f_scale=0.05, max_nfev=300)
-                share, rows = _share(_attention_model(r.x, x, peak, tile), y, big)
-                if best is None or share > best[0]:
-                    best = (share, rows, tile, r.x)
-        share, rows, tile, p = best
-        out[kv] = dict(t0_s=float(p[0]) * 1e-6, eta=float(p[3]), per_sequence_head_s=float(p[1]) * 1e-9,
-                       per_query_head_s=float(p[2]) * 1e-9, per_token_chain_s=float(p[4]) * 1e-12,
-                       tile_tokens=int(tile), stream_per_kv_head_bytes_per_s=float(p[5]) * 1e9,
-                       stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, within_10pct=share, rows_64mib=rows)
+        fits, hits, total = {}, 0.0, 0
+        for hd in sorted(full.head_dim.unique()):  # the kernel's tiles differ by head size: one fit each
+            d = full[(full.kv_cache_dtype == kv) & (full.head_dim == hd)]
+            if d.empty:
+                continue
+            fit = _attention_fit(d, eb, peak)
+            fits[int(hd)] = fit
+            hits, total = hits + fit["within_10pct"] * fit["rows_64mib"], total + fit["rows_64mib"]
+        if fits:
+            out[kv] = dict(head_dims=fits, within_10pct=round(hits / total, 3) if total else None,
+                           rows_64mib=int(total))
     return out
+
+
+def _attention_fit(d, eb, peak) -> dict:
+    from scipy.optimize import least_squares
+
+    n = (d.step + 1).to_numpy(float)
+    kvh = d.num_key_value_heads.to_numpy(float)
+    units = d.batch_size.to_numpy(float) * kvh
+    qh = (d.batch_size * d.num_heads).to_numpy(float)
+    per_token = (d.head_dim * 2 * eb).to_numpy(float)
+    x = (units, kvh, qh, n, per_token)
+    y = d.latency.to_numpy(float) / 1e3
+    big = units * n * per_token >= 64 * MB
+    w = np.where(big, 1.0, 0.3)
+    best = None
+    for tile in (1, 64, 128):
+        for start in ((9, 15, 0.3, 0.85, 300, 1000, 50), (9, 15, 0.3, 0.85, 300, 3000, 1000)):
+            r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile) / y) * w, np.array(start),
+                              bounds=([0, 0, 0, 0.2, 0, 1, 1], [50, 200, 10, 1.2, 5000, 20000, 20000]),
+                              loss="soft_l1", f_scale=0.05, max_nfev=300)
+            share, rows = _share(_attention_model(r.x, x, peak, tile), y, big)
+            if best is None or share > best[0]:
+                best = (share, rows, tile, r.x)
+    share, rows, tile, p = best
+    return dict(t0_s=float(p[0]) * 1e-6, eta=float(p[3]), per_sequence_head_s=float(p[1]) * 1e-9,
+                per_query_head_s=float(p[2]) * 1e-9, per_token_chain_s=float(p[4]) * 1e-12, tile_tokens=int(tile),
+                stream_per_kv_head_bytes_per_s=float(p[5]) * 1e9,
+                stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, within_10pct=share, rows_64mib=rows)
 
 
 GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64))  # tokens per GEMM: the kernel configurations change between them

@@ -66,7 +66,7 @@ class StepProfile:
     gpu: str
     name: str  # what the output says it used
     peak_bandwidth_bytes_per_s: float
-    attention: dict  # "bfloat16" / "fp8" -> Fit
+    attention: dict  # "bfloat16" / "fp8" -> {head size: Fit}
     gemm: dict  # weight dtype key -> Fit
     moe: dict
     allreduce: dict  # world size -> Fit
@@ -94,7 +94,8 @@ def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
         return None
     return StepProfile(gpu=gpu.name, name=f"bundled {gpu.name} ({g['silicon']} kernel timings)",
                        peak_bandwidth_bytes_per_s=float(g["peak_bandwidth_bytes_per_s"]),
-                       attention=_fits(g["attention"]), gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),
+                       attention={k: _fits(v["head_dims"], int) for k, v in g["attention"].items()},
+                       gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),
                        allreduce=_fits(g["allreduce"], int))
 
 
@@ -111,21 +112,25 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
         base = StepProfile(gpu=gpu.name, name="", peak_bandwidth_bytes_per_s=peak, attention={}, gemm={}, moe={},
                            allreduce={})
     scale = base.peak_bandwidth_bytes_per_s / peak  # fits are relative to the profile's own peak
-    attention, gemm, measured = dict(base.attention), dict(base.gemm), set()
-    for fam, key, target in (("gemv_bf16", "bfloat16", gemm), ("gemv_fp8", "fp8", gemm),
-                             ("decode_bfloat16", "bfloat16", attention), ("decode_fp8_e4m3", "fp8", attention)):
-        f = cal.fit(fam)
-        if f is None:
-            continue
-        old = target.get(key)
+    attention, gemm, measured = {k: dict(v) for k, v in base.attention.items()}, dict(base.gemm), set()
+
+    def measured_fit(f, old: Optional[Fit]) -> Fit:
         # the measured per-call cost and bandwidth; the terms a GEMV or decode sweep does not vary (per sequence,
         # per query head, the serial floor, the compute rate) stay the bundled fit's
-        target[key] = Fit(t0_s=f.t0_s, eta=f.eta / scale,
-                          per_sequence_head_s=old.per_sequence_head_s if old else 0.0,
-                          per_query_head_s=old.per_query_head_s if old else 0.0,
-                          per_token_chain_s=old.per_token_chain_s if old else 0.0,
-                          mu=old.mu if old else None, peak_flops=old.peak_flops if old else None, source=source)
-        measured.add(f"{'gemm' if target is gemm else 'attention'} {key}")
+        return Fit(t0_s=f.t0_s, eta=f.eta / scale,
+                   per_sequence_head_s=old.per_sequence_head_s if old else 0.0,
+                   per_query_head_s=old.per_query_head_s if old else 0.0,
+                   per_token_chain_s=old.per_token_chain_s if old else 0.0,
+                   mu=old.mu if old else None, peak_flops=old.peak_flops if old else None, source=source)
+    for fam, key in (("gemv_bf16", "bfloat16"), ("gemv_fp8", "fp8")):
+        if cal.fit(fam) is not None:
+            gemm[key] = measured_fit(cal.fit(fam), gemm.get(key))
+            measured.add(f"gemm {key}")
+    for fam, key in (("decode_bfloat16", "bfloat16"), ("decode_fp8_e4m3", "fp8")):
+        if cal.fit(fam) is not None:  # measured at one head size, applied to every head size's fit
+            fits = attention.get(key) or {128: None}
+            attention[key] = {hd: measured_fit(cal.fit(fam), old) for hd, old in fits.items()}
+            measured.add(f"attention {key}")
     name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
     return StepProfile(base.gpu, name, base.peak_bandwidth_bytes_per_s, attention, gemm, base.moe, base.allreduce,
                        frozenset(measured))
@@ -160,14 +165,21 @@ def gemm_fit(profile: StepProfile, weight_dtype: str) -> tuple[Fit, bool]:
     raise KvplanError(f"the step profile {profile.name} has no GEMM fit")
 
 
-def attention_fit(profile: StepProfile, fmt_family: str) -> tuple[Fit, float, bool]:
-    """(fit, seconds of dequantization per cached element, estimated) for a cache format family."""
-    bf16 = profile.attention.get("bfloat16")
+def _by_head_dim(fits: Optional[dict], head_dim: int) -> Optional[Fit]:
+    """The fit of the head size nearest `head_dim` (by ratio): the kernel's tiles follow the head size."""
+    if not fits:
+        return None
+    return fits[min(fits, key=lambda hd: abs(math.log(hd / max(head_dim, 1))))]
+
+
+def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128) -> tuple[Fit, float, bool]:
+    """(fit, seconds of dequantization per cached element, estimated) for a cache format family and head size."""
+    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim)
     if bf16 is None:
         raise KvplanError(f"the step profile {profile.name} has no decode-attention fit")
     if fmt_family == "float":
         return bf16, 0.0, False
-    fp8 = profile.attention.get("fp8")
+    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim)
     if fmt_family == "fp8" and fp8 is not None:
         return fp8, 0.0, False
     # Not measured: the bf16 kernel's fixed costs and bandwidth on the format's bytes, plus fp8's measured
@@ -317,7 +329,8 @@ class StepModel:
         self.attn_family = "float" if d.kv.is_model_dtype or d.kv.name in ("bfloat16", "float16") else fam
         if m.compressed is not None:  # DeepSeek-V4: one fp8_ds_mla cache whatever the dtype named, read as it is
             self.attn_family = fam = "float"
-        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family)
+        head_dim = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) if m.mla else (m.head_dim or 128)
+        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
         elif m.mla:  # no MLA kernel fit: the GQA kernel's on the latent's bytes, one KV head

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left, insort
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
@@ -583,35 +584,50 @@ _ROUND_LARGE = 2 << 20
 
 class CachingAllocator:
     """torch's CUDA caching allocator, block by block (see the constants above): segments, the blocks split off
-    them, best-fit reuse of cached free blocks, merging of freed neighbours, and empty_cache() returning the
-    segments with nothing allocated in them."""
+    them, best-fit reuse of cached free blocks (the smallest that fits; among equal sizes the first in segment and
+    address order), merging of freed neighbours, and empty_cache() returning the segments with nothing allocated in
+    them. Free blocks are kept in a sorted index per pool, so a model of thousands of tensors replays quickly."""
 
     def __init__(self) -> None:
-        self._segments: list[dict] = []  # {"size", "small", "blocks": [[offset, size, allocated], ...]}
+        self._segments: list[dict] = []  # {"id", "size", "small", "blocks": [[offset, size, allocated], ...]}
         self._where: dict[int, tuple[dict, int]] = {}  # block id -> (segment, offset)
         self._next = 0
+        self._seg_ids = 0
+        self._free: dict[bool, list] = {True: [], False: []}  # pool -> sorted [(size, segment id, offset)]
+        self._blocks: dict[tuple[int, int], tuple[dict, list]] = {}  # (segment id, offset) -> (segment, block)
+
+    def _index(self, seg: dict, blk: list) -> None:
+        insort(self._free[seg["small"]], (blk[1], seg["id"], blk[0]))
+        self._blocks[(seg["id"], blk[0])] = (seg, blk)
+
+    def _unindex(self, seg: dict, blk: list) -> None:
+        pool = self._free[seg["small"]]
+        key = (blk[1], seg["id"], blk[0])
+        del pool[bisect_left(pool, key)]
+        del self._blocks[(seg["id"], blk[0])]
 
     def malloc(self, size: int) -> int:
         r = max(_MIN_BLOCK, -(-size // _MIN_BLOCK) * _MIN_BLOCK)
         small = r <= _SMALL_SIZE
-        best = None
-        for seg in self._segments:
-            if seg["small"] != small:
-                continue
-            for i, blk in enumerate(seg["blocks"]):
-                if not blk[2] and blk[1] >= r and (best is None or blk[1] < best[1][1]):
-                    best = (seg, blk, i)
-        if best is None:
+        pool = self._free[small]
+        j = bisect_left(pool, (r, -1, -1))
+        if j < len(pool):
+            seg, blk = self._blocks[pool[j][1:]]
+            self._unindex(seg, blk)
+        else:
             size_seg = (2 * _SMALL_SIZE if small else _LARGE_BUFFER if r < _MIN_LARGE_ALLOC
                         else -(-r // _ROUND_LARGE) * _ROUND_LARGE)
-            seg = {"size": size_seg, "small": small, "blocks": [[0, size_seg, False]]}
+            self._seg_ids += 1
+            seg = {"id": self._seg_ids, "size": size_seg, "small": small, "blocks": [[0, size_seg, False]]}
             self._segments.append(seg)
-            best = (seg, seg["blocks"][0], 0)
-        seg, blk, i = best
+            blk = seg["blocks"][0]
         rest = blk[1] - r
         if rest >= _MIN_BLOCK if small else rest > _SMALL_SIZE:
-            seg["blocks"].insert(i + 1, [blk[0] + r, rest, False])
+            i = next(i for i, b in enumerate(seg["blocks"]) if b[0] == blk[0])
+            tail = [blk[0] + r, rest, False]
+            seg["blocks"].insert(i + 1, tail)
             blk[1] = r
+            self._index(seg, tail)
         blk[2] = True
         self._next += 1
         self._where[self._next] = (seg, blk[0])
@@ -623,11 +639,19 @@ class CachingAllocator:
         i = next(i for i, blk in enumerate(blocks) if blk[0] == offset)
         blocks[i][2] = False
         if i + 1 < len(blocks) and not blocks[i + 1][2]:
+            self._unindex(seg, blocks[i + 1])
             blocks[i][1] += blocks.pop(i + 1)[1]
         if i > 0 and not blocks[i - 1][2]:
+            self._unindex(seg, blocks[i - 1])
             blocks[i - 1][1] += blocks.pop(i)[1]
+            i -= 1
+        self._index(seg, blocks[i])
 
     def empty_cache(self) -> None:
+        for seg in self._segments:
+            if not any(blk[2] for blk in seg["blocks"]):
+                for blk in seg["blocks"]:
+                    self._unindex(seg, blk)
         self._segments = [seg for seg in self._segments if any(blk[2] for blk in seg["blocks"])]
 
     @property

@@ -158,7 +158,7 @@ def test_calibrated_step_times(cli, tmp_path):
 
     B = 3.35e12
     a = yaml.safe_load((Path(__file__).parent.parent / "hardware" / "profiles" / "step-time.yaml").read_text())[
-        "gpus"]["H100-SXM5-80GB"]["attention"]["bfloat16"]
+        "gpus"]["H100-SXM5-80GB"]["attention"]["bfloat16"]["head_dims"][128]
 
     def gemm(n, k):
         return 4e-6 + (n * k * 2 + k * 2 + n * 2) / (0.85 * B)

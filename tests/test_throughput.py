@@ -29,7 +29,7 @@ def _predict(row) -> float:
         eb = 2 if row["dtype"] == "bfloat16" else 1
         b, n, kvh, hd = (int(row[k]) for k in ("batch", "step", "kv_heads", "head_dim"))
         n += 1  # the kernel reads the cached tokens and the new one
-        return attention_call_seconds(prof.attention[row["dtype"]], bw, b, kvh, int(row["num_heads"]), n,
+        return attention_call_seconds(prof.attention[row["dtype"]][hd], bw, b, kvh, int(row["num_heads"]), n,
                                       b * n * kvh * hd * 2 * eb)
     wb = 2 if row["dtype"] == "bfloat16" else 1
     m, n, k = (int(row[x]) for x in ("m", "n", "k"))
@@ -67,7 +67,8 @@ def _d(model, gpu="h100", kv="auto", **kw):
 
 def test_worked_example_dense_llama_8b_h100_batch1():
     """Llama-3.1-8B, bf16, H100, batch 1, 2,049 cached tokens, by hand from the fitted numbers."""
-    g, a = FITS["H100-SXM5-80GB"]["gemm"]["bfloat16"], FITS["H100-SXM5-80GB"]["attention"]["bfloat16"]
+    g = FITS["H100-SXM5-80GB"]["gemm"]["bfloat16"]
+    a = FITS["H100-SXM5-80GB"]["attention"]["bfloat16"]["head_dims"][128]  # Llama's heads are 128 wide
     b1 = g["buckets"][0]  # one token: the first bucket (m <= 16)
     assert b1["max_tokens"] == 16
     B = 3.35e12
