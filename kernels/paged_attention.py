@@ -3,9 +3,12 @@ lengths, the cache stored as bytes in the layouts of kernels/layouts.py.
 
 Modes (one kernel, the storage layout a compile-time constant):
   0 bf16 and 5 fp16: plain values;
-  1 fp8 e4m3 and 2 fp8 e5m2 with per-tensor k/v scales: the tile is dequantized in registers;
-  3 int8 and 4 fp8 per-token-head: an fp32 scale after each head's values; K's scale multiplies the scores and
-    V's the probabilities, never the tiles.
+  1 fp8 e4m3 and 2 fp8 e5m2 with per-tensor k/v scales: the codes become fp16 in registers and meet an fp16
+    query on the tensor cores; K's scale multiplies the fp32 scores and V's the fp32 output, once;
+  3 int8 and 4 fp8 per-token-head: an fp32 scale after each head's values, the codes fp16 as above; K's scale
+    multiplies the scores and V's the probabilities, never the tiles.
+A program walks its share of the context in tiles of 64 tokens (the launcher's default), the block ids of each
+tile read one tile ahead so that the copies of the next tiles' K and V are in flight while one tile is computed.
 Told top to bottom: the Triton kernel, the write path (quantize a token's K and V into its slot), the launcher,
 and the plain torch reference the tests hold it to.
 """
@@ -103,10 +106,16 @@ def _paged_decode_kernel(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    # the block ids of each tile are loaded one tile ahead: the K/V addresses of a tile depend on no load of its
+    # own trip, so the pipeliner can keep several tiles' K/V copies in flight
+    table = block_table_ptr + seq * max_blocks
+    t = lo + tl.arange(0, TILE)
+    block = tl.load(table + t // BLOCK_SIZE, mask=t < hi, other=0)
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
-        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        block = tl.load(table + (t + TILE) // BLOCK_SIZE, mask=t + TILE < hi, other=0)
         tile_mask = t_ok[:, None] & d_ok[None, :]
         k = _load_values(cache_ptr, slot + K_DATA, d_offs, tile_mask, MODE, WIDEN)
         if WIDEN and MODE == 0:
@@ -253,9 +262,10 @@ def reshape_and_cache(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tens
 
 
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                 context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 16,
+                 context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 64,
                  splits: int | None = None, workspace: dict | None = None) -> torch.Tensor:
     """Attention of q [seqs, heads, D] over each sequence's cached tokens; returns [seqs, heads, D] in q's dtype.
+    `tile`: the tokens a program takes at a time (a power of two, 16 at least; split lengths are multiples of it).
     `splits`: programs per sequence and KV head along the context (default: enough to fill the GPU). The per-tensor
     scales travel as kernel arguments (no tensor is built per call); `workspace` (see `split_buffers`) keeps the
     split buffers and the output from call to call."""
