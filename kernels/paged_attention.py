@@ -38,7 +38,9 @@ from .layouts import SlotLayout, slot_layout
 def _codes_to_f16(raw, MODE: tl.constexpr):
     """Codes (uint8) as fp16 values, four to a 32-bit register: e4m3 pairs by the hardware's paired conversion,
     e5m2 as the high byte of an fp16 (a byte permute), int8 offset by 128 into the mantissa of 1024 + 128 and
-    subtracted back in fp16 pairs."""
+    subtracted back in fp16 pairs. The conversions are marked impure so that they stay where they are, on the
+    loaded tile: the tile reaches shared memory as fp16 and the tensor-core operands (V's transposed) are read
+    from it with matrix loads, not byte by byte."""
     if MODE == 1 or MODE == 4:
         return tl.inline_asm_elementwise(
             "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.rn.f16x2.e4m3x2 $0, a; cvt.rn.f16x2.e4m3x2 $1, b; }",
