@@ -3,9 +3,12 @@ lengths, the cache stored as bytes in the layouts of kernels/layouts.py.
 
 Modes (one kernel, the storage layout a compile-time constant):
   0 bf16 and 5 fp16: plain values;
-  1 fp8 e4m3 and 2 fp8 e5m2 with per-tensor k/v scales: the tile is dequantized in registers;
-  3 int8 and 4 fp8 per-token-head: an fp32 scale after each head's values; K's scale multiplies the scores and
-    V's the probabilities, never the tiles.
+  1 fp8 e4m3 and 2 fp8 e5m2 with per-tensor k/v scales: the codes become fp16 in registers and meet an fp16
+    query on the tensor cores; K's scale multiplies the fp32 scores and V's the fp32 output, once;
+  3 int8 and 4 fp8 per-token-head: an fp32 scale after each head's values, the codes fp16 as above; K's scale
+    multiplies the scores and V's the probabilities, never the tiles.
+A program walks its share of the context in tiles of 64 tokens (the launcher's default), the block ids of each
+tile read one tile ahead so that the copies of the next tiles' K and V are in flight while one tile is computed.
 Told top to bottom: the Triton kernel, the write path (quantize a token's K and V into its slot), the launcher,
 and the plain torch reference the tests hold it to.
 """
@@ -32,9 +35,33 @@ from .layouts import SlotLayout, slot_layout
 
 
 @triton.jit
-def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr, WIDEN: tl.constexpr):
+def _codes_to_f16(raw, MODE: tl.constexpr):
+    """Codes (uint8) as fp16 values, four to a 32-bit register: e4m3 pairs by the hardware's paired conversion,
+    e5m2 as the high byte of an fp16 (a byte permute), int8 offset by 128 into the mantissa of 1024 + 128 and
+    subtracted back in fp16 pairs. The conversions are marked impure so that they stay where they are, on the
+    loaded tile: the tile reaches shared memory as fp16 and the tensor-core operands (V's transposed) are read
+    from it with matrix loads, not byte by byte."""
+    if MODE == 1 or MODE == 4:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 a, b; mov.b32 {a, b}, $2; cvt.rn.f16x2.e4m3x2 $0, a; cvt.rn.f16x2.e4m3x2 $1, b; }",
+            "=r,=r,r", [raw], dtype=tl.float16, is_pure=False, pack=4)
+    elif MODE == 2:
+        return tl.inline_asm_elementwise(
+            "{ prmt.b32 $0, $2, 0, 0x1404; prmt.b32 $1, $2, 0, 0x3424; }",
+            "=r,=r,r", [raw], dtype=tl.float16, is_pure=False, pack=4)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 u, c; xor.b32 u, $2, 0x80808080; mov.b32 c, 0x64806480; prmt.b32 $0, u, 0x64646464, 0x5150; "
+            "prmt.b32 $1, u, 0x64646464, 0x5352; sub.f16x2 $0, $0, c; sub.f16x2 $1, $1, c; }",
+            "=r,=r,r", [raw], dtype=tl.float16, is_pure=False, pack=4)
+
+
+@triton.jit
+def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr, PORTABLE: tl.constexpr):
     """A [N, D] tile of values starting at byte offsets `byte_off` [N] (before any scale), in the tensor-core
-    operand type: fp16 for an fp16 cache, bf16 otherwise (fp8 and int8 values are exact in bf16)."""
+    operand type: bf16 for a bf16 cache, fp16 otherwise (fp8 and int8 values are exact in fp16). Codes are loaded
+    16 bytes at a time and become fp16 in registers (`_codes_to_f16`; `PORTABLE`: by Triton's own conversions,
+    which the interpreter runs)."""
     if MODE == 0:
         p = (cache_ptr + byte_off[:, None]).to(tl.pointer_type(tl.bfloat16)) + d_offs[None, :]
         return tl.load(p, mask=d_mask, other=0.0)
@@ -43,14 +70,14 @@ def _load_values(cache_ptr, byte_off, d_offs, d_mask, MODE: tl.constexpr, WIDEN:
         return tl.load(p, mask=d_mask, other=0.0)
     else:
         raw = tl.load(cache_ptr + byte_off[:, None] + d_offs[None, :], mask=d_mask, other=0)
-        if MODE == 1 or MODE == 4:
-            return raw.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
-        elif MODE == 2:
-            return raw.to(tl.float8e5, bitcast=True).to(tl.bfloat16)
-        elif WIDEN:  # MODE == 3: int8 (the interpreter converts int8 to bf16 wrongly)
-            return raw.to(tl.int8, bitcast=True).to(tl.float32)
+        if not PORTABLE:
+            return _codes_to_f16(raw, MODE)
+        elif MODE == 1 or MODE == 4:
+            return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        elif MODE == 2:  # e5m2 is an fp16 with its low byte dropped
+            return (raw.to(tl.int16) << 8).to(tl.float16, bitcast=True)
         else:
-            return raw.to(tl.int8, bitcast=True).to(tl.bfloat16)
+            return raw.to(tl.int8, bitcast=True).to(tl.float16)
 
 
 @triton.jit
@@ -68,27 +95,34 @@ def _paged_decode_kernel(
     d_ok = d_offs < HEAD_DIM
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :],
                 mask=g_mask[:, None] & d_ok[None, :], other=0.0)
-    if WIDEN:
+    qk_scale = sm_scale
+    if WIDEN and MODE == 0:
         q = q.to(tl.float32)
-    elif MODE == 5:
-        q = q.to(tl.float16)
-    else:
+    elif MODE == 0:
         q = q.to(tl.bfloat16)
+    else:
+        q = q.to(tl.float16)
+    if MODE == 1 or MODE == 2:
+        qk_scale = sm_scale * k_tensor_scale  # the per-tensor scale, once on the fp32 scores
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
+    # the block ids of each tile are loaded one tile ahead: the K/V addresses of a tile depend on no load of its
+    # own trip, so the pipeliner can keep several tiles' K/V copies in flight
+    table = block_table_ptr + seq * max_blocks
+    t = lo + tl.arange(0, TILE)
+    block = tl.load(table + t // BLOCK_SIZE, mask=t < hi, other=0)
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
-        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        block = tl.load(table + (t + TILE) // BLOCK_SIZE, mask=t + TILE < hi, other=0)
         tile_mask = t_ok[:, None] & d_ok[None, :]
         k = _load_values(cache_ptr, slot + K_DATA, d_offs, tile_mask, MODE, WIDEN)
-        if WIDEN:
+        if WIDEN and MODE == 0:
             k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k)) * sm_scale  # [G, TILE] on the tensor cores, fp32 accumulation
-        if MODE == 1 or MODE == 2:
-            scores = scores * k_tensor_scale
+        scores = tl.dot(q, tl.trans(k)) * qk_scale  # [G, TILE] on the tensor cores, fp32 accumulation
         if MODE == 3 or MODE == 4:
             ks = tl.load((cache_ptr + slot + K_SCALE).to(tl.pointer_type(tl.float32)), mask=t_ok, other=0.0)
             scores = scores * ks[None, :]
@@ -98,7 +132,7 @@ def _paged_decode_kernel(
         if MODE == 3 or MODE == 4:
             vs = tl.load((cache_ptr + slot + V_SCALE).to(tl.pointer_type(tl.float32)), mask=t_ok, other=0.0)
             p = p * vs[None, :]
-        if WIDEN:
+        if WIDEN and MODE == 0:
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32))
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
@@ -230,9 +264,10 @@ def reshape_and_cache(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tens
 
 
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                 context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 16,
+                 context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 64,
                  splits: int | None = None, workspace: dict | None = None) -> torch.Tensor:
     """Attention of q [seqs, heads, D] over each sequence's cached tokens; returns [seqs, heads, D] in q's dtype.
+    `tile`: the tokens a program takes at a time (a power of two, 16 at least; split lengths are multiples of it).
     `splits`: programs per sequence and KV head along the context (default: enough to fill the GPU). The per-tensor
     scales travel as kernel arguments (no tensor is built per call); `workspace` (see `split_buffers`) keeps the
     split buffers and the output from call to call."""
@@ -250,8 +285,10 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block
         K_DATA=layout.k_data, K_SCALE=max(layout.k_scale, 0), V_DATA=layout.v_data, V_SCALE=max(layout.v_scale, 0),
         HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), G_PAD=max(16, triton.next_power_of_2(group)),
         TILE=tile, MODE=layout.mode,
-        # Triton's interpreter (3.9) multiplies bf16 tiles wrongly in tl.dot: under it the operands are widened to
-        # fp32 (exactly); on a GPU they stay bf16 (fp16 for an fp16 cache) for the tensor cores
+        # Triton's interpreter (3.9) multiplies bf16 tiles wrongly in tl.dot and runs no inline assembly: under it
+        # a bf16 cache's operands are widened to fp32 (exactly) and codes become fp16 by Triton's conversions; on a
+        # GPU bf16 stays bf16 for the tensor cores. Every other mode multiplies fp16 operands, under the
+        # interpreter too
         WIDEN=_INTERPRETED,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)

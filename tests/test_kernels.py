@@ -83,16 +83,17 @@ def _filled_cache(fmt, lens, kv_heads=2, d=64, bs=16, k_scale=0.05, v_scale=0.05
     return cache, layout, table, torch.tensor(lens, dtype=torch.int32)
 
 
-# splits: the context of each sequence over 1 or 3 programs (3 x 16 tokens here: a 5-token sequence leaves two
-# splits empty, a 37-token one uses all three), folded by combine_splits
-@pytest.mark.parametrize("splits", [1, 3])
+# splits: the context of each sequence over 1 program walking tiles of 64 tokens (the default tile: every
+# sequence here ends inside its first tile), or over 3 programs walking tiles of 16 (3 x 16 tokens here: a 5-token
+# sequence leaves two splits empty, a 37-token one uses all three), folded by combine_splits
+@pytest.mark.parametrize("splits, tile", [(1, 64), (3, 16)])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("heads, kv_heads", [(8, 2), (4, 4), (6, 1)])  # GQA, MHA, MQA (group of 6: padded)
-def test_paged_decode_matches_reference(fmt, heads, kv_heads, splits):
+def test_paged_decode_matches_reference(fmt, heads, kv_heads, splits, tile):
     lens = [5, 37, 16, 1]  # ragged, one exactly a block, one a single token
     cache, layout, table, ctx = _filled_cache(fmt, lens, kv_heads=kv_heads)
     q = torch.randn(len(lens), heads, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    out = paged_decode(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05, splits=splits)
+    out = paged_decode(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05, splits=splits, tile=tile)
     ref = paged_decode_reference(q, cache, layout, table, ctx, k_scale=0.05, v_scale=0.05)
     # both read the same stored bytes; they differ by fp32 summation order and the bf16 output's rounding
     torch.testing.assert_close(out.float(), ref.float(), atol=1.6e-2, rtol=1e-2)
@@ -554,6 +555,6 @@ def test_one_split_skips_the_combine(monkeypatch):
     q = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(3)).to(torch.float16)
     one = paged_decode(q, cache, layout, table, ctx, splits=1)
     assert grids == [] and one.dtype == torch.float16
-    three = paged_decode(q, cache, layout, table, ctx, splits=3)
+    three = paged_decode(q, cache, layout, table, ctx, splits=3, tile=16)  # 48 tokens of table: 3 x 16
     assert grids == [(2, 8)]
     torch.testing.assert_close(one.float(), three.float(), atol=2e-3, rtol=2e-3)
