@@ -174,8 +174,11 @@ def _scale_and_zero(cache_ptr, off, mask):
 def _int4_codes(cache_ptr, off, j, t_ok):
     """The codes of a side [N, HALF] x 2 (low nibbles: elements 2j, high: 2j + 1) as fp16 tensor-core operands,
     from one contiguous byte run per token (the integers 0..15 are exact in fp16)."""
-    b = tl.load(cache_ptr + off[:, None] + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
-    return (b & 15).to(tl.float16), (b >> 4).to(tl.float16)
+    b = tl.load(cache_ptr + off[:, None] + j[None, :], mask=t_ok[:, None], other=0).to(tl.uint16)
+    # 0x6400 | c is the fp16 1024 + c: no integer-to-float conversion
+    lo = ((b & 15) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    hi = ((b >> 4) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    return lo, hi
 
 
 @triton.jit
@@ -197,41 +200,46 @@ def _int4_decode_kernel(
     j = tl.arange(0, HALF)
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
     q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
-    qe_hi, qe_lo = _split_fp16(q_even)
-    qo_hi, qo_lo = _split_fp16(q_odd)
+    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
+    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
+    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([G_PAD, HALF], tl.float32)
-    acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
+    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
+    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         k_lo, k_hi = _int4_codes(cache_ptr, slot + K_DATA, j, t_ok)
         ks, kz = _scale_and_zero(cache_ptr, slot + K_SCALE, t_ok)
-        # <q', codes> on the tensor cores (fp32 accumulation), then the scale and zero point per token
-        raw = tl.dot(qe_hi, tl.trans(k_lo))
-        raw = tl.dot(qe_lo, tl.trans(k_lo), raw)
-        raw = tl.dot(qo_hi, tl.trans(k_hi), raw)
-        raw = tl.dot(qo_lo, tl.trans(k_hi), raw)
-        scores = (raw - q_sum[:, None] * kz[None, :]) * (ks[None, :] * sm_scale)
-        scores = tl.where(t_ok[None, :], scores, float("-inf"))
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
+        # <codes, q'> on the tensor cores (fp32 accumulation) [TILE, G], then the scale and zero point per token
+        raw = tl.dot(k_lo, qe_hi)
+        raw = tl.dot(k_lo, qe_lo, raw)
+        raw = tl.dot(k_hi, qo_hi, raw)
+        raw = tl.dot(k_hi, qo_lo, raw)
+        scores = (raw - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
+        scores = tl.where(t_ok[:, None], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
         v_lo, v_hi = _int4_codes(cache_ptr, slot + V_DATA, j, t_ok)
         vs, vz = _scale_and_zero(cache_ptr, slot + V_SCALE, t_ok)
-        ps = p * vs[None, :]
-        correction = tl.sum(ps * vz[None, :], axis=1)
+        ps = p * vs[:, None]
+        correction = tl.sum(ps * vz[:, None], axis=0)
         ps_hi, ps_lo = _split_fp16(ps)
-        acc_even = acc_even * alpha[:, None] - correction[:, None]
-        acc_even = tl.dot(ps_hi, v_lo, acc_even)
-        acc_even = tl.dot(ps_lo, v_lo, acc_even)
-        acc_odd = acc_odd * alpha[:, None] - correction[:, None]
-        acc_odd = tl.dot(ps_hi, v_hi, acc_odd)
-        acc_odd = tl.dot(ps_lo, v_hi, acc_odd)
+        acc_even = acc_even * alpha[None, :] - correction[None, :]
+        acc_even = tl.dot(tl.trans(v_lo), ps_hi, acc_even)
+        acc_even = tl.dot(tl.trans(v_lo), ps_lo, acc_even)
+        acc_odd = acc_odd * alpha[None, :] - correction[None, :]
+        acc_odd = tl.dot(tl.trans(v_hi), ps_hi, acc_odd)
+        acc_odd = tl.dot(tl.trans(v_hi), ps_lo, acc_odd)
         m_i = m_new
     l_safe = safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, acc_even / l_safe, acc_odd / l_safe)
+    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) / l_safe,
+                tl.trans(acc_odd) / l_safe)
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 

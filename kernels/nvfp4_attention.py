@@ -211,34 +211,39 @@ def _nvfp4_decode_kernel(
     b = tl.arange(0, HALF // 8)
     e = tl.arange(0, 8)
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
-    qe_hi, qe_lo = _split_fp16(q_even)
-    qo_hi, qo_lo = _split_fp16(q_odd)
+    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
+    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
+    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([G_PAD, HALF], tl.float32)
-    acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
+    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
+    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
     k_factor = k_global * sm_scale * 16384.0  # the values come 2^-14 times their size
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         k_even, k_odd = _nvfp4_values(cache_ptr, slot, K_DATA, b, e, t_ok, HALF, TILE)
-        raw = tl.dot(qe_hi, tl.trans(k_even))  # on the tensor cores, fp32 accumulation
-        raw = tl.dot(qe_lo, tl.trans(k_even), raw)
-        raw = tl.dot(qo_hi, tl.trans(k_odd), raw)
-        raw = tl.dot(qo_lo, tl.trans(k_odd), raw)
-        scores = tl.where(t_ok[None, :], raw * k_factor, float("-inf"))
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
+        raw = tl.dot(k_even, qe_hi)  # [TILE, G] on the tensor cores, fp32 accumulation
+        raw = tl.dot(k_even, qe_lo, raw)
+        raw = tl.dot(k_odd, qo_hi, raw)
+        raw = tl.dot(k_odd, qo_lo, raw)
+        scores = tl.where(t_ok[:, None], raw * k_factor, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
         v_even, v_odd = _nvfp4_values(cache_ptr, slot, V_DATA, b, e, t_ok, HALF, TILE)
         p_hi, p_lo = _split_fp16(p)
-        acc_even = tl.dot(p_hi, v_even, acc_even * alpha[:, None])
-        acc_even = tl.dot(p_lo, v_even, acc_even)
-        acc_odd = tl.dot(p_hi, v_odd, acc_odd * alpha[:, None])
-        acc_odd = tl.dot(p_lo, v_odd, acc_odd)
+        acc_even = tl.dot(tl.trans(v_even), p_hi, acc_even * alpha[None, :])
+        acc_even = tl.dot(tl.trans(v_even), p_lo, acc_even)
+        acc_odd = tl.dot(tl.trans(v_odd), p_hi, acc_odd * alpha[None, :])
+        acc_odd = tl.dot(tl.trans(v_odd), p_lo, acc_odd)
         m_i = m_new
     v_norm = v_global * 16384.0 / safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, acc_even * v_norm, acc_odd * v_norm)
+    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) * v_norm,
+                tl.trans(acc_odd) * v_norm)
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
