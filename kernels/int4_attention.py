@@ -35,7 +35,7 @@ from .common import (
 from .layouts import SlotLayout
 
 SIGN_SEED = 0x9E3779B9  # fixed: the same signs on every rank and every restart
-TILE = 64  # tokens a decode program reads per step
+TILE = 128  # tokens a decode program reads per step (the M of its tensor-core products)
 
 
 def hadamard(d: int, device="cpu") -> torch.Tensor:
@@ -257,7 +257,7 @@ def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, 
         q_rot, cache, block_table, context_lens, part, ml, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
         split_len, q_rot.stride(0), q_rot.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_SCALE=layout.k_scale,
-        V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(16, triton.next_power_of_2(group)),
+        V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(8, triton.next_power_of_2(group)),
         TILE=tile,
     )
     return unrotate(combine_splits(part, ml, seqs, n_split, torch.float32, workspace)).to(q.dtype)

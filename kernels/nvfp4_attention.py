@@ -29,7 +29,7 @@ from .common import (
 )
 from .layouts import SlotLayout
 
-TILE = 64  # tokens a decode program reads per step
+TILE = 128  # tokens a decode program reads per step (the M of its tensor-core products)
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # magnitudes of codes 0..7; bit 3 is the sign
 
 
@@ -261,7 +261,7 @@ def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout,
         q32, cache, block_table, context_lens, part, ml, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, V_DATA=layout.v_data, HALF=d // 2,
-        G_PAD=max(16, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
+        G_PAD=max(8, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
