@@ -7,7 +7,9 @@ asymmetrically: y ~ s (q - z). The kernel never rebuilds a value:
   <q', s (q_k - z)> = s (<q', q_k> - z sum(q'))        on the scores (split over the low and high nibbles),
   sum_t p_t s_t (q_v,t - z_t) = sum_t (p_t s_t) q_v,t - sum_t p_t s_t z_t        on the accumulator,
 with q' = H D q. H D is orthogonal up to sqrt(d), so the softmax scale is divided by d, and the output
-o = D H o' / d is rotated back in the launcher.
+o = D H o' / d is rotated back in the launcher. Both sums run on the tensor cores: the codes (0..15) are exact fp16
+operands, and the query and the probabilities are each split into two fp16 parts (hi + lo), which keeps the products
+close to fp32.
 """
 
 from __future__ import annotations

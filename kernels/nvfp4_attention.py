@@ -4,6 +4,10 @@ Each side of a slot is head_dim/2 bytes of e2m1 codes (element 2i in the low nib
 fp8 e4m3 scale per 16 values; an fp32 global scale per layer (a kernel argument) keeps the block scales inside
 e4m3's range. A value is code x block scale x global scale. nvfp4_4over6 stores the same layout; its writer picks,
 per block of 16, whichever of max/6 and max/4 scaling reconstructs the block with the smaller squared error.
+
+The decode kernel multiplies on the tensor cores: each tile of codes is decoded in registers into exact fp16 values
+(code x block scale), K [tile, d/2] against the query; the query and the probabilities are each split into two fp16
+parts (hi + lo), which keeps the products close to fp32.
 """
 
 from __future__ import annotations
@@ -181,8 +185,9 @@ def _e2m1(code):
 def _nvfp4_values(cache_ptr, slot, data_off, b, e, t_ok, HALF: tl.constexpr, N: tl.constexpr):
     """The even- and odd-indexed values [N, HALF] of a side as fp16 tensor-core operands, block scales applied and
     2^-14 times their value (global scale not applied). The block of 16 values b is bytes 8b..8b+7, loaded [N, NB, 8];
-    its e4m3 scale is read once per block. An e2m1 code s e e m becomes the fp16 bits s00 0ee m00 0000 0000, which
-    is its value times 2^-14 (the subnormal 0.5 included); the products with an e4m3 scale are exact in fp16."""
+    its e4m3 scale is read once per block. An e2m1 code (sign s, exponent ee, mantissa m) becomes the fp16 bits
+    s000 eem0 0000 0000, which is its value times 2^-14 (the subnormal 0.5 included); the products with an e4m3 scale
+    are exact in fp16."""
     ptr = cache_ptr + slot[:, None, None] + data_off
     raw = tl.load(ptr + (b * 8)[None, :, None] + e[None, None, :], mask=t_ok[:, None, None], other=0).to(tl.int32)
     sc = tl.load(cache_ptr + slot[:, None] + data_off + HALF + b[None, :], mask=t_ok[:, None], other=0)
