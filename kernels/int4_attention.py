@@ -7,7 +7,9 @@ asymmetrically: y ~ s (q - z). The kernel never rebuilds a value:
   <q', s (q_k - z)> = s (<q', q_k> - z sum(q'))        on the scores (split over the low and high nibbles),
   sum_t p_t s_t (q_v,t - z_t) = sum_t (p_t s_t) q_v,t - sum_t p_t s_t z_t        on the accumulator,
 with q' = H D q. H D is orthogonal up to sqrt(d), so the softmax scale is divided by d, and the output
-o = D H o' / d is rotated back in the launcher.
+o = D H o' / d is rotated back in the launcher. Both sums run on the tensor cores: the codes (0..15) are exact fp16
+operands, and the query and the probabilities are each split into two fp16 parts (hi + lo), which keeps the products
+close to fp32.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from .common import (
 from .layouts import SlotLayout
 
 SIGN_SEED = 0x9E3779B9  # fixed: the same signs on every rank and every restart
+TILE = 128  # tokens a decode program reads per step (the M of its tensor-core products)
 
 
 def hadamard(d: int, device="cpu") -> torch.Tensor:
@@ -170,6 +173,24 @@ def _scale_and_zero(cache_ptr, off, mask):
 
 
 @triton.jit
+def _int4_codes(cache_ptr, off, j, t_ok):
+    """The codes of a side [N, HALF] x 2 (low nibbles: elements 2j, high: 2j + 1) as fp16 tensor-core operands,
+    from one contiguous byte run per token (the integers 0..15 are exact in fp16)."""
+    b = tl.load(cache_ptr + off[:, None] + j[None, :], mask=t_ok[:, None], other=0).to(tl.uint16)
+    # 0x6400 | c is the fp16 1024 + c: no integer-to-float conversion
+    lo = ((b & 15) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    hi = ((b >> 4) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
+    return lo, hi
+
+
+@triton.jit
+def _split_fp16(x):
+    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 codes keep ~22 bits of x."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
 def _int4_decode_kernel(
     q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh,
@@ -181,40 +202,51 @@ def _int4_decode_kernel(
     j = tl.arange(0, HALF)
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
     q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
+    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
+    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
+    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([G_PAD, HALF], tl.float32)
-    acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
+    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
+    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        kb = tl.load(cache_ptr + slot[:, None] + K_DATA + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
-        k_lo = (kb & 15).to(tl.float32)
-        k_hi = (kb >> 4).to(tl.float32)
+        k_lo, k_hi = _int4_codes(cache_ptr, slot + K_DATA, j, t_ok)
         ks, kz = _scale_and_zero(cache_ptr, slot + K_SCALE, t_ok)
-        raw = (tl.sum(q_even[:, None, :] * k_lo[None, :, :], axis=2)
-               + tl.sum(q_odd[:, None, :] * k_hi[None, :, :], axis=2))
-        scores = (raw - q_sum[:, None] * kz[None, :]) * (ks[None, :] * sm_scale)
-        scores = tl.where(t_ok[None, :], scores, float("-inf"))
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        vb = tl.load(cache_ptr + slot[:, None] + V_DATA + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
+        # <codes, q'> on the tensor cores (fp32 accumulation) [TILE, G], then the scale and zero point per token
+        raw = tl.dot(k_lo, qe_hi)
+        raw = tl.dot(k_lo, qe_lo, raw)
+        raw = tl.dot(k_hi, qo_hi, raw)
+        raw = tl.dot(k_hi, qo_lo, raw)
+        scores = (raw - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
+        scores = tl.where(t_ok[:, None], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        v_lo, v_hi = _int4_codes(cache_ptr, slot + V_DATA, j, t_ok)
         vs, vz = _scale_and_zero(cache_ptr, slot + V_SCALE, t_ok)
-        ps = p * vs[None, :]
-        correction = tl.sum(ps * vz[None, :], axis=1)
-        acc_even = acc_even * alpha[:, None] + tl.sum(ps[:, :, None] * (vb & 15).to(tl.float32)[None, :, :], axis=1)
-        acc_odd = acc_odd * alpha[:, None] + tl.sum(ps[:, :, None] * (vb >> 4).to(tl.float32)[None, :, :], axis=1)
-        acc_even -= correction[:, None]
-        acc_odd -= correction[:, None]
+        ps = p * vs[:, None]
+        correction = tl.sum(ps * vz[:, None], axis=0)
+        ps_hi, ps_lo = _split_fp16(ps)
+        acc_even = acc_even * alpha[None, :] - correction[None, :]
+        acc_even = tl.dot(tl.trans(v_lo), ps_hi, acc_even)
+        acc_even = tl.dot(tl.trans(v_lo), ps_lo, acc_even)
+        acc_odd = acc_odd * alpha[None, :] - correction[None, :]
+        acc_odd = tl.dot(tl.trans(v_hi), ps_hi, acc_odd)
+        acc_odd = tl.dot(tl.trans(v_hi), ps_lo, acc_odd)
         m_i = m_new
     l_safe = safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, acc_even / l_safe, acc_odd / l_safe)
+    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) / l_safe,
+                tl.trans(acc_odd) / l_safe)
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                      context_lens: torch.Tensor, tile: int = 16, splits: int | None = None,
+                      context_lens: torch.Tensor, tile: int = TILE, splits: int | None = None,
                       workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
@@ -227,7 +259,7 @@ def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, 
         q_rot, cache, block_table, context_lens, part, ml, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
         split_len, q_rot.stride(0), q_rot.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_SCALE=layout.k_scale,
-        V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(2, triton.next_power_of_2(group)),
+        V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(8, triton.next_power_of_2(group)),
         TILE=tile,
     )
     return unrotate(combine_splits(part, ml, seqs, n_split, torch.float32, workspace)).to(q.dtype)

@@ -4,6 +4,10 @@ Each side of a slot is head_dim/2 bytes of e2m1 codes (element 2i in the low nib
 fp8 e4m3 scale per 16 values; an fp32 global scale per layer (a kernel argument) keeps the block scales inside
 e4m3's range. A value is code x block scale x global scale. nvfp4_4over6 stores the same layout; its writer picks,
 per block of 16, whichever of max/6 and max/4 scaling reconstructs the block with the smaller squared error.
+
+The decode kernel multiplies on the tensor cores: each tile of codes is decoded in registers into exact fp16 values
+(code x block scale), K [tile, d/2] against the query; the query and the probabilities are each split into two fp16
+parts (hi + lo), which keeps the products close to fp32.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from .common import (
 )
 from .layouts import SlotLayout
 
+TILE = 128  # tokens a decode program reads per step (the M of its tensor-core products)
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])  # magnitudes of codes 0..7; bit 3 is the sign
 
 
@@ -177,12 +182,26 @@ def _e2m1(code):
 
 
 @triton.jit
-def _nvfp4_tiles(cache_ptr, slot, data_off, j, t_ok, HALF: tl.constexpr):
-    """The even- and odd-indexed values [N, HALF] of a side, block scales applied (global scale not)."""
-    raw = tl.load(cache_ptr + slot[:, None] + data_off + j[None, :], mask=t_ok[:, None], other=0).to(tl.int32)
-    sc = tl.load(cache_ptr + slot[:, None] + data_off + HALF + j[None, :] // 8, mask=t_ok[:, None], other=0)
-    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    return _e2m1(raw & 15) * scale, _e2m1(raw >> 4) * scale
+def _nvfp4_values(cache_ptr, slot, data_off, b, e, t_ok, HALF: tl.constexpr, N: tl.constexpr):
+    """The even- and odd-indexed values [N, HALF] of a side as fp16 tensor-core operands, block scales applied and
+    2^-14 times their value (global scale not applied). The block of 16 values b is bytes 8b..8b+7, loaded [N, NB, 8];
+    its e4m3 scale is read once per block. An e2m1 code (sign s, exponent ee, mantissa m) becomes the fp16 bits
+    s000 eem0 0000 0000, which is its value times 2^-14 (the subnormal 0.5 included); the products with an e4m3 scale
+    are exact in fp16."""
+    ptr = cache_ptr + slot[:, None, None] + data_off
+    raw = tl.load(ptr + (b * 8)[None, :, None] + e[None, None, :], mask=t_ok[:, None, None], other=0).to(tl.int32)
+    sc = tl.load(cache_ptr + slot[:, None] + data_off + HALF + b[None, :], mask=t_ok[:, None], other=0)
+    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.float16)[:, :, None]
+    even = (((raw & 7) << 9) | ((raw & 8) << 12)).to(tl.uint16).to(tl.float16, bitcast=True) * scale
+    odd = (((raw & 0x70) << 5) | ((raw & 0x80) << 8)).to(tl.uint16).to(tl.float16, bitcast=True) * scale
+    return tl.reshape(even, (N, HALF)), tl.reshape(odd, (N, HALF))
+
+
+@triton.jit
+def _split_fp16(x):
+    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 values keep ~22 bits of x."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
 
 
 @triton.jit
@@ -194,32 +213,47 @@ def _nvfp4_decode_kernel(
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     j = tl.arange(0, HALF)
+    b = tl.arange(0, HALF // 8)
+    e = tl.arange(0, 8)
     q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
+    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
+    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
+    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([G_PAD, HALF], tl.float32)
-    acc_odd = tl.zeros([G_PAD, HALF], tl.float32)
+    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
+    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
+    k_factor = k_global * sm_scale * 16384.0  # the values come 2^-14 times their size
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        k_even, k_odd = _nvfp4_tiles(cache_ptr, slot, K_DATA, j, t_ok, HALF)
-        scores = (tl.sum(q_even[:, None, :] * k_even[None, :, :], axis=2)
-                  + tl.sum(q_odd[:, None, :] * k_odd[None, :, :], axis=2)) * (k_global * sm_scale)
-        scores = tl.where(t_ok[None, :], scores, float("-inf"))
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        v_even, v_odd = _nvfp4_tiles(cache_ptr, slot, V_DATA, j, t_ok, HALF)
-        acc_even = acc_even * alpha[:, None] + tl.sum(p[:, :, None] * v_even[None, :, :], axis=1)
-        acc_odd = acc_odd * alpha[:, None] + tl.sum(p[:, :, None] * v_odd[None, :, :], axis=1)
+        k_even, k_odd = _nvfp4_values(cache_ptr, slot, K_DATA, b, e, t_ok, HALF, TILE)
+        raw = tl.dot(k_even, qe_hi)  # [TILE, G] on the tensor cores, fp32 accumulation
+        raw = tl.dot(k_even, qe_lo, raw)
+        raw = tl.dot(k_odd, qo_hi, raw)
+        raw = tl.dot(k_odd, qo_lo, raw)
+        scores = tl.where(t_ok[:, None], raw * k_factor, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        v_even, v_odd = _nvfp4_values(cache_ptr, slot, V_DATA, b, e, t_ok, HALF, TILE)
+        p_hi, p_lo = _split_fp16(p)
+        acc_even = tl.dot(tl.trans(v_even), p_hi, acc_even * alpha[None, :])
+        acc_even = tl.dot(tl.trans(v_even), p_lo, acc_even)
+        acc_odd = tl.dot(tl.trans(v_odd), p_hi, acc_odd * alpha[None, :])
+        acc_odd = tl.dot(tl.trans(v_odd), p_lo, acc_odd)
         m_i = m_new
-    v_norm = v_global / safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, acc_even * v_norm, acc_odd * v_norm)
+    v_norm = v_global * 16384.0 / safe_sum(l_i)[:, None]
+    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) * v_norm,
+                tl.trans(acc_odd) * v_norm)
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                       context_lens: torch.Tensor, k_global: float, v_global: float, tile: int = 16,
+                       context_lens: torch.Tensor, k_global: float, v_global: float, tile: int = TILE,
                        splits: int | None = None,
                        workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
@@ -232,7 +266,7 @@ def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout,
         q32, cache, block_table, context_lens, part, ml, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, V_DATA=layout.v_data, HALF=d // 2,
-        G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
+        G_PAD=max(8, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 

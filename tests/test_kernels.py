@@ -191,7 +191,10 @@ def test_int4_decode_matches_reference(heads, kv_heads, splits):
         write_kv_int4(cache, layout, slots, torch.randn(n, kv_heads, d, generator=g),
                       torch.randn(n, kv_heads, d, generator=g))
     q = torch.randn(2, heads, d, generator=g)
-    out = paged_decode_int4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), splits=splits)
+    # with several splits, 16-token tiles, so that the 48-token table spans three of them (the default tile, 128
+    # tokens, is one split here)
+    tile = {} if splits == 1 else {"tile": 16}
+    out = paged_decode_int4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), splits=splits, **tile)
     # reference: dequantize, rotate back, plain attention
     _assert_matches_reference(out, q, *dequantize_cache_int4(cache, layout), table, lens, bs, 2e-4)
 
@@ -236,7 +239,9 @@ def test_nvfp4_decode_matches_reference(fmt, splits):
         pos = torch.arange(n)
         write_kv_nvfp4(cache, layout, table[s, pos // bs].long() * bs + pos % bs, k[s], v[s], kg, vg)
     q = torch.randn(2, heads, d, generator=gen)
-    out = paged_decode_nvfp4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), kg, vg, splits=splits)
+    tile = {} if splits == 1 else {"tile": 16}  # several splits of 16-token tiles, as for int4
+    out = paged_decode_nvfp4(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), kg, vg, splits=splits,
+                             **tile)
     _assert_matches_reference(out, q, *dequantize_cache_nvfp4(cache, layout, kg, vg), table, lens, bs, 2e-4)
 
 
