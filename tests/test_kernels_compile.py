@@ -12,11 +12,17 @@ pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 
-def test_every_kernel_compiles_for_sm90():
+@pytest.fixture(scope="module")
+def report():
+    """`compile_kernels.py --arch 90 --report`, run once for the module's tests."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).with_name("compile_kernels.py")
-    r = subprocess.run([sys.executable, str(script), "--arch", "90", "--report"], env=env, capture_output=True,
-                       text=True, timeout=900)
+    return subprocess.run([sys.executable, str(script), "--arch", "90", "--report"], env=env, capture_output=True,
+                          text=True, timeout=900)
+
+
+def test_every_kernel_compiles_for_sm90(report):
+    r = report
     assert r.returncode == 0, r.stdout + r.stderr
     ok = [line.split()[2] for line in r.stdout.splitlines() if line.startswith("ok ")]
     # the static report: one row per launch, and for every decode kernel its blocks per SM, main-loop
@@ -65,3 +71,34 @@ def test_report_arithmetic():
     # the loop runs from 0x10 to the branch at 0x50: (0x50 - 0x10) / 16 + 1 = 5 instructions; the one-instruction
     # trap loop at the end does not count
     assert ck.main_loop(sass) == 5
+
+
+# The issue ceilings the decode kernels must keep on an H100 (132 SMs, 4 warp-instructions a clock, 1.98 GHz; see
+# compile_kernels.py): 1.1x the fraction of the stream read each family is meant to reach, the stream read being
+# 0.90 of the 3.35 TB/s peak: bf16 0.85 -> 2.82 TB/s; fp8 and int8/fp8 per-token-head 0.80 -> 2.65; int4 and NVFP4
+# 0.70 -> 2.32; TurboQuant and KIVI 0.60 -> 1.99.
+_STREAM = 0.90 * 3.35
+_TARGETS = {"_paged_decode_kernel MODE=0": 0.85, "_paged_decode_kernel MODE=1": 0.80,
+            "_paged_decode_kernel MODE=2": 0.80, "_paged_decode_kernel MODE=3": 0.80,
+            "_paged_decode_kernel MODE=4": 0.80, "_int4_decode_kernel": 0.70, "_nvfp4_decode_kernel": 0.70,
+            "_tq_decode_kernel K_BITS=8 V_BITS=4": 0.60, "_tq_decode_kernel K_BITS=4 V_BITS=4": 0.60,
+            "_tq_decode_kernel K_BITS=3 V_BITS=4": 0.60, "_tq_decode_kernel K_BITS=3 V_BITS=3": 0.60,
+            "_kivi_decode_kernel BITS=2": 0.60, "_kivi_decode_kernel BITS=4": 0.60}
+# still below their target: NVFP4's nibble unpacking, TurboQuant's and KIVI's CUDA-core dequantization
+_BELOW = {"_nvfp4_decode_kernel", "_tq_decode_kernel K_BITS=8 V_BITS=4", "_tq_decode_kernel K_BITS=4 V_BITS=4",
+          "_tq_decode_kernel K_BITS=3 V_BITS=4", "_tq_decode_kernel K_BITS=3 V_BITS=3", "_kivi_decode_kernel BITS=2",
+          "_kivi_decode_kernel BITS=4"}
+
+
+@pytest.fixture(scope="module")
+def report_ceilings(report):
+    r = report
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in r.stdout.splitlines() if line.startswith("report ")]
+    return {" ".join(row[1:-8]): float(row[-1]) for row in rows if row[1].endswith("_decode_kernel")}
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason="below target"))
+                                    if k in _BELOW else k for k in _TARGETS])
+def test_issue_ceiling_meets_its_target(report_ceilings, kernel):
+    assert report_ceilings[kernel] >= 1.1 * _TARGETS[kernel] * _STREAM
