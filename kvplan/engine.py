@@ -431,15 +431,19 @@ class CrossoverResult:
         return pd.DataFrame(rows or [summary])
 
 
+def attention_flops_per_token_head(model: ModelSpec) -> int:
+    """FLOPs one query head spends on one cached token: QK^T and PV (absorbed MLA: the score over latent and rope,
+    the value over the latent)."""
+    if model.mla:
+        return 2 * model.mla.latent_dim + 2 * model.mla.kv_lora_rank
+    return 4 * (model.head_dim or 0)
+
+
 def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context, tp: int, params_read: float,
                     xp=SCALAR):
     """Dense FLOPs of one decode step on this rank: 2 per weight per token, plus QK^T and PV over the cache."""
     flops = 2.0 * params_read * batch
-    if model.mla:
-        a = model.mla
-        per_token_head = 2 * a.latent_dim + 2 * a.kv_lora_rank  # absorbed MLA: score over latent+rope, value over latent
-    else:
-        per_token_head = 4 * (model.head_dim or 0)
+    per_token_head = attention_flops_per_token_head(model)
     heads = model.num_heads // tp
     for window, count, *_ in layer_classes(layers):
         n = context if window is None else xp.minimum(context, window)

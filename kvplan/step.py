@@ -226,7 +226,9 @@ class StepTime:
                 "small_kernels_ms": self.small_kernels_s * 1e3, "engine_ms": self.engine_s * 1e3}
 
 
-def _gemm_seconds(fit: Fit, peak_bw: float, matrix_bytes: float, m, n: int, k: int, act_bytes: float, xp=SCALAR):
+def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes: float, act_bytes: float = 2.0,
+                      xp=SCALAR):
+    """One GEMM of m tokens (a number, or numpy arrays with xp=numpy) by an n x k weight of `matrix_bytes`."""
     byt = matrix_bytes + m * k * act_bytes + m * n * 2
     flops = 2.0 * m * n * k
     if not fit.buckets:
@@ -261,21 +263,16 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
             + xp.maximum(nbytes / bw, fit.per_token_chain_s * context))
 
 
-def gemm_call_seconds(fit: Fit, peak_bw: float, m: float, n: int, k: int, matrix_bytes: float,
-                      act_bytes: float = 2.0) -> float:
-    """One GEMM of m tokens by an n x k weight of `matrix_bytes`."""
-    return _gemm_seconds(fit, peak_bw, matrix_bytes, m, n, k, act_bytes)
-
-
 class StepModel:
     """Prices the steps of one deployment: built once (the tensor list, the layer caches), then asked for any batch,
     context and prefill chunk."""
 
     def __init__(self, d, profile: StepProfile):
-        from .engine import kv_heads_per_rank, kv_layers
-        from .weights import _quantized, model_tensors, weight_format
+        from .engine import format_bytes_per_token, kv_heads_per_rank, kv_layers
+        from .formats import kv_format
+        from .weights import DTYPE_BYTES, _quantized, model_tensors, weight_format
 
-        self.d, self.profile = d, profile
+        self.profile = profile
         m: ModelSpec = d.model
         self.model = m
         tp = d.tp
@@ -295,14 +292,14 @@ class StepModel:
         for t in model_tensors(m):
             if t.part == "lm_head":
                 n, k = t.shape_per_rank(tp)
-                self.dense.append((dfit, float(n * k * _dtype_bytes(m.dtype)), n, k, t.count, 2.0))
+                self.dense.append((dfit, float(n * k * DTYPE_BYTES[m.dtype]), n, k, t.count, 2.0))
                 continue
             if not t.is_matrix or t.part in ("embed", "extra"):
                 continue
             n, k = t.shape_per_rank(tp)
             quant = _quantized(m, t, scope)
             fit, a = (qfit, act) if quant else (dfit, 2.0)
-            mb = float(fmt.matrix_bytes(n, k) if quant else n * k * _dtype_bytes(m.dtype))
+            mb = float(fmt.matrix_bytes(n, k) if quant else n * k * DTYPE_BYTES[m.dtype])
             # vLLM runs q, k and v as one GEMM (QKVParallelLinear), and gate and up as one (MergedColumnParallel)
             leaf = t.name.rsplit(".", 1)[-1]
             group = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
@@ -317,7 +314,7 @@ class StepModel:
             (self.experts if key[4] == "expert" else self.dense).append(row)
         if m.tie_word_embeddings:  # the LM head multiplies the embedding table
             v = -(-m.vocab_size // tp)
-            self.dense.append((dfit, float(v * m.hidden_size * _dtype_bytes(m.dtype)), v, m.hidden_size, 1, 2.0))
+            self.dense.append((dfit, float(v * m.hidden_size * DTYPE_BYTES[m.dtype]), v, m.hidden_size, 1, 2.0))
         self.moe_fit = None
         if self.experts and m.moe:
             key = _gemm_key(wname)[0] if fmt.name != "bf16" else "bfloat16"
@@ -344,17 +341,14 @@ class StepModel:
         self.q_heads = max(1, m.num_heads // tp) if m.num_heads else 1
         self.ar_fit = allreduce_fit(profile, tp)
         self.small_fit = dfit
-        self.elem_bytes = _dtype_bytes(m.dtype)
-        from .engine import format_bytes_per_token
-        from .formats import kv_format
-
+        self.elem_bytes = DTYPE_BYTES[m.dtype]
         self.bf16_bytes_per_token = format_bytes_per_token(m, kv_format("auto"), tp)
 
     # -- pieces ----------------------------------------------------------------------------------------------
 
     def _weights(self, tokens, xp=SCALAR) -> tuple:
         bw = self.profile.peak_bandwidth_bytes_per_s
-        dense = sum(c * _gemm_seconds(f, bw, mb, tokens, n, k, a, xp) for f, mb, n, k, c, a in self.dense)
+        dense = sum(c * gemm_call_seconds(f, bw, tokens, n, k, mb, a, xp) for f, mb, n, k, c, a in self.dense)
         moe = 0.0
         m = self.model
         if self.experts and m.moe:
@@ -370,7 +364,7 @@ class StepModel:
                     t = xp.maximum(t, flops / (f.mu * f.peak_flops))
                 moe = layers * (f.t0_s + f.per_expert_s * touched + t)
             else:  # each touched expert's matrices as GEMMs
-                moe = sum(c / e * touched * _gemm_seconds(f2, bw, mb, tokens * kk / touched, n, k, a, xp)
+                moe = sum(c / e * touched * gemm_call_seconds(f2, bw, tokens * kk / touched, n, k, mb, a, xp)
                           for f2, mb, n, k, c, a in self.experts)
         return dense, moe
 
@@ -395,9 +389,8 @@ class StepModel:
             if self.query_quant and lay.format != "indexer":
                 t += self.small_fit.t0_s
             if self.dequant_s and lay.format != "indexer":
-                # elements dequantized: the cached K and V values (the model-dtype bytes over its element size)
-                elements = batch * n * self.bf16_bytes_per_token / self.elem_bytes
-                t += elements * self.dequant_s * self.elem_bytes / 2  # per-element cost measured on 1-byte fp8
+                # the cached K and V values dequantized, counted as 16-bit elements (fp8's cost is per element)
+                t += batch * n * self.bf16_bytes_per_token / 2 * self.dequant_s
             total += t
         return total
 
@@ -412,14 +405,12 @@ class StepModel:
     def _prefill_attention(self, tokens, context, xp=SCALAR):
         """Attention of `tokens` new tokens that see `context` earlier tokens each on average (compute-bound:
         QK^T and PV at the bf16 GEMM's achieved FLOP/s)."""
-        m = self.model
+        from .engine import attention_flops_per_token_head
+
         f = self.small_fit
         if not (f.mu and f.peak_flops):
             return 0.0
-        if m.mla:
-            per = 2 * (m.mla.latent_dim + m.mla.kv_lora_rank)
-        else:
-            per = 4 * (m.head_dim or 0)
+        per = attention_flops_per_token_head(self.model)
         total = 0.0
         for lay in self.layers:
             if lay.kind == "state" or lay.format in ("indexer", "compressor"):
@@ -450,10 +441,6 @@ class StepModel:
         return s
 
 
-def _dtype_bytes(dtype: str) -> int:
-    return {"bf16": 2, "fp16": 2, "fp32": 4}.get(dtype, 2)
-
-
 def step_model(d) -> StepModel:
     """The step model of a resolved deployment, with the profile it says it uses: the user's calibration over the
     bundled fits for its GPU. A GPU with neither is refused."""
@@ -468,7 +455,3 @@ def step_model(d) -> StepModel:
     else:
         profile = base
     return StepModel(d, profile)
-
-
-def ceil_div(a: float, b: float) -> int:
-    return int(math.ceil(a / b))

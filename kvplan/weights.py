@@ -460,6 +460,14 @@ def _own_format(m: ModelSpec, t: Tensor) -> Optional[WeightFormat]:
     return None
 
 
+def format_and_scope(m: ModelSpec, weight_dtype: Optional[str] = None) -> tuple[WeightFormat, str]:
+    """The format quantized layers are held in and which layers it covers: the checkpoint's own, or with
+    `weight_dtype` every decoder linear layer in that format."""
+    if weight_dtype is None:
+        return weight_format(m.weight_dtype), m.weight_scope
+    return weight_format(weight_dtype), "linear"
+
+
 def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: int, fmt: WeightFormat, scope: str,
                           mixed: bool = False) -> int:
     """One rank's bytes of `t` in `fmt` over `scope`; with `mixed`, the checkpoint's own format for the tensors a
@@ -523,10 +531,7 @@ def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
                  stage: Optional[range] = None) -> WeightBytes:
     """One rank's weights in the model's checkpoint format, or with every quantizable layer in `weight_dtype`.
     With `stage`, only the layers of that pipeline stage (and the embedding or LM head it holds)."""
-    if weight_dtype is None:
-        fmt, scope = weight_format(m.weight_dtype), m.weight_scope
-    else:
-        fmt, scope = weight_format(weight_dtype), "linear"
+    fmt, scope = format_and_scope(m, weight_dtype)
     stage = stage if stage is not None else range(0, m.num_layers)
     last_only = stage.start > 0 and stage.stop == m.num_layers
     sums = {"total": 0, "embed": 0, "experts": 0, "extra": 0}
@@ -692,10 +697,7 @@ def load_allocations(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = No
     tower and projector first, then the embedding, layer by layer its mixer's and its MLP's parameters, the final
     norm and the LM head), with the checkpoint's tensors fused the way vLLM fuses them (q/k/v, gate/up, a layer's
     experts); a quantized weight and its scales are separate tensors. With `stage`, a pipeline stage's."""
-    if weight_dtype is None:
-        fmt, scope = weight_format(m.weight_dtype), m.weight_scope
-    else:
-        fmt, scope = weight_format(weight_dtype), "linear"
+    fmt, scope = format_and_scope(m, weight_dtype)
     stage = stage if stage is not None else range(0, m.num_layers)
     first, last = stage.start == 0, stage.stop == m.num_layers
     moe_layers = [i for i, k in enumerate(m.mlp_kinds) if k == "moe"]
