@@ -24,7 +24,7 @@ kernel's fit with their own bytes plus fp8's measured conversion cost per elemen
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional
 
@@ -270,57 +270,54 @@ class StepModel:
     def __init__(self, d, profile: StepProfile):
         from .engine import format_bytes_per_token, kv_heads_per_rank, kv_layers
         from .formats import kv_format
-        from .weights import DTYPE_BYTES, _quantized, model_tensors, weight_format
+        from .weights import (DTYPE_BYTES, _own_format, _quantized, format_and_scope, model_tensors,
+                              tensor_bytes_per_rank)
 
         self.profile = profile
         m: ModelSpec = d.model
         self.model = m
         tp = d.tp
         self.tp = tp
-        wname = d.weight_dtype or m.weight_dtype
-        fmt, scope = (weight_format(d.weight_dtype), "linear") if d.weight_dtype else \
-            (weight_format(m.weight_dtype), m.weight_scope)
+        fmt, scope = format_and_scope(m, d.weight_dtype)
+        mixed = d.weight_dtype is None  # a checkpoint's own mixed formats (quantized LM head, FP8 attention, ...)
         self.estimated: list[str] = []
-        qfit, q_est = gemm_fit(profile, wname)
-        dfit, _ = gemm_fit(profile, "bf16")
-        if q_est:
-            self.estimated.append(f"{wname} GEMMs")
-        act = 1.0 if _gemm_key(wname)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
         self.dense = []  # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind
         self.experts = []
         merged: dict = {}
+        expert_format = None
         for t in model_tensors(m):
-            if t.part == "lm_head":
-                n, k = t.shape_per_rank(tp)
-                self.dense.append((dfit, float(n * k * DTYPE_BYTES[m.dtype]), n, k, t.count, 2.0))
-                continue
-            if not t.is_matrix or t.part in ("embed", "extra"):
+            lm_head = t.part == "lm_head" or (t.part == "embed" and m.tie_word_embeddings)  # a tied head: the table
+            if not (t.is_matrix or lm_head) or (t.part in ("embed", "extra") and not lm_head):
                 continue
             n, k = t.shape_per_rank(tp)
-            quant = _quantized(m, t, scope)
-            fit, a = (qfit, act) if quant else (dfit, 2.0)
-            mb = float(fmt.matrix_bytes(n, k) if quant else n * k * DTYPE_BYTES[m.dtype])
+            own = _own_format(m, t) if mixed else None
+            held = own.name if own else fmt.name if _quantized(m, t, scope) else m.dtype
+            fit, estimated = gemm_fit(profile, held)
+            if estimated and f"{held} GEMMs" not in self.estimated:
+                self.estimated.append(f"{held} GEMMs")
+            act = 1.0 if _gemm_key(held)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
+            mb = tensor_bytes_per_rank(m, replace(t, count=1), tp, fmt, scope, mixed)  # what weight_bytes holds
+            if t.part == "expert":
+                expert_format = held
             # vLLM runs q, k and v as one GEMM (QKVParallelLinear), and gate and up as one (MergedColumnParallel)
             leaf = t.name.rsplit(".", 1)[-1]
             group = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
                      "up_proj": "gate_up"}.get(leaf, leaf)
-            key = (t.name.rsplit(".", 1)[0], group, k, t.count, t.part)
+            key = (t.name.rsplit(".", 1)[0], group, k, 1 if lm_head else t.count, t.part)
             if key in merged:
                 f0, mb0, n0, k0, c0, a0 = merged[key]
                 merged[key] = (f0, mb0 + mb, n0 + n, k0, c0, a0)
             else:
-                merged[key] = (fit, mb, n, k, t.count, a)
+                merged[key] = (fit, float(mb), n, k, key[3], act)
         for key, row in merged.items():
             (self.experts if key[4] == "expert" else self.dense).append(row)
-        if m.tie_word_embeddings:  # the LM head multiplies the embedding table
-            v = -(-m.vocab_size // tp)
-            self.dense.append((dfit, float(v * m.hidden_size * DTYPE_BYTES[m.dtype]), v, m.hidden_size, 1, 2.0))
         self.moe_fit = None
         if self.experts and m.moe:
-            key = _gemm_key(wname)[0] if fmt.name != "bf16" else "bfloat16"
+            key = _gemm_key(expert_format)[0]
             self.moe_fit = profile.moe.get(key) or profile.moe.get("bfloat16")
             if key not in profile.moe:
-                self.estimated.append(f"{wname} MoE")
+                self.estimated.append(f"{expert_format} MoE")
+        dfit, _ = gemm_fit(profile, "bf16")
         self.layers = kv_layers(m, d.kv, tp, d.skip)
         fam = d.kv.family
         self.attn_family = "float" if d.kv.is_model_dtype or d.kv.name in ("bfloat16", "float16") else fam
