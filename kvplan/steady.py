@@ -19,7 +19,7 @@ is marked kv_limited and priced at nothing: the engine would queue or preempt th
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
 from .errors import KvplanError
@@ -67,9 +67,8 @@ class ThroughputResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        best_rows = [r for r in d["best"].values() if r]
-        d["best"] = next((r for r in best_rows if r["kv_cache_dtype"] == self.winner), None)
-        d["best_by_dtype"] = {k: v for k, v in asdict(self)["best"].items()}
+        d["best_by_dtype"] = d["best"]
+        d["best"] = d["best"].get(self.winner) if self.winner else None
         return d
 
 
@@ -93,8 +92,6 @@ def _no_room(d, length: int) -> str:
     """Why the pool holds no request of `length` tokens: the capacity problem (weights that do not fit, ...)."""
     why = None
     if d.engine == "vllm":
-        from dataclasses import replace
-
         from .pool import capacity_of
 
         r = capacity_of(replace(d, max_model_len=length))
@@ -107,7 +104,8 @@ def _chunk_budget(d) -> int:
     return int(d.max_num_batched_tokens or 8192)
 
 
-def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline) -> ThroughputRow:
+def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline=None) -> ThroughputRow:
+    """The steady state at concurrency c; the roofline floor only where `roofline` is given (rows shown)."""
     name = d.kv.name
     profile = sm.profile.name
     if c > limit:
@@ -135,13 +133,12 @@ def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline) -> 
     queue = min(t * load / (2 * (1 - load)), worst) if load < 1 else worst
     ttft = 0.5 * t + queue + n_chunks * full.total_s
     out = decoding * d.pp / t
-    step = plain
     return ThroughputRow(
         name, c, tpot_ms=t * 1e3, ttft_ms=ttft * 1e3, output_tokens_per_s=out, output_tokens_per_s_per_gpu=out / gpus,
         tokens_per_s_per_user=1 / t, kv_limited=False, profile=profile, pool_limit=limit, step_ms=t * 1e3,
         decode_step_ms=plain.total_s * 1e3, prefill_share=max(0.0, 1 - plain.total_s / t), mean_context=ctx,
-        roofline_step_ms=roofline(decoding, ctx), breakdown={k: v for k, v in step.to_dict().items()},
-        estimated=list(step.estimated))
+        roofline_step_ms=roofline(decoding, ctx) if roofline else None, breakdown=plain.to_dict(),
+        estimated=list(plain.estimated))
 
 
 def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float]) -> bool:
@@ -153,8 +150,6 @@ def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float]) -> bo
 def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequence[int]] = None,
                   tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None) -> ThroughputResult:
     """The throughput table of resolved deployments that differ only in their KV dtype."""
-    from dataclasses import replace
-
     from .engine import crossover_of
     from .step import step_model
 
@@ -195,7 +190,7 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     rows, best = [], {}
     for d, sm, lim in zip(ds, models, limits):
         def roofline(b, ctx, d=d):
-            r = crossover_of(replace(d), batches=[max(1, round(b))], contexts=[max(1, round(ctx))])
+            r = crossover_of(d, batches=[max(1, round(b))], contexts=[max(1, round(ctx))])
             return r.operating_points[0].step_ms
         mine = [_row(sm, d, c, isl, osl, lim, gpus, roofline) for c in cs]
         mine = [replace(r, meets_limits=_meets(r, tpot_ms, ttft_ms)) for r in mine]
@@ -205,7 +200,7 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
 
     def step_at(name: str, c: int) -> Optional[float]:
         d, sm, lim = by_name[name]
-        r = _row(sm, d, c, isl, osl, lim, gpus, lambda *_: None)
+        r = _row(sm, d, c, isl, osl, lim, gpus)
         return None if r.kv_limited else r.tpot_ms
     winner, verdict = _verdict(best, rows, ds, tpot_ms, ttft_ms, isl, osl, step_at)
     profiles = sorted({sm.profile.name for sm in models})
@@ -226,23 +221,18 @@ def _best(sm, d, rows, isl, osl, limit, gpus, tpot, ttft, roofline) -> Optional[
         return None
     if tpot is None and ttft is None:  # no limits: the best of the concurrencies asked for
         return max(ok, key=lambda r: r.output_tokens_per_s) if ok else None
-    lo_row = _row(sm, d, 1, isl, osl, limit, gpus, roofline)
-    if not _meets(lo_row, tpot, ttft):
+    if not _meets(_row(sm, d, 1, isl, osl, limit, gpus), tpot, ttft):
         return None
     lo, hi = 1, limit
-    top = _row(sm, d, hi, isl, osl, limit, gpus, roofline)
-    if _meets(top, tpot, ttft):
-        ok.append(top)
-    else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if _meets(_row(sm, d, mid, isl, osl, limit, gpus, roofline), tpot, ttft):
-                lo = mid
-            else:
-                hi = mid
-        ok.append(_row(sm, d, lo, isl, osl, limit, gpus, roofline))
-    from dataclasses import replace
-
+    if _meets(_row(sm, d, hi, isl, osl, limit, gpus), tpot, ttft):
+        lo = hi
+    while hi - lo > 1:  # the largest concurrency meeting the limits
+        mid = (lo + hi) // 2
+        if _meets(_row(sm, d, mid, isl, osl, limit, gpus), tpot, ttft):
+            lo = mid
+        else:
+            hi = mid
+    ok.append(_row(sm, d, lo, isl, osl, limit, gpus, roofline))
     return replace(max(ok, key=lambda r: r.output_tokens_per_s), meets_limits=True)
 
 
