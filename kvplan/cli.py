@@ -59,6 +59,8 @@ JSON_HELP = "print machine-readable JSON instead of tables"
 ModelArg = Annotated[str, typer.Argument(help="catalog name (e.g. llama3-8b), a YAML spec path, or a config.json path")]
 GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="GPU name or YAML spec (memory total as CUDA reports it)")]
 DtypesOpt = Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d", help=DTYPE_HELP)]
+PlotDtypesOpt = Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
+                                                            help=DTYPE_HELP + " (default: auto and fp8)")]
 TpOpt = Annotated[Optional[int], typer.Option("--tp", help="tensor-parallel size (figures are per rank; default: "
                                               "the profile's, or 1)")]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(
@@ -191,6 +193,11 @@ def _model_len(value: Optional[str]) -> Optional[int | str]:
     return sizes[0]
 
 
+def _auto_and_fp8(model) -> list[str]:
+    """The dtypes a comparison shows by default: the model's own and its fp8 cache (fp8_ds_mla for MLA)."""
+    return ["auto", "fp8_ds_mla" if model.is_mla else "fp8"]
+
+
 def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None) -> list:
     """The KV formats asked for. With several (or 'all'), formats for the other attention layout (MLA or heads)
     are left out; a single one that does not apply is an error, raised where it is used."""
@@ -309,7 +316,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
         raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
     m = load_model(model)
     ds = deployments(_deployment_args(model=m, gpu=gpu, **deployment),
-                     _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]), needs_memory=True)
+                     _formats_for(m, dtype, _auto_and_fp8(m)), needs_memory=True)
     return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
                             _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms)
 
@@ -467,8 +474,7 @@ def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
 @plot_app.command("crossover")
 def plot_crossover(
     model: ModelArg,
-    dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
-                                                       help=DTYPE_HELP + " (default: auto and fp8)")] = None,
+    dtype: PlotDtypesOpt = None,
     tp: TpOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     weight_read: WeightReadOpt = "streamed",
@@ -489,7 +495,7 @@ def plot_crossover(
     m = load_model(model)
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
                                       skip_layers=skip_layers),
-                     _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]))
+                     _formats_for(m, dtype, _auto_and_fp8(m)))
     ctx = _one_size(context, "--context") if context else None
     b = _one_size(batch, "--batch") if batch else None
     if ctx is None and b is not None:
@@ -508,8 +514,7 @@ def plot_throughput(
     isl: IslOpt = None,
     osl: OslOpt = None,
     concurrency: ConcurrencyOpt = None,
-    dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
-                                                       help=DTYPE_HELP + " (default: auto and fp8)")] = None,
+    dtype: PlotDtypesOpt = None,
     tpot_ms: TpotOpt = None,
     tp: TpOpt = None,
     weight_dtype: WeightDtypeOpt = None,
@@ -531,8 +536,7 @@ def plot_throughput(
 def plot_capacity(
     model: ModelArg,
     gpu: GpuOpt = None,
-    dtype: Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", "--dtype", "-d",
-                                                       help=DTYPE_HELP + " (default: auto and fp8)")] = None,
+    dtype: PlotDtypesOpt = None,
     tp: TpOpt = None,
     gpu_memory_utilization: UtilOpt = None,
     block_size: BlockSizeOpt = None,
@@ -567,7 +571,7 @@ def plot_capacity(
 
     m = load_model(model)
     args = _deployment_args(model=m, engine="vllm", **opts)
-    ds = deployments(args, _formats_for(m, dtype, ["auto", "fp8_ds_mla" if m.is_mla else "fp8"]), needs_memory=True)
+    ds = deployments(args, _formats_for(m, dtype, _auto_and_fp8(m)), needs_memory=True)
     _draw(capacity_figure(ds), output, as_json)
 
 
