@@ -609,9 +609,9 @@ def _step_models(d, fmt: KVFormat, base_fmt: KVFormat):
     """The expected-step models of a deployment and of its baseline dtype, where a profile prices its GPU."""
     from dataclasses import replace
 
-    from .step import bundled_profile, step_model
+    from .step import has_profile, step_model
 
-    if d.gpu is None or (d.calibration is None and bundled_profile(d.gpu) is None):
+    if not has_profile(d):
         return None
     return step_model(d), step_model(replace(d, kv=base_fmt, skip=("none",)))
 

@@ -353,9 +353,9 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
                 at = f"{limit.isl}/{limit.osl}" + (f" at {limit.concurrency}" if isinstance(limit, TpotMs) else "")
             note = cap.problem if (req.needs == "capacity" and cap is not None and not cap.fits) else None
             if req.needs == "throughput":  # which step times the figure rests on
-                from .step import step_model
+                from .step import profile_for
 
-                note = f"step times: {step_model(d).profile.name}"
+                note = f"step times: {profile_for(d).name}"
             checks.append(Check(key, req.figure, measured, required, req.kind, ok, at, note))
         config = g.model_dump(exclude={"require", "name"}, exclude_none=True)
         results.append(GateResult(g.name, d.model.name, all(c.passed for c in checks), checks, config,

@@ -184,9 +184,9 @@ def _expected_ms(d, batches, contexts, profiles: dict):
     profile each GPU's times come from."""
     import numpy as np
 
-    from .step import bundled_profile, step_model
+    from .step import has_profile, step_model
 
-    if d.gpu is None or (d.calibration is None and bundled_profile(d.gpu) is None):
+    if not has_profile(d):
         return np.full(len(batches), np.nan)
     sm = step_model(d)
     profiles[d.gpu.name] = sm.profile.name

@@ -438,17 +438,25 @@ class StepModel:
         return s
 
 
-def step_model(d) -> StepModel:
-    """The step model of a resolved deployment, with the profile it says it uses: the user's calibration over the
-    bundled fits for its GPU. A GPU with neither is refused."""
+def has_profile(d) -> bool:
+    """Whether a profile prices this deployment's steps: a calibration, or the bundled fits for its GPU."""
+    return d.gpu is not None and (d.calibration is not None or bundled_profile(d.gpu) is not None)
+
+
+def profile_for(d) -> StepProfile:
+    """The profile a resolved deployment's steps are priced with: the user's calibration over the bundled fits for
+    its GPU. A GPU with neither is refused."""
     base = bundled_profile(d.gpu)
     if d.calibration is not None:
-        profile = with_calibration(base, d.calibration, d.calibration_source or "calibration profile", d.gpu)
-    elif base is None:
+        return with_calibration(base, d.calibration, d.calibration_source or "calibration profile", d.gpu)
+    if base is None:
         known = ", ".join(bundled_gpus())
         what = f"{d.gpu.name}" if d.gpu else "no GPU"
         raise KvplanError(f"no step-time profile for {what}: kvplan bundles fits for {known}; run `kvplan measure` "
                           f"on the GPU and pass --calibration, or choose one of those with --gpu")
-    else:
-        profile = base
-    return StepModel(d, profile)
+    return base
+
+
+def step_model(d) -> StepModel:
+    """The step model of a resolved deployment, with the profile it says it uses (profile_for)."""
+    return StepModel(d, profile_for(d))
