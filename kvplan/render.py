@@ -628,6 +628,11 @@ def throughput_table(r, model) -> None:
                       ("out tok/s", "right"), ("per GPU", "right"), ("per user", "right"), ("prefill", "right"),
                       ("floor ms", "right")]:
         t.add_column(col, justify=just, no_wrap=True)
+    def cells(x, mark: str = "") -> list[str]:
+        return [f"{x.tpot_ms:.2f}{mark}", f"{x.ttft_ms:,.1f}", f"{x.output_tokens_per_s:,.0f}",
+                f"{x.output_tokens_per_s_per_gpu:,.0f}", f"{x.tokens_per_s_per_user:.1f}", pct(x.prefill_share),
+                f"{x.roofline_step_ms:.2f}"]
+
     names = list(dict.fromkeys(x.kv_cache_dtype for x in r.rows))
     for i, name in enumerate(names):
         rows = [x for x in r.rows if x.kv_cache_dtype == name]
@@ -638,14 +643,9 @@ def throughput_table(r, model) -> None:
                 t.add_row(label, f"{x.concurrency:,}", f"pool holds {x.pool_limit:,}", "", "", "", "", "", "")
                 continue
             mark = "" if x.meets_limits or not limits else " x"
-            t.add_row(label, f"{x.concurrency:,}", f"{x.tpot_ms:.2f}{mark}", f"{x.ttft_ms:,.1f}",
-                      f"{x.output_tokens_per_s:,.0f}", f"{x.output_tokens_per_s_per_gpu:,.0f}",
-                      f"{x.tokens_per_s_per_user:.1f}", pct(x.prefill_share), f"{x.roofline_step_ms:.2f}")
-        if best is not None and (limits or True):
-            t.add_row("", f"best {best.concurrency:,}", f"{best.tpot_ms:.2f}", f"{best.ttft_ms:,.1f}",
-                      f"{best.output_tokens_per_s:,.0f}", f"{best.output_tokens_per_s_per_gpu:,.0f}",
-                      f"{best.tokens_per_s_per_user:.1f}", pct(best.prefill_share), f"{best.roofline_step_ms:.2f}",
-                      end_section=i < len(names) - 1)
+            t.add_row(label, f"{x.concurrency:,}", *cells(x, mark))
+        if best is not None:
+            t.add_row("", f"best {best.concurrency:,}", *cells(best), end_section=i < len(names) - 1)
     print_table(con, t)
     con.print(f"verdict: {r.verdict}")
     for note in r.notes:
