@@ -160,6 +160,18 @@ def _resources(ptx: str, arch: int) -> str:
 # a clock, at the 1.98 GHz both report as their highest SM clock
 SM90 = {"regs": 65536, "smem": 233472, "warps": 64, "blocks": 32, "sms": 132, "issue": 4, "clock_hz": 1.98e9}
 
+# The two sm_90 GPUs the report prices: the same SM count and clock (so the same issue ceiling), different HBM (peak
+# bandwidth from their datasheets: 3.35 TB/s for the H100 SXM's HBM3, 4.8 TB/s for the H200's HBM3e)
+GPUS = {"H100": {"sms": 132, "peak_bytes_per_s": 3.35e12}, "H200": {"sms": 132, "peak_bytes_per_s": 4.8e12}}
+
+# The DRAM latency a streaming kernel's loads wait for on either GPU, assumed 600 ns. Public pointer-chase
+# microbenchmarks put Hopper's HBM latency at about 450-500 ns unloaded (one dependent load at a time, an idle
+# memory system); a kernel streaming at near-peak bandwidth queues its requests in the memory controllers and the
+# latency each one sees rises above that, so 600 ns is a loaded figure, not a measured one. The H200's HBM3e is taken
+# at the same latency (its gain is bandwidth, not latency). By Little's law a GPU moves at most (bytes in flight) /
+# (latency): the latency ceiling = bytes in flight per SM x SMs / 600 ns.
+DRAM_LATENCY_S = 600e-9
+
 
 def blocks_per_sm(regs: int, shared: int, warps: int, sm: dict = SM90) -> int:
     """Blocks of a kernel resident on one SM at once: the fewest its registers, shared memory and warps allow."""
@@ -169,12 +181,12 @@ def blocks_per_sm(regs: int, shared: int, warps: int, sm: dict = SM90) -> int:
     return max(0, min(by_regs, by_smem, sm["warps"] // warps, sm["blocks"]))
 
 
-def main_loop(sass: str) -> int:
-    """Instructions in the largest loop of a disassembled kernel (nvdisasm -c): from a label to the branch back
-    to it, 16 bytes an instruction; 0 where the kernel has no loop (a trailing one-instruction trap loop aside)."""
+def loop_body(sass: str) -> list[str]:
+    """The instructions of the largest loop of a disassembled kernel (nvdisasm -c): from a label to the branch back
+    to it, 16 bytes an instruction; none where the kernel has no loop (a trailing one-instruction trap loop aside)."""
     import re
 
-    labels, best, pending = {}, 0, []
+    labels, best, pending, text = {}, (0, 0), [], []
     for line in sass.splitlines():
         m = re.match(r"^(\.L_x_\d+):", line.strip())
         if m:
@@ -184,15 +196,42 @@ def main_loop(sass: str) -> int:
         if not m:
             continue
         addr = int(m.group(1), 16)
+        text.append((addr, m.group(2).strip()))
         for name in pending:
             labels[name] = addr
         pending = []
         b = re.search(r"\bBRA\b.*?\(?(\.L_x_\d+)\)?", m.group(2))
         if b and b.group(1) in labels and labels[b.group(1)] <= addr:
-            size = (addr - labels[b.group(1)]) // 16 + 1
-            if size > 3:
-                best = max(best, size)
-    return best
+            lo = labels[b.group(1)]
+            if (addr - lo) // 16 + 1 > 3 and addr - lo > best[1] - best[0]:
+                best = (lo, addr)
+    return [t for a, t in text if best[0] <= a <= best[1]] if best != (0, 0) else []
+
+
+def main_loop(sass: str) -> int:
+    """Instructions in the largest loop of a disassembled kernel (`loop_body`); 0 where it has no loop."""
+    return len(loop_body(sass))
+
+
+def asynchronous_copies(loop: list[str]) -> bool:
+    """Whether a main loop fetches from global memory by asynchronous copies into shared memory: LDGSTS (cp.async)
+    or TMA (UTMALDG), which Triton's pipeliner issues iterations ahead of their use into multiple buffers."""
+    import re
+
+    return any(re.match(r"^(@!?U?P\w+\s+)?(LDGSTS|UTMALDG)\b", t) for t in loop)
+
+
+def bytes_in_flight(nbytes: int, asynchronous: bool, num_stages: int, shared: int) -> int:
+    """Bytes one block has outstanding to DRAM at a time in its main loop.
+
+    A loop of plain loads (LDG) issues one iteration's loads and waits for them before it uses them: one
+    iteration's bytes are in flight. A loop of asynchronous copies (LDGSTS/cp.async or TMA), pipelined over
+    `num_stages` stages, keeps the copies of the next num_stages - 1 iterations in flight while it computes one;
+    they land in shared memory, so no more iterations can be outstanding than the block's shared memory holds
+    (and at least one is)."""
+    if not asynchronous:
+        return nbytes
+    return nbytes * max(1, min(num_stages - 1, shared // nbytes))
 
 
 def _bytes_per_iteration(kernel: str, c: dict) -> int | None:
@@ -210,9 +249,28 @@ def _bytes_per_iteration(kernel: str, c: dict) -> int | None:
     return None
 
 
+# What each decode kernel is meant to reach when it reads 256 MB or more, as a fraction of the GPU's stream read
+# (the streaming read probe, itself meant to reach 0.90 of the peak bandwidth); the report prices each kernel's
+# lower ceiling against 1.1x its target, the margin a kernel needs over the DRAM it is to keep busy
+STREAM_READ = 0.90
+TARGETS = {"_paged_decode_kernel": {0: 0.85, 5: 0.85, 1: 0.80, 2: 0.80, 3: 0.80, 4: 0.80},
+           "_int4_decode_kernel": 0.70, "_nvfp4_decode_kernel": 0.70, "_tq_decode_kernel": 0.60,
+           "_kivi_decode_kernel": 0.60}
+
+
+def target_of_peak(kernel: str, consts: dict) -> float | None:
+    """A kernel's target as a fraction of the peak bandwidth (None for kernels without one)."""
+    if kernel == "_read_kernel":
+        return STREAM_READ
+    t = TARGETS.get(kernel)
+    if isinstance(t, dict):
+        t = t.get(consts.get("MODE"))
+    return None if t is None else t * STREAM_READ
+
+
 def _report_row(launch: dict, consts: dict, compiled, arch: int) -> dict:
-    """Registers, shared memory, blocks per SM (from the compiled kernel), main-loop warp-instructions per byte
-    (from its SASS) and the issue ceiling they set."""
+    """Registers, shared memory, blocks per SM (from the compiled kernel), main-loop warp-instructions per byte and
+    bytes in flight (from its SASS and its pipeline stages), and the two ceilings they set on each GPU of `GPUS`."""
     import re
     import tempfile
 
@@ -223,6 +281,7 @@ def _report_row(launch: dict, consts: dict, compiled, arch: int) -> dict:
     if m:
         regs, spill = int(m.group(1)), int(m.group(2))
     warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
+    stages = compiled.metadata.num_stages
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "k.cubin")
@@ -230,31 +289,61 @@ def _report_row(launch: dict, consts: dict, compiled, arch: int) -> dict:
             f.write(compiled.asm["cubin"])
         sass = subprocess.run([os.path.join(bin_dir, "nvdisasm"), "-c", path], capture_output=True,
                               text=True).stdout
-    loop = main_loop(sass)
+    body = loop_body(sass)
+    loop = len(body)
     if not loop:  # no loop: the whole program
         loop = sum(1 for line in sass.splitlines() if re.match(r"^\s*/\*[0-9a-f]{4,}\*/", line))
     nbytes = _bytes_per_iteration(launch["kernel"], consts)
     per_byte = loop * warps / nbytes if nbytes else None
-    ceiling = SM90["sms"] * SM90["issue"] * SM90["clock_hz"] / per_byte if per_byte else None
-    return {"kernel": launch["kernel"], "constants": consts, "warps": warps, "registers": regs, "spilled": spill,
-            "shared": shared, "blocks_per_sm": blocks_per_sm(regs, shared, warps), "loop_instructions": loop,
-            "bytes_per_iteration": nbytes, "instructions_per_byte": per_byte, "issue_ceiling_bytes_per_s": ceiling}
+    blocks = blocks_per_sm(regs, shared, warps)
+    asynchronous = asynchronous_copies(body)
+    in_flight = blocks * bytes_in_flight(nbytes, asynchronous, stages, shared) if nbytes else None
+    share = target_of_peak(launch["kernel"], consts)
+    gpus = {}
+    for name, g in GPUS.items():
+        issue = g["sms"] * SM90["issue"] * SM90["clock_hz"] / per_byte if per_byte else None
+        latency = in_flight * g["sms"] / DRAM_LATENCY_S if in_flight else None
+        gpus[name] = {"issue_ceiling_bytes_per_s": issue, "latency_ceiling_bytes_per_s": latency,
+                      "ceiling_bytes_per_s": min(issue, latency) if issue and latency else None,
+                      "needed_bytes_per_s": 1.1 * share * g["peak_bytes_per_s"] if share else None}
+    return {"kernel": launch["kernel"], "constants": consts, "warps": warps, "num_stages": stages,
+            "registers": regs, "spilled": spill, "shared": shared, "blocks_per_sm": blocks,
+            "loop_instructions": loop, "asynchronous_copies": asynchronous, "bytes_per_iteration": nbytes,
+            "bytes_in_flight_per_sm": in_flight, "instructions_per_byte": per_byte,
+            "issue_ceiling_bytes_per_s": gpus["H100"]["issue_ceiling_bytes_per_s"], "gpus": gpus}
+
+
+def row_name(r: dict) -> str:
+    """A launch's name in the report: its kernel and the constants that tell its variants apart."""
+    c = r["constants"]
+    return " ".join([r["kernel"]] + [f"{k}={c[k]}" for k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8") if k in c])
+
+
+def _tb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e12:.2f}"
 
 
 def print_report(rows: list[dict]) -> None:
     print("\nstatic report (sm_90): registers, shared memory and blocks per SM from the compiled kernels; main-loop "
           "warp-instructions per byte from their SASS; issue ceiling = 132 SMs x 4 warp-instructions a clock x "
-          "1.98 GHz / instructions per byte")
+          "1.98 GHz / instructions per byte (H100 and H200 alike); bytes in flight per SM = blocks per SM x a "
+          "block's outstanding bytes (one iteration for plain loads; num_stages - 1 iterations, as many as its "
+          "shared memory holds, for asynchronous copies: copy column, with the stages); latency ceiling = bytes in "
+          "flight per SM x 132 SMs / 600 ns (H100 and H200 alike); per GPU the lower of the two and the 1.1x target "
+          "it is held to (H100 3.35 TB/s peak, H200 4.8 TB/s), in TB/s")
     print(f"{'kernel':44} {'warps':>5} {'regs':>4} {'smem B':>7} {'blocks/SM':>9} {'loop instr':>10} "
-          f"{'B/iter':>7} {'instr/B':>8} {'ceiling TB/s':>12}")
+          f"{'B/iter':>7} {'instr/B':>8} {'copy':>6} {'KB/SM':>6} {'issue':>6} {'latency':>7} {'H100':>5} "
+          f"{'need':>5} {'H200':>5} {'need':>5}")
     for r in rows:
-        c = r["constants"]
-        what = r["kernel"] + " " + " ".join(f"{k}={c[k]}" for k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8")
-                                            if k in c)
         per_b = "-" if r["instructions_per_byte"] is None else f"{r['instructions_per_byte']:.3f}"
-        ceil = "-" if r["issue_ceiling_bytes_per_s"] is None else f"{r['issue_ceiling_bytes_per_s'] / 1e12:.2f}"
-        print(f"report {what:37} {r['warps']:>5} {r['registers']:>4} {r['shared']:>7} {r['blocks_per_sm']:>9} "
-              f"{r['loop_instructions']:>10} {r['bytes_per_iteration'] or '-':>7} {per_b:>8} {ceil:>12}")
+        copy = f"{'async' if r['asynchronous_copies'] else 'ldg'}{r['num_stages']}"
+        kb = "-" if r["bytes_in_flight_per_sm"] is None else f"{r['bytes_in_flight_per_sm'] / 1024:.0f}"
+        h100, h200 = r["gpus"]["H100"], r["gpus"]["H200"]
+        print(f"report {row_name(r):37} {r['warps']:>5} {r['registers']:>4} {r['shared']:>7} {r['blocks_per_sm']:>9} "
+              f"{r['loop_instructions']:>10} {r['bytes_per_iteration'] or '-':>7} {per_b:>8} {copy:>6} {kb:>6} "
+              f"{_tb(h100['issue_ceiling_bytes_per_s']):>6} {_tb(h100['latency_ceiling_bytes_per_s']):>7} "
+              f"{_tb(h100['ceiling_bytes_per_s']):>5} {_tb(h100['needed_bytes_per_s']):>5} "
+              f"{_tb(h200['ceiling_bytes_per_s']):>5} {_tb(h200['needed_bytes_per_s']):>5}")
 
 
 def compile_all(launches: list[dict], archs: list[int], report: list | None = None) -> int:
@@ -296,6 +385,7 @@ def main() -> int:
     ap.add_argument("--arch", type=int, action="append", help="compute capability x 10, e.g. 90 (H100/H200)")
     ap.add_argument("--report", action="store_true",
                     help="after compiling, a static performance report per launch (sm_90 only)")
+    ap.add_argument("--json", metavar="PATH", help="with --report: its rows as JSON, written to PATH")
     ap.add_argument("--capture", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.capture:
@@ -315,6 +405,9 @@ def main() -> int:
     failed = compile_all(launches, args.arch or [90], report)
     if report:
         print_report(report)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump([{**r, "name": row_name(r)} for r in report], f, indent=1)
     return 1 if failed else 0
 
 
