@@ -166,19 +166,92 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def split_plan(seqs: int, kv_heads: int, max_ctx: int, unit: int, device: torch.device,
-               splits: int | None = None, min_split_tokens: int = 256) -> tuple[int, int]:
-    """(number of splits, tokens per split): enough (sequence, KV head, split) programs to give every SM about four,
-    no split shorter than `min_split_tokens` (so the partial rows stay a small fraction of the bytes read), split
-    lengths a multiple of `unit` (the kernel's tile). One split off the GPU unless `splits` says otherwise."""
-    if splits is None:
-        splits = 1
-        if device.type == "cuda":
-            sms = sm_count(device)
-            splits = max(1, min(-(-4 * sms // (seqs * kv_heads)), max_ctx // min_split_tokens))
+# What one SM holds when the device does not say (Hopper's figures): registers, shared memory in bytes, threads,
+# resident blocks
+_SM_DEFAULTS = {"regs": 65536, "smem": 233472, "threads": 2048, "blocks": 32}
+
+
+@functools.lru_cache(maxsize=None)
+def sm_limits(device: torch.device) -> dict:
+    """Per-SM registers, shared memory, threads and blocks of a CUDA device, from its properties where torch
+    reports them."""
+    props = torch.cuda.get_device_properties(device)
+    return {"regs": getattr(props, "regs_per_multiprocessor", None) or _SM_DEFAULTS["regs"],
+            "smem": getattr(props, "shared_memory_per_multiprocessor", None) or _SM_DEFAULTS["smem"],
+            "threads": getattr(props, "max_threads_per_multi_processor", None) or _SM_DEFAULTS["threads"],
+            "blocks": _SM_DEFAULTS["blocks"]}
+
+
+def occupancy(regs: int, shared: int, warps: int, limits: dict | None = None) -> int:
+    """Blocks of a kernel resident on one SM at once: the fewest its registers (allocated 256 a warp at a time),
+    shared memory (plus the 1 KB the hardware reserves per block) and warps allow, and at least one."""
+    lim = limits or _SM_DEFAULTS
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    return max(1, min(lim["regs"] // (per_warp * warps), lim["smem"] // (shared + 1024),
+                      lim["threads"] // (32 * warps), lim["blocks"]))
+
+
+# Blocks per SM of each compiled decode kernel, by the launcher's key (its device and compile-time constants),
+# learned from the compiled kernel its first launch returns
+_OCCUPANCY: dict = {}
+
+
+def known_occupancy(key) -> int | None:
+    """The blocks per SM recorded for a launcher's `key` (None before its first launch on a GPU)."""
+    return _OCCUPANCY.get(key)
+
+
+def remember_occupancy(key, compiled, device: torch.device) -> None:
+    """Record the blocks per SM of `compiled` (what a Triton launch returns: its registers, `n_regs`, are known once
+    it is loaded on the GPU; its shared memory and warps are in its metadata) under `key`, on a GPU only."""
+    if device.type != "cuda" or key in _OCCUPANCY:
+        return
+    regs = getattr(compiled, "n_regs", None)
+    meta = getattr(compiled, "metadata", None)
+    if not regs or meta is None:
+        return
+    _OCCUPANCY[key] = occupancy(int(regs), int(meta.shared), int(meta.num_warps), sm_limits(device))
+
+
+def _split_count(max_ctx: int, splits: int, unit: int) -> tuple[int, int]:
+    """(splits, tokens per split) once the split length is rounded up to a multiple of `unit`."""
     per = -(-max(max_ctx, 1) // max(1, splits))
     per = -(-per // unit) * unit
     return -(-max(max_ctx, 1) // per), per
+
+
+@functools.lru_cache(maxsize=4096)
+def wave_splits(sms: int, blocks_per_sm: int, seqs: int, kv_heads: int, max_ctx: int, unit: int,
+                min_split_tokens: int = 256) -> int:
+    """The split count that fills the GPU in whole waves: the seqs x kv_heads x splits programs run
+    sms x blocks_per_sm at a time, and a last wave only partly full leaves SMs idle while it runs. Among the split
+    counts the context allows (no split shorter than `min_split_tokens`, lengths a multiple of `unit`), each is
+    scored by the fraction of the waves' program slots it fills; the fewest splits within 5% of the best score win
+    (each split adds a partial row to write and combine)."""
+    slots = max(1, sms * blocks_per_sm)
+    pairs = max(1, seqs * kv_heads)
+    fill = {}
+    for s in range(1, max(1, max_ctx // max(1, min_split_tokens)) + 1):
+        n = _split_count(max_ctx, s, unit)[0]
+        programs = pairs * n
+        fill[n] = programs / (-(-programs // slots) * slots)
+    best = max(fill.values())
+    return min(n for n, f in fill.items() if f >= 0.95 * best)
+
+
+def split_plan(seqs: int, kv_heads: int, max_ctx: int, unit: int, device: torch.device,
+               splits: int | None = None, min_split_tokens: int = 256,
+               blocks_per_sm: int | None = None) -> tuple[int, int]:
+    """(number of splits, tokens per split): on a GPU, the split count `wave_splits` picks for the device's SMs and
+    the kernel's `blocks_per_sm` (its occupancy; 4 where the launcher does not know it yet), no split shorter than
+    `min_split_tokens` (so the partial rows stay a small fraction of the bytes read), split lengths a multiple of
+    `unit` (the kernel's tile). One split off the GPU unless `splits` says otherwise."""
+    if splits is None:
+        splits = 1
+        if device.type == "cuda":
+            splits = wave_splits(sm_count(device), blocks_per_sm or 4, seqs, kv_heads, max_ctx, unit,
+                                 min_split_tokens)
+    return _split_count(max_ctx, splits, unit)
 
 
 def _output(seqs: int, heads: int, d: int, dtype: torch.dtype, device: torch.device,
@@ -194,14 +267,16 @@ def _output(seqs: int, heads: int, d: int, dtype: torch.dtype, device: torch.dev
 
 def split_buffers(q: torch.Tensor, kv_heads: int, max_ctx: int, unit: int, splits: int | None = None,
                   workspace: dict | None = None,
-                  out_dtype: torch.dtype | None = None) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+                  out_dtype: torch.dtype | None = None,
+                  blocks_per_sm: int | None = None) -> tuple[int, int, torch.Tensor, torch.Tensor]:
     """For queries q [seqs, heads, d]: the split plan (`split_plan`) and its buffers, the partial outputs
     [seqs x splits, heads, d] (float32) and their (max, sum) [seqs x splits, heads, 2]: (splits, split_len, part,
     ml). With one split and an `out_dtype`, `part` is the answer itself [seqs, heads, d] in that dtype: the kernel
     writes it and `combine_splits` launches nothing. With a `workspace` (a dict the caller keeps), the buffers are
-    allocated on the first call and reused on every later call of the same shapes."""
+    allocated on the first call and reused on every later call of the same shapes. `blocks_per_sm`: the kernel's
+    occupancy, for the split plan."""
     seqs, heads, d = q.shape
-    n_split, split_len = split_plan(seqs, kv_heads, max_ctx, unit, q.device, splits)
+    n_split, split_len = split_plan(seqs, kv_heads, max_ctx, unit, q.device, splits, blocks_per_sm=blocks_per_sm)
     key = ("split", seqs * n_split, heads, d, q.device)
     bufs = workspace.get(key) if workspace is not None else None
     if bufs is None:

@@ -23,7 +23,9 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    known_occupancy,
     program_coords,
+    remember_occupancy,
     safe_sum,
     slot_offsets,
     softmax_step,
@@ -265,22 +267,20 @@ def reshape_and_cache(cache: torch.Tensor, layout: SlotLayout, slots: torch.Tens
 
 def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
                  context_lens: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0, tile: int = 64,
-                 splits: int | None = None, workspace: dict | None = None) -> torch.Tensor:
+                 splits: int | None = None, workspace: dict | None = None, num_warps: int | None = None,
+                 num_stages: int | None = None) -> torch.Tensor:
     """Attention of q [seqs, heads, D] over each sequence's cached tokens; returns [seqs, heads, D] in q's dtype.
     `tile`: the tokens a program takes at a time (a power of two, 16 at least; split lengths are multiples of it).
-    `splits`: programs per sequence and KV head along the context (default: enough to fill the GPU). The per-tensor
+    `splits`: programs per sequence and KV head along the context (default: enough to fill the GPU's SMs in whole
+    waves at the kernel's occupancy, which the first launch on a GPU reports and later calls use). The per-tensor
     scales travel as kernel arguments (no tensor is built per call); `workspace` (see `split_buffers`) keeps the
-    split buffers and the output from call to call."""
+    split buffers and the output from call to call. `num_warps`, `num_stages`: Triton's launch options (its
+    defaults, 4 and 3, where not given)."""
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and heads % kv_heads == 0
     group = heads // kv_heads
-    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
-                                                 q.dtype)
-    _paged_decode_kernel[(seqs, kv_heads, n_split)](
-        q, cache, block_table, context_lens, part, ml, float(k_scale), float(v_scale),
-        1.0 / math.sqrt(d), block_table.shape[1], group, split_len,
-        q.stride(0), q.stride(1), part.stride(0), part.stride(1),
+    consts = dict(
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot,
         K_DATA=layout.k_data, K_SCALE=max(layout.k_scale, 0), V_DATA=layout.v_data, V_SCALE=max(layout.v_scale, 0),
         HEAD_DIM=d, D_PAD=max(16, triton.next_power_of_2(d)), G_PAD=max(16, triton.next_power_of_2(group)),
@@ -291,6 +291,16 @@ def paged_decode(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block
         # interpreter too
         WIDEN=_INTERPRETED,
     )
+    options = {k: v for k, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
+    key = (q.device, q.dtype, num_warps, num_stages, *sorted(consts.items()))
+    n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
+                                                 q.dtype, blocks_per_sm=known_occupancy(key))
+    compiled = _paged_decode_kernel[(seqs, kv_heads, n_split)](
+        q, cache, block_table, context_lens, part, ml, float(k_scale), float(v_scale),
+        1.0 / math.sqrt(d), block_table.shape[1], group, split_len,
+        q.stride(0), q.stride(1), part.stride(0), part.stride(1), **consts, **options,
+    )
+    remember_occupancy(key, compiled, q.device)
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
 
