@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything `kvplan measure` is for, on one CUDA GPU, in one go (about 4 minutes on an H100 or H200):
+# Everything `kvplan measure` is for, on one CUDA GPU, in one go (about 6 minutes on an H100 or H200):
 #   wheels    install the wheels of benchmarks/device_wheels.txt from .whl/ (where the machine has no index;
 #             benchmarks/fetch_device_wheels.sh downloads them), each one checked present first;
 #   imports   kvplan, torch, triton and kvplan's own requirements import, with their versions;
@@ -9,11 +9,14 @@
 #             written as a calibration profile;
 #   validate-auto, validate-fp8, validate-int4_per_token_head
 #             `kvplan measure --validate llama3-8b`: a synthetic decode step of Llama-3-8B's shapes against the
-#             roofline and the calibrated prediction, for bf16, fp8 and int4 KV caches.
+#             roofline and the calibrated prediction, for bf16, fp8 and int4 KV caches;
+#   probe     `kvplan measure --probe`: the bf16 and fp8 decode kernels' tile sizes, warps, stages and splits, and
+#             the L2 flush methods, swept for at most 90 seconds, the findings written as probe.json.
 # Every step runs, whatever the earlier ones did. Everything lands in OUTDIR (default: $OUT where that is set, else
-# ./device-check), in three files: results.tsv (one line per step: its name, exit status and seconds),
-# steps.log (each step's output under a "== step" header) and calibration.yaml (the profile to keep under
-# hardware/calibration/). The script exits 0 when every step passed, 1 otherwise.
+# ./device-check), in four files: results.tsv (one line per step: its name, exit status and seconds),
+# steps.log (each step's output under a "== step" header), calibration.yaml (the profile to keep under
+# hardware/calibration/) and probe.json (the probe's findings). The script exits 0 when every step passed, 1
+# otherwise.
 #
 #   bash benchmarks/device_check.sh [OUTDIR]
 #
@@ -86,6 +89,7 @@ cal=()
 for dtype in auto fp8 int4_per_token_head; do
     run_step "validate-$dtype" python3 -m kvplan measure --validate llama3-8b -d "$dtype" "${cal[@]}"
 done
+run_step probe python3 -m kvplan measure --probe --budget 90 --output "$out/probe.json"
 echo "== results ($out/results.tsv)"
 cat "$out/results.tsv"
 exit $failed

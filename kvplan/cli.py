@@ -809,6 +809,13 @@ def measure(
                                                   "many as fit in 40% of the free memory)")] = None,
     calibration: Annotated[Optional[str], typer.Option("--calibration", help="with --validate: the profile to check "
                                                        "(default: the one saved for this GPU)")] = None,
+    probe: Annotated[bool, typer.Option("--probe", help="sweep the bf16 and fp8 decode kernels' tile sizes, warps, "
+                                        "pipeline stages and splits, and the L2 flush methods (read, write, none), "
+                                        "at 64 sequences x 8 KV heads x 4,096 tokens, and write what was found as "
+                                        "JSON to --output (default: kvplan's cache directory, named after the "
+                                        "GPU); about two minutes")] = False,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="with --probe: seconds the sweep may take "
+                                                    "before it stops (default 90)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure this GPU: streaming probes, weight GEMVs and the paged decode kernel of every KV format over sizes
@@ -836,6 +843,16 @@ def measure(
                           "write none")
     if quick and validate is not None:
         raise KvplanError("--quick shortens the calibration sweep; --validate times one decode step: drop --quick")
+    if budget is not None and not probe:
+        raise KvplanError("--budget bounds the kernel sweep of --probe; add --probe or drop it")
+    if probe:
+        if dry_run or validate is not None or quick:
+            raise KvplanError("--probe sweeps the decode kernels' settings on its own: drop "
+                              + ("--dry-run" if dry_run else "--validate" if validate is not None else "--quick"))
+        if device != "cuda":
+            raise KvplanError("--probe times the kernels on a CUDA GPU; --device cpu runs none of it")
+        if budget is not None and not 0 < budget < float("inf"):
+            raise KvplanError(f"--budget {budget:g}: give a positive number of seconds")
     if dry_run:
         spec = load_gpu(gpu or "h100")
         plan = measure_plan(quick, l2_bytes=int((spec.l2_mb or 50) * MB),
@@ -863,6 +880,25 @@ def measure(
     except ImportError:
         raise KvplanError("kvplan measure needs torch and triton: pip install 'kvplan[gpu]' (--dry-run works "
                           "without them)") from None
+    if probe:
+        from .measure_run import run_probe
+
+        path, found = run_probe(output, 90.0 if budget is None else budget)
+        if as_json:
+            _show(True, found, "")
+        else:
+            for fmt, row in found["best"].items():
+                print(f"fastest {fmt}: tile {row['tile']}, {row['num_warps']} warps, {row['num_stages']} stages, "
+                      f"{row['splits_used']} splits: {row['seconds'] * 1e6:,.1f} us, "
+                      f"{row['bytes_per_s'] / 1e12:.2f} TB/s")
+            for method, row in found.get("flush", {}).items():
+                if "seconds" in row:
+                    print(f"after a {method} flush: {row['seconds'] * 1e6:,.1f} us, "
+                          f"{row['bytes_per_s'] / 1e12:.2f} TB/s")
+            print(f"timed {found['timed']} of {found['planned']} configurations in {found['elapsed_s']:.0f} s"
+                  + (" (the budget ran out)" if found["stopped_at_budget"] else ""))
+        print(f"wrote the probe's findings {path}", file=sys.stderr)
+        return
     if validate is not None:
         from .measure_run import run_validate
 

@@ -145,3 +145,43 @@ def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, contex
             out["calibrated_ms"] = (gemv.seconds(r["weight_bytes"], p, calls=r["gemv_calls"])
                                     + dec.seconds(r["kv_bytes"], p, calls=layers)) * 1e3
     return out
+
+
+def probe_path(device_name: str) -> str:
+    """Where `kvplan measure --probe` writes by default: kvplan's cache directory, named after the GPU."""
+    return str(cache_dir() / ("probe-" + profile_name(device_name).removesuffix(".yaml") + ".json"))
+
+
+def run_probe(output: Optional[str] = None, budget_s: float = 90.0, samples: int = 10) -> tuple[str, dict]:
+    """Sweep the bf16 and fp8 paged decode kernels' tile sizes, warps, stages and splits, and the L2 flush methods,
+    on the GPU torch sees, for at most `budget_s` seconds of sweep; write the findings as JSON (atomically) to
+    `output`. Returns the path and the findings."""
+    import json
+
+    import torch
+
+    from .files import atomic_write_text
+
+    if not torch.cuda.is_available():
+        raise KvplanError("kvplan measure --probe needs a CUDA GPU, and torch sees none")
+    from kvplan.kernels.bench import device_info
+    from kvplan.kernels.probe import run_probe as sweep_kernels
+
+    device = torch.device("cuda:0")
+    info = device_info(device)
+    peak, l2 = _catalog_peak(info["name"])
+    path = output or probe_path(info["name"])
+    if not output:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+
+    def say(what: str) -> None:
+        print(f"probe: {what}", file=sys.stderr)
+
+    found = sweep_kernels(device, max(2 * int(l2 or 50 * MB), 64 * MB), budget_s, samples, say)
+    found = {"device": info, "peak_bytes_per_s": peak, **found}
+    if peak:
+        for row in found["configurations"] + [v for v in found.get("flush", {}).values() if isinstance(v, dict)]:
+            if "bytes_per_s" in row:
+                row["fraction_of_peak"] = row["bytes_per_s"] / peak
+    atomic_write_text(path, json.dumps(found, indent=1, default=str) + "\n")
+    return path, found

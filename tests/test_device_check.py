@@ -22,6 +22,11 @@ case "$*" in
     out=""; prev=""
     for a in "$@"; do [ "$prev" = "--output" ] && out=$a; prev=$a; done
     echo "schema: kvplan-calibration/1" >"$out" ;;
+  *"measure --probe"*)
+    if [ -n "${FAIL_PROBE:-}" ]; then echo "the probe failed"; exit 4; fi
+    out=""; prev=""
+    for a in "$@"; do [ "$prev" = "--output" ] && out=$a; prev=$a; done
+    echo "{}" >"$out" ;;
   *) echo "ran: $*" ;;
 esac
 exit 0
@@ -38,7 +43,7 @@ def _manifest() -> list[tuple[str, str]]:
     return rows
 
 
-def _run(tmp_path, *, fail_measure: bool, drop: str | None):
+def _run(tmp_path, *, fail_measure: bool, drop: str | None, fail_probe: bool = False):
     if shutil.which("bash") is None:
         pytest.skip("no bash")
     work = tmp_path / "repo"
@@ -56,6 +61,8 @@ def _run(tmp_path, *, fail_measure: bool, drop: str | None):
     env.pop("OUT", None)
     if fail_measure:
         env["FAIL_MEASURE"] = "1"
+    if fail_probe:
+        env["FAIL_PROBE"] = "1"
     out = tmp_path / "out"
     r = subprocess.run(["bash", str(SCRIPT), str(out)], cwd=work, env=env, capture_output=True, text=True,
                        timeout=60)
@@ -64,14 +71,15 @@ def _run(tmp_path, *, fail_measure: bool, drop: str | None):
 
 
 def test_every_step_runs_when_one_fails(tmp_path):
-    r, status, calls, out = _run(tmp_path, fail_measure=True, drop="pyyaml")
-    # the missing wheel fails the wheels step and the self-check fails measure; every later step still ran
+    r, status, calls, out = _run(tmp_path, fail_measure=True, drop="pyyaml", fail_probe=True)
+    # the missing wheel fails the wheels step, the self-check fails measure and the probe fails; every later step
+    # still ran
     assert status == {"wheels": 1, "imports": 0, "device": 0, "measure": 3, "validate-auto": 0, "validate-fp8": 0,
-                      "validate-int4_per_token_head": 0}
+                      "validate-int4_per_token_head": 0, "probe": 4}
     assert r.returncode == 1
     log = (out / "steps.log").read_text()
     assert "missing wheel: pyyaml==6.0.4" in log and "the self-check failed" in log
-    assert "== measure: exit 3" in log and "NVIDIA H200" in log
+    assert "== measure: exit 3" in log and "NVIDIA H200" in log and "== probe: exit 4" in log
     # the wheels went in without an index, into /tmp/site; the validations ran without a profile (none written)
     assert calls[0][:4] == ["-m", "pip", "install", "-q"] and "--no-index" in calls[0] and "/tmp/site" in calls[0]
     validate = [c for c in calls if "--validate" in c]
@@ -82,11 +90,13 @@ def test_every_step_runs_when_one_fails(tmp_path):
 
 def test_every_step_passes(tmp_path):
     r, status, calls, out = _run(tmp_path, fail_measure=False, drop=None)
-    assert set(status.values()) == {0} and len(status) == 7 and r.returncode == 0
+    assert set(status.values()) == {0} and len(status) == 8 and r.returncode == 0
     validate = [c for c in calls if "--validate" in c]
     assert all(c[c.index("--calibration") + 1] == str(out / "calibration.yaml") for c in validate)
-    # three files come back from the machine, well inside what a device run returns (8)
-    assert sorted(p.name for p in out.iterdir()) == ["calibration.yaml", "results.tsv", "steps.log"]
+    # the probe, last, with its budget and its output in the folder
+    assert calls[-1] == ["-m", "kvplan", "measure", "--probe", "--budget", "90", "--output", str(out / "probe.json")]
+    # four files come back from the machine, well inside what a device run returns (8)
+    assert sorted(p.name for p in out.iterdir()) == ["calibration.yaml", "probe.json", "results.tsv", "steps.log"]
 
 
 def test_no_step_cancels_the_others():

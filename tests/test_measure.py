@@ -331,3 +331,107 @@ def test_self_check_on_a_gpu_covers_the_write_kernels_at_the_timed_shape(monkeyp
     assert seen["decode"][-1][1] == [0, 1, 37, 4096]
     assert seen["paged"] == [(f, 8, 128) for f in bench.PAGED_FORMATS]
     assert seen["quantized"] == (8, 128, bench.QUANTIZED_FORMATS)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# kvplan measure --probe
+
+
+def test_probe_refuses_without_a_gpu(cli):
+    r = cli("measure", "--probe", "--budget", "5")
+    try:
+        import torch
+    except ImportError:  # without torch the same refusal, naming what is missing
+        assert r.code == 2 and "needs torch and triton" in r.err and r.err.count("\n") == 1
+        return
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert r.code == 2 and r.err == "kvplan: error: kvplan measure --probe needs a CUDA GPU, and torch sees none\n"
+    assert r.out == ""
+    for args, says in ((("--budget", "5"), "add --probe"), (("--probe", "--budget", "0"), "positive"),
+                       (("--probe", "--quick"), "drop --quick"), (("--probe", "--dry-run"), "drop --dry-run"),
+                       (("--probe", "--device", "cpu"), "CUDA GPU")):
+        r = cli("measure", *args)
+        assert r.code == 2 and says in r.err and r.err.count("\n") == 1 and "Traceback" not in r.err
+
+
+def test_probe_configurations_start_from_the_defaults():
+    from kvplan.kernels.probe import Config, configurations
+
+    configs = configurations()
+    # 2 formats x 4 tiles x 2 warp counts x 3 stage counts x 6 split choices
+    assert len(configs) == 2 * 4 * 2 * 3 * 6 == 288 and len(set(configs)) == 288
+    assert configs[:2] == [Config("bfloat16", 64, 4, 3, None), Config("fp8_e4m3", 64, 4, 3, None)]
+    # then one setting changed at a time (5 other splits, 1 other warp count, 2 other stage counts, 3 other tiles:
+    # 11 per format), the split counts first
+    assert configs[2] == Config("bfloat16", 64, 4, 3, 1)
+    assert all(sum((c.tile != 64, c.num_warps != 4, c.num_stages != 3, c.splits is not None)) == 1
+               for c in configs[2:24])
+    assert configs[-1] == Config("fp8_e4m3", 16, 8, 4, 8)  # the last: every setting changed
+
+
+def test_probe_sweep_with_a_fake_timer():
+    from kvplan.kernels.probe import Config, compare_flushes, configurations, sweep
+
+    configs = configurations(tiles=(64, 128), warps=(4, 8), stages=(3,), splits=(None, 2))
+    # 2 tiles x 2 warp counts x 2 split choices x 2 formats; in order: the defaults, then one change (splits 2,
+    # 8 warps, tile 128), each in bf16 then fp8
+    assert len(configs) == 16
+    assert [(c.fmt, c.tile, c.num_warps, c.splits) for c in configs[:8]] == [
+        ("bfloat16", 64, 4, None), ("fp8_e4m3", 64, 4, None), ("bfloat16", 64, 4, 2), ("fp8_e4m3", 64, 4, 2),
+        ("bfloat16", 64, 8, None), ("fp8_e4m3", 64, 8, None), ("bfloat16", 128, 4, None), ("fp8_e4m3", 128, 4, None)]
+    now = [0.0]
+    times = {("bfloat16", 64, 4, None): 400e-6, ("bfloat16", 64, 4, 2): 350e-6, ("bfloat16", 128, 4, None): 300e-6,
+             ("fp8_e4m3", 64, 4, None): 250e-6, ("fp8_e4m3", 64, 4, 2): 200e-6, ("fp8_e4m3", 64, 8, None): 220e-6}
+
+    def measure(c: Config) -> dict:
+        now[0] += 1.0  # each configuration takes a second of the fake clock
+        if (c.fmt, c.num_warps) == ("bfloat16", 8):
+            raise RuntimeError("out of resources: shared memory\nmore detail")
+        # the 128-token bf16 tile is the fastest, but its answer disagrees with the default's
+        return {"seconds": times[(c.fmt, c.tile, c.num_warps, c.splits)], "matches": c.tile != 128}
+
+    def moved(c: Config) -> int:
+        return 2**30 if c.fmt == "bfloat16" else 2**29  # 1 GiB of bf16 cache, 512 MiB of fp8
+
+    r = sweep(configs, measure, moved, budget_s=7, clock=lambda: now[0])
+    # the budget is checked before each configuration: the 8th starts at 7 s of 7, and is not timed
+    assert r["timed"] == 7 and r["planned"] == 16 and r["stopped_at_budget"] and r["elapsed_s"] == 7
+    rows = r["configurations"]
+    assert rows[4]["error"] == "RuntimeError: out of resources: shared memory" and "seconds" not in rows[4]
+    assert rows[6]["matches"] is False
+    # the fastest agreeing bf16: splits 2 at 350 us, 1,073,741,824 B / 350e-6 s = 3.0678e12 B/s; fp8: splits 2 at
+    # 200 us, 536,870,912 B / 200e-6 s = 2.6844e12 B/s
+    best = r["best"]
+    assert (best["bfloat16"]["tile"], best["bfloat16"]["splits"], best["bfloat16"]["seconds"]) == (64, 2, 350e-6)
+    assert best["bfloat16"]["bytes_per_s"] == pytest.approx(3.0678e12, rel=1e-4)
+    assert (best["fp8_e4m3"]["num_warps"], best["fp8_e4m3"]["splits"]) == (4, 2)
+    assert best["fp8_e4m3"]["bytes_per_s"] == pytest.approx(2.6844e12, rel=1e-4)
+    # a budget long enough times all 16
+    now[0] = 0.0
+    assert sweep(configs, measure, moved, budget_s=100, clock=lambda: now[0])["timed"] == 16
+    # the flush methods on one call of 1 GiB: read 400 us (2.684e12 B/s), write 500 us (2.147e12), none 250 us
+    flush = compare_flushes({"read": 400e-6, "write": 500e-6, "none": 250e-6}.__getitem__, 2**30)
+    assert flush["write"]["bytes_per_s"] == pytest.approx(2.1475e12, rel=1e-4)
+    assert flush["read"]["seconds"] == 400e-6 and list(flush) == ["read", "write", "none"]
+
+
+def test_probe_plumbing_on_cpu(monkeypatch):
+    # the GPU sweep's own code, run under the interpreter at a tiny shape: every row timed, answers compared
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kvplan.kernels import probe
+
+    for name, value in (("SEQS", 2), ("KV_HEADS", 2), ("HEADS", 4), ("CONTEXT", 64)):
+        monkeypatch.setattr(probe, name, value)
+    monkeypatch.setattr(probe, "configurations",
+                        lambda f=probe.configurations: f(tiles=(16, 32), warps=(4,), stages=(3,), splits=(None, 2)))
+    found = probe.run_probe(torch.device("cpu"), flush_bytes=4096, budget_s=600, samples=2)
+    assert found["timed"] == found["planned"] == 8 and not found["stopped_at_budget"]
+    for row in found["configurations"]:
+        assert row["matches"] is True and row["seconds"] > 0, row
+        # 2 sequences x 64 tokens x 2 KV heads x 512 B (bf16) or 256 B (fp8) a slot
+        assert row["bytes"] == 2 * 64 * 2 * (512 if row["fmt"] == "bfloat16" else 256)
+        assert row["splits_used"] == (1 if row["splits"] is None else 2)  # one split off the GPU unless told
+    assert set(found["best"]) == {"bfloat16", "fp8_e4m3"}
+    assert set(found["flush"]) == {"configuration", "read", "write", "none"}
