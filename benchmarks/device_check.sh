@@ -2,6 +2,10 @@
 # Everything `kvplan measure` is for, on one CUDA GPU, in one go (about 6 minutes on an H100 or H200):
 #   wheels    install the wheels of benchmarks/device_wheels.txt from .whl/ (where the machine has no index;
 #             benchmarks/fetch_device_wheels.sh downloads them), each one checked present first;
+#   wheels-alone
+#             benchmarks/wheels_alone.py: the same wheels installed from .whl/ alone (no index, dependencies from
+#             that folder only) into an empty virtual environment where torch and triton are the only other
+#             packages, and kvplan's measure path and kernels imported there: the set is all the device needs;
 #   imports   kvplan, torch, triton and kvplan's own requirements import, with their versions;
 #   device    the GPU, driver, torch and triton versions;
 #   measure   `kvplan measure --quick`: the self-check of every decode and write kernel against its torch
@@ -67,6 +71,14 @@ install_wheels() {
     return $missing
 }
 
+wheels_alone() {
+    if ! compgen -G ".whl/*.whl" >/dev/null; then
+        echo "no wheels in .whl/: nothing to check"
+        return 0
+    fi
+    python3 "$here/wheels_alone.py" --wheels .whl
+}
+
 imports() {
     python3 -c "
 import torch, triton, typer, pydantic, yaml, rich, kvplan.cli
@@ -80,6 +92,7 @@ device() {
 }
 
 run_step wheels install_wheels
+run_step wheels-alone wheels_alone
 export PYTHONPATH=/tmp/site:$PYTHONPATH  # the installed wheels first, where there were any
 run_step imports imports
 run_step device device

@@ -74,7 +74,7 @@ def test_every_step_runs_when_one_fails(tmp_path):
     r, status, calls, out = _run(tmp_path, fail_measure=True, drop="pyyaml", fail_probe=True)
     # the missing wheel fails the wheels step, the self-check fails measure and the probe fails; every later step
     # still ran
-    assert status == {"wheels": 1, "imports": 0, "device": 0, "measure": 3, "validate-auto": 0, "validate-fp8": 0,
+    assert status == {"wheels": 1, "wheels-alone": 0, "imports": 0, "device": 0, "measure": 3, "validate-auto": 0, "validate-fp8": 0,
                       "validate-int4_per_token_head": 0, "probe": 4}
     assert r.returncode == 1
     log = (out / "steps.log").read_text()
@@ -90,7 +90,9 @@ def test_every_step_runs_when_one_fails(tmp_path):
 
 def test_every_step_passes(tmp_path):
     r, status, calls, out = _run(tmp_path, fail_measure=False, drop=None)
-    assert set(status.values()) == {0} and len(status) == 8 and r.returncode == 0
+    assert set(status.values()) == {0} and len(status) == 9 and r.returncode == 0
+    # the wheels checked alone, in an empty environment beside torch and triton
+    assert calls[1] == [str(ROOT / "benchmarks" / "wheels_alone.py"), "--wheels", ".whl"]
     validate = [c for c in calls if "--validate" in c]
     assert all(c[c.index("--calibration") + 1] == str(out / "calibration.yaml") for c in validate)
     # the probe, last, with its budget and its output in the folder
@@ -136,3 +138,29 @@ def test_the_wheels_are_a_closed_set():
         checked += 1
     if not checked:
         pytest.skip("none of the pinned versions is installed here")
+
+
+def _python312() -> str | None:
+    """A CPython 3.12 to install the wheels with (they are built for it): KVPLAN_DEVICE_PYTHON, or python3.12."""
+    for exe in (os.environ.get("KVPLAN_DEVICE_PYTHON"), shutil.which("python3.12")):
+        if exe and subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"],
+                                  capture_output=True).returncode == 0:
+            return exe
+    return None
+
+
+def test_the_wheels_install_alone():
+    # the wheels of .whl/ (or KVPLAN_DEVICE_WHEELS), installed with no index into an empty virtual environment,
+    # dependencies resolved from that folder alone; kvplan's measure path imports and plans there, and measure
+    # itself refuses in one line (torch and triton are left out here; benchmarks/device_check.sh runs the same check
+    # on the GPU machine with them present)
+    wheels = Path(os.environ.get("KVPLAN_DEVICE_WHEELS") or ROOT / ".whl")
+    if not wheels.is_dir() or not list(wheels.glob("*.whl")):
+        pytest.skip(f"no wheels in {wheels} (benchmarks/fetch_device_wheels.sh downloads them)")
+    py = _python312()
+    if py is None:
+        pytest.skip("no CPython 3.12 here (KVPLAN_DEVICE_PYTHON names one)")
+    r = subprocess.run([py, str(ROOT / "benchmarks" / "wheels_alone.py"), "--wheels", str(wheels), "--without-torch"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ok  measure --dry-run" in r.stdout and "ok  measure without torch" in r.stdout
