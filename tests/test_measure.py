@@ -435,3 +435,42 @@ def test_probe_plumbing_on_cpu(monkeypatch):
         assert row["splits_used"] == (1 if row["splits"] is None else 2)  # one split off the GPU unless told
     assert set(found["best"]) == {"bfloat16", "fp8_e4m3"}
     assert set(found["flush"]) == {"configuration", "read", "write", "none"}
+
+
+def test_probe_writes_its_findings(cli, tmp_path, monkeypatch):
+    # the command around the sweep, with the GPU stubbed: the findings land atomically at --output, each timed row
+    # with its fraction of the catalog's peak, and the fastest configurations are printed
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+
+    from kvplan.kernels import bench, probe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench, "device_info", lambda device: {"name": "NVIDIA H100 80GB HBM3", "device_type": "cuda"})
+    seen = {}
+
+    def fake_sweep(device, flush_bytes, budget_s, samples, progress):
+        seen.update(flush_bytes=flush_bytes, budget_s=budget_s)
+        row = {"fmt": "bfloat16", "tile": 64, "num_warps": 4, "num_stages": 3, "splits": None, "splits_used": 3,
+               "seconds": 2**30 / 3.015e12, "bytes": 2**30, "bytes_per_s": 3.015e12, "matches": True}
+        return {"configurations": [row, {"fmt": "fp8_e4m3", "tile": 128, "error": "OutOfResources: shared memory"}],
+                "best": {"bfloat16": row}, "planned": 288, "timed": 2, "stopped_at_budget": True, "budget_s": budget_s,
+                "elapsed_s": 30.2, "flush": {"configuration": {"fmt": "bfloat16"},
+                                             "write": {"seconds": 1e-3, "bytes_per_s": 1.675e12}}}
+
+    monkeypatch.setattr(probe, "run_probe", fake_sweep)
+    out = tmp_path / "probe.json"
+    r = cli("measure", "--probe", "--budget", "30", "--output", str(out))
+    assert r.code == 0, r.err
+    # the flush buffer: twice the H100's 50 MB L2 (100 MB = 104,857,600 B); the budget as given
+    assert seen == {"flush_bytes": 100 * MB, "budget_s": 30.0}
+    found = json.loads(out.read_text())
+    # 3.015e12 / 3.35e12 = 0.9 of the H100's peak; the write flush's 1.675e12 / 3.35e12 = 0.5
+    assert found["configurations"][0]["fraction_of_peak"] == pytest.approx(0.9)
+    assert found["flush"]["write"]["fraction_of_peak"] == pytest.approx(0.5)
+    assert "fraction_of_peak" not in found["configurations"][1] and found["peak_bytes_per_s"] == 3.35e12
+    # 2^30 B at 3.015e12 B/s: 356.1 us
+    assert "fastest bfloat16: tile 64, 4 warps, 3 stages, 3 splits: 356.1 us, 3.02 TB/s" in r.out
+    assert "after a write flush: 1,000.0 us, 1.68 TB/s" in r.out and "(the budget ran out)" in r.out
+    assert not list(tmp_path.glob(".*.tmp"))
