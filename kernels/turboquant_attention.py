@@ -225,68 +225,153 @@ def dequantize_cache_turboquant(cache: torch.Tensor, layout: SlotLayout) -> tupl
     return k, v
 
 
+TILE = 128  # tokens a decode program reads per step (the M of its tensor-core products)
+
+
+@lru_cache(maxsize=None)
+def pair_tables(key_bits: int, value_bits: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lookup tables indexed by two neighbouring codes at once (element 2i's code in the low bits, 2i+1's above it),
+    built once per layout and device (read-only):
+      keys, int64 [4^b]: the two Lloyd-Max centroids (times sqrt(d), a scale the norm correction cancels) as an
+        fp16 pair in the low 32 bits, their squares as an fp16 pair in the high 32 bits;
+      values, int32 [4^b]: the two codes themselves as an fp16 pair (exact).
+    fp8 keys (key_bits 8) use no key table; a placeholder of two rows is returned for them."""
+    if key_bits == 8:
+        keys = torch.zeros(2, dtype=torch.int64)
+    else:
+        n = 1 << key_bits
+        cent = torch.tensor(lloyd_max_centroids(key_bits, d), dtype=torch.float64) * math.sqrt(d)
+        p = torch.arange(n * n)
+        pair = torch.stack([cent[p % n], cent[p // n]], -1).to(torch.float16)
+        sq = pair.float().pow(2).to(torch.float16)
+        keys = torch.cat([pair, sq], -1).contiguous().view(torch.int64)[:, 0]
+    m = 1 << value_bits
+    p = torch.arange(m * m)
+    values = torch.stack([p % m, p // m], -1).to(torch.float16).contiguous().view(torch.int32)[:, 0]
+    return keys.contiguous().to(device), values.contiguous().to(device)
+
+
+@triton.jit
+def _pair_codes(cache_ptr, base, D: tl.constexpr, BITS: tl.constexpr):
+    """The codes of one side of each token, two at a time: [N, D/2] int32 indices (element 2i's b-bit code in the low
+    bits, 2i+1's above it) from the little-endian bit stream at byte offsets `base` [N]. 4 bits: one byte per pair.
+    3 bits: 16 codes in each run of three 16-bit words (slots are 2-byte aligned), eight 6-bit pairs."""
+    if BITS == 4:
+        j = tl.arange(0, D // 2)
+        return tl.load(cache_ptr + base[:, None] + j[None, :]).to(tl.int32)
+    else:
+        a = tl.arange(0, D // 16)
+        words = (cache_ptr + base[:, None] + 6 * a[None, :]).to(tl.pointer_type(tl.uint16))
+        w0 = tl.load(words).to(tl.uint32)
+        w1 = tl.load(words + 1).to(tl.uint32)
+        w2 = tl.load(words + 2).to(tl.uint32)
+        lo = w0 | (w1 << 16)  # bits 0-31 of the run: pairs 0-4
+        hi = (lo >> 30) | (w2 << 2)  # bits 30-47: pairs 5-7
+        # pair j at bit 6j; joined so that the pairs come out in order 0..7
+        even = tl.join(tl.join(lo & 63, (lo >> 24) & 63), tl.join((lo >> 12) & 63, (hi >> 6) & 63))
+        odd = tl.join(tl.join((lo >> 6) & 63, hi & 63), tl.join((lo >> 18) & 63, hi >> 12))
+        return tl.reshape(tl.join(even, odd), [base.shape[0], D // 2]).to(tl.int32)
+
+
+@triton.jit
+def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr):
+    """int32 [N, D/2], each two fp16 (element 2i in the low half) -> fp16 [N, D]."""
+    lo = (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.reshape(tl.join(lo, hi), [N, D])
+
+
+@triton.jit
+def _split_fp16(x):
+    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 operands keep ~22 bits of x."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
 @triton.jit
 def _tq_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, cent_ptr, sm_scale, max_blocks, group, split_len,
-    stride_qs, stride_qh, stride_os, stride_oh,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, key_table_ptr, value_table_ptr, sm_scale,
+    max_blocks, group, split_len, stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr,
     D: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, NORM_CORRECTION: tl.constexpr,
-    G_PAD: tl.constexpr, TILE: tl.constexpr,
+    G_PAD: tl.constexpr, TILE: tl.constexpr, KEY_ROWS: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     d_offs = tl.arange(0, D)
+    e = tl.arange(0, 2)
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :], mask=g_ok[:, None],
                 other=0.0).to(tl.float32)
+    # the query as the B operand [D, G] of K [TILE, D] x q^T: the tile's tokens fill the M dimension
+    q_hi, q_lo = _split_fp16(tl.trans(q))
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D], tl.float32)
+    acc = tl.zeros([D, G_PAD], tl.float32)  # the output transposed: [D, G]
+    key_rows = tl.load(key_table_ptr + tl.arange(0, KEY_ROWS))
+    value_rows = tl.load(value_table_ptr + tl.arange(0, 1 << (2 * V_BITS)))
+    ones = tl.full([D, G_PAD], 1.0, tl.float16)
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        if K_BITS == 8:  # fp8 keys, q not rotated
-            raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :], mask=t_ok[:, None], other=0)
-            k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        else:  # q arrives rotated; score against the centroids, then the stored norm (over the decoded length)
-            c = tl.load(cent_ptr + packed_codes(cache_ptr, slot + K_DATA, d_offs, t_ok, K_BITS))
-            norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16)), mask=t_ok,
-                           other=0.0).to(tl.float32)
+        if K_BITS == 8:  # fp8 keys (exact in fp16), q not rotated
+            raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :])
+            k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            scores = tl.dot(k, q_hi)
+            scores = tl.dot(k, q_lo, scores)
+        else:  # q arrives rotated: score against the centroids, then the stored norm (over the decoded length)
+            pairs = _pair_codes(cache_ptr, slot + K_DATA, D, K_BITS)
+            krow = tl.reshape(tl.gather(key_rows, tl.reshape(pairs, [TILE * D // 2]), 0), [TILE, D // 2])
+            c = _fp16_pairs(krow.to(tl.int32), TILE, D)
+            scores = tl.dot(c, q_hi)
+            scores = tl.dot(c, q_lo, scores)
+            norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16))).to(tl.float32)
             if NORM_CORRECTION:
-                norm = norm / tl.maximum(tl.sqrt(tl.sum(c * c, axis=1)), 1e-12)
-            scores = tl.sum(q[:, None, :] * c[None, :, :], axis=2) * norm[None, :]
-        scores = tl.where(t_ok[None, :], scores * sm_scale, float("-inf"))
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        codes = packed_codes(cache_ptr, slot + V_DATA, d_offs, t_ok, V_BITS).to(tl.float32)
+                sq = tl.dot(_fp16_pairs((krow >> 32).to(tl.int32), TILE, D), ones)
+                norm = norm / tl.maximum(tl.sqrt(tl.max(sq, axis=1)), 1e-12)
+            else:
+                norm = norm * (1.0 / tl.sqrt(D * 1.0))  # the table holds the centroids times sqrt(d)
+            scores = scores * norm[:, None]
+        scores = tl.where(t_ok[:, None], scores * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        vpairs = _pair_codes(cache_ptr, slot + V_DATA, D, V_BITS)
+        codes = _fp16_pairs(tl.reshape(tl.gather(value_rows, tl.reshape(vpairs, [TILE * D // 2]), 0), [TILE, D // 2]),
+                            TILE, D)
         meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
-        vscale = tl.load(meta, mask=t_ok, other=0.0).to(tl.float32)
-        vzero = tl.load(meta + 1, mask=t_ok, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.sum((p * vscale[None, :])[:, :, None] * codes[None, :, :], axis=1)
-        acc += tl.sum(p * vzero[None, :], axis=1)[:, None]
+        vscale = tl.load(meta).to(tl.float32)
+        vzero = tl.load(meta + 1).to(tl.float32)
+        # sum_t p_t (s_t code_t + z_t): the codes on the tensor cores against p s (hi + lo), the zeros per head
+        ps = p * vscale[:, None]
+        ps_hi, ps_lo = _split_fp16(ps)
+        acc = acc * alpha[None, :] + tl.sum(p * vzero[:, None], axis=0)[None, :]
+        acc = tl.dot(tl.trans(codes), ps_hi, acc)
+        acc = tl.dot(tl.trans(codes), ps_lo, acc)
         m_i = m_new
-    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], acc / safe_sum(l_i)[:, None],
-             mask=g_ok[:, None])
+    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :],
+             tl.trans(acc) / safe_sum(l_i)[:, None], mask=g_ok[:, None])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                            context_lens: torch.Tensor, tile: int = 16, splits: int | None = None,
+                            context_lens: torch.Tensor, tile: int = TILE, splits: int | None = None,
                             workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim
     kb, vb, nc = _params(layout)
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
-    cent = centroid_table(kb if kb != 8 else 4, d, q.device)
+    keys, values = pair_tables(kb, vb, d, torch.device(q.device))
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
                                                  q.dtype)
     _tq_decode_kernel[(seqs, kv_heads, n_split)](
-        q_in, cache, block_table, context_lens, part, ml, cent, 1.0 / math.sqrt(d), block_table.shape[1],
+        q_in, cache, block_table, context_lens, part, ml, keys, values, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
-        G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
+        G_PAD=max(8, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0],
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
