@@ -276,9 +276,15 @@ def _pair_codes(cache_ptr, base, D: tl.constexpr, BITS: tl.constexpr):
 @triton.jit
 def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr):
     """int32 [N, D/2], each two fp16 (element 2i in the low half) -> fp16 [N, D]."""
-    lo = (bits & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+    lo = bits.to(tl.int16).to(tl.float16, bitcast=True)
     hi = (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True)
     return tl.reshape(tl.join(lo, hi), [N, D])
+
+
+@triton.jit
+def _pair_sum(x, N: tl.constexpr, G: tl.constexpr):
+    """[N, 2G] -> [N, G]: columns 2g and 2g + 1 added."""
+    return tl.sum(tl.reshape(x, [N, G, 2]), axis=2)
 
 
 @triton.jit
@@ -299,18 +305,19 @@ def _tq_decode_kernel(
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     d_offs = tl.arange(0, D)
-    e = tl.arange(0, 2)
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :], mask=g_ok[:, None],
                 other=0.0).to(tl.float32)
-    # the query as the B operand [D, G] of K [TILE, D] x q^T: the tile's tokens fill the M dimension
+    # the query as the B operand [D, 2G] of K [TILE, D] x q^T, each head's fp16 hi and lo parts side by side
+    # (columns 2g and 2g + 1): the tile's tokens fill the M dimension, one product gives both parts
     q_hi, q_lo = _split_fp16(tl.trans(q))
+    q_b = tl.reshape(tl.join(q_hi, q_lo), [D, 2 * G_PAD])
+    ones = tl.full([D, 2 * G_PAD], 1.0, tl.float16)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([D, G_PAD], tl.float32)  # the output transposed: [D, G]
+    acc = tl.zeros([D, 2 * G_PAD], tl.float32)  # the output transposed, [D, 2G]: per head a hi and a lo part
     key_rows = tl.load(key_table_ptr + tl.arange(0, KEY_ROWS))
     value_rows = tl.load(value_table_ptr + tl.arange(0, 1 << (2 * V_BITS)))
-    ones = tl.full([D, G_PAD], 1.0, tl.float16)
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
@@ -318,41 +325,37 @@ def _tq_decode_kernel(
         if K_BITS == 8:  # fp8 keys (exact in fp16), q not rotated
             raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :])
             k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            scores = tl.dot(k, q_hi)
-            scores = tl.dot(k, q_lo, scores)
+            scores = _pair_sum(tl.dot(k, q_b), TILE, G_PAD)
         else:  # q arrives rotated: score against the centroids, then the stored norm (over the decoded length)
             pairs = _pair_codes(cache_ptr, slot + K_DATA, D, K_BITS)
             krow = tl.reshape(tl.gather(key_rows, tl.reshape(pairs, [TILE * D // 2]), 0), [TILE, D // 2])
-            c = _fp16_pairs(krow.to(tl.int32), TILE, D)
-            scores = tl.dot(c, q_hi)
-            scores = tl.dot(c, q_lo, scores)
+            scores = _pair_sum(tl.dot(_fp16_pairs(krow.to(tl.int32), TILE, D), q_b), TILE, G_PAD)
             norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16))).to(tl.float32)
-            if NORM_CORRECTION:
-                sq = tl.dot(_fp16_pairs((krow >> 32).to(tl.int32), TILE, D), ones)
-                norm = norm / tl.maximum(tl.sqrt(tl.max(sq, axis=1)), 1e-12)
+            if NORM_CORRECTION:  # sum c^2 on the tensor cores too, in every column (so twice it per head)
+                sq = _pair_sum(tl.dot(_fp16_pairs((krow >> 32).to(tl.int32), TILE, D), ones), TILE, G_PAD)
+                scores = scores * (norm[:, None] / tl.sqrt(0.5 * sq))
             else:
-                norm = norm * (1.0 / tl.sqrt(D * 1.0))  # the table holds the centroids times sqrt(d)
-            scores = scores * norm[:, None]
+                scores = scores * (norm * (1.0 / tl.sqrt(D * 1.0)))[:, None]  # the table's centroids are x sqrt(d)
         scores = tl.where(t_ok[:, None], scores * sm_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
         vpairs = _pair_codes(cache_ptr, slot + V_DATA, D, V_BITS)
-        codes = _fp16_pairs(tl.reshape(tl.gather(value_rows, tl.reshape(vpairs, [TILE * D // 2]), 0), [TILE, D // 2]),
-                            TILE, D)
+        vrow = tl.reshape(tl.gather(value_rows, tl.reshape(vpairs, [TILE * D // 2]), 0), [TILE, D // 2])
         meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
-        vscale = tl.load(meta).to(tl.float32)
-        vzero = tl.load(meta + 1).to(tl.float32)
-        # sum_t p_t (s_t code_t + z_t): the codes on the tensor cores against p s (hi + lo), the zeros per head
-        ps = p * vscale[:, None]
-        ps_hi, ps_lo = _split_fp16(ps)
-        acc = acc * alpha[None, :] + tl.sum(p * vzero[:, None], axis=0)[None, :]
-        acc = tl.dot(tl.trans(codes), ps_hi, acc)
-        acc = tl.dot(tl.trans(codes), ps_lo, acc)
+        vscale = tl.where(t_ok, tl.load(meta).to(tl.float32), 0.0)  # a token past the end weighs 0, whatever it holds
+        vzero = tl.where(t_ok, tl.load(meta + 1).to(tl.float32), 0.0)
+        # sum_t p_t (s_t code_t + z_t): the codes on the tensor cores against p s (hi and lo parts side by side),
+        # the zeros per head (added to the hi column)
+        ps_hi, ps_lo = _split_fp16(p * vscale[:, None])
+        zero_part = tl.sum(p * vzero[:, None], axis=0)
+        acc = (acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :]
+               + tl.reshape(tl.join(zero_part, tl.zeros_like(zero_part)), [2 * G_PAD])[None, :])
+        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D)), tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD]), acc)
         m_i = m_new
-    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :],
-             tl.trans(acc) / safe_sum(l_i)[:, None], mask=g_ok[:, None])
+    out = tl.trans(_pair_sum(acc, D, G_PAD)) / safe_sum(l_i)[:, None]
+    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], out, mask=g_ok[:, None])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
@@ -372,6 +375,6 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
         heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
-        G_PAD=max(8, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0],
+        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0],
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
