@@ -35,6 +35,7 @@ from .common import (
 )
 from .int4_attention import hadamard
 from .layouts import SlotLayout
+from .paged_attention import _INTERPRETED
 
 
 @lru_cache(maxsize=None)
@@ -237,14 +238,14 @@ def pair_tables(key_bits: int, value_bits: int, d: int, device: torch.device) ->
       values, int32 [4^b]: the two codes themselves as an fp16 pair (exact).
     fp8 keys (key_bits 8) use no key table; a placeholder of two rows is returned for them."""
     if key_bits == 8:
-        keys = torch.zeros(2, dtype=torch.int64)
+        keys = torch.zeros(4, dtype=torch.int32)
     else:
         n = 1 << key_bits
         cent = torch.tensor(lloyd_max_centroids(key_bits, d), dtype=torch.float64) * math.sqrt(d)
         p = torch.arange(n * n)
         pair = torch.stack([cent[p % n], cent[p // n]], -1).to(torch.float16)
         sq = pair.float().pow(2).to(torch.float16)
-        keys = torch.cat([pair, sq], -1).contiguous().view(torch.int64)[:, 0]
+        keys = torch.cat([pair, sq]).contiguous().view(torch.int32)[:, 0]
     m = 1 << value_bits
     p = torch.arange(m * m)
     values = torch.stack([p % m, p // m], -1).to(torch.float16).contiguous().view(torch.int32)[:, 0]
@@ -274,11 +275,17 @@ def _pair_codes(cache_ptr, base, D: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr):
-    """int32 [N, D/2], each two fp16 (element 2i in the low half) -> fp16 [N, D]."""
-    lo = bits.to(tl.int16).to(tl.float16, bitcast=True)
-    hi = (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-    return tl.reshape(tl.join(lo, hi), [N, D])
+def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr, WIDEN: tl.constexpr):
+    """int32 [N, D/2], each two fp16 (element 2i in the low half) -> fp16 [N, D]. On a GPU the word is the pair of
+    halves as it stands (a register move); Triton's interpreter runs no inline assembly, and there (WIDEN) the
+    halves are taken apart with integer operations."""
+    if WIDEN:
+        halves = tl.join(bits.to(tl.int16).to(tl.float16, bitcast=True),
+                         (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True))
+    else:
+        halves = tl.inline_asm_elementwise("", "=r,0,r", [tl.join(bits, bits)], dtype=tl.float16,
+                                           is_pure=True, pack=2)
+    return tl.reshape(halves, [N, D])
 
 
 @triton.jit
@@ -301,7 +308,7 @@ def _tq_decode_kernel(
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr,
     D: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, NORM_CORRECTION: tl.constexpr,
-    G_PAD: tl.constexpr, TILE: tl.constexpr, KEY_ROWS: tl.constexpr,
+    G_PAD: tl.constexpr, TILE: tl.constexpr, KEY_ROWS: tl.constexpr, WIDEN: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     d_offs = tl.arange(0, D)
@@ -317,6 +324,7 @@ def _tq_decode_kernel(
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([D, 2 * G_PAD], tl.float32)  # the output transposed, [D, 2G]: per head a hi and a lo part
     key_rows = tl.load(key_table_ptr + tl.arange(0, KEY_ROWS))
+    key_squares = tl.load(key_table_ptr + KEY_ROWS + tl.arange(0, KEY_ROWS))
     value_rows = tl.load(value_table_ptr + tl.arange(0, 1 << (2 * V_BITS)))
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
@@ -328,11 +336,13 @@ def _tq_decode_kernel(
             scores = _pair_sum(tl.dot(k, q_b), TILE, G_PAD)
         else:  # q arrives rotated: score against the centroids, then the stored norm (over the decoded length)
             pairs = _pair_codes(cache_ptr, slot + K_DATA, D, K_BITS)
-            krow = tl.reshape(tl.gather(key_rows, tl.reshape(pairs, [TILE * D // 2]), 0), [TILE, D // 2])
-            scores = _pair_sum(tl.dot(_fp16_pairs(krow.to(tl.int32), TILE, D), q_b), TILE, G_PAD)
+            flat = tl.reshape(pairs, [TILE * D // 2])
+            c = _fp16_pairs(tl.reshape(tl.gather(key_rows, flat, 0), [TILE, D // 2]), TILE, D, WIDEN)
+            scores = _pair_sum(tl.dot(c, q_b), TILE, G_PAD)
             norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16))).to(tl.float32)
             if NORM_CORRECTION:  # sum c^2 on the tensor cores too, in every column (so twice it per head)
-                sq = _pair_sum(tl.dot(_fp16_pairs((krow >> 32).to(tl.int32), TILE, D), ones), TILE, G_PAD)
+                c2 = _fp16_pairs(tl.reshape(tl.gather(key_squares, flat, 0), [TILE, D // 2]), TILE, D, WIDEN)
+                sq = _pair_sum(tl.dot(c2, ones), TILE, G_PAD)
                 scores = scores * (norm[:, None] / tl.sqrt(0.5 * sq))
             else:
                 scores = scores * (norm * (1.0 / tl.sqrt(D * 1.0)))[:, None]  # the table's centroids are x sqrt(d)
@@ -352,7 +362,7 @@ def _tq_decode_kernel(
         zero_part = tl.sum(p * vzero[:, None], axis=0)
         acc = (acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :]
                + tl.reshape(tl.join(zero_part, tl.zeros_like(zero_part)), [2 * G_PAD])[None, :])
-        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D)), tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD]), acc)
+        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D, WIDEN)), tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD]), acc)
         m_i = m_new
     out = tl.trans(_pair_sum(acc, D, G_PAD)) / safe_sum(l_i)[:, None]
     tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], out, mask=g_ok[:, None])
@@ -375,6 +385,6 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
         heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
-        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0],
+        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0] // 2, WIDEN=_INTERPRETED,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
