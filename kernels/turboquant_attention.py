@@ -283,7 +283,7 @@ def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr, WIDEN: tl.constexpr):
         halves = tl.join(bits.to(tl.int16).to(tl.float16, bitcast=True),
                          (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True))
     else:
-        halves = tl.inline_asm_elementwise("", "=r,0,r", [tl.join(bits, bits)], dtype=tl.float16,
+        halves = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(bits, bits)], dtype=tl.float16,
                                            is_pure=True, pack=2)
     return tl.reshape(halves, [N, D])
 
@@ -330,6 +330,12 @@ def _tq_decode_kernel(
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
+        # the tile's values are loaded first, so that their loads are in flight with the keys' while the scores are
+        # computed
+        vpairs = _pair_codes(cache_ptr, slot + V_DATA, D, V_BITS)
+        meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
+        vscale = tl.where(t_ok, tl.load(meta).to(tl.float32), 0.0)  # a token past the end weighs 0, whatever it holds
+        vzero = tl.where(t_ok, tl.load(meta + 1).to(tl.float32), 0.0)
         if K_BITS == 8:  # fp8 keys (exact in fp16), q not rotated
             raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :])
             k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -351,13 +357,9 @@ def _tq_decode_kernel(
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        vpairs = _pair_codes(cache_ptr, slot + V_DATA, D, V_BITS)
-        vrow = tl.reshape(tl.gather(value_rows, tl.reshape(vpairs, [TILE * D // 2]), 0), [TILE, D // 2])
-        meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
-        vscale = tl.where(t_ok, tl.load(meta).to(tl.float32), 0.0)  # a token past the end weighs 0, whatever it holds
-        vzero = tl.where(t_ok, tl.load(meta + 1).to(tl.float32), 0.0)
         # sum_t p_t (s_t code_t + z_t): the codes on the tensor cores against p s (hi and lo parts side by side),
         # the zeros per head (added to the hi column)
+        vrow = tl.reshape(tl.gather(value_rows, tl.reshape(vpairs, [TILE * D // 2]), 0), [TILE, D // 2])
         ps_hi, ps_lo = _split_fp16(p * vscale[:, None])
         zero_part = tl.sum(p * vzero[:, None], axis=0)
         acc = (acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :]
