@@ -7,6 +7,14 @@ correction the decoded direction is renormalized before the norm multiplies it. 
 Values: b-bit uniform codes with an fp16 scale and fp16 zero per token per head, v ~ scale x code + zero.
 Because H is symmetric and orthonormal, <q, H c / sqrt(d)> = <H q / sqrt(d), c>: the kernel rotates the query once
 and scores straight against the centroids.
+
+The decode kernel works on the tensor cores, 128 tokens a step. Each pair of neighbouring codes indexes a small
+table (`pair_tables`) whose entry is the pair already as two fp16 numbers: the two centroids (and, for the norm
+correction, their squares), or the two value codes. The key operand [tokens, d] multiplies the query, split into
+fp16 hi and lo parts side by side [d, 2 x heads]; the squares multiply ones, which sums them per token; the value
+codes, transposed, multiply p x scale (hi and lo side by side), and the zeros add sum_t p_t zero_t per head.
+fp8 keys become fp16 exactly. The centroids are held at a scale (`table_scale`) at which they and their squares
+round to fp16 by at most 1.7e-4 of themselves.
 """
 
 from __future__ import annotations
@@ -22,11 +30,9 @@ from .common import (
     combine_splits,
     e4m3_byte,
     pack_codes,
-    packed_codes,
     program_coords,
     safe_sum,
     slot_offsets,
-    softmax_step,
     split_bounds,
     split_buffers,
     store_split_stats,
@@ -56,12 +62,6 @@ def lloyd_max_centroids(bits: int, d: int, iters: int = 300) -> tuple[float, ...
             new.append((pa - pb) / mass)
         c = new
     return tuple(x / math.sqrt(d) for x in c)
-
-
-@lru_cache(maxsize=None)
-def centroid_table(bits: int, d: int, device: torch.device) -> torch.Tensor:
-    """The Lloyd-Max centroids as a float32 tensor on `device`, built once (read-only)."""
-    return torch.tensor(lloyd_max_centroids(bits, d), dtype=torch.float32).to(device)
 
 
 @lru_cache(maxsize=None)
@@ -230,22 +230,35 @@ TILE = 128  # tokens a decode program reads per step (the M of its tensor-core p
 
 
 @lru_cache(maxsize=None)
+def table_scale(bits: int) -> float:
+    """The factor s, between 4 and 8 over the largest magnitude, that brings the Lloyd-Max centroids of N(0, 1)
+    times s, and the squares of those fp16 values, closest to fp16 numbers (the largest relative rounding error of
+    either, smallest): the key table holds the centroids at this scale, which the norm correction cancels."""
+    m = torch.tensor(lloyd_max_centroids(bits, 1), dtype=torch.float64).abs().unique()
+    s = torch.linspace(4, 8, 400001, dtype=torch.float64)[:, None] / m.max()
+    v = (s * m).to(torch.float16).double()
+    err = torch.maximum(((v - s * m) / (s * m)).abs().amax(1),
+                        ((v * v).to(torch.float16).double() / (v * v) - 1).abs().amax(1))
+    return float(s[int(err.argmin()), 0])
+
+
+@lru_cache(maxsize=None)
 def pair_tables(key_bits: int, value_bits: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Lookup tables indexed by two neighbouring codes at once (element 2i's code in the low bits, 2i+1's above it),
-    built once per layout and device (read-only):
-      keys, int64 [4^b]: the two Lloyd-Max centroids (times sqrt(d), a scale the norm correction cancels) as an
-        fp16 pair in the low 32 bits, their squares as an fp16 pair in the high 32 bits;
-      values, int32 [4^b]: the two codes themselves as an fp16 pair (exact).
-    fp8 keys (key_bits 8) use no key table; a placeholder of two rows is returned for them."""
+    built once per layout and device (read-only), each entry an fp16 pair in an int32 word:
+      keys, int32 [2, 4^b]: the two Lloyd-Max centroids times sqrt(d) x `table_scale`, then the squares of those
+        fp16 values (for the norm correction);
+      values, int32 [4^b]: the two codes themselves (exact).
+    fp8 keys (key_bits 8) use no key table; a placeholder of two entries is returned for them."""
     if key_bits == 8:
         keys = torch.zeros(4, dtype=torch.int32)
     else:
         n = 1 << key_bits
-        cent = torch.tensor(lloyd_max_centroids(key_bits, d), dtype=torch.float64) * math.sqrt(d)
+        scale = math.sqrt(d) * table_scale(key_bits)
+        cent = torch.tensor(lloyd_max_centroids(key_bits, d), dtype=torch.float64) * scale
         p = torch.arange(n * n)
         pair = torch.stack([cent[p % n], cent[p // n]], -1).to(torch.float16)
-        sq = pair.float().pow(2).to(torch.float16)
-        keys = torch.cat([pair, sq]).contiguous().view(torch.int32)[:, 0]
+        keys = torch.cat([pair, (pair.double() ** 2).to(torch.float16)]).contiguous().view(torch.int32)[:, 0]
     m = 1 << value_bits
     p = torch.arange(m * m)
     values = torch.stack([p % m, p // m], -1).to(torch.float16).contiguous().view(torch.int32)[:, 0]
@@ -303,8 +316,8 @@ def _split_fp16(x):
 
 @triton.jit
 def _tq_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, key_table_ptr, value_table_ptr, sm_scale,
-    max_blocks, group, split_len, stride_qs, stride_qh, stride_os, stride_oh,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, key_table_ptr, value_table_ptr, key_unscale,
+    sm_scale, max_blocks, group, split_len, stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr,
     D: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, NORM_CORRECTION: tl.constexpr,
@@ -351,7 +364,7 @@ def _tq_decode_kernel(
                 sq = _pair_sum(tl.dot(c2, ones), TILE, G_PAD)
                 scores = scores * (norm[:, None] / tl.sqrt(0.5 * sq))
             else:
-                scores = scores * (norm * (1.0 / tl.sqrt(D * 1.0)))[:, None]  # the table's centroids are x sqrt(d)
+                scores = scores * (norm * key_unscale)[:, None]  # the table's centroids are scaled
         scores = tl.where(t_ok[:, None], scores * sm_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
@@ -364,7 +377,8 @@ def _tq_decode_kernel(
         zero_part = tl.sum(p * vzero[:, None], axis=0)
         acc = (acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :]
                + tl.reshape(tl.join(zero_part, tl.zeros_like(zero_part)), [2 * G_PAD])[None, :])
-        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D, WIDEN)), tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD]), acc)
+        ps_b = tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD])
+        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D, WIDEN)), ps_b, acc)
         m_i = m_new
     out = tl.trans(_pair_sum(acc, D, G_PAD)) / safe_sum(l_i)[:, None]
     tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], out, mask=g_ok[:, None])
@@ -372,21 +386,27 @@ def _tq_decode_kernel(
 
 
 def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                            context_lens: torch.Tensor, tile: int = TILE, splits: int | None = None,
+                            context_lens: torch.Tensor, tile: int | None = None, splits: int | None = None,
                             workspace: dict | None = None) -> torch.Tensor:
+    """Attention of q [seqs, heads, d] over a TurboQuant cache. `tile`: tokens a program takes at a time (a power of
+    two, 16 at least; by default 128, 64 above head_dim 128, which keeps a tile's operands in registers)."""
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
+    tile = tile or (TILE if d <= 128 else max(16, TILE * 128 // d))
     assert slot == layout.slot_bytes and d == layout.head_dim
     kb, vb, nc = _params(layout)
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
     keys, values = pair_tables(kb, vb, d, torch.device(q.device))
+    unscale = 1.0 if kb == 8 else 1.0 / (math.sqrt(d) * table_scale(kb))
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
                                                  q.dtype)
     _tq_decode_kernel[(seqs, kv_heads, n_split)](
-        q_in, cache, block_table, context_lens, part, ml, keys, values, 1.0 / math.sqrt(d), block_table.shape[1],
-        heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
+        q_in, cache, block_table, context_lens, part, ml, keys, values, unscale, 1.0 / math.sqrt(d),
+        block_table.shape[1], heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0),
+        part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
-        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0] // 2, WIDEN=_INTERPRETED,
+        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0] // 2,
+        WIDEN=_INTERPRETED,  # Triton's interpreter runs no inline assembly: see _fp16_pairs
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
