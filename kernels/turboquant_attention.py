@@ -7,6 +7,14 @@ correction the decoded direction is renormalized before the norm multiplies it. 
 Values: b-bit uniform codes with an fp16 scale and fp16 zero per token per head, v ~ scale x code + zero.
 Because H is symmetric and orthonormal, <q, H c / sqrt(d)> = <H q / sqrt(d), c>: the kernel rotates the query once
 and scores straight against the centroids.
+
+The decode kernel works on the tensor cores, 128 tokens a step. Each pair of neighbouring codes indexes a small
+table (`pair_tables`) whose entry is the pair already as two fp16 numbers: the two centroids (and, for the norm
+correction, their squares), or the two value codes. The key operand [tokens, d] multiplies the query, split into
+fp16 hi and lo parts side by side [d, 2 x heads]; the squares multiply ones, which sums them per token; the value
+codes, transposed, multiply p x scale (hi and lo side by side), and the zeros add sum_t p_t zero_t per head.
+fp8 keys become fp16 exactly. The centroids are held at a scale (`table_scale`) at which they and their squares
+round to fp16 by at most 1.7e-4 of themselves.
 """
 
 from __future__ import annotations
@@ -22,11 +30,9 @@ from .common import (
     combine_splits,
     e4m3_byte,
     pack_codes,
-    packed_codes,
     program_coords,
     safe_sum,
     slot_offsets,
-    softmax_step,
     split_bounds,
     split_buffers,
     store_split_stats,
@@ -35,6 +41,7 @@ from .common import (
 )
 from .int4_attention import hadamard
 from .layouts import SlotLayout
+from .paged_attention import _INTERPRETED
 
 
 @lru_cache(maxsize=None)
@@ -55,12 +62,6 @@ def lloyd_max_centroids(bits: int, d: int, iters: int = 300) -> tuple[float, ...
             new.append((pa - pb) / mass)
         c = new
     return tuple(x / math.sqrt(d) for x in c)
-
-
-@lru_cache(maxsize=None)
-def centroid_table(bits: int, d: int, device: torch.device) -> torch.Tensor:
-    """The Lloyd-Max centroids as a float32 tensor on `device`, built once (read-only)."""
-    return torch.tensor(lloyd_max_centroids(bits, d), dtype=torch.float32).to(device)
 
 
 @lru_cache(maxsize=None)
@@ -225,68 +226,187 @@ def dequantize_cache_turboquant(cache: torch.Tensor, layout: SlotLayout) -> tupl
     return k, v
 
 
+TILE = 128  # tokens a decode program reads per step (the M of its tensor-core products)
+
+
+@lru_cache(maxsize=None)
+def table_scale(bits: int) -> float:
+    """The factor s, between 4 and 8 over the largest magnitude, that brings the Lloyd-Max centroids of N(0, 1)
+    times s, and the squares of those fp16 values, closest to fp16 numbers (the largest relative rounding error of
+    either, smallest): the key table holds the centroids at this scale, which the norm correction cancels."""
+    m = torch.tensor(lloyd_max_centroids(bits, 1), dtype=torch.float64).abs().unique()
+    s = torch.linspace(4, 8, 400001, dtype=torch.float64)[:, None] / m.max()
+    v = (s * m).to(torch.float16).double()
+    err = torch.maximum(((v - s * m) / (s * m)).abs().amax(1),
+                        ((v * v).to(torch.float16).double() / (v * v) - 1).abs().amax(1))
+    return float(s[int(err.argmin()), 0])
+
+
+@lru_cache(maxsize=None)
+def pair_tables(key_bits: int, value_bits: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lookup tables indexed by two neighbouring codes at once (element 2i's code in the low bits, 2i+1's above it),
+    built once per layout and device (read-only), each entry an fp16 pair in an int32 word:
+      keys, int32 [2, 4^b]: the two Lloyd-Max centroids times sqrt(d) x `table_scale`, then the squares of those
+        fp16 values (for the norm correction);
+      values, int32 [4^b]: the two codes themselves (exact).
+    fp8 keys (key_bits 8) use no key table; a placeholder of two entries is returned for them."""
+    if key_bits == 8:
+        keys = torch.zeros(4, dtype=torch.int32)
+    else:
+        n = 1 << key_bits
+        scale = math.sqrt(d) * table_scale(key_bits)
+        cent = torch.tensor(lloyd_max_centroids(key_bits, d), dtype=torch.float64) * scale
+        p = torch.arange(n * n)
+        pair = torch.stack([cent[p % n], cent[p // n]], -1).to(torch.float16)
+        keys = torch.cat([pair, (pair.double() ** 2).to(torch.float16)]).contiguous().view(torch.int32)[:, 0]
+    m = 1 << value_bits
+    p = torch.arange(m * m)
+    values = torch.stack([p % m, p // m], -1).to(torch.float16).contiguous().view(torch.int32)[:, 0]
+    return keys.contiguous().to(device), values.contiguous().to(device)
+
+
+@triton.jit
+def _pair_codes(cache_ptr, base, D: tl.constexpr, BITS: tl.constexpr):
+    """The codes of one side of each token, two at a time: [N, D/2] int32 indices (element 2i's b-bit code in the low
+    bits, 2i+1's above it) from the little-endian bit stream at byte offsets `base` [N]. 4 bits: one byte per pair.
+    3 bits: 16 codes in each run of three 16-bit words (slots are 2-byte aligned), eight 6-bit pairs."""
+    if BITS == 4:
+        j = tl.arange(0, D // 2)
+        return tl.load(cache_ptr + base[:, None] + j[None, :]).to(tl.int32)
+    else:
+        a = tl.arange(0, D // 16)
+        words = (cache_ptr + base[:, None] + 6 * a[None, :]).to(tl.pointer_type(tl.uint16))
+        w0 = tl.load(words).to(tl.uint32)
+        w1 = tl.load(words + 1).to(tl.uint32)
+        w2 = tl.load(words + 2).to(tl.uint32)
+        lo = w0 | (w1 << 16)  # bits 0-31 of the run: pairs 0-4
+        hi = (lo >> 30) | (w2 << 2)  # bits 30-47: pairs 5-7
+        # pair j at bit 6j; joined so that the pairs come out in order 0..7
+        even = tl.join(tl.join(lo & 63, (lo >> 24) & 63), tl.join((lo >> 12) & 63, (hi >> 6) & 63))
+        odd = tl.join(tl.join((lo >> 6) & 63, hi & 63), tl.join((lo >> 18) & 63, hi >> 12))
+        return tl.reshape(tl.join(even, odd), [base.shape[0], D // 2]).to(tl.int32)
+
+
+@triton.jit
+def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr, WIDEN: tl.constexpr):
+    """int32 [N, D/2], each two fp16 (element 2i in the low half) -> fp16 [N, D]. On a GPU the word is the pair of
+    halves as it stands (a register move); Triton's interpreter runs no inline assembly, and there (WIDEN) the
+    halves are taken apart with integer operations."""
+    if WIDEN:
+        halves = tl.join(bits.to(tl.int16).to(tl.float16, bitcast=True),
+                         (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True))
+    else:
+        halves = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(bits, bits)], dtype=tl.float16,
+                                           is_pure=True, pack=2)
+    return tl.reshape(halves, [N, D])
+
+
+@triton.jit
+def _pair_sum(x, N: tl.constexpr, G: tl.constexpr):
+    """[N, 2G] -> [N, G]: columns 2g and 2g + 1 added."""
+    return tl.sum(tl.reshape(x, [N, G, 2]), axis=2)
+
+
+@triton.jit
+def _split_fp16(x):
+    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 operands keep ~22 bits of x."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
 @triton.jit
 def _tq_decode_kernel(
-    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, cent_ptr, sm_scale, max_blocks, group, split_len,
-    stride_qs, stride_qh, stride_os, stride_oh,
+    q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, key_table_ptr, value_table_ptr, key_unscale,
+    sm_scale, max_blocks, group, split_len, stride_qs, stride_qh, stride_os, stride_oh,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr,
     D: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, NORM_CORRECTION: tl.constexpr,
-    G_PAD: tl.constexpr, TILE: tl.constexpr,
+    G_PAD: tl.constexpr, TILE: tl.constexpr, KEY_ROWS: tl.constexpr, WIDEN: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     d_offs = tl.arange(0, D)
     q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + d_offs[None, :], mask=g_ok[:, None],
                 other=0.0).to(tl.float32)
+    # the query as the B operand [D, 2G] of K [TILE, D] x q^T, each head's fp16 hi and lo parts side by side
+    # (columns 2g and 2g + 1): the tile's tokens fill the M dimension, one product gives both parts
+    q_hi, q_lo = _split_fp16(tl.trans(q))
+    q_b = tl.reshape(tl.join(q_hi, q_lo), [D, 2 * G_PAD])
+    ones = tl.full([D, 2 * G_PAD], 1.0, tl.float16)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D], tl.float32)
+    acc = tl.zeros([D, 2 * G_PAD], tl.float32)  # the output transposed, [D, 2G]: per head a hi and a lo part
+    key_rows = tl.load(key_table_ptr + tl.arange(0, KEY_ROWS))
+    key_squares = tl.load(key_table_ptr + KEY_ROWS + tl.arange(0, KEY_ROWS))
+    value_rows = tl.load(value_table_ptr + tl.arange(0, 1 << (2 * V_BITS)))
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        if K_BITS == 8:  # fp8 keys, q not rotated
-            raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :], mask=t_ok[:, None], other=0)
-            k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-            scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        else:  # q arrives rotated; score against the centroids, then the stored norm (over the decoded length)
-            c = tl.load(cent_ptr + packed_codes(cache_ptr, slot + K_DATA, d_offs, t_ok, K_BITS))
-            norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16)), mask=t_ok,
-                           other=0.0).to(tl.float32)
-            if NORM_CORRECTION:
-                norm = norm / tl.maximum(tl.sqrt(tl.sum(c * c, axis=1)), 1e-12)
-            scores = tl.sum(q[:, None, :] * c[None, :, :], axis=2) * norm[None, :]
-        scores = tl.where(t_ok[None, :], scores * sm_scale, float("-inf"))
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        codes = packed_codes(cache_ptr, slot + V_DATA, d_offs, t_ok, V_BITS).to(tl.float32)
+        # the tile's values are loaded first, so that their loads are in flight with the keys' while the scores are
+        # computed
+        vpairs = _pair_codes(cache_ptr, slot + V_DATA, D, V_BITS)
         meta = (cache_ptr + slot + V_META).to(tl.pointer_type(tl.float16))
-        vscale = tl.load(meta, mask=t_ok, other=0.0).to(tl.float32)
-        vzero = tl.load(meta + 1, mask=t_ok, other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.sum((p * vscale[None, :])[:, :, None] * codes[None, :, :], axis=1)
-        acc += tl.sum(p * vzero[None, :], axis=1)[:, None]
+        vscale = tl.where(t_ok, tl.load(meta).to(tl.float32), 0.0)  # a token past the end weighs 0, whatever it holds
+        vzero = tl.where(t_ok, tl.load(meta + 1).to(tl.float32), 0.0)
+        if K_BITS == 8:  # fp8 keys (exact in fp16), q not rotated
+            raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :])
+            k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            scores = _pair_sum(tl.dot(k, q_b), TILE, G_PAD)
+        else:  # q arrives rotated: score against the centroids, then the stored norm (over the decoded length)
+            pairs = _pair_codes(cache_ptr, slot + K_DATA, D, K_BITS)
+            flat = tl.reshape(pairs, [TILE * D // 2])
+            c = _fp16_pairs(tl.reshape(tl.gather(key_rows, flat, 0), [TILE, D // 2]), TILE, D, WIDEN)
+            scores = _pair_sum(tl.dot(c, q_b), TILE, G_PAD)
+            norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16))).to(tl.float32)
+            if NORM_CORRECTION:  # sum c^2 on the tensor cores too, in every column (so twice it per head)
+                c2 = _fp16_pairs(tl.reshape(tl.gather(key_squares, flat, 0), [TILE, D // 2]), TILE, D, WIDEN)
+                sq = _pair_sum(tl.dot(c2, ones), TILE, G_PAD)
+                scores = scores * (norm[:, None] / tl.sqrt(0.5 * sq))
+            else:
+                scores = scores * (norm * key_unscale)[:, None]  # the table's centroids are scaled
+        scores = tl.where(t_ok[:, None], scores * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        # sum_t p_t (s_t code_t + z_t): the codes on the tensor cores against p s (hi and lo parts side by side),
+        # the zeros per head (added to the hi column)
+        vrow = tl.reshape(tl.gather(value_rows, tl.reshape(vpairs, [TILE * D // 2]), 0), [TILE, D // 2])
+        ps_hi, ps_lo = _split_fp16(p * vscale[:, None])
+        zero_part = tl.sum(p * vzero[:, None], axis=0)
+        acc = (acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :]
+               + tl.reshape(tl.join(zero_part, tl.zeros_like(zero_part)), [2 * G_PAD])[None, :])
+        ps_b = tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD])
+        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D, WIDEN)), ps_b, acc)
         m_i = m_new
-    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], acc / safe_sum(l_i)[:, None],
-             mask=g_ok[:, None])
+    out = tl.trans(_pair_sum(acc, D, G_PAD)) / safe_sum(l_i)[:, None]
+    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], out, mask=g_ok[:, None])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
 def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, block_table: torch.Tensor,
-                            context_lens: torch.Tensor, tile: int = 16, splits: int | None = None,
+                            context_lens: torch.Tensor, tile: int | None = None, splits: int | None = None,
                             workspace: dict | None = None) -> torch.Tensor:
+    """Attention of q [seqs, heads, d] over a TurboQuant cache. `tile`: tokens a program takes at a time (a power of
+    two, 16 at least; by default 128, 64 above head_dim 128, which keeps a tile's operands in registers)."""
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
+    tile = tile or (TILE if d <= 128 else max(16, TILE * 128 // d))
     assert slot == layout.slot_bytes and d == layout.head_dim
     kb, vb, nc = _params(layout)
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
-    cent = centroid_table(kb if kb != 8 else 4, d, q.device)
+    keys, values = pair_tables(kb, vb, d, torch.device(q.device))
+    unscale = 1.0 if kb == 8 else 1.0 / (math.sqrt(d) * table_scale(kb))
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
                                                  q.dtype)
     _tq_decode_kernel[(seqs, kv_heads, n_split)](
-        q_in, cache, block_table, context_lens, part, ml, cent, 1.0 / math.sqrt(d), block_table.shape[1],
-        heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0), part.stride(1),
+        q_in, cache, block_table, context_lens, part, ml, keys, values, unscale, 1.0 / math.sqrt(d),
+        block_table.shape[1], heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0),
+        part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
-        G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
+        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0] // 2,
+        WIDEN=_INTERPRETED,  # Triton's interpreter runs no inline assembly: see _fp16_pairs
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)

@@ -301,7 +301,9 @@ def test_turboquant_decode_matches_reference(fmt, splits):
         write_kv_turboquant(cache, layout, table[s, pos // bs].long() * bs + pos % bs,
                             torch.randn(n, kv_heads, d, generator=gen), torch.randn(n, kv_heads, d, generator=gen))
     q = torch.randn(2, heads, d, generator=gen)
-    out = paged_decode_turboquant(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), splits=splits)
+    tile = {} if splits == 1 else {"tile": 16}  # several splits of 16-token tiles, as for int4
+    out = paged_decode_turboquant(q, cache, layout, table, torch.tensor(lens, dtype=torch.int32), splits=splits,
+                                  **tile)
     _assert_matches_reference(out, q, *dequantize_cache_turboquant(cache, layout), table, lens, bs, 3e-4)
 
 
