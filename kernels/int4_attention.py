@@ -173,14 +173,23 @@ def _scale_and_zero(cache_ptr, off, mask):
 
 
 @triton.jit
-def _int4_codes(cache_ptr, off, j, t_ok):
-    """The codes of a side [N, HALF] x 2 (low nibbles: elements 2j, high: 2j + 1) as fp16 tensor-core operands,
-    from one contiguous byte run per token (the integers 0..15 are exact in fp16)."""
-    b = tl.load(cache_ptr + off[:, None] + j[None, :], mask=t_ok[:, None], other=0).to(tl.uint16)
-    # 0x6400 | c is the fp16 1024 + c: no integer-to-float conversion
-    lo = ((b & 15) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    hi = ((b >> 4) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    return lo, hi
+def _int4_codes(cache_ptr, off, w, t_ok, N: tl.constexpr, D: tl.constexpr):
+    """The codes of a side [N, D] as fp16 tensor-core operands, 2^-24 times their value (fp16 subnormals, exact),
+    from 4-byte words. Word w holds elements 8w + n in bits 4n..4n+3; column 8w + 2k + h of the tile holds element
+    8w + k + 4h, times 16 where that element is odd (k odd): each column pair is one 32-bit mask of the word
+    (0x000F000F or 0x00F000F0, of the word or of the word shifted right by 8), so that no code is moved alone."""
+    x = tl.load((cache_ptr + off[:, None]).to(tl.pointer_type(tl.int32)) + w[None, :], mask=t_ok[:, None], other=0)
+    x8 = x >> 8
+    pairs = tl.join(tl.join(x & 0x000F000F, x8 & 0x000F000F), tl.join(x & 0x00F000F0, x8 & 0x00F000F0))
+    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))
+    return tl.reshape(halves.to(tl.float16, bitcast=True), (N, D))
+
+
+@triton.jit
+def _int4_column_element(i):
+    """The element (and its factor, 1 or 1/16) that column i of `_int4_codes`'s tile holds."""
+    e = (i & -8) | ((i >> 1) & 3) | ((i & 1) << 2)
+    return e, tl.where((e & 1) == 1, 1.0 / 16.0, 1.0)
 
 
 @triton.jit
@@ -199,49 +208,46 @@ def _int4_decode_kernel(
     HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
-    j = tl.arange(0, HALF)
-    q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
-    q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
-    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
-    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
-    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
+    D: tl.constexpr = 2 * HALF
+    i = tl.arange(0, D)
+    w = tl.arange(0, D // 8)
+    e, f = _int4_column_element(i)
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + e[None, :], mask=g_ok[:, None], other=0.0)
+    q_sum = tl.sum(q, axis=1)  # for the zero-point correction
+    # the query as the B operand [D, G] of K [TILE, D] x q^T (its columns in the tile's order, the odd elements
+    # divided by 16 as the tile's are 16 times theirs): the tile's tokens fill the M dimension
+    q_hi, q_lo = _split_fp16(tl.trans(q * f[None, :]))
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
-    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
+    acc = tl.zeros([D, G_PAD], tl.float32)  # sum_t p_t s_t q_v,t transposed [D, G], rows in the tile's column order
+    corr = tl.zeros([G_PAD], tl.float32)  # sum_t p_t s_t z_t
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        k_lo, k_hi = _int4_codes(cache_ptr, slot + K_DATA, j, t_ok)
+        k = _int4_codes(cache_ptr, slot + K_DATA, w, t_ok, TILE, D)
         ks, kz = _scale_and_zero(cache_ptr, slot + K_SCALE, t_ok)
         # <codes, q'> on the tensor cores (fp32 accumulation) [TILE, G], then the scale and zero point per token
-        raw = tl.dot(k_lo, qe_hi)
-        raw = tl.dot(k_lo, qe_lo, raw)
-        raw = tl.dot(k_hi, qo_hi, raw)
-        raw = tl.dot(k_hi, qo_lo, raw)
-        scores = (raw - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
+        raw = tl.dot(k, q_hi)
+        raw = tl.dot(k, q_lo, raw)
+        scores = (raw * 16777216.0 - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
         scores = tl.where(t_ok[:, None], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        v_lo, v_hi = _int4_codes(cache_ptr, slot + V_DATA, j, t_ok)
+        v = _int4_codes(cache_ptr, slot + V_DATA, w, t_ok, TILE, D)
         vs, vz = _scale_and_zero(cache_ptr, slot + V_SCALE, t_ok)
         ps = p * vs[:, None]
-        correction = tl.sum(ps * vz[:, None], axis=0)
+        corr = corr * alpha + tl.sum(ps * vz[:, None], axis=0)
         ps_hi, ps_lo = _split_fp16(ps)
-        acc_even = acc_even * alpha[None, :] - correction[None, :]
-        acc_even = tl.dot(tl.trans(v_lo), ps_hi, acc_even)
-        acc_even = tl.dot(tl.trans(v_lo), ps_lo, acc_even)
-        acc_odd = acc_odd * alpha[None, :] - correction[None, :]
-        acc_odd = tl.dot(tl.trans(v_hi), ps_hi, acc_odd)
-        acc_odd = tl.dot(tl.trans(v_hi), ps_lo, acc_odd)
+        acc = tl.dot(tl.trans(v), ps_hi, acc * alpha[None, :])
+        acc = tl.dot(tl.trans(v), ps_lo, acc)
         m_i = m_new
-    l_safe = safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) / l_safe,
-                tl.trans(acc_odd) / l_safe)
+    l_safe = safe_sum(l_i)[None, :]
+    o = (acc * (16777216.0 * f)[:, None] - corr[None, :]) / l_safe
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
