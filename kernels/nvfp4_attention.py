@@ -182,19 +182,35 @@ def _e2m1(code):
 
 
 @triton.jit
-def _nvfp4_values(cache_ptr, slot, data_off, b, e, t_ok, HALF: tl.constexpr, N: tl.constexpr):
-    """The even- and odd-indexed values [N, HALF] of a side as fp16 tensor-core operands, block scales applied and
-    2^-14 times their value (global scale not applied). The block of 16 values b is bytes 8b..8b+7, loaded [N, NB, 8];
-    its e4m3 scale is read once per block. An e2m1 code (sign s, exponent ee, mantissa m) becomes the fp16 bits
-    s000 eem0 0000 0000, which is its value times 2^-14 (the subnormal 0.5 included); the products with an e4m3 scale
-    are exact in fp16."""
-    ptr = cache_ptr + slot[:, None, None] + data_off
-    raw = tl.load(ptr + (b * 8)[None, :, None] + e[None, None, :], mask=t_ok[:, None, None], other=0).to(tl.int32)
-    sc = tl.load(cache_ptr + slot[:, None] + data_off + HALF + b[None, :], mask=t_ok[:, None], other=0)
-    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.float16)[:, :, None]
-    even = (((raw & 7) << 9) | ((raw & 8) << 12)).to(tl.uint16).to(tl.float16, bitcast=True) * scale
-    odd = (((raw & 0x70) << 5) | ((raw & 0x80) << 8)).to(tl.uint16).to(tl.float16, bitcast=True) * scale
-    return tl.reshape(even, (N, HALF)), tl.reshape(odd, (N, HALF))
+def _nvfp4_tile(cache_ptr, off, b, j, t_ok, HALF: tl.constexpr, N: tl.constexpr, D: tl.constexpr):
+    """A side's values [N, D] as fp16 tensor-core operands, block scales applied and 2^-14 times their value (global
+    scale not applied), in the column order of `_nvfp4_column_element`. Block b's 16 codes are the 4-byte words 2b and
+    2b + 1 (element 8w + n in bits 4n..4n+3 of word w), read [N, D/16, 2]; its e4m3 scale is read once.
+
+    An e2m1 code (sign s, exponent ee, mantissa m) becomes the fp16 bits s000 eem0 0000 0000, its value times 2^-14
+    (the subnormal 0.5 included); the products with an e4m3 scale are exact in fp16. Codes n and n + 4 of a word sit
+    16 bits apart, so one shift and mask of a 32-bit word makes both halves at once. First each byte's two codes are
+    brought into shape: `ev` keeps the low code's magnitude at bits 0..2 and moves its sign to bit 6, `od` moves the
+    high code's magnitude to bits 1..3 next to its sign at bit 7 (each the word with the bits under one mask taken
+    from the word shifted; the other bits are never read). Then ev << 9, ev << 1, od << 8 and od, each masked with
+    0x8E008E00, are codes (0, 4), (2, 6), (1, 5) and (3, 7) as fp16 pairs."""
+    x = tl.load((cache_ptr + off[:, None, None]).to(tl.pointer_type(tl.int32)) + (2 * b)[None, :, None]
+                + j[None, None, :], mask=t_ok[:, None, None], other=0)
+    sc = tl.load(cache_ptr + off[:, None] + HALF + b[None, :], mask=t_ok[:, None], other=0)
+    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.float16)
+    ev = x ^ ((x ^ (x << 3)) & 0x40404040)
+    od = x ^ ((x ^ (x >> 3)) & 0x0E0E0E0E)
+    pairs = tl.join(tl.join((ev << 9) & -1912566272, (ev << 1) & -1912566272),
+                    tl.join((od << 8) & -1912566272, od & -1912566272))  # -1912566272 is 0x8E008E00
+    codes = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16)).to(tl.float16, bitcast=True)
+    return tl.reshape(codes * scale[:, :, None, None, None, None], (N, D))
+
+
+@triton.jit
+def _nvfp4_column_element(i):
+    """The element that column i of `_nvfp4_tile`'s tile holds: of each word's 8 columns, 2k and 2k + 1 hold its
+    elements k and k + 4."""
+    return (i & -8) | ((i >> 1) & 3) | ((i & 1) << 2)
 
 
 @triton.jit
@@ -212,43 +228,40 @@ def _nvfp4_decode_kernel(
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
-    j = tl.arange(0, HALF)
-    b = tl.arange(0, HALF // 8)
-    e = tl.arange(0, 8)
-    q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
-    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
-    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
-    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
+    D: tl.constexpr = 2 * HALF
+    i = tl.arange(0, D)
+    b = tl.arange(0, D // 16)
+    j = tl.arange(0, 2)
+    e = _nvfp4_column_element(i)
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + e[None, :], mask=g_ok[:, None], other=0.0)
+    # the query as the B operand [D, G] of K [TILE, D] x q^T (its rows in the tile's column order): the tile's tokens
+    # fill the M dimension
+    q_hi, q_lo = _split_fp16(tl.trans(q))
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
-    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
+    acc = tl.zeros([D, G_PAD], tl.float32)  # the output transposed [D, G], rows in the tile's column order
     k_factor = k_global * sm_scale * 16384.0  # the values come 2^-14 times their size
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        k_even, k_odd = _nvfp4_values(cache_ptr, slot, K_DATA, b, e, t_ok, HALF, TILE)
-        raw = tl.dot(k_even, qe_hi)  # [TILE, G] on the tensor cores, fp32 accumulation
-        raw = tl.dot(k_even, qe_lo, raw)
-        raw = tl.dot(k_odd, qo_hi, raw)
-        raw = tl.dot(k_odd, qo_lo, raw)
+        k = _nvfp4_tile(cache_ptr, slot + K_DATA, b, j, t_ok, HALF, TILE, D)
+        raw = tl.dot(k, q_hi)  # [TILE, G] on the tensor cores, fp32 accumulation
+        raw = tl.dot(k, q_lo, raw)
         scores = tl.where(t_ok[:, None], raw * k_factor, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        v_even, v_odd = _nvfp4_values(cache_ptr, slot, V_DATA, b, e, t_ok, HALF, TILE)
+        v = _nvfp4_tile(cache_ptr, slot + V_DATA, b, j, t_ok, HALF, TILE, D)
         p_hi, p_lo = _split_fp16(p)
-        acc_even = tl.dot(tl.trans(v_even), p_hi, acc_even * alpha[None, :])
-        acc_even = tl.dot(tl.trans(v_even), p_lo, acc_even)
-        acc_odd = tl.dot(tl.trans(v_odd), p_hi, acc_odd * alpha[None, :])
-        acc_odd = tl.dot(tl.trans(v_odd), p_lo, acc_odd)
+        acc = tl.dot(tl.trans(v), p_hi, acc * alpha[None, :])
+        acc = tl.dot(tl.trans(v), p_lo, acc)
         m_i = m_new
-    v_norm = v_global * 16384.0 / safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) * v_norm,
-                tl.trans(acc_odd) * v_norm)
+    o = acc * (v_global * 16384.0 / safe_sum(l_i))[None, :]
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o,
+             mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
