@@ -5,9 +5,10 @@ fp8 e4m3 scale per 16 values; an fp32 global scale per layer (a kernel argument)
 e4m3's range. A value is code x block scale x global scale. nvfp4_4over6 stores the same layout; its writer picks,
 per block of 16, whichever of max/6 and max/4 scaling reconstructs the block with the smaller squared error.
 
-The decode kernel multiplies on the tensor cores: each tile of codes is decoded in registers into exact fp16 values
-(code x block scale), K [tile, d/2] against the query; the query and the probabilities are each split into two fp16
-parts (hi + lo), which keeps the products close to fp32.
+The decode kernel multiplies on the tensor cores: each tile of codes is read as 4-byte words and decoded in registers
+into exact fp16 values (code x block scale), two codes per 32-bit operation, K [tile, d] against the query; the query
+and the probabilities are each split into two fp16 parts (hi + lo), side by side as the columns of one product, which
+keeps the products close to fp32.
 """
 
 from __future__ import annotations
@@ -214,10 +215,28 @@ def _nvfp4_column_element(i):
 
 
 @triton.jit
-def _split_fp16(x):
-    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 values keep ~22 bits of x."""
+def _split_fp16_columns(x, R: tl.constexpr, C: tl.constexpr):
+    """x [R, C] (fp32) as hi + lo, both fp16, side by side [R, 2C] (column 2c + h part h of column c): one
+    tensor-core product against exact fp16 values gives both parts' sums, which together keep ~22 bits of x."""
     hi = x.to(tl.float16)
-    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+    return tl.reshape(tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16)), (R, 2 * C))
+
+
+@triton.jit
+def _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, factor, G_PAD: tl.constexpr):
+    """The GQA group's queries [D, 2G] as `_split_fp16_columns` lays them out (column 2g + h part h of head g), row r
+    element e[r] times `factor` [D] (query heads past the group are 0)."""
+    c = tl.arange(0, 2 * G_PAD)
+    q = tl.load(q_ptr + seq * stride_qs + (kv_head * group + c // 2)[None, :] * stride_qh + e[:, None],
+                mask=(c // 2 < group)[None, :], other=0.0) * factor
+    hi = q.to(tl.float16)
+    return tl.where((c % 2 == 0)[None, :], hi, (q - hi.to(tl.float32)).to(tl.float16))
+
+
+@triton.jit
+def _sum_column_pairs(x, R: tl.constexpr, C: tl.constexpr):
+    """[R, 2C] -> [R, C]: the sum of columns 2c and 2c + 1."""
+    return tl.sum(tl.reshape(x, (R, C, 2)), axis=2)
 
 
 @triton.jit
@@ -233,35 +252,32 @@ def _nvfp4_decode_kernel(
     b = tl.arange(0, D // 16)
     j = tl.arange(0, 2)
     e = _nvfp4_column_element(i)
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + e[None, :], mask=g_ok[:, None], other=0.0)
-    # the query as the B operand [D, G] of K [TILE, D] x q^T (its rows in the tile's column order): the tile's tokens
-    # fill the M dimension
-    q_hi, q_lo = _split_fp16(tl.trans(q))
+    # the query as the B operand [D, 2G] of K [TILE, D] x q^T: the tile's tokens fill the M dimension
+    q2 = _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, 1.0, G_PAD)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([D, G_PAD], tl.float32)  # the output transposed [D, G], rows in the tile's column order
+    # the output transposed, rows in the tile's column order, [D, 2G] as the probabilities' fp16 parts (column 2g + h
+    # the sum over part h of head g's)
+    acc = tl.zeros([D, 2 * G_PAD], tl.float32)
     k_factor = k_global * sm_scale * 16384.0  # the values come 2^-14 times their size
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         k = _nvfp4_tile(cache_ptr, slot + K_DATA, b, j, t_ok, HALF, TILE, D)
-        raw = tl.dot(k, q_hi)  # [TILE, G] on the tensor cores, fp32 accumulation
-        raw = tl.dot(k, q_lo, raw)
+        raw = _sum_column_pairs(tl.dot(k, q2), TILE, G_PAD)  # [TILE, G] on the tensor cores, fp32 accumulation
         scores = tl.where(t_ok[:, None], raw * k_factor, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
         v = _nvfp4_tile(cache_ptr, slot + V_DATA, b, j, t_ok, HALF, TILE, D)
-        p_hi, p_lo = _split_fp16(p)
-        acc = tl.dot(tl.trans(v), p_hi, acc * alpha[None, :])
-        acc = tl.dot(tl.trans(v), p_lo, acc)
+        alpha2 = tl.reshape(tl.join(alpha, alpha), (2 * G_PAD,))
+        acc = tl.dot(tl.trans(v), _split_fp16_columns(p, TILE, G_PAD), acc * alpha2[None, :])
         m_i = m_new
-    o = acc * (v_global * 16384.0 / safe_sum(l_i))[None, :]
-    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o,
-             mask=g_ok[None, :])
+    o = _sum_column_pairs(acc, D, G_PAD) * (v_global * 16384.0 / safe_sum(l_i))[None, :]
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
