@@ -176,21 +176,24 @@ def _scale_and_zero(cache_ptr, off, mask):
 
 @triton.jit
 def _int4_codes(cache_ptr, off, w, t_ok, N: tl.constexpr, D: tl.constexpr):
-    """The codes of a side [N, D] as fp16 tensor-core operands, 2^-24 times their value (fp16 subnormals, exact),
-    from 4-byte words. Word w holds elements 8w + n in bits 4n..4n+3; column 8w + 2k + h of the tile holds element
-    8w + k + 4h, times 16 where that element is odd (k odd): each column pair is one 32-bit mask of the word
-    (0x000F000F or 0x00F000F0, of the word or of the word shifted right by 8), so that no code is moved alone."""
+    """The codes of a side [N, D] as exact fp16 tensor-core operands, from 4-byte words (word w holds elements 8w + n
+    in bits 4n..4n+3), two codes per 32-bit operation: column 8w + 2k + h of the tile holds element 8w + k + 4h, times
+    16 where that element is odd (k odd). With 0x6400 set in each 16-bit half of the word (and of the word shifted
+    right by 8), one mask (0x640F640F for the even elements, 0x64F064F0 for the odd) makes a column pair as the fp16
+    values 1024 + c (or 1024 + 16c), from which 1024 is subtracted. No integer-to-float conversion, and no code is
+    moved alone."""
     x = tl.load((cache_ptr + off[:, None]).to(tl.pointer_type(tl.int32)) + w[None, :], mask=t_ok[:, None], other=0)
-    x8 = x >> 8
-    pairs = tl.join(tl.join(x & 0x000F000F, x8 & 0x000F000F), tl.join(x & 0x00F000F0, x8 & 0x00F000F0))
-    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16))
-    return tl.reshape(halves.to(tl.float16, bitcast=True), (N, D))
+    y = x | 0x64006400
+    y8 = (x >> 8) | 0x64006400
+    pairs = tl.join(tl.join(y & 0x640F640F, y8 & 0x640F640F), tl.join(y & 0x64F064F0, y8 & 0x64F064F0))
+    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16)).to(tl.float16, bitcast=True)
+    return tl.reshape(halves - 1024.0, (N, D))
 
 
 @triton.jit
 def _int4_column_element(i):
     """The element that column i of `_int4_codes`'s tile holds, and the factor (1, or 1/16 for the odd elements,
-    which the tile holds 16 times larger) that brings a product with it back to 2^-24 times code x query."""
+    which the tile holds 16 times larger) that brings a product with it back to code x query."""
     e = (i & -8) | ((i >> 1) & 3) | ((i & 1) << 2)
     return e, tl.where((e & 1) == 1, 1.0 / 16.0, 1.0)
 
@@ -253,7 +256,7 @@ def _int4_decode_kernel(
         ks, kz = _scale_and_zero(cache_ptr, slot + K_SCALE, t_ok)
         # <codes, q'> on the tensor cores (fp32 accumulation) [TILE, G], then the scale and zero point per token
         raw = _sum_column_pairs(tl.dot(k, q2), TILE, G_PAD)
-        scores = (raw * 16777216.0 - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
+        scores = (raw - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
         scores = tl.where(t_ok[:, None], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
@@ -267,7 +270,7 @@ def _int4_decode_kernel(
         acc = tl.dot(tl.trans(v), _split_fp16_columns(ps, TILE, G_PAD), acc * alpha2[None, :])
         m_i = m_new
     l_safe = safe_sum(l_i)[None, :]
-    o = (_sum_column_pairs(acc, D, G_PAD) * (16777216.0 * f)[:, None] - corr[None, :]) / l_safe
+    o = (_sum_column_pairs(acc, D, G_PAD) * f[:, None] - corr[None, :]) / l_safe
     tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
