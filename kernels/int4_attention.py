@@ -8,10 +8,10 @@ asymmetrically: y ~ s (q - z). The kernel never rebuilds a value:
   sum_t p_t s_t (q_v,t - z_t) = sum_t (p_t s_t) q_v,t - sum_t p_t s_t z_t        on the accumulator (the second sum
   kept apart and subtracted once at the end),
 with q' = H D q. H D is orthogonal up to sqrt(d), so the softmax scale is divided by d, and the output
-o = D H o' / d is rotated back in the launcher. Both first sums run on the tensor cores: the codes are read as 4-byte
-words and become exact fp16 operands two per 32-bit mask (`_int4_codes`), and the query and the probabilities are each
-split into two fp16 parts (hi + lo), side by side as the columns of one product, which keeps the products close to
-fp32.
+o = D H o' / d is rotated back in the launcher. The sums over codes, <q', q_k> and sum_t (p_t s_t) q_v,t, run on the
+tensor cores: the codes are read as 4-byte words and become exact fp16 operands two per 32-bit mask (`_int4_codes`),
+and the query and the probabilities are each split into two fp16 parts (hi + lo), side by side as the columns of one
+product, which keeps the products close to fp32.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
-    load_query_lanes,
     program_coords,
     round_half_even,
     safe_sum,
@@ -33,7 +32,6 @@ from .common import (
     softmax_step,
     split_bounds,
     split_buffers,
-    store_lanes,
     store_split_stats,
 )
 from .layouts import SlotLayout

@@ -22,14 +22,12 @@ import triton.language as tl
 from .common import (
     combine_splits,
     e4m3_byte,
-    load_query_lanes,
     program_coords,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
     split_buffers,
-    store_lanes,
     store_split_stats,
 )
 from .layouts import SlotLayout
@@ -223,12 +221,12 @@ def _split_fp16_columns(x, R: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, factor, G_PAD: tl.constexpr):
+def _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, G_PAD: tl.constexpr):
     """The GQA group's queries [D, 2G] as `_split_fp16_columns` lays them out (column 2g + h part h of head g), row r
-    element e[r] times `factor` [D] (query heads past the group are 0)."""
+    element e[r] (query heads past the group are 0)."""
     c = tl.arange(0, 2 * G_PAD)
     q = tl.load(q_ptr + seq * stride_qs + (kv_head * group + c // 2)[None, :] * stride_qh + e[:, None],
-                mask=(c // 2 < group)[None, :], other=0.0) * factor
+                mask=(c // 2 < group)[None, :], other=0.0)
     hi = q.to(tl.float16)
     return tl.where((c % 2 == 0)[None, :], hi, (q - hi.to(tl.float32)).to(tl.float16))
 
@@ -253,7 +251,7 @@ def _nvfp4_decode_kernel(
     j = tl.arange(0, 2)
     e = _nvfp4_column_element(i)
     # the query as the B operand [D, 2G] of K [TILE, D] x q^T: the tile's tokens fill the M dimension
-    q2 = _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, 1.0, G_PAD)
+    q2 = _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, G_PAD)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
