@@ -4,12 +4,14 @@ Each side of a slot is head_dim/2 bytes (two values per byte, element 2i in the 
 followed by one fp32 scale whose low 4 mantissa bits hold the 4-bit zero point. Values are stored after a
 randomized Hadamard rotation y = H D x (H the unnormalized Walsh-Hadamard matrix, D fixed random signs), quantized
 asymmetrically: y ~ s (q - z). The kernel never rebuilds a value:
-  <q', s (q_k - z)> = s (<q', q_k> - z sum(q'))        on the scores (split over the low and high nibbles),
-  sum_t p_t s_t (q_v,t - z_t) = sum_t (p_t s_t) q_v,t - sum_t p_t s_t z_t        on the accumulator,
+  <q', s (q_k - z)> = s (<q', q_k> - z sum(q'))        on the scores,
+  sum_t p_t s_t (q_v,t - z_t) = sum_t (p_t s_t) q_v,t - sum_t p_t s_t z_t        on the accumulator (the second sum
+  kept apart and subtracted once at the end),
 with q' = H D q. H D is orthogonal up to sqrt(d), so the softmax scale is divided by d, and the output
-o = D H o' / d is rotated back in the launcher. Both sums run on the tensor cores: the codes (0..15) are exact fp16
-operands, and the query and the probabilities are each split into two fp16 parts (hi + lo), which keeps the products
-close to fp32.
+o = D H o' / d is rotated back in the launcher. The sums over codes, <q', q_k> and sum_t (p_t s_t) q_v,t, run on the
+tensor cores: the codes are read as 4-byte words and become exact fp16 operands two per 32-bit mask (`_int4_codes`),
+and the query and the probabilities are each split into two fp16 parts (hi + lo), side by side as the columns of one
+product, which keeps the products close to fp32.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
-    load_query_lanes,
     program_coords,
     round_half_even,
     safe_sum,
@@ -31,7 +32,6 @@ from .common import (
     softmax_step,
     split_bounds,
     split_buffers,
-    store_lanes,
     store_split_stats,
 )
 from .layouts import SlotLayout
@@ -173,21 +173,52 @@ def _scale_and_zero(cache_ptr, off, mask):
 
 
 @triton.jit
-def _int4_codes(cache_ptr, off, j, t_ok):
-    """The codes of a side [N, HALF] x 2 (low nibbles: elements 2j, high: 2j + 1) as fp16 tensor-core operands,
-    from one contiguous byte run per token (the integers 0..15 are exact in fp16)."""
-    b = tl.load(cache_ptr + off[:, None] + j[None, :], mask=t_ok[:, None], other=0).to(tl.uint16)
-    # 0x6400 | c is the fp16 1024 + c: no integer-to-float conversion
-    lo = ((b & 15) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    hi = ((b >> 4) | 0x6400).to(tl.float16, bitcast=True) - 1024.0
-    return lo, hi
+def _int4_codes(cache_ptr, off, w, t_ok, N: tl.constexpr, D: tl.constexpr):
+    """The codes of a side [N, D] as exact fp16 tensor-core operands, from 4-byte words (word w holds elements 8w + n
+    in bits 4n..4n+3), two codes per 32-bit operation: column 8w + 2k + h of the tile holds element 8w + k + 4h, times
+    16 where that element is odd (k odd). With 0x6400 set in each 16-bit half of the word (and of the word shifted
+    right by 8), one mask (0x640F640F for the even elements, 0x64F064F0 for the odd) makes a column pair as the fp16
+    values 1024 + c (or 1024 + 16c), from which 1024 is subtracted. No integer-to-float conversion, and no code is
+    moved alone."""
+    x = tl.load((cache_ptr + off[:, None]).to(tl.pointer_type(tl.int32)) + w[None, :], mask=t_ok[:, None], other=0)
+    y = x | 0x64006400
+    y8 = (x >> 8) | 0x64006400
+    pairs = tl.join(tl.join(y & 0x640F640F, y8 & 0x640F640F), tl.join(y & 0x64F064F0, y8 & 0x64F064F0))
+    halves = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16)).to(tl.float16, bitcast=True)
+    return tl.reshape(halves - 1024.0, (N, D))
 
 
 @triton.jit
-def _split_fp16(x):
-    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 codes keep ~22 bits of x."""
+def _int4_column_element(i):
+    """The element that column i of `_int4_codes`'s tile holds, and the factor (1, or 1/16 for the odd elements,
+    which the tile holds 16 times larger) that brings a product with it back to code x query."""
+    e = (i & -8) | ((i >> 1) & 3) | ((i & 1) << 2)
+    return e, tl.where((e & 1) == 1, 1.0 / 16.0, 1.0)
+
+
+@triton.jit
+def _split_fp16_columns(x, R: tl.constexpr, C: tl.constexpr):
+    """x [R, C] (fp32) as hi + lo, both fp16, side by side [R, 2C] (column 2c + h part h of column c): one
+    tensor-core product against exact fp16 codes gives both parts' sums, which together keep ~22 bits of x."""
     hi = x.to(tl.float16)
-    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+    return tl.reshape(tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16)), (R, 2 * C))
+
+
+@triton.jit
+def _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, factor, G_PAD: tl.constexpr):
+    """The GQA group's queries [D, 2G] as `_split_fp16_columns` lays them out (column 2g + h part h of head g), row r
+    element e[r] times `factor` [D] (query heads past the group are 0)."""
+    c = tl.arange(0, 2 * G_PAD)
+    q = tl.load(q_ptr + seq * stride_qs + (kv_head * group + c // 2)[None, :] * stride_qh + e[:, None],
+                mask=(c // 2 < group)[None, :], other=0.0) * factor[:, None]
+    hi = q.to(tl.float16)
+    return tl.where((c % 2 == 0)[None, :], hi, (q - hi.to(tl.float32)).to(tl.float16))
+
+
+@triton.jit
+def _sum_column_pairs(x, R: tl.constexpr, C: tl.constexpr):
+    """[R, 2C] -> [R, C]: the sum of columns 2c and 2c + 1."""
+    return tl.sum(tl.reshape(x, (R, C, 2)), axis=2)
 
 
 @triton.jit
@@ -199,49 +230,46 @@ def _int4_decode_kernel(
     HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
-    j = tl.arange(0, HALF)
-    q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
-    q_sum = tl.sum(q_even, axis=1) + tl.sum(q_odd, axis=1)  # for the zero-point correction
-    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
-    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
-    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
+    D: tl.constexpr = 2 * HALF
+    i = tl.arange(0, D)
+    w = tl.arange(0, D // 8)
+    e, f = _int4_column_element(i)
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + i[None, :], mask=g_ok[:, None], other=0.0)
+    q_sum = tl.sum(q, axis=1)  # for the zero-point correction
+    # the query as the B operand [D, 2G] of K [TILE, D] x q^T (its rows in the tile's column order, the odd elements
+    # divided by 16 as the tile's are 16 times theirs): the tile's tokens fill the M dimension
+    q2 = _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, f, G_PAD)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
-    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
+    # sum_t p_t s_t q_v,t transposed, rows in the tile's column order, [D, 2G] as the fp16 parts of p_t s_t (column
+    # 2g + h the sum over part h of head g's)
+    acc = tl.zeros([D, 2 * G_PAD], tl.float32)
+    corr = tl.zeros([G_PAD], tl.float32)  # sum_t p_t s_t z_t
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        k_lo, k_hi = _int4_codes(cache_ptr, slot + K_DATA, j, t_ok)
+        k = _int4_codes(cache_ptr, slot + K_DATA, w, t_ok, TILE, D)
         ks, kz = _scale_and_zero(cache_ptr, slot + K_SCALE, t_ok)
         # <codes, q'> on the tensor cores (fp32 accumulation) [TILE, G], then the scale and zero point per token
-        raw = tl.dot(k_lo, qe_hi)
-        raw = tl.dot(k_lo, qe_lo, raw)
-        raw = tl.dot(k_hi, qo_hi, raw)
-        raw = tl.dot(k_hi, qo_lo, raw)
+        raw = _sum_column_pairs(tl.dot(k, q2), TILE, G_PAD)
         scores = (raw - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
         scores = tl.where(t_ok[:, None], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        v_lo, v_hi = _int4_codes(cache_ptr, slot + V_DATA, j, t_ok)
+        v = _int4_codes(cache_ptr, slot + V_DATA, w, t_ok, TILE, D)
         vs, vz = _scale_and_zero(cache_ptr, slot + V_SCALE, t_ok)
         ps = p * vs[:, None]
-        correction = tl.sum(ps * vz[:, None], axis=0)
-        ps_hi, ps_lo = _split_fp16(ps)
-        acc_even = acc_even * alpha[None, :] - correction[None, :]
-        acc_even = tl.dot(tl.trans(v_lo), ps_hi, acc_even)
-        acc_even = tl.dot(tl.trans(v_lo), ps_lo, acc_even)
-        acc_odd = acc_odd * alpha[None, :] - correction[None, :]
-        acc_odd = tl.dot(tl.trans(v_hi), ps_hi, acc_odd)
-        acc_odd = tl.dot(tl.trans(v_hi), ps_lo, acc_odd)
+        corr = corr * alpha + tl.sum(ps * vz[:, None], axis=0)
+        alpha2 = tl.reshape(tl.join(alpha, alpha), (2 * G_PAD,))
+        acc = tl.dot(tl.trans(v), _split_fp16_columns(ps, TILE, G_PAD), acc * alpha2[None, :])
         m_i = m_new
-    l_safe = safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) / l_safe,
-                tl.trans(acc_odd) / l_safe)
+    l_safe = safe_sum(l_i)[None, :]
+    o = (_sum_column_pairs(acc, D, G_PAD) * f[:, None] - corr[None, :]) / l_safe
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 

@@ -5,9 +5,10 @@ fp8 e4m3 scale per 16 values; an fp32 global scale per layer (a kernel argument)
 e4m3's range. A value is code x block scale x global scale. nvfp4_4over6 stores the same layout; its writer picks,
 per block of 16, whichever of max/6 and max/4 scaling reconstructs the block with the smaller squared error.
 
-The decode kernel multiplies on the tensor cores: each tile of codes is decoded in registers into exact fp16 values
-(code x block scale), K [tile, d/2] against the query; the query and the probabilities are each split into two fp16
-parts (hi + lo), which keeps the products close to fp32.
+The decode kernel multiplies on the tensor cores: each tile of codes is read as 4-byte words and decoded in registers
+into exact fp16 values (code x block scale), two codes per 32-bit operation, K [tile, d] against the query; the query
+and the probabilities are each split into two fp16 parts (hi + lo), side by side as the columns of one product, which
+keeps the products close to fp32.
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ import triton.language as tl
 from .common import (
     combine_splits,
     e4m3_byte,
-    load_query_lanes,
     program_coords,
     safe_sum,
     slot_offsets,
     softmax_step,
     split_bounds,
     split_buffers,
-    store_lanes,
     store_split_stats,
 )
 from .layouts import SlotLayout
@@ -182,26 +181,60 @@ def _e2m1(code):
 
 
 @triton.jit
-def _nvfp4_values(cache_ptr, slot, data_off, b, e, t_ok, HALF: tl.constexpr, N: tl.constexpr):
-    """The even- and odd-indexed values [N, HALF] of a side as fp16 tensor-core operands, block scales applied and
-    2^-14 times their value (global scale not applied). The block of 16 values b is bytes 8b..8b+7, loaded [N, NB, 8];
-    its e4m3 scale is read once per block. An e2m1 code (sign s, exponent ee, mantissa m) becomes the fp16 bits
-    s000 eem0 0000 0000, which is its value times 2^-14 (the subnormal 0.5 included); the products with an e4m3 scale
-    are exact in fp16."""
-    ptr = cache_ptr + slot[:, None, None] + data_off
-    raw = tl.load(ptr + (b * 8)[None, :, None] + e[None, None, :], mask=t_ok[:, None, None], other=0).to(tl.int32)
-    sc = tl.load(cache_ptr + slot[:, None] + data_off + HALF + b[None, :], mask=t_ok[:, None], other=0)
-    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.float16)[:, :, None]
-    even = (((raw & 7) << 9) | ((raw & 8) << 12)).to(tl.uint16).to(tl.float16, bitcast=True) * scale
-    odd = (((raw & 0x70) << 5) | ((raw & 0x80) << 8)).to(tl.uint16).to(tl.float16, bitcast=True) * scale
-    return tl.reshape(even, (N, HALF)), tl.reshape(odd, (N, HALF))
+def _nvfp4_tile(cache_ptr, off, b, j, t_ok, HALF: tl.constexpr, N: tl.constexpr, D: tl.constexpr):
+    """A side's values [N, D] as fp16 tensor-core operands, block scales applied and 2^-14 times their value (global
+    scale not applied), in the column order of `_nvfp4_column_element`. Block b's 16 codes are the 4-byte words 2b and
+    2b + 1 (element 8w + n in bits 4n..4n+3 of word w), read [N, D/16, 2]; its e4m3 scale is read once.
+
+    An e2m1 code (sign s, exponent ee, mantissa m) becomes the fp16 bits s000 eem0 0000 0000, its value times 2^-14
+    (the subnormal 0.5 included); the products with an e4m3 scale are exact in fp16. Codes n and n + 4 of a word sit
+    16 bits apart, so one shift and mask of a 32-bit word makes both halves at once. First each byte's two codes are
+    brought into shape: `ev` keeps the low code's magnitude at bits 0..2 and moves its sign to bit 6, `od` moves the
+    high code's magnitude to bits 1..3 next to its sign at bit 7 (each the word with the bits under one mask taken
+    from the word shifted; the other bits are never read). Then ev << 9, ev << 1, od << 8 and od, each masked with
+    0x8E008E00, are codes (0, 4), (2, 6), (1, 5) and (3, 7) as fp16 pairs."""
+    x = tl.load((cache_ptr + off[:, None, None]).to(tl.pointer_type(tl.int32)) + (2 * b)[None, :, None]
+                + j[None, None, :], mask=t_ok[:, None, None], other=0)
+    sc = tl.load(cache_ptr + off[:, None] + HALF + b[None, :], mask=t_ok[:, None], other=0)
+    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(tl.float16)
+    ev = x ^ ((x ^ (x << 3)) & 0x40404040)
+    od = x ^ ((x ^ (x >> 3)) & 0x0E0E0E0E)
+    pairs = tl.join(tl.join((ev << 9) & -1912566272, (ev << 1) & -1912566272),
+                    tl.join((od << 8) & -1912566272, od & -1912566272))  # -1912566272 is 0x8E008E00
+    codes = tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16)).to(tl.float16, bitcast=True)
+    return tl.reshape(codes * scale[:, :, None, None, None, None], (N, D))
 
 
 @triton.jit
-def _split_fp16(x):
-    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 values keep ~22 bits of x."""
+def _nvfp4_column_element(i):
+    """The element that column i of `_nvfp4_tile`'s tile holds: of each word's 8 columns, 2k and 2k + 1 hold its
+    elements k and k + 4."""
+    return (i & -8) | ((i >> 1) & 3) | ((i & 1) << 2)
+
+
+@triton.jit
+def _split_fp16_columns(x, R: tl.constexpr, C: tl.constexpr):
+    """x [R, C] (fp32) as hi + lo, both fp16, side by side [R, 2C] (column 2c + h part h of column c): one
+    tensor-core product against exact fp16 values gives both parts' sums, which together keep ~22 bits of x."""
     hi = x.to(tl.float16)
-    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+    return tl.reshape(tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16)), (R, 2 * C))
+
+
+@triton.jit
+def _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, G_PAD: tl.constexpr):
+    """The GQA group's queries [D, 2G] as `_split_fp16_columns` lays them out (column 2g + h part h of head g), row r
+    element e[r] (query heads past the group are 0)."""
+    c = tl.arange(0, 2 * G_PAD)
+    q = tl.load(q_ptr + seq * stride_qs + (kv_head * group + c // 2)[None, :] * stride_qh + e[:, None],
+                mask=(c // 2 < group)[None, :], other=0.0)
+    hi = q.to(tl.float16)
+    return tl.where((c % 2 == 0)[None, :], hi, (q - hi.to(tl.float32)).to(tl.float16))
+
+
+@triton.jit
+def _sum_column_pairs(x, R: tl.constexpr, C: tl.constexpr):
+    """[R, 2C] -> [R, C]: the sum of columns 2c and 2c + 1."""
+    return tl.sum(tl.reshape(x, (R, C, 2)), axis=2)
 
 
 @triton.jit
@@ -212,43 +245,37 @@ def _nvfp4_decode_kernel(
     K_DATA: tl.constexpr, V_DATA: tl.constexpr, HALF: tl.constexpr, G_PAD: tl.constexpr, TILE: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
-    j = tl.arange(0, HALF)
-    b = tl.arange(0, HALF // 8)
-    e = tl.arange(0, 8)
-    q_even, q_odd = load_query_lanes(q_ptr, seq, heads, g_ok, stride_qs, stride_qh, j)
-    # the query as the B operand [HALF, G] of K [TILE, HALF] x q^T: the tile's tokens fill the M dimension
-    qe_hi, qe_lo = _split_fp16(tl.trans(q_even))
-    qo_hi, qo_lo = _split_fp16(tl.trans(q_odd))
+    D: tl.constexpr = 2 * HALF
+    i = tl.arange(0, D)
+    b = tl.arange(0, D // 16)
+    j = tl.arange(0, 2)
+    e = _nvfp4_column_element(i)
+    # the query as the B operand [D, 2G] of K [TILE, D] x q^T: the tile's tokens fill the M dimension
+    q2 = _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, G_PAD)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc_even = tl.zeros([HALF, G_PAD], tl.float32)  # the output transposed: [HALF, G]
-    acc_odd = tl.zeros([HALF, G_PAD], tl.float32)
+    # the output transposed, rows in the tile's column order, [D, 2G] as the probabilities' fp16 parts (column 2g + h
+    # the sum over part h of head g's)
+    acc = tl.zeros([D, 2 * G_PAD], tl.float32)
     k_factor = k_global * sm_scale * 16384.0  # the values come 2^-14 times their size
     for start in range(lo, hi, TILE):
         t = start + tl.arange(0, TILE)
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        k_even, k_odd = _nvfp4_values(cache_ptr, slot, K_DATA, b, e, t_ok, HALF, TILE)
-        raw = tl.dot(k_even, qe_hi)  # [TILE, G] on the tensor cores, fp32 accumulation
-        raw = tl.dot(k_even, qe_lo, raw)
-        raw = tl.dot(k_odd, qo_hi, raw)
-        raw = tl.dot(k_odd, qo_lo, raw)
+        k = _nvfp4_tile(cache_ptr, slot + K_DATA, b, j, t_ok, HALF, TILE, D)
+        raw = _sum_column_pairs(tl.dot(k, q2), TILE, G_PAD)  # [TILE, G] on the tensor cores, fp32 accumulation
         scores = tl.where(t_ok[:, None], raw * k_factor, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        v_even, v_odd = _nvfp4_values(cache_ptr, slot, V_DATA, b, e, t_ok, HALF, TILE)
-        p_hi, p_lo = _split_fp16(p)
-        acc_even = tl.dot(tl.trans(v_even), p_hi, acc_even * alpha[None, :])
-        acc_even = tl.dot(tl.trans(v_even), p_lo, acc_even)
-        acc_odd = tl.dot(tl.trans(v_odd), p_hi, acc_odd * alpha[None, :])
-        acc_odd = tl.dot(tl.trans(v_odd), p_lo, acc_odd)
+        v = _nvfp4_tile(cache_ptr, slot + V_DATA, b, j, t_ok, HALF, TILE, D)
+        alpha2 = tl.reshape(tl.join(alpha, alpha), (2 * G_PAD,))
+        acc = tl.dot(tl.trans(v), _split_fp16_columns(p, TILE, G_PAD), acc * alpha2[None, :])
         m_i = m_new
-    v_norm = v_global * 16384.0 / safe_sum(l_i)[:, None]
-    store_lanes(out_ptr, row, heads, g_ok, stride_os, stride_oh, j, tl.trans(acc_even) * v_norm,
-                tl.trans(acc_odd) * v_norm)
+    o = _sum_column_pairs(acc, D, G_PAD) * (v_global * 16384.0 / safe_sum(l_i))[None, :]
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
