@@ -175,43 +175,139 @@ def reshape_and_cache_kivi(cache: torch.Tensor, layout: SlotLayout, slots: torch
 
 
 @triton.jit
+def _codes_f16(b, K: tl.constexpr, BITS: tl.constexpr, PORTABLE: tl.constexpr):
+    """Code K of each byte of `b` (uint8; the code at bits [K BITS, (K + 1) BITS)) as an fp16 value: the code
+    becomes the low byte of the fp16 1024 + code, and 1024 is subtracted, four bytes to two 32-bit registers at a
+    time (`PORTABLE`: by Triton's own integer and bitcast operations, which the interpreter runs)."""
+    if PORTABLE:
+        c = ((b.to(tl.int16) >> (K * BITS)) & ((1 << BITS) - 1)) | 0x6400
+        return c.to(tl.float16, bitcast=True) - 1024.0
+    elif BITS == 2:
+        if K == 0:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 x, m; mov.b32 m, 0x64006400; and.b32 x, $2, 0x03030303; "
+                "prmt.b32 $0, x, 0x64646464, 0x5150; prmt.b32 $1, x, 0x64646464, 0x5352; "
+                "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=False, pack=4)
+        elif K == 1:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 x, m; mov.b32 m, 0x64006400; shr.b32 x, $2, 2; and.b32 x, x, 0x03030303; "
+                "prmt.b32 $0, x, 0x64646464, 0x5150; prmt.b32 $1, x, 0x64646464, 0x5352; "
+                "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=False, pack=4)
+        elif K == 2:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 x, m; mov.b32 m, 0x64006400; shr.b32 x, $2, 4; and.b32 x, x, 0x03030303; "
+                "prmt.b32 $0, x, 0x64646464, 0x5150; prmt.b32 $1, x, 0x64646464, 0x5352; "
+                "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=False, pack=4)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 x, m; mov.b32 m, 0x64006400; shr.b32 x, $2, 6; and.b32 x, x, 0x03030303; "
+                "prmt.b32 $0, x, 0x64646464, 0x5150; prmt.b32 $1, x, 0x64646464, 0x5352; "
+                "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=False, pack=4)
+    else:
+        if K == 0:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 x, m; mov.b32 m, 0x64006400; and.b32 x, $2, 0x0f0f0f0f; "
+                "prmt.b32 $0, x, 0x64646464, 0x5150; prmt.b32 $1, x, 0x64646464, 0x5352; "
+                "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=False, pack=4)
+        else:
+            return tl.inline_asm_elementwise(
+                "{ .reg .b32 x, m; mov.b32 m, 0x64006400; shr.b32 x, $2, 4; and.b32 x, x, 0x0f0f0f0f; "
+                "prmt.b32 $0, x, 0x64646464, 0x5150; prmt.b32 $1, x, 0x64646464, 0x5352; "
+                "sub.f16x2 $0, $0, m; sub.f16x2 $1, $1, m; }",
+                "=r,=r,r", [b], dtype=tl.float16, is_pure=False, pack=4)
+
+
+@triton.jit
+def _unpack_f16(b, BITS: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, PORTABLE: tl.constexpr):
+    """Packed codes [N, NB] (bytes, 8 / BITS codes each, the first in the low bits) as fp16 values
+    [N, NB x 8 / BITS], code k of every byte before code k + 1 of any: position k NB + i holds channel
+    (8 / BITS) i + k."""
+    if BITS == 2:
+        lo = tl.join(_codes_f16(b, 0, BITS, PORTABLE), _codes_f16(b, 1, BITS, PORTABLE))
+        hi = tl.join(_codes_f16(b, 2, BITS, PORTABLE), _codes_f16(b, 3, BITS, PORTABLE))
+        return tl.reshape(tl.permute(tl.join(lo, hi), [0, 3, 2, 1]), [N, NB * 4])
+    else:
+        return tl.reshape(tl.permute(tl.join(_codes_f16(b, 0, BITS, PORTABLE), _codes_f16(b, 1, BITS, PORTABLE)),
+                                     [0, 2, 1]), [N, NB * 2])
+
+
+@triton.jit
+def _split_fp16(x):
+    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 codes keep ~22 bits of x."""
+    hi = x.to(tl.float16)
+    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
 def _kivi_decode_kernel(
     q_ptr, cache_ptr, resid_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh, stride_rs, stride_rt, stride_rh, stride_rkv,
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr, D: tl.constexpr,
     BITS: tl.constexpr, G: tl.constexpr, RESIDUAL: tl.constexpr, RTILE: tl.constexpr,
     K_SCALE: tl.constexpr, K_ZERO: tl.constexpr, V_CODES: tl.constexpr, V_SCALE: tl.constexpr,
-    V_ZERO: tl.constexpr, G_PAD: tl.constexpr,
+    V_ZERO: tl.constexpr, G_PAD: tl.constexpr, WIDEN: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
-    c = tl.arange(0, D)
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + c[None, :], mask=g_ok[:, None],
-                other=0.0).to(tl.float32)
+    NB: tl.constexpr = D * BITS // 8  # code bytes per token and side
+    PER: tl.constexpr = D // G  # key channels whose scale and zero a token carries; value channel groups per token
+    CPB: tl.constexpr = 8 // BITS  # codes per byte
+    # position i of the channel axis holds channel c[i]: the order in which `_unpack_f16` leaves the codes
+    i = tl.arange(0, D)
+    c = (i % NB) * CPB + i // NB
+    # the query [D, G] (transposed, channels in position order), with the softmax scale
+    q = tl.load(q_ptr + seq * stride_qs + heads[None, :] * stride_qh + c[:, None], mask=g_ok[None, :],
+                other=0.0).to(tl.float32) * sm_scale
     n = tl.load(lens_ptr + seq)
     nq = tl.maximum(n - RESIDUAL, 0) // G * G
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, D], tl.float32)
-    PER: tl.constexpr = D // G
-    lo, hi = split_bounds(split, split_len, nq)  # split_len is a whole number of groups
+    acc = tl.zeros([PER, G, G_PAD], tl.float32)  # value channel group, its channels (position order), query head
+    acc_zero = tl.zeros([PER, G_PAD], tl.float32)  # the value zeros' share, the same for every channel of a group
+    nb = tl.arange(0, NB)
+    r = tl.arange(0, G)
+    j = tl.arange(0, PER)
+    lo, hi = split_bounds(split, split_len, nq)  # split_len is a whole number of groups: every tile is whole
     for start in range(lo, hi, G):  # one token group per tile
-        t = start + tl.arange(0, G)
-        slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t < hi, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
-        kcodes = packed_codes(cache_ptr, slot, c, t < hi, BITS).to(tl.float32)
-        # channel c's scale and zero live in the slot of the group's token c // PER
-        oslot = slot_offsets(block_table_ptr, seq, max_blocks, start + c // PER, c < D, kv_head, BLOCK_SIZE,
-                             NUM_KV_HEADS, SLOT)
-        ks = tl.load((cache_ptr + oslot + K_SCALE + (c % PER) * 2).to(tl.pointer_type(tl.float16))).to(tl.float32)
-        kz = tl.load((cache_ptr + oslot + K_ZERO + (c % PER) * 2).to(tl.pointer_type(tl.float16))).to(tl.float32)
-        k = kcodes * ks[None, :] + kz[None, :]
-        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        vcodes = packed_codes(cache_ptr, slot + V_CODES, c, t < hi, BITS).to(tl.float32)
-        vs = tl.load((cache_ptr + slot[:, None] + V_SCALE + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
-        vz = tl.load((cache_ptr + slot[:, None] + V_ZERO + (c // G)[None, :] * 2).to(tl.pointer_type(tl.float16)))
-        v = vcodes * vs.to(tl.float32) + vz.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        t = start + r
+        block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE)
+        slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
+        base = cache_ptr + slot[:, None]
+        kb = tl.load(base + nb[None, :])  # K code bytes [G, NB], 16 bytes a load
+        vb = tl.load(base + V_CODES + nb[None, :])  # V code bytes [G, NB]
+        # the group's per-channel key scales and zeros: token r holds channels [r PER, (r + 1) PER)
+        ksz = tl.join(tl.load((base + K_SCALE).to(tl.pointer_type(tl.float16)) + j[None, :]),
+                      tl.load((base + K_ZERO).to(tl.pointer_type(tl.float16)) + j[None, :]))  # [G, PER, 2]
+        ks, kz = tl.split(tl.reshape(tl.permute(tl.reshape(ksz, [NB, CPB, 2]), [1, 0, 2]), [D, 2]).to(tl.float32))
+        # each token's value scales and zeros per channel group [PER, G]
+        vs = tl.trans(tl.load((base + V_SCALE).to(tl.pointer_type(tl.float16)) + j[None, :]).to(tl.float32))
+        vz = tl.trans(tl.load((base + V_ZERO).to(tl.pointer_type(tl.float16)) + j[None, :]).to(tl.float32))
+        # keys: the scale folds into the query, the dot runs on the raw codes, and the zero adds q . zero
+        qs_hi, qs_lo = _split_fp16(q * ks[:, None])
+        kc = _unpack_f16(kb, BITS, G, NB, WIDEN)
+        scores = tl.dot(kc, qs_hi)
+        scores = tl.dot(kc, qs_lo, scores) + tl.sum(q * kz[:, None], axis=0)[None, :]  # [G tokens, G_PAD]
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        # values: each token's scale folds into its probability, per value channel group; the zeros add
+        # sum_t p_t zero_t once per group of channels
+        ps_hi, ps_lo = _split_fp16(vs[:, :, None] * p[None, :, :])  # [PER, G tokens, G_PAD]
+        # [PER, G channels, G tokens]: channel group g holds bytes [g NB / PER, (g + 1) NB / PER) of every code
+        vc = tl.reshape(_unpack_f16(vb, BITS, G, NB, WIDEN), [G, CPB, PER, NB // PER])
+        vc = tl.reshape(tl.permute(vc, [2, 1, 3, 0]), [PER, G, G])
+        acc = tl.dot(vc, ps_hi, acc * alpha[None, None, :])
+        acc = tl.dot(vc, ps_lo, acc)
+        acc_zero = acc_zero * alpha[None, :] + tl.sum(vz[:, :, None] * p[None, :, :], axis=1)
         m_i = m_new
+    # [D, G_PAD], channels in position order
+    acc = tl.reshape(tl.permute(tl.reshape(acc + acc_zero[:, None, :], [PER, CPB, NB // PER, G_PAD]), [1, 0, 2, 3]),
+                     [D, G_PAD])
     # the full-precision residual, tokens nq .. n: the last split's, a tile of RTILE tokens at a time
     n_res = tl.where(split == tl.num_programs(2) - 1, n - nq, 0)
     for r0 in range(0, n_res, RTILE):
@@ -220,13 +316,19 @@ def _kivi_decode_kernel(
         rbase = resid_ptr + seq * stride_rs + rt[:, None] * stride_rt + kv_head * stride_rh + c[None, :]
         k = tl.load(rbase, mask=r_ok[:, None], other=0.0).to(tl.float32)
         v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
-        scores = tl.where(r_ok[None, :], tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale, float("-inf"))
-        m_new, alpha, p, l_i = softmax_step(m_i, l_i, scores)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        scores = tl.where(r_ok[:, None], tl.dot(k, q, input_precision="tf32x3"), float("-inf"))  # [RTILE, G_PAD]
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = tl.dot(tl.trans(v), p, acc * alpha[None, :], input_precision="tf32x3")
         m_i = m_new
-    tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + c[None, :], acc / safe_sum(l_i)[:, None],
-             mask=g_ok[:, None])
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + c[:, None], acc / safe_sum(l_i)[None, :],
+             mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
+
+
+_INTERPRETED = type(_kivi_decode_kernel).__name__ == "InterpretedFunction"  # chosen when the kernel was defined
 
 
 def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tensor, layout: SlotLayout,
@@ -236,6 +338,7 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
     nb, bs, kv_heads, slot = cache.shape
     bits, g, r = _params(layout)
     assert slot == layout.slot_bytes and d == layout.head_dim and d % g == 0 and residual.shape[1] >= r + g - 1
+    assert d % (32 // bits) == 0 and g % 16 == 0, "whole 32-bit words of codes a token, whole 16-token MMA tiles"
     o = _offsets(layout)
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits, workspace,
                                                  q.dtype)
@@ -245,9 +348,13 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         residual.stride(0), residual.stride(1), residual.stride(2), residual.stride(3),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, D=d, BITS=bits, G=g, RESIDUAL=r,
-        RTILE=16, K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"],
-        V_SCALE=o["v_scale"], V_ZERO=o["v_zero"], G_PAD=max(2, triton.next_power_of_2(heads // kv_heads)),
-        num_warps=8,  # a whole 32-token group per tile: with 4 warps its registers spill on sm_90
+        RTILE=16, K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"], V_SCALE=o["v_scale"],
+        V_ZERO=o["v_zero"],
+        G_PAD=max(8, triton.next_power_of_2(heads // kv_heads)),
+        # Triton's interpreter runs no inline assembly: under it the codes become fp16 by Triton's own integer
+        # and bitcast operations, on a GPU by a shift, a mask and a subtraction per pair of codes
+        WIDEN=_INTERPRETED,
+        num_warps=1,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
