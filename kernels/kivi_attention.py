@@ -238,9 +238,19 @@ def _unpack_f16(b, BITS: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, PORTAB
 
 @triton.jit
 def _split_fp16(x):
-    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 codes keep ~22 bits of x."""
+    """x [..., N] (fp32) as fp16 pairs [..., 2N]: column 2n holds x[n] rounded to fp16 (hi), column 2n + 1 what
+    that leaves (lo). One tensor-core product against exact fp16 codes computes both halves' sums side by side,
+    and their sum keeps ~22 bits of x."""
     hi = x.to(tl.float16)
-    return hi, (x - hi.to(tl.float32)).to(tl.float16)
+    both = tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16))
+    return tl.reshape(both, both.shape[:-2] + [both.shape[-2] * 2])
+
+
+@triton.jit
+def _fold_pairs(x):
+    """[..., 2N] -> [..., N]: the sum of columns 2n and 2n + 1 (the hi and lo halves of `_split_fp16`)."""
+    hi, lo = tl.split(tl.reshape(x, x.shape[:-1] + [x.shape[-1] // 2, 2]))
+    return hi + lo
 
 
 @triton.jit
@@ -266,7 +276,9 @@ def _kivi_decode_kernel(
     nq = tl.maximum(n - RESIDUAL, 0) // G * G
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([PER, G, G_PAD], tl.float32)  # value channel group, its channels (position order), query head
+    # value channel group, its channels (position order), query head: the sums against the probabilities' hi and
+    # lo halves side by side, folded after the loop
+    acc = tl.zeros([PER, G, 2 * G_PAD], tl.float32)
     acc_zero = tl.zeros([PER, G_PAD], tl.float32)  # the value zeros' share, the same for every channel of a group
     nb = tl.arange(0, NB)
     r = tl.arange(0, G)
@@ -287,26 +299,25 @@ def _kivi_decode_kernel(
         vs = tl.trans(tl.load((base + V_SCALE).to(tl.pointer_type(tl.float16)) + j[None, :]).to(tl.float32))
         vz = tl.trans(tl.load((base + V_ZERO).to(tl.pointer_type(tl.float16)) + j[None, :]).to(tl.float32))
         # keys: the scale folds into the query, the dot runs on the raw codes, and the zero adds q . zero
-        qs_hi, qs_lo = _split_fp16(q * ks[:, None])
         kc = _unpack_f16(kb, BITS, G, NB, WIDEN)
-        scores = tl.dot(kc, qs_hi)
-        scores = tl.dot(kc, qs_lo, scores) + tl.sum(q * kz[:, None], axis=0)[None, :]  # [G tokens, G_PAD]
+        scores = _fold_pairs(tl.dot(kc, _split_fp16(q * ks[:, None])))  # [G tokens, G_PAD]
+        scores += tl.sum(q * kz[:, None], axis=0)[None, :]
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
         # values: each token's scale folds into its probability, per value channel group; the zeros add
         # sum_t p_t zero_t once per group of channels
-        ps_hi, ps_lo = _split_fp16(vs[:, :, None] * p[None, :, :])  # [PER, G tokens, G_PAD]
+        ps = _split_fp16(vs[:, :, None] * p[None, :, :])  # [PER, G tokens, 2 G_PAD]
         # [PER, G channels, G tokens]: channel group g holds bytes [g NB / PER, (g + 1) NB / PER) of every code
         vc = tl.reshape(_unpack_f16(vb, BITS, G, NB, WIDEN), [G, CPB, PER, NB // PER])
         vc = tl.reshape(tl.permute(vc, [2, 1, 3, 0]), [PER, G, G])
-        acc = tl.dot(vc, ps_hi, acc * alpha[None, None, :])
-        acc = tl.dot(vc, ps_lo, acc)
+        acc = tl.dot(vc, ps, acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, None, :])
         acc_zero = acc_zero * alpha[None, :] + tl.sum(vz[:, :, None] * p[None, :, :], axis=1)
         m_i = m_new
     # [D, G_PAD], channels in position order
-    acc = tl.reshape(tl.permute(tl.reshape(acc + acc_zero[:, None, :], [PER, CPB, NB // PER, G_PAD]), [1, 0, 2, 3]),
+    acc = tl.reshape(tl.permute(tl.reshape(_fold_pairs(acc) + acc_zero[:, None, :], [PER, CPB, NB // PER, G_PAD]),
+                                [1, 0, 2, 3]),
                      [D, G_PAD])
     # the full-precision residual, tokens nq .. n: the last split's, a tile of RTILE tokens at a time
     n_res = tl.where(split == tl.num_programs(2) - 1, n - nq, 0)
@@ -350,7 +361,7 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, D=d, BITS=bits, G=g, RESIDUAL=r,
         RTILE=16, K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"], V_SCALE=o["v_scale"],
         V_ZERO=o["v_zero"],
-        G_PAD=max(8, triton.next_power_of_2(heads // kv_heads)),
+        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)),  # twice that: the N of the tensor-core products
         # Triton's interpreter runs no inline assembly: under it the codes become fp16 by Triton's own integer
         # and bitcast operations, on a GPU by a shift, a mask and a subtraction per pair of codes
         WIDEN=_INTERPRETED,
