@@ -315,26 +315,36 @@ def _kivi_decode_kernel(
         acc = tl.dot(vc, ps, acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, None, :])
         acc_zero = acc_zero * alpha[None, :] + tl.sum(vz[:, :, None] * p[None, :, :], axis=1)
         m_i = m_new
-    # [D, G_PAD], channels in position order
-    acc = tl.reshape(tl.permute(tl.reshape(_fold_pairs(acc) + acc_zero[:, None, :], [PER, CPB, NB // PER, G_PAD]),
-                                [1, 0, 2, 3]),
-                     [D, G_PAD])
-    # the full-precision residual, tokens nq .. n: the last split's, a tile of RTILE tokens at a time
+    # [D, 2 G_PAD] in channel order, the value zeros' share in the hi columns
+    acc = tl.reshape(tl.permute(tl.reshape(acc, [PER, CPB, NB // PER, 2 * G_PAD]), [0, 2, 1, 3]), [D, 2 * G_PAD])
+    zero = tl.reshape(tl.broadcast_to(acc_zero[:, None, :], [PER, G, G_PAD]), [D, G_PAD])
+    acc += tl.reshape(tl.join(zero, tl.zeros([D, G_PAD], tl.float32)), [D, 2 * G_PAD])
+    # the full-precision residual, tokens nq .. n: the last split's, a tile of RTILE tokens at a time, on the tensor
+    # cores as fp16 hi and lo halves of keys, values, query and probabilities
+    cn = tl.arange(0, D)
+    qn = _split_fp16(tl.load(q_ptr + seq * stride_qs + heads[None, :] * stride_qh + cn[:, None], mask=g_ok[None, :],
+                             other=0.0).to(tl.float32) * sm_scale)  # [D, 2 G_PAD]
     n_res = tl.where(split == tl.num_programs(2) - 1, n - nq, 0)
     for r0 in range(0, n_res, RTILE):
         rt = r0 + tl.arange(0, RTILE)
         r_ok = rt < n_res
-        rbase = resid_ptr + seq * stride_rs + rt[:, None] * stride_rt + kv_head * stride_rh + c[None, :]
+        rbase = resid_ptr + seq * stride_rs + rt[:, None] * stride_rt + kv_head * stride_rh + cn[None, :]
         k = tl.load(rbase, mask=r_ok[:, None], other=0.0).to(tl.float32)
         v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
-        scores = tl.where(r_ok[:, None], tl.dot(k, q, input_precision="tf32x3"), float("-inf"))  # [RTILE, G_PAD]
+        k_hi = k.to(tl.float16)
+        scores = tl.dot((k - k_hi.to(tl.float32)).to(tl.float16), qn, tl.dot(k_hi, qn))
+        scores = tl.where(r_ok[:, None], _fold_pairs(scores), float("-inf"))  # [RTILE, G_PAD]
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = tl.dot(tl.trans(v), p, acc * alpha[None, :], input_precision="tf32x3")
+        ps = _split_fp16(p)
+        vt = tl.trans(v)
+        vt_hi = vt.to(tl.float16)
+        acc = tl.dot(vt_hi, ps, acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :])
+        acc = tl.dot((vt - vt_hi.to(tl.float32)).to(tl.float16), ps, acc)
         m_i = m_new
-    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + c[:, None], acc / safe_sum(l_i)[None, :],
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + cn[:, None], _fold_pairs(acc) / safe_sum(l_i)[None, :],
              mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
