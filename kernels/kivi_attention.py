@@ -7,6 +7,17 @@ per-channel fp16 scales and zeros (d / G channels each: token r of a group holds
 V codes and V's fp16 scales and zeros per G channels. A sequence's first floor((n - R) / G) x G tokens are in the
 paged cache; the rest (fewer than R + G) wait in a full-precision residual buffer [seqs, R + G, kv_heads, d], and
 move into the cache a whole group at a time.
+
+The decode kernel takes one token group a step and never rebuilds a key or a value. Its codes, read 16 bytes at a
+time, become fp16 in registers (the integers 0..15 are exact) and meet the query and the probabilities on the tensor
+cores:
+  q . k_t = sum_c (q_c s_c) code_tc + sum_c q_c z_c        keys: the group's per-channel scale folds into the query,
+                                                           the zeros add one q . z per group;
+  sum_t p_t v_tc = sum_t (p_t s_tj) code_tc + sum_t p_t z_tj   values: each token's scale for channel group j folds
+                                                           into its probability, the zeros add once per group.
+The scaled query and probabilities are split into fp16 hi and lo halves that sit side by side in the N of one
+product, which keeps the sums close to fp32. The residual window takes the same products, its fp32 keys and values
+split the same way.
 """
 
 from __future__ import annotations
@@ -20,11 +31,8 @@ import triton.language as tl
 from .common import (
     combine_splits,
     pack_codes,
-    packed_codes,
     program_coords,
     safe_sum,
-    slot_offsets,
-    softmax_step,
     split_bounds,
     split_buffers,
     store_split_stats,
@@ -176,9 +184,10 @@ def reshape_and_cache_kivi(cache: torch.Tensor, layout: SlotLayout, slots: torch
 
 @triton.jit
 def _codes_f16(b, K: tl.constexpr, BITS: tl.constexpr, PORTABLE: tl.constexpr):
-    """Code K of each byte of `b` (uint8; the code at bits [K BITS, (K + 1) BITS)) as an fp16 value: the code
-    becomes the low byte of the fp16 1024 + code, and 1024 is subtracted, four bytes to two 32-bit registers at a
-    time (`PORTABLE`: by Triton's own integer and bitcast operations, which the interpreter runs)."""
+    """Code K of each byte of `b` (uint8; the code at bits [K BITS, (K + 1) BITS)) as an fp16 value: four bytes at
+    a time, one shift and one mask leave the four codes in the low bits of their bytes, a byte permute makes each
+    the low byte of the fp16 1024 + code, and 1024 is subtracted from two at once (exact). `PORTABLE`: by Triton's
+    own integer and bitcast operations, which the interpreter runs."""
     if PORTABLE:
         c = ((b.to(tl.int16) >> (K * BITS)) & ((1 << BITS) - 1)) | 0x6400
         return c.to(tl.float16, bitcast=True) - 1024.0
@@ -226,7 +235,8 @@ def _codes_f16(b, K: tl.constexpr, BITS: tl.constexpr, PORTABLE: tl.constexpr):
 def _unpack_f16(b, BITS: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, PORTABLE: tl.constexpr):
     """Packed codes [N, NB] (bytes, 8 / BITS codes each, the first in the low bits) as fp16 values
     [N, NB x 8 / BITS], code k of every byte before code k + 1 of any: position k NB + i holds channel
-    (8 / BITS) i + k."""
+    (8 / BITS) i + k. Each position's neighbours come from the same register, so the tile reaches shared memory
+    (on its way to the tensor cores) 16 bytes at a time."""
     if BITS == 2:
         lo = tl.join(_codes_f16(b, 0, BITS, PORTABLE), _codes_f16(b, 1, BITS, PORTABLE))
         hi = tl.join(_codes_f16(b, 2, BITS, PORTABLE), _codes_f16(b, 3, BITS, PORTABLE))
@@ -262,6 +272,9 @@ def _kivi_decode_kernel(
     K_SCALE: tl.constexpr, K_ZERO: tl.constexpr, V_CODES: tl.constexpr, V_SCALE: tl.constexpr,
     V_ZERO: tl.constexpr, G_PAD: tl.constexpr, WIDEN: tl.constexpr,
 ):
+    """One (sequence, KV head, split): the split's token groups, then (in the last split) the residual window.
+    G_PAD: the GQA group padded to a power of two, 4 at least (its hi and lo halves side by side fill the 8 columns
+    of a tensor-core product); WIDEN: the interpreter's path for the codes (`_unpack_f16`)."""
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     NB: tl.constexpr = D * BITS // 8  # code bytes per token and side
     PER: tl.constexpr = D // G  # key channels whose scale and zero a token carries; value channel groups per token
@@ -276,8 +289,8 @@ def _kivi_decode_kernel(
     nq = tl.maximum(n - RESIDUAL, 0) // G * G
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    # value channel group, its channels (position order), query head: the sums against the probabilities' hi and
-    # lo halves side by side, folded after the loop
+    # [value channel group, its channels in position order, query head x (hi, lo)]: the sums against the hi and lo
+    # halves of the scaled probabilities side by side, added up at the end
     acc = tl.zeros([PER, G, 2 * G_PAD], tl.float32)
     acc_zero = tl.zeros([PER, G_PAD], tl.float32)  # the value zeros' share, the same for every channel of a group
     nb = tl.arange(0, NB)
@@ -289,16 +302,17 @@ def _kivi_decode_kernel(
         block = tl.load(block_table_ptr + seq * max_blocks + t // BLOCK_SIZE)
         slot = ((block.to(tl.int64) * BLOCK_SIZE + t % BLOCK_SIZE) * NUM_KV_HEADS + kv_head) * SLOT
         base = cache_ptr + slot[:, None]
-        kb = tl.load(base + nb[None, :])  # K code bytes [G, NB], 16 bytes a load
+        kb = tl.load(base + nb[None, :])  # K code bytes [G, NB], 16 bytes a load (slots are 16-byte multiples)
         vb = tl.load(base + V_CODES + nb[None, :])  # V code bytes [G, NB]
-        # the group's per-channel key scales and zeros: token r holds channels [r PER, (r + 1) PER)
+        # the group's per-channel key scales and zeros [D] in position order: token r holds channels
+        # [r PER, (r + 1) PER)
         ksz = tl.join(tl.load((base + K_SCALE).to(tl.pointer_type(tl.float16)) + j[None, :]),
                       tl.load((base + K_ZERO).to(tl.pointer_type(tl.float16)) + j[None, :]))  # [G, PER, 2]
         ks, kz = tl.split(tl.reshape(tl.permute(tl.reshape(ksz, [NB, CPB, 2]), [1, 0, 2]), [D, 2]).to(tl.float32))
         # each token's value scales and zeros per channel group [PER, G]
         vs = tl.trans(tl.load((base + V_SCALE).to(tl.pointer_type(tl.float16)) + j[None, :]).to(tl.float32))
         vz = tl.trans(tl.load((base + V_ZERO).to(tl.pointer_type(tl.float16)) + j[None, :]).to(tl.float32))
-        # keys: the scale folds into the query, the dot runs on the raw codes, and the zero adds q . zero
+        # keys: the scale folds into the query, the product runs on the raw codes, and the zero adds q . zero
         kc = _unpack_f16(kb, BITS, G, NB, WIDEN)
         scores = _fold_pairs(tl.dot(kc, _split_fp16(q * ks[:, None])))  # [G tokens, G_PAD]
         scores += tl.sum(q * kz[:, None], axis=0)[None, :]
@@ -309,13 +323,13 @@ def _kivi_decode_kernel(
         # values: each token's scale folds into its probability, per value channel group; the zeros add
         # sum_t p_t zero_t once per group of channels
         ps = _split_fp16(vs[:, :, None] * p[None, :, :])  # [PER, G tokens, 2 G_PAD]
-        # [PER, G channels, G tokens]: channel group g holds bytes [g NB / PER, (g + 1) NB / PER) of every code
+        # [PER, G channels, G tokens]: channel group j holds bytes [j NB / PER, (j + 1) NB / PER) of each code k
         vc = tl.reshape(_unpack_f16(vb, BITS, G, NB, WIDEN), [G, CPB, PER, NB // PER])
         vc = tl.reshape(tl.permute(vc, [2, 1, 3, 0]), [PER, G, G])
         acc = tl.dot(vc, ps, acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, None, :])
         acc_zero = acc_zero * alpha[None, :] + tl.sum(vz[:, :, None] * p[None, :, :], axis=1)
         m_i = m_new
-    # [D, 2 G_PAD] in channel order, the value zeros' share in the hi columns
+    # [D, 2 G_PAD] in channel order, the value zeros' share added to the hi columns
     acc = tl.reshape(tl.permute(tl.reshape(acc, [PER, CPB, NB // PER, 2 * G_PAD]), [0, 2, 1, 3]), [D, 2 * G_PAD])
     zero = tl.reshape(tl.broadcast_to(acc_zero[:, None, :], [PER, G, G_PAD]), [D, G_PAD])
     acc += tl.reshape(tl.join(zero, tl.zeros([D, G_PAD], tl.float32)), [D, 2 * G_PAD])
@@ -344,8 +358,8 @@ def _kivi_decode_kernel(
         acc = tl.dot(vt_hi, ps, acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :])
         acc = tl.dot((vt - vt_hi.to(tl.float32)).to(tl.float16), ps, acc)
         m_i = m_new
-    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + cn[:, None], _fold_pairs(acc) / safe_sum(l_i)[None, :],
-             mask=g_ok[None, :])
+    out = _fold_pairs(acc) / safe_sum(l_i)[None, :]
+    tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + cn[:, None], out, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
 
@@ -359,7 +373,8 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
     nb, bs, kv_heads, slot = cache.shape
     bits, g, r = _params(layout)
     assert slot == layout.slot_bytes and d == layout.head_dim and d % g == 0 and residual.shape[1] >= r + g - 1
-    assert d % (32 // bits) == 0 and g % 16 == 0, "whole 32-bit words of codes a token, whole 16-token MMA tiles"
+    assert bits in (2, 4) and g >= 16 and g & (g - 1) == 0 and d & (d - 1) == 0, \
+        "2- or 4-bit codes, a power-of-two head_dim and a token group of 16 or more (whole tensor-core tiles)"
     o = _offsets(layout)
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits, workspace,
                                                  q.dtype)
@@ -371,10 +386,13 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, D=d, BITS=bits, G=g, RESIDUAL=r,
         RTILE=16, K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"], V_SCALE=o["v_scale"],
         V_ZERO=o["v_zero"],
-        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)),  # twice that: the N of the tensor-core products
-        # Triton's interpreter runs no inline assembly: under it the codes become fp16 by Triton's own integer
-        # and bitcast operations, on a GPU by a shift, a mask and a subtraction per pair of codes
+        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)),
+        # Triton's interpreter runs no inline assembly: under it the codes become fp16 by Triton's own integer and
+        # bitcast operations, on a GPU by a shift, a mask, two byte permutes and two paired subtractions per four
         WIDEN=_INTERPRETED,
+        # one warp takes a whole group: the scaled query and probabilities are built once (not once per warp) and
+        # no reduction crosses warps; under 255 registers, 8 programs share an SM, each with its next groups'
+        # copies in flight
         num_warps=1,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
