@@ -391,9 +391,9 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         # bitcast operations, on a GPU by a shift, a mask, two byte permutes and two paired subtractions per four
         WIDEN=_INTERPRETED,
         # one warp takes a whole group: the scaled query and probabilities are built once (not once per warp) and
-        # no reduction crosses warps; under 255 registers, 8 programs share an SM, each with its next groups'
-        # copies in flight
-        num_warps=1,
+        # no reduction crosses warps; 8 programs share an SM, each with its next group's copies in flight (two
+        # stages: a third costs the registers that keep the warp from spilling)
+        num_warps=1, num_stages=2,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
