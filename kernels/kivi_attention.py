@@ -379,6 +379,7 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits, workspace,
                                                  q.dtype)
     q32 = q.float().contiguous()
+    g_pad = max(4, triton.next_power_of_2(heads // kv_heads))
     _kivi_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, residual, block_table, context_lens, part, ml, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
@@ -386,14 +387,15 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, D=d, BITS=bits, G=g, RESIDUAL=r,
         RTILE=16, K_SCALE=o["k_scale"], K_ZERO=o["k_zero"], V_CODES=o["v_codes"], V_SCALE=o["v_scale"],
         V_ZERO=o["v_zero"],
-        G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)),
+        G_PAD=g_pad,
         # Triton's interpreter runs no inline assembly: under it the codes become fp16 by Triton's own integer and
         # bitcast operations, on a GPU by a shift, a mask, two byte permutes and two paired subtractions per four
         WIDEN=_INTERPRETED,
-        # one warp takes a whole group: the scaled query and probabilities are built once (not once per warp) and
-        # no reduction crosses warps; 8 programs share an SM, each with its next group's copies in flight (two
-        # stages: a third costs the registers that keep the warp from spilling)
-        num_warps=1, num_stages=2,
+        # one warp takes a whole group (head_dim 128, GQA groups up to 4): the scaled query and probabilities are
+        # built once (not once per warp) and no reduction crosses warps; 8 programs share an SM, each with its next
+        # group's copies in flight (two stages: a third costs the registers that keep the warp from spilling).
+        # Wider heads and larger groups take more warps, in proportion, and spill no more than it
+        num_warps=max(1, d // 128) * (g_pad // 4), num_stages=2,
     )
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
