@@ -25,7 +25,9 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    known_occupancy,
     program_coords,
+    remember_occupancy,
     round_half_even,
     safe_sum,
     slot_offsets,
@@ -281,15 +283,17 @@ def paged_decode_int4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout, 
     assert slot == layout.slot_bytes and d == layout.head_dim
     group = heads // kv_heads
     q_rot = rotate(q).contiguous()
+    key = ("int4", q.device, layout.fmt.name, d, bs, kv_heads, heads // kv_heads, tile)  # its occupancy
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
-                                                 torch.float32)
-    _int4_decode_kernel[(seqs, kv_heads, n_split)](
+                                                 torch.float32, blocks_per_sm=known_occupancy(key))
+    compiled = _int4_decode_kernel[(seqs, kv_heads, n_split)](
         q_rot, cache, block_table, context_lens, part, ml, 1.0 / math.sqrt(d) / d, block_table.shape[1], group,
         split_len, q_rot.stride(0), q_rot.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_SCALE=layout.k_scale,
         V_DATA=layout.v_data, V_SCALE=layout.v_scale, HALF=d // 2, G_PAD=max(8, triton.next_power_of_2(group)),
         TILE=tile,
     )
+    remember_occupancy(key, compiled, q.device)
     return unrotate(combine_splits(part, ml, seqs, n_split, torch.float32, workspace)).to(q.dtype)
 
 

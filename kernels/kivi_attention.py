@@ -30,8 +30,10 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    known_occupancy,
     pack_codes,
     program_coords,
+    remember_occupancy,
     safe_sum,
     split_bounds,
     split_buffers,
@@ -376,11 +378,12 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
     assert bits in (2, 4) and g >= 16 and g & (g - 1) == 0 and d & (d - 1) == 0, \
         "2- or 4-bit codes, a power-of-two head_dim and a token group of 16 or more (whole tensor-core tiles)"
     o = _offsets(layout)
+    key = ("kivi", q.device, layout.fmt.name, d, bs, kv_heads, heads // kv_heads, g)  # its occupancy
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, g, splits, workspace,
-                                                 q.dtype)
+                                                 q.dtype, blocks_per_sm=known_occupancy(key))
     q32 = q.float().contiguous()
     g_pad = max(4, triton.next_power_of_2(heads // kv_heads))
-    _kivi_decode_kernel[(seqs, kv_heads, n_split)](
+    compiled = _kivi_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, residual, block_table, context_lens, part, ml, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         residual.stride(0), residual.stride(1), residual.stride(2), residual.stride(3),
@@ -397,6 +400,7 @@ def paged_decode_kivi(q: torch.Tensor, cache: torch.Tensor, residual: torch.Tens
         # Wider heads and larger groups take more warps, in proportion, and spill no more than it
         num_warps=max(1, d // 128) * (g_pad // 4), num_stages=2,
     )
+    remember_occupancy(key, compiled, q.device)
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
 

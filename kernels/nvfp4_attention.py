@@ -22,7 +22,9 @@ import triton.language as tl
 from .common import (
     combine_splits,
     e4m3_byte,
+    known_occupancy,
     program_coords,
+    remember_occupancy,
     safe_sum,
     slot_offsets,
     softmax_step,
@@ -286,15 +288,17 @@ def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout,
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     assert slot == layout.slot_bytes and d == layout.head_dim and d % 16 == 0
+    key = ("nvfp4", q.device, layout.fmt.name, d, bs, kv_heads, heads // kv_heads, tile)  # its occupancy
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
-                                                 q.dtype)
+                                                 q.dtype, blocks_per_sm=known_occupancy(key))
     q32 = q.float().contiguous()
-    _nvfp4_decode_kernel[(seqs, kv_heads, n_split)](
+    compiled = _nvfp4_decode_kernel[(seqs, kv_heads, n_split)](
         q32, cache, block_table, context_lens, part, ml, k_global, v_global, 1.0 / math.sqrt(d), block_table.shape[1],
         heads // kv_heads, split_len, q32.stride(0), q32.stride(1), part.stride(0), part.stride(1),
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, V_DATA=layout.v_data, HALF=d // 2,
         G_PAD=max(8, triton.next_power_of_2(heads // kv_heads)), TILE=tile,
     )
+    remember_occupancy(key, compiled, q.device)
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
 
 

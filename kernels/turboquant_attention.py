@@ -29,8 +29,10 @@ import triton.language as tl
 from .common import (
     combine_splits,
     e4m3_byte,
+    known_occupancy,
     pack_codes,
     program_coords,
+    remember_occupancy,
     safe_sum,
     slot_offsets,
     split_bounds,
@@ -398,9 +400,10 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
     q_in = (q.float() if kb == 8 else _rot(q)).contiguous()
     keys, values = pair_tables(kb, vb, d, torch.device(q.device))
     unscale = 1.0 if kb == 8 else 1.0 / (math.sqrt(d) * table_scale(kb))
+    key = ("turboquant", q.device, layout.fmt.name, d, bs, kv_heads, heads // kv_heads, tile)  # its occupancy
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
-                                                 q.dtype)
-    _tq_decode_kernel[(seqs, kv_heads, n_split)](
+                                                 q.dtype, blocks_per_sm=known_occupancy(key))
+    compiled = _tq_decode_kernel[(seqs, kv_heads, n_split)](
         q_in, cache, block_table, context_lens, part, ml, keys, values, unscale, 1.0 / math.sqrt(d),
         block_table.shape[1], heads // kv_heads, split_len, q_in.stride(0), q_in.stride(1), part.stride(0),
         part.stride(1),
@@ -409,4 +412,5 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
         G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0] // 2,
         WIDEN=_INTERPRETED,  # Triton's interpreter runs no inline assembly: see _fp16_pairs
     )
+    remember_occupancy(key, compiled, q.device)
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)
