@@ -203,14 +203,17 @@ def known_occupancy(key) -> int | None:
 
 def remember_occupancy(key, compiled, device: torch.device) -> None:
     """Record the blocks per SM of `compiled` (what a Triton launch returns: its registers, `n_regs`, are known once
-    it is loaded on the GPU; its shared memory and warps are in its metadata) under `key`, on a GPU only."""
-    if device.type != "cuda" or key in _OCCUPANCY:
+    it is loaded on the GPU; its shared memory and warps are in its metadata) under `key`, on a GPU only. The
+    launches of one key differ in what the key leaves out (the output's dtype with one split or several, integer
+    arguments the runtime specializes): the lowest occupancy seen is kept."""
+    if device.type != "cuda":
         return
     regs = getattr(compiled, "n_regs", None)
     meta = getattr(compiled, "metadata", None)
     if not regs or meta is None:
         return
-    _OCCUPANCY[key] = occupancy(int(regs), int(meta.shared), int(meta.num_warps), sm_limits(device))
+    blocks = occupancy(int(regs), int(meta.shared), int(meta.num_warps), sm_limits(device))
+    _OCCUPANCY[key] = min(blocks, _OCCUPANCY.get(key, blocks))
 
 
 def _split_count(max_ctx: int, splits: int, unit: int) -> tuple[int, int]:

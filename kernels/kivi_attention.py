@@ -252,7 +252,8 @@ def _unpack_f16(b, BITS: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, PORTAB
 def _split_fp16(x):
     """x [..., N] (fp32) as fp16 pairs [..., 2N]: column 2n holds x[n] rounded to fp16 (hi), column 2n + 1 what
     that leaves (lo). One tensor-core product against exact fp16 codes computes both halves' sums side by side,
-    and their sum keeps ~22 bits of x."""
+    and their sum keeps about 22 significant bits of x where |x| >= 2^-3 (below it the lo part is subnormal:
+    about 2^-25 absolute)."""
     hi = x.to(tl.float16)
     both = tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16))
     return tl.reshape(both, both.shape[:-2] + [both.shape[-2] * 2])

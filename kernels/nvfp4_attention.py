@@ -217,7 +217,8 @@ def _nvfp4_column_element(i):
 @triton.jit
 def _split_fp16_columns(x, R: tl.constexpr, C: tl.constexpr):
     """x [R, C] (fp32) as hi + lo, both fp16, side by side [R, 2C] (column 2c + h part h of column c): one
-    tensor-core product against exact fp16 values gives both parts' sums, which together keep ~22 bits of x."""
+    tensor-core product against exact fp16 values gives both parts' sums, which together keep
+    about 22 significant bits of x where |x| >= 2^-3 (below it the lo part is subnormal: about 2^-25 absolute)."""
     hi = x.to(tl.float16)
     return tl.reshape(tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16)), (R, 2 * C))
 
@@ -287,7 +288,9 @@ def paged_decode_nvfp4(q: torch.Tensor, cache: torch.Tensor, layout: SlotLayout,
                        workspace: dict | None = None) -> torch.Tensor:
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
-    assert slot == layout.slot_bytes and d == layout.head_dim and d % 16 == 0
+    assert slot == layout.slot_bytes and d == layout.head_dim
+    # the codes are read as 4-byte words: V's codes start 9 d / 16 bytes into the slot, a multiple of 4 when d is of 64
+    assert d % 64 == 0, f"NVFP4 decode reads its codes as 4-byte words: head_dim {d} must be a multiple of 64"
     key = ("nvfp4", q.device, layout.fmt.name, d, bs, kv_heads, heads // kv_heads, tile)  # its occupancy
     n_split, split_len, part, ml = split_buffers(q, kv_heads, block_table.shape[1] * bs, tile, splits, workspace,
                                                  q.dtype, blocks_per_sm=known_occupancy(key))

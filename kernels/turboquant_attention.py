@@ -43,7 +43,6 @@ from .common import (
 )
 from .int4_attention import hadamard
 from .layouts import SlotLayout
-from .paged_attention import _INTERPRETED
 
 
 @lru_cache(maxsize=None)
@@ -290,17 +289,12 @@ def _pair_codes(cache_ptr, base, D: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr, WIDEN: tl.constexpr):
-    """int32 [N, D/2], each two fp16 (element 2i in the low half) -> fp16 [N, D]. On a GPU the word is the pair of
-    halves as it stands (a register move); Triton's interpreter runs no inline assembly, and there (WIDEN) the
-    halves are taken apart with integer operations."""
-    if WIDEN:
-        halves = tl.join(bits.to(tl.int16).to(tl.float16, bitcast=True),
-                         (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True))
-    else:
-        halves = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [tl.join(bits, bits)], dtype=tl.float16,
-                                           is_pure=True, pack=2)
-    return tl.reshape(halves, [N, D])
+def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr):
+    """int32 [N, D/2], each two fp16 (element 2i in the low half) -> fp16 [N, D]: each word's halves taken apart
+    element by element (the compiler turns the shift and the two bitcasts into register moves)."""
+    lo = bits.to(tl.int16).to(tl.float16, bitcast=True)
+    hi = (bits >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    return tl.reshape(tl.join(lo, hi), [N, D])
 
 
 @triton.jit
@@ -311,7 +305,8 @@ def _pair_sum(x, N: tl.constexpr, G: tl.constexpr):
 
 @triton.jit
 def _split_fp16(x):
-    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 operands keep ~22 bits of x."""
+    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 operands keep about 22
+    significant bits of x where |x| >= 2^-3 (below it the lo part is subnormal: about 2^-25 absolute)."""
     hi = x.to(tl.float16)
     return hi, (x - hi.to(tl.float32)).to(tl.float16)
 
@@ -323,7 +318,7 @@ def _tq_decode_kernel(
     BLOCK_SIZE: tl.constexpr, NUM_KV_HEADS: tl.constexpr, SLOT: tl.constexpr,
     K_DATA: tl.constexpr, K_NORM: tl.constexpr, V_DATA: tl.constexpr, V_META: tl.constexpr,
     D: tl.constexpr, K_BITS: tl.constexpr, V_BITS: tl.constexpr, NORM_CORRECTION: tl.constexpr,
-    G_PAD: tl.constexpr, TILE: tl.constexpr, KEY_ROWS: tl.constexpr, WIDEN: tl.constexpr,
+    G_PAD: tl.constexpr, TILE: tl.constexpr, KEY_ROWS: tl.constexpr,
 ):
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     d_offs = tl.arange(0, D)
@@ -358,11 +353,11 @@ def _tq_decode_kernel(
         else:  # q arrives rotated: score against the centroids, then the stored norm (over the decoded length)
             pairs = _pair_codes(cache_ptr, slot + K_DATA, D, K_BITS)
             flat = tl.reshape(pairs, [TILE * D // 2])
-            c = _fp16_pairs(tl.reshape(tl.gather(key_rows, flat, 0), [TILE, D // 2]), TILE, D, WIDEN)
+            c = _fp16_pairs(tl.reshape(tl.gather(key_rows, flat, 0), [TILE, D // 2]), TILE, D)
             scores = _pair_sum(tl.dot(c, q_b), TILE, G_PAD)
             norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16))).to(tl.float32)
             if NORM_CORRECTION:  # sum c^2 on the tensor cores too, in every column (so twice it per head)
-                c2 = _fp16_pairs(tl.reshape(tl.gather(key_squares, flat, 0), [TILE, D // 2]), TILE, D, WIDEN)
+                c2 = _fp16_pairs(tl.reshape(tl.gather(key_squares, flat, 0), [TILE, D // 2]), TILE, D)
                 sq = _pair_sum(tl.dot(c2, ones), TILE, G_PAD)
                 scores = scores * (norm[:, None] / tl.sqrt(0.5 * sq))
             else:
@@ -380,7 +375,7 @@ def _tq_decode_kernel(
         acc = (acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :]
                + tl.reshape(tl.join(zero_part, tl.zeros_like(zero_part)), [2 * G_PAD])[None, :])
         ps_b = tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD])
-        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D, WIDEN)), ps_b, acc)
+        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D)), ps_b, acc)
         m_i = m_new
     out = tl.trans(_pair_sum(acc, D, G_PAD)) / safe_sum(l_i)[:, None]
     tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], out, mask=g_ok[:, None])
@@ -391,7 +386,8 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
                             context_lens: torch.Tensor, tile: int | None = None, splits: int | None = None,
                             workspace: dict | None = None) -> torch.Tensor:
     """Attention of q [seqs, heads, d] over a TurboQuant cache. `tile`: tokens a program takes at a time (a power of
-    two, 16 at least; by default 128, 64 above head_dim 128, which keeps a tile's operands in registers)."""
+    two, 16 at least; by default 128 up to head_dim 128 and 128 x 128 / head_dim above it, which keeps a tile's
+    operands in registers)."""
     seqs, heads, d = q.shape
     nb, bs, kv_heads, slot = cache.shape
     tile = tile or (TILE if d <= 128 else max(16, TILE * 128 // d))
@@ -410,7 +406,6 @@ def paged_decode_turboquant(q: torch.Tensor, cache: torch.Tensor, layout: SlotLa
         BLOCK_SIZE=bs, NUM_KV_HEADS=kv_heads, SLOT=slot, K_DATA=layout.k_data, K_NORM=max(layout.k_scale, 0),
         V_DATA=layout.v_data, V_META=layout.v_scale, D=d, K_BITS=kb, V_BITS=vb, NORM_CORRECTION=nc,
         G_PAD=max(4, triton.next_power_of_2(heads // kv_heads)), TILE=tile, KEY_ROWS=keys.shape[0] // 2,
-        WIDEN=_INTERPRETED,  # Triton's interpreter runs no inline assembly: see _fp16_pairs
     )
     remember_occupancy(key, compiled, q.device)
     return combine_splits(part, ml, seqs, n_split, q.dtype, workspace)

@@ -814,8 +814,9 @@ def measure(
                                         "at 64 sequences x 8 KV heads x 4,096 tokens, and write what was found as "
                                         "JSON to --output (default: kvplan's cache directory, named after the "
                                         "GPU); about two minutes")] = False,
-    budget: Annotated[Optional[float], typer.Option("--budget", help="with --probe: seconds the sweep may take "
-                                                    "before it stops (default 90)")] = None,
+    budget: Annotated[Optional[float], typer.Option("--budget", help="with --probe: seconds after which no new "
+                                                    "configuration starts (default 90; the one running finishes, "
+                                                    "then the flush comparison runs)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure this GPU: streaming probes, weight GEMVs and the paged decode kernel of every KV format over sizes
@@ -853,6 +854,10 @@ def measure(
             raise KvplanError("--probe times the kernels on a CUDA GPU; --device cpu runs none of it")
         if budget is not None and not 0 < budget < float("inf"):
             raise KvplanError(f"--budget {budget:g}: give a positive number of seconds")
+    if output is not None:  # refused now, not after minutes on the GPU
+        from .files import check_writable
+
+        check_writable(output)
     if dry_run:
         spec = load_gpu(gpu or "h100")
         plan = measure_plan(quick, l2_bytes=int((spec.l2_mb or 50) * MB),

@@ -140,6 +140,16 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def check_writable(path: str | Path) -> None:
+    """Refuse, before any work, a path `atomic_write` could not write: a folder, or a file in a missing folder."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise KvplanError(f"cannot write {path}: it is a folder; give a file name inside it")
+    if not folder.is_dir():
+        raise KvplanError(f"cannot write {path}: folder {folder} does not exist")
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)` to fill a temporary file in the target's folder, then move it into place.
 

@@ -474,3 +474,12 @@ def test_probe_writes_its_findings(cli, tmp_path, monkeypatch):
     assert "fastest bfloat16: tile 64, 4 warps, 3 stages, 3 splits: 356.1 us, 3.02 TB/s" in r.out
     assert "after a write flush: 1,000.0 us, 1.68 TB/s" in r.out and "(the budget ran out)" in r.out
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["measure", "--output", "{tmp}"], "it is a folder"),
+    (["measure", "--probe", "--output", "{tmp}/missing/probe.json"], "does not exist"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(cli, tmp_path, argv, words):
+    r = cli(*[a.format(tmp=tmp_path) for a in argv])
+    assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) == 1

@@ -36,7 +36,7 @@ def test_wave_splits():
     assert common.wave_splits(132, 4, 64, 8, 4096, 64) == 1
     # 10 sequences x 8 KV heads = 80 programs a split, 528 slots: 6 splits fill one wave to 480 / 528 = 91%; 7 spill
     # 560 programs into a second, nearly empty wave (53%); 13 (320-token splits) fill two waves to 1,040 / 1,056 =
-    # 98.5%, the best; 12 fill 960 / 1,056 = 91%, not within 5% of it: 13 (4 programs an SM would have given 7)
+    # 98.5%, the best (12 splits of 64-token multiples come out as 11, 880 / 1,056 = 83%): 13 (4 programs an SM would have given 7)
     assert common.wave_splits(132, 4, 10, 8, 4096, 64) == 13
     # one sequence of 8 KV heads: 16 splits (the 256-token minimum) fill 128 of 396 slots, the most there is: 16
     assert common.wave_splits(132, 3, 1, 8, 4096, 64) == 16
@@ -71,4 +71,9 @@ def test_occupancy_is_learned_from_the_first_launch(monkeypatch):
     common.remember_occupancy("k", compiled, gpu)
     assert common.known_occupancy("k") == 3  # as in test_occupancy
     common.remember_occupancy("k", SimpleNamespace(n_regs=16, metadata=compiled.metadata), gpu)
-    assert common.known_occupancy("k") == 3  # the first launch's figure stays
+    assert common.known_occupancy("k") == 3  # a lighter launch of the same key does not raise it
+    # a heavier one lowers it: 168 registers x 32 lanes = 5,376 a warp, 21,504 a block of 4 warps; 65,536 // 21,504
+    # = 3 by registers, but 2 x (98,304 + 1,024) of shared memory fit 228 KB and 3 do not: 2
+    common.remember_occupancy("k", SimpleNamespace(n_regs=168, metadata=SimpleNamespace(shared=98304, num_warps=4)),
+                              gpu)
+    assert common.known_occupancy("k") == 2
