@@ -62,21 +62,29 @@ def attention(df, peak):
     rounded up to the kernel's tile of tokens. c_seq is each (sequence, KV head) pair's own work (block-table walk,
     split combine), c_q each query head's; the streaming rate is capped by how many streams the kernel's grid runs
     at once (per KV head and per sequence-head pair); c_tok is one split's serial walk over a sequence. Fitted by
-    least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head size."""
+    least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head size
+    and layout (grouped-query and multi-head)."""
     out = {}
     full = df[df.window_size == 0] if "window_size" in df else df
+    mha = full.num_heads == full.num_key_value_heads
     for kv, eb in (("bfloat16", 2), ("fp8", 1)):
-        fits, hits, total = {}, 0.0, 0
-        for hd in sorted(full.head_dim.unique()):  # the kernel's tiles differ by head size: one fit each
-            d = full[(full.kv_cache_dtype == kv) & (full.head_dim == hd)]
-            if d.empty:
-                continue
-            fit = _attention_fit(d, eb, peak)
-            fits[int(hd)] = fit
-            hits, total = hits + fit["within_10pct"] * fit["rows_64mib"], total + fit["rows_64mib"]
-        if fits:
-            out[kv] = dict(head_dims=fits, within_10pct=round(hits / total, 3) if total else None,
-                           rows_64mib=int(total))
+        layouts, hits, total = {}, 0.0, 0
+        # the kernel's tiles differ by head size, and grouped-query attention packs a KV head's query heads into
+        # one tile where multi-head attention has one query row (FlashAttention-2 on an A100 barely splits MHA's
+        # context): one fit per head size and layout
+        for name, rows in (("head_dims", full[~mha]), ("mha_head_dims", full[mha])):
+            fits = {}
+            for hd in sorted(rows.head_dim.unique()):
+                d = rows[(rows.kv_cache_dtype == kv) & (rows.head_dim == hd)]
+                if d.empty:
+                    continue
+                fit = _attention_fit(d, eb, peak)
+                fits[int(hd)] = fit
+                hits, total = hits + fit["within_10pct"] * fit["rows_64mib"], total + fit["rows_64mib"]
+            if fits:
+                layouts[name] = fits
+        if layouts:
+            out[kv] = dict(**layouts, within_10pct=round(hits / total, 3) if total else None, rows_64mib=int(total))
     return out
 
 

@@ -66,7 +66,7 @@ class StepProfile:
     gpu: str
     name: str  # what the output says it used
     peak_bandwidth_bytes_per_s: float
-    attention: dict  # "bfloat16" / "fp8" -> {head size: Fit}
+    attention: dict  # "bfloat16" / "fp8" -> {(multi-head?, head size): Fit}
     gemm: dict  # weight dtype key -> Fit
     moe: dict
     allreduce: dict  # world size -> Fit
@@ -85,6 +85,13 @@ def _fits(d: dict, keyfn=str) -> dict:
     return {keyfn(k): Fit(**{f: x for f, x in v.items() if f in Fit.__dataclass_fields__}) for k, v in d.items()}
 
 
+def _attention_fits(d: dict) -> dict:
+    """One dtype's decode-attention fits by (multi-head?, head size): grouped-query under `head_dims`, multi-head
+    (as many query heads as KV heads) under `mha_head_dims`."""
+    return {(mha, hd): f for mha, key in ((False, "head_dims"), (True, "mha_head_dims"))
+            for hd, f in _fits(d.get(key) or {}, int).items()}
+
+
 def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
     """The bundled fits for this GPU, or None where kvplan has none."""
     if gpu is None:
@@ -94,7 +101,7 @@ def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
         return None
     return StepProfile(gpu=gpu.name, name=f"bundled {gpu.name} ({g['silicon']} kernel timings)",
                        peak_bandwidth_bytes_per_s=float(g["peak_bandwidth_bytes_per_s"]),
-                       attention={k: _fits(v["head_dims"], int) for k, v in g["attention"].items()},
+                       attention={k: _attention_fits(v) for k, v in g["attention"].items()},
                        gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),
                        allreduce=_fits(g["allreduce"], int))
 
@@ -128,7 +135,7 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
             measured.add(f"gemm {key}")
     for fam, key in (("decode_bfloat16", "bfloat16"), ("decode_fp8_e4m3", "fp8")):
         if cal.fit(fam) is not None:  # measured at one head size, applied to every head size's fit
-            fits = attention.get(key) or {128: None}
+            fits = attention.get(key) or {(False, 128): None}
             attention[key] = {hd: measured_fit(cal.fit(fam), old) for hd, old in fits.items()}
             measured.add(f"attention {key}")
     name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
@@ -165,21 +172,25 @@ def gemm_fit(profile: StepProfile, weight_dtype: str) -> tuple[Fit, bool]:
     raise KvplanError(f"the step profile {profile.name} has no GEMM fit")
 
 
-def _by_head_dim(fits: Optional[dict], head_dim: int) -> Optional[Fit]:
-    """The fit of the head size nearest `head_dim` (by ratio): the kernel's tiles follow the head size."""
+def _by_head_dim(fits: Optional[dict], head_dim: int, mha: bool = False) -> Optional[Fit]:
+    """The fit of the layout asked for (the other where it has none) and of the head size nearest `head_dim` (by
+    ratio): the kernel's tiles follow the head size."""
     if not fits:
         return None
-    return fits[min(fits, key=lambda hd: abs(math.log(hd / max(head_dim, 1))))]
+    keys = [k for k in fits if k[0] == mha] or list(fits)
+    return fits[min(keys, key=lambda k: (abs(math.log(k[1] / max(head_dim, 1))), k[0] != mha))]
 
 
-def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128) -> tuple[Fit, float, bool]:
-    """(fit, seconds of dequantization per cached element, estimated) for a cache format family and head size."""
-    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim)
+def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128,
+                  mha: bool = False) -> tuple[Fit, float, bool]:
+    """(fit, seconds of dequantization per cached element, estimated) for a cache format family, head size and
+    layout (`mha`: as many query heads as KV heads)."""
+    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim, mha)
     if bf16 is None:
         raise KvplanError(f"the step profile {profile.name} has no decode-attention fit")
     if fmt_family == "float":
         return bf16, 0.0, False
-    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim)
+    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim, mha)
     if fmt_family == "fp8" and fp8 is not None:
         return fp8, 0.0, False
     # Not measured: the bf16 kernel's fixed costs and bandwidth on the format's bytes, plus fp8's measured
@@ -324,7 +335,9 @@ class StepModel:
         if m.compressed is not None:  # DeepSeek-V4: one fp8_ds_mla cache whatever the dtype named, read as it is
             self.attn_family = fam = "float"
         head_dim = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) if m.mla else (m.head_dim or 128)
-        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim)
+        # multi-head attention (a query head per KV head on this rank) runs the kernel's other layout
+        mha = not m.mla and bool(m.num_heads) and max(1, m.num_heads // tp) == kv_heads_per_rank(m, tp)
+        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim, mha)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
         elif m.mla:  # no MLA kernel fit: the GQA kernel's on the latent's bytes, one KV head

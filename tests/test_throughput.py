@@ -29,7 +29,8 @@ def _predict(row) -> float:
         eb = 2 if row["dtype"] == "bfloat16" else 1
         b, n, kvh, hd = (int(row[k]) for k in ("batch", "step", "kv_heads", "head_dim"))
         n += 1  # the kernel reads the cached tokens and the new one
-        return attention_call_seconds(prof.attention[row["dtype"]][hd], bw, b, kvh, int(row["num_heads"]), n,
+        mha = int(row["num_heads"]) == kvh  # multi-head rows have a fit of their own
+        return attention_call_seconds(prof.attention[row["dtype"]][(mha, hd)], bw, b, kvh, int(row["num_heads"]), n,
                                       b * n * kvh * hd * 2 * eb)
     wb = 2 if row["dtype"] == "bfloat16" else 1
     m, n, k = (int(row[x]) for x in ("m", "n", "k"))
@@ -260,3 +261,23 @@ def test_pipeline_parallel_batches_in_flight(cli):
     assert a["tpot_ms"] == pytest.approx(b["tpot_ms"], rel=1e-12)
     assert a["output_tokens_per_s"] == pytest.approx(2 * b["output_tokens_per_s"], rel=1e-12)
     assert a["output_tokens_per_s_per_gpu"] == pytest.approx(b["output_tokens_per_s_per_gpu"], rel=1e-12)
+
+
+def test_multi_head_attention_has_a_fit_of_its_own():
+    # AIConfigurator's A100 table (vLLM 0.14.0, FlashAttention-2; rows copied from
+    # aic-core/src/aiconfigurator_core/systems/data/a100_sxm/, generation_attention_perf), bf16 cache, head_dim 128,
+    # 16,384 tokens read (step 16,383 and the new one), 8 KV heads:
+    #   8 query heads (multi-head), batch 1: 0.385445 ms; batch 4: 0.389728 ms
+    #   32 query heads (groups of 4), batch 1: 0.063509 ms
+    # The multi-head call moves 1 x 8 x 16,384 x 128 x 2 x 2 B = 64 MiB in 0.385 ms (174 GB/s) and takes as long at
+    # batch 4: one program walks each (sequence, head) pair's context alone. A grouped-query fit prices it 6x faster.
+    prof = bundled_profile(load_gpu("a100-sxm-80gb"))
+    bw, n = prof.peak_bandwidth_bytes_per_s, 16384
+    mha, gqa = prof.attention["bfloat16"][(True, 128)], prof.attention["bfloat16"][(False, 128)]
+    for batch, q_heads, fit, ms in ((1, 8, mha, 0.385445), (4, 8, mha, 0.389728), (1, 32, gqa, 0.063509)):
+        t = attention_call_seconds(fit, bw, batch, 8, q_heads, n, batch * 8 * n * 128 * 2 * 2)
+        assert abs(t * 1e3 / ms - 1) < 0.10, (batch, q_heads, t * 1e3, ms)
+    assert attention_call_seconds(gqa, bw, 1, 8, 8, n, 8 * n * 512) * 1e3 < 0.385445 / 3
+    # a multi-head model takes the multi-head fit (the nearest head size, 128 for Phi-3's 96), a grouped one the other
+    assert step_model(_d("phi-3-mini-4k", gpu="a100-sxm-80gb")).attn_fit == mha
+    assert step_model(_d("llama-3.1-8b", gpu="a100-sxm-80gb")).attn_fit == gqa
