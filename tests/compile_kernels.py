@@ -6,7 +6,8 @@ compute, this proves that Triton's compiler accepts them (down to a cubin) for t
 Two steps, each in its own interpreter (Triton chooses between interpreting and compiling when a kernel is
 defined): first, with TRITON_INTERPRET=1, every workload `kvplan measure` runs is launched on the CPU with each
 kernel replaced by a recorder, which keeps the argument types and compile-time constants of every launch; then,
-without the interpreter, each distinct launch is compiled for each architecture. Prints one line per kernel and
+without the interpreter, each distinct launch is compiled for each architecture. Every decode kernel is also
+compiled at head_dim 64 and 256 and for multi-head attention (not in the report). Prints one line per kernel and
 exits 1 if any fails to compile. `--report` adds, per launch, its occupancy, its main loop's instructions per byte
 and bytes in flight, and the issue and latency ceilings they set on an H100 and an H200.
 """
@@ -119,6 +120,24 @@ def capture() -> list[dict]:
     for fmt in ("kivi2", "kivi4"):
         cache, layout = make_cache(fmt, 2, 16, KV_HEADS, HEAD_DIM)
         reshape_and_cache_kivi(cache, layout, torch.arange(32), x, x)
+    # every decode kernel at the other shapes `kvplan measure --validate` runs a model's layers at: head_dim 64 and
+    # 256, multi-head attention and groups of 8 and 16 query heads (compiled, not in the report)
+    from kvplan.kernels.bench import CHECK_FORMATS, _decode_call
+    from kvplan.kernels.layouts import slot_layout
+
+    before = set(launches)
+    for fmt in CHECK_FORMATS:
+        for d, kv_heads, heads in ((64, 2, 16), (128, 4, 4), (256, 2, 32)):
+            if fmt.startswith("nvfp4") and d % 64:
+                continue
+            layout = slot_layout(fmt, d)
+            cache, _ = make_cache(fmt, 4, 16, kv_heads, d)
+            q = torch.zeros(1, heads, d, dtype=torch.bfloat16)
+            fn, _ = _decode_call(layout, q, cache, torch.zeros(1, 4, dtype=torch.int32),
+                                 torch.tensor([40], dtype=torch.int32), torch.device("cpu"))
+            fn()
+    for key in set(launches) - before:
+        launches[key]["report"] = False
     # the combine kernel, which folds several splits (the CPU plans one split, where the decode kernels write the
     # answer and nothing is combined): into bf16 answers and into the float32 ones int4 rotates back
     from kvplan.kernels.bench import HEADS
@@ -357,7 +376,7 @@ def compile_all(launches: list[dict], archs: list[int], report: list | None = No
     failed = 0
     for arch in archs:
         for launch in launches:
-            rows = report if arch == 90 else None
+            rows = report if arch == 90 and launch.get("report", True) else None
             kernel = getattr(importlib.import_module(launch["module"]), launch["kernel"])
             signature = dict(launch["signature"])
             for p in kernel.params:
@@ -367,12 +386,13 @@ def compile_all(launches: list[dict], archs: list[int], report: list | None = No
             consts = {**launch["constants"], **({"WIDEN": False} if "WIDEN" in launch["constants"] else {})}
             what = f"sm_{arch} {launch['kernel']} " + " ".join(
                 f"{k}={v}" for k, v in {**consts, **launch["options"]}.items()
-                if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8", "FOUR_OVER_SIX", "num_warps"))
+                if k in ("MODE", "K_BITS", "V_BITS", "BITS", "FP8", "FOUR_OVER_SIX", "HEAD_DIM", "D", "HALF", "G_PAD",
+                         "TILE", "num_warps"))
             attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in launch.get("aligned", [])}
             try:
                 compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs),
                                           target=GPUTarget("cuda", arch, 32), options=launch["options"])
-                print(f"ok      {what:48} {_resources(compiled.asm['ptx'], arch)}")
+                print(f"ok      {what:64} {_resources(compiled.asm['ptx'], arch)}")
                 if rows is not None:
                     rows.append(_report_row(launch, consts, compiled, arch))
             except Exception as e:  # report every failure, then exit 1
