@@ -96,6 +96,24 @@ def uniform_codes(x, scale, zero, BITS: tl.constexpr):
 
 
 @triton.jit
+def split_fp16(x):
+    """x [..., N] (fp32) as fp16 pairs [..., 2N]: column 2n holds x[n] rounded to fp16 (hi), column 2n + 1 what
+    that leaves (lo). One tensor-core product against exact fp16 operands computes both halves' sums side by side
+    (`fold_pairs` adds them), keeping about 22 significant bits of x where |x| >= 2^-3 (below it the lo part is
+    subnormal: about 2^-25 absolute)."""
+    hi = x.to(tl.float16)
+    both = tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16))
+    return tl.reshape(both, both.shape[:-2] + [both.shape[-2] * 2])
+
+
+@triton.jit
+def fold_pairs(x):
+    """[..., 2N] -> [..., N]: the sum of columns 2n and 2n + 1 (the hi and lo halves of `split_fp16`)."""
+    hi, lo = tl.split(tl.reshape(x, x.shape[:-1] + [x.shape[-1] // 2, 2]))
+    return hi + lo
+
+
+@triton.jit
 def e4m3_byte(v):
     """The e4m3 byte nearest v (0 <= v <= 448), computed exactly from v's exponent bits e: 8 (e + 6) + round(v /
     2^(e - 3)); a mantissa that rounds up to 16 lands on the next exponent's 0, and with e held at -6 below the

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    fold_pairs,
     known_occupancy,
     program_coords,
     remember_occupancy,
@@ -34,6 +35,7 @@ from .common import (
     softmax_step,
     split_bounds,
     split_buffers,
+    split_fp16,
     store_split_stats,
 )
 from .layouts import SlotLayout
@@ -199,29 +201,14 @@ def _int4_column_element(i):
 
 
 @triton.jit
-def _split_fp16_columns(x, R: tl.constexpr, C: tl.constexpr):
-    """x [R, C] (fp32) as hi + lo, both fp16, side by side [R, 2C] (column 2c + h part h of column c): one
-    tensor-core product against exact fp16 codes gives both parts' sums, which together keep
-    about 22 significant bits of x where |x| >= 2^-3 (below it the lo part is subnormal: about 2^-25 absolute)."""
-    hi = x.to(tl.float16)
-    return tl.reshape(tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16)), (R, 2 * C))
-
-
-@triton.jit
 def _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, factor, G_PAD: tl.constexpr):
-    """The GQA group's queries [D, 2G] as `_split_fp16_columns` lays them out (column 2g + h part h of head g), row r
+    """The GQA group's queries [D, 2G] as `split_fp16` lays them out (column 2g + h part h of head g), row r
     element e[r] times `factor` [D] (query heads past the group are 0)."""
     c = tl.arange(0, 2 * G_PAD)
     q = tl.load(q_ptr + seq * stride_qs + (kv_head * group + c // 2)[None, :] * stride_qh + e[:, None],
                 mask=(c // 2 < group)[None, :], other=0.0) * factor[:, None]
     hi = q.to(tl.float16)
     return tl.where((c % 2 == 0)[None, :], hi, (q - hi.to(tl.float32)).to(tl.float16))
-
-
-@triton.jit
-def _sum_column_pairs(x, R: tl.constexpr, C: tl.constexpr):
-    """[R, 2C] -> [R, C]: the sum of columns 2c and 2c + 1."""
-    return tl.sum(tl.reshape(x, (R, C, 2)), axis=2)
 
 
 @triton.jit
@@ -256,7 +243,7 @@ def _int4_decode_kernel(
         k = _int4_codes(cache_ptr, slot + K_DATA, w, t_ok, TILE, D)
         ks, kz = _scale_and_zero(cache_ptr, slot + K_SCALE, t_ok)
         # <codes, q'> on the tensor cores (fp32 accumulation) [TILE, G], then the scale and zero point per token
-        raw = _sum_column_pairs(tl.dot(k, q2), TILE, G_PAD)
+        raw = fold_pairs(tl.dot(k, q2))
         scores = (raw - kz[:, None] * q_sum[None, :]) * (ks[:, None] * sm_scale)
         scores = tl.where(t_ok[:, None], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
@@ -268,10 +255,10 @@ def _int4_decode_kernel(
         ps = p * vs[:, None]
         corr = corr * alpha + tl.sum(ps * vz[:, None], axis=0)
         alpha2 = tl.reshape(tl.join(alpha, alpha), (2 * G_PAD,))
-        acc = tl.dot(tl.trans(v), _split_fp16_columns(ps, TILE, G_PAD), acc * alpha2[None, :])
+        acc = tl.dot(tl.trans(v), split_fp16(ps), acc * alpha2[None, :])
         m_i = m_new
     l_safe = safe_sum(l_i)[None, :]
-    o = (_sum_column_pairs(acc, D, G_PAD) * f[:, None] - corr[None, :]) / l_safe
+    o = (fold_pairs(acc) * f[:, None] - corr[None, :]) / l_safe
     tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 

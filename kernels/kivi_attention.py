@@ -30,6 +30,7 @@ import triton.language as tl
 
 from .common import (
     combine_splits,
+    fold_pairs,
     known_occupancy,
     pack_codes,
     program_coords,
@@ -37,6 +38,7 @@ from .common import (
     safe_sum,
     split_bounds,
     split_buffers,
+    split_fp16,
     store_split_stats,
     uniform_codes,
     uniform_scale_zero,
@@ -249,24 +251,6 @@ def _unpack_f16(b, BITS: tl.constexpr, N: tl.constexpr, NB: tl.constexpr, PORTAB
 
 
 @triton.jit
-def _split_fp16(x):
-    """x [..., N] (fp32) as fp16 pairs [..., 2N]: column 2n holds x[n] rounded to fp16 (hi), column 2n + 1 what
-    that leaves (lo). One tensor-core product against exact fp16 codes computes both halves' sums side by side,
-    and their sum keeps about 22 significant bits of x where |x| >= 2^-3 (below it the lo part is subnormal:
-    about 2^-25 absolute)."""
-    hi = x.to(tl.float16)
-    both = tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16))
-    return tl.reshape(both, both.shape[:-2] + [both.shape[-2] * 2])
-
-
-@triton.jit
-def _fold_pairs(x):
-    """[..., 2N] -> [..., N]: the sum of columns 2n and 2n + 1 (the hi and lo halves of `_split_fp16`)."""
-    hi, lo = tl.split(tl.reshape(x, x.shape[:-1] + [x.shape[-1] // 2, 2]))
-    return hi + lo
-
-
-@triton.jit
 def _kivi_decode_kernel(
     q_ptr, cache_ptr, resid_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, sm_scale, max_blocks, group, split_len,
     stride_qs, stride_qh, stride_os, stride_oh, stride_rs, stride_rt, stride_rh, stride_rkv,
@@ -317,7 +301,7 @@ def _kivi_decode_kernel(
         vz = tl.trans(tl.load((base + V_ZERO).to(tl.pointer_type(tl.float16)) + j[None, :]).to(tl.float32))
         # keys: the scale folds into the query, the product runs on the raw codes, and the zero adds q . zero
         kc = _unpack_f16(kb, BITS, G, NB, WIDEN)
-        scores = _fold_pairs(tl.dot(kc, _split_fp16(q * ks[:, None])))  # [G tokens, G_PAD]
+        scores = fold_pairs(tl.dot(kc, split_fp16(q * ks[:, None])))  # [G tokens, G_PAD]
         scores += tl.sum(q * kz[:, None], axis=0)[None, :]
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
@@ -325,7 +309,7 @@ def _kivi_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=0)
         # values: each token's scale folds into its probability, per value channel group; the zeros add
         # sum_t p_t zero_t once per group of channels
-        ps = _split_fp16(vs[:, :, None] * p[None, :, :])  # [PER, G tokens, 2 G_PAD]
+        ps = split_fp16(vs[:, :, None] * p[None, :, :])  # [PER, G tokens, 2 G_PAD]
         # [PER, G channels, G tokens]: channel group j holds bytes [j NB / PER, (j + 1) NB / PER) of each code k
         vc = tl.reshape(_unpack_f16(vb, BITS, G, NB, WIDEN), [G, CPB, PER, NB // PER])
         vc = tl.reshape(tl.permute(vc, [2, 1, 3, 0]), [PER, G, G])
@@ -339,7 +323,7 @@ def _kivi_decode_kernel(
     # the full-precision residual, tokens nq .. n: the last split's, a tile of RTILE tokens at a time, on the tensor
     # cores as fp16 hi and lo halves of keys, values, query and probabilities
     cn = tl.arange(0, D)
-    qn = _split_fp16(tl.load(q_ptr + seq * stride_qs + heads[None, :] * stride_qh + cn[:, None], mask=g_ok[None, :],
+    qn = split_fp16(tl.load(q_ptr + seq * stride_qs + heads[None, :] * stride_qh + cn[:, None], mask=g_ok[None, :],
                              other=0.0).to(tl.float32) * sm_scale)  # [D, 2 G_PAD]
     n_res = tl.where(split == tl.num_programs(2) - 1, n - nq, 0)
     for r0 in range(0, n_res, RTILE):
@@ -350,18 +334,18 @@ def _kivi_decode_kernel(
         v = tl.load(rbase + stride_rkv, mask=r_ok[:, None], other=0.0).to(tl.float32)
         k_hi = k.to(tl.float16)
         scores = tl.dot((k - k_hi.to(tl.float32)).to(tl.float16), qn, tl.dot(k_hi, qn))
-        scores = tl.where(r_ok[:, None], _fold_pairs(scores), float("-inf"))  # [RTILE, G_PAD]
+        scores = tl.where(r_ok[:, None], fold_pairs(scores), float("-inf"))  # [RTILE, G_PAD]
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[None, :])
         l_i = l_i * alpha + tl.sum(p, axis=0)
-        ps = _split_fp16(p)
+        ps = split_fp16(p)
         vt = tl.trans(v)
         vt_hi = vt.to(tl.float16)
         acc = tl.dot(vt_hi, ps, acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :])
         acc = tl.dot((vt - vt_hi.to(tl.float32)).to(tl.float16), ps, acc)
         m_i = m_new
-    out = _fold_pairs(acc) / safe_sum(l_i)[None, :]
+    out = fold_pairs(acc) / safe_sum(l_i)[None, :]
     tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + cn[:, None], out, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 

@@ -22,6 +22,7 @@ import triton.language as tl
 from .common import (
     combine_splits,
     e4m3_byte,
+    fold_pairs,
     known_occupancy,
     program_coords,
     remember_occupancy,
@@ -30,6 +31,7 @@ from .common import (
     softmax_step,
     split_bounds,
     split_buffers,
+    split_fp16,
     store_split_stats,
 )
 from .layouts import SlotLayout
@@ -215,29 +217,14 @@ def _nvfp4_column_element(i):
 
 
 @triton.jit
-def _split_fp16_columns(x, R: tl.constexpr, C: tl.constexpr):
-    """x [R, C] (fp32) as hi + lo, both fp16, side by side [R, 2C] (column 2c + h part h of column c): one
-    tensor-core product against exact fp16 values gives both parts' sums, which together keep
-    about 22 significant bits of x where |x| >= 2^-3 (below it the lo part is subnormal: about 2^-25 absolute)."""
-    hi = x.to(tl.float16)
-    return tl.reshape(tl.join(hi, (x - hi.to(tl.float32)).to(tl.float16)), (R, 2 * C))
-
-
-@triton.jit
 def _query_columns(q_ptr, seq, kv_head, group, stride_qs, stride_qh, e, G_PAD: tl.constexpr):
-    """The GQA group's queries [D, 2G] as `_split_fp16_columns` lays them out (column 2g + h part h of head g), row r
+    """The GQA group's queries [D, 2G] as `split_fp16` lays them out (column 2g + h part h of head g), row r
     element e[r] (query heads past the group are 0)."""
     c = tl.arange(0, 2 * G_PAD)
     q = tl.load(q_ptr + seq * stride_qs + (kv_head * group + c // 2)[None, :] * stride_qh + e[:, None],
                 mask=(c // 2 < group)[None, :], other=0.0)
     hi = q.to(tl.float16)
     return tl.where((c % 2 == 0)[None, :], hi, (q - hi.to(tl.float32)).to(tl.float16))
-
-
-@triton.jit
-def _sum_column_pairs(x, R: tl.constexpr, C: tl.constexpr):
-    """[R, 2C] -> [R, C]: the sum of columns 2c and 2c + 1."""
-    return tl.sum(tl.reshape(x, (R, C, 2)), axis=2)
 
 
 @triton.jit
@@ -267,7 +254,7 @@ def _nvfp4_decode_kernel(
         t_ok = t < hi
         slot = slot_offsets(block_table_ptr, seq, max_blocks, t, t_ok, kv_head, BLOCK_SIZE, NUM_KV_HEADS, SLOT)
         k = _nvfp4_tile(cache_ptr, slot + K_DATA, b, j, t_ok, HALF, TILE, D)
-        raw = _sum_column_pairs(tl.dot(k, q2), TILE, G_PAD)  # [TILE, G] on the tensor cores, fp32 accumulation
+        raw = fold_pairs(tl.dot(k, q2))  # [TILE, G] on the tensor cores, fp32 accumulation
         scores = tl.where(t_ok[:, None], raw * k_factor, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
         alpha = tl.exp(m_i - m_new)
@@ -275,9 +262,9 @@ def _nvfp4_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=0)
         v = _nvfp4_tile(cache_ptr, slot + V_DATA, b, j, t_ok, HALF, TILE, D)
         alpha2 = tl.reshape(tl.join(alpha, alpha), (2 * G_PAD,))
-        acc = tl.dot(tl.trans(v), _split_fp16_columns(p, TILE, G_PAD), acc * alpha2[None, :])
+        acc = tl.dot(tl.trans(v), split_fp16(p), acc * alpha2[None, :])
         m_i = m_new
-    o = _sum_column_pairs(acc, D, G_PAD) * (v_global * 16384.0 / safe_sum(l_i))[None, :]
+    o = fold_pairs(acc) * (v_global * 16384.0 / safe_sum(l_i))[None, :]
     tl.store(out_ptr + row * stride_os + heads[None, :] * stride_oh + e[:, None], o, mask=g_ok[None, :])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 

@@ -29,6 +29,7 @@ import triton.language as tl
 from .common import (
     combine_splits,
     e4m3_byte,
+    fold_pairs,
     known_occupancy,
     pack_codes,
     program_coords,
@@ -37,6 +38,7 @@ from .common import (
     slot_offsets,
     split_bounds,
     split_buffers,
+    split_fp16,
     store_split_stats,
     uniform_codes,
     uniform_scale_zero,
@@ -298,20 +300,6 @@ def _fp16_pairs(bits, N: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _pair_sum(x, N: tl.constexpr, G: tl.constexpr):
-    """[N, 2G] -> [N, G]: columns 2g and 2g + 1 added."""
-    return tl.sum(tl.reshape(x, [N, G, 2]), axis=2)
-
-
-@triton.jit
-def _split_fp16(x):
-    """x (fp32) as hi + lo, both fp16: two tensor-core products against exact fp16 operands keep about 22
-    significant bits of x where |x| >= 2^-3 (below it the lo part is subnormal: about 2^-25 absolute)."""
-    hi = x.to(tl.float16)
-    return hi, (x - hi.to(tl.float32)).to(tl.float16)
-
-
-@triton.jit
 def _tq_decode_kernel(
     q_ptr, cache_ptr, block_table_ptr, lens_ptr, out_ptr, ml_ptr, key_table_ptr, value_table_ptr, key_unscale,
     sm_scale, max_blocks, group, split_len, stride_qs, stride_qh, stride_os, stride_oh,
@@ -326,8 +314,7 @@ def _tq_decode_kernel(
                 other=0.0).to(tl.float32)
     # the query as the B operand [D, 2G] of K [TILE, D] x q^T, each head's fp16 hi and lo parts side by side
     # (columns 2g and 2g + 1): the tile's tokens fill the M dimension, one product gives both parts
-    q_hi, q_lo = _split_fp16(tl.trans(q))
-    q_b = tl.reshape(tl.join(q_hi, q_lo), [D, 2 * G_PAD])
+    q_b = split_fp16(tl.trans(q))
     ones = tl.full([D, 2 * G_PAD], 1.0, tl.float16)
     lo, hi = split_bounds(split, split_len, tl.load(lens_ptr + seq))
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
@@ -349,16 +336,16 @@ def _tq_decode_kernel(
         if K_BITS == 8:  # fp8 keys (exact in fp16), q not rotated
             raw = tl.load(cache_ptr + slot[:, None] + K_DATA + d_offs[None, :])
             k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            scores = _pair_sum(tl.dot(k, q_b), TILE, G_PAD)
+            scores = fold_pairs(tl.dot(k, q_b))
         else:  # q arrives rotated: score against the centroids, then the stored norm (over the decoded length)
             pairs = _pair_codes(cache_ptr, slot + K_DATA, D, K_BITS)
             flat = tl.reshape(pairs, [TILE * D // 2])
             c = _fp16_pairs(tl.reshape(tl.gather(key_rows, flat, 0), [TILE, D // 2]), TILE, D)
-            scores = _pair_sum(tl.dot(c, q_b), TILE, G_PAD)
+            scores = fold_pairs(tl.dot(c, q_b))
             norm = tl.load((cache_ptr + slot + K_NORM).to(tl.pointer_type(tl.float16))).to(tl.float32)
             if NORM_CORRECTION:  # sum c^2 on the tensor cores too, in every column (so twice it per head)
                 c2 = _fp16_pairs(tl.reshape(tl.gather(key_squares, flat, 0), [TILE, D // 2]), TILE, D)
-                sq = _pair_sum(tl.dot(c2, ones), TILE, G_PAD)
+                sq = fold_pairs(tl.dot(c2, ones))
                 scores = scores * (norm[:, None] / tl.sqrt(0.5 * sq))
             else:
                 scores = scores * (norm * key_unscale)[:, None]  # the table's centroids are scaled
@@ -370,14 +357,12 @@ def _tq_decode_kernel(
         # sum_t p_t (s_t code_t + z_t): the codes on the tensor cores against p s (hi and lo parts side by side),
         # the zeros per head (added to the hi column)
         vrow = tl.reshape(tl.gather(value_rows, tl.reshape(vpairs, [TILE * D // 2]), 0), [TILE, D // 2])
-        ps_hi, ps_lo = _split_fp16(p * vscale[:, None])
         zero_part = tl.sum(p * vzero[:, None], axis=0)
         acc = (acc * tl.reshape(tl.join(alpha, alpha), [2 * G_PAD])[None, :]
                + tl.reshape(tl.join(zero_part, tl.zeros_like(zero_part)), [2 * G_PAD])[None, :])
-        ps_b = tl.reshape(tl.join(ps_hi, ps_lo), [TILE, 2 * G_PAD])
-        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D)), ps_b, acc)
+        acc = tl.dot(tl.trans(_fp16_pairs(vrow, TILE, D)), split_fp16(p * vscale[:, None]), acc)
         m_i = m_new
-    out = tl.trans(_pair_sum(acc, D, G_PAD)) / safe_sum(l_i)[:, None]
+    out = tl.trans(fold_pairs(acc)) / safe_sum(l_i)[:, None]
     tl.store(out_ptr + row * stride_os + heads[:, None] * stride_oh + d_offs[None, :], out, mask=g_ok[:, None])
     store_split_stats(ml_ptr, row, heads, g_ok, group * NUM_KV_HEADS, m_i, l_i)
 
