@@ -178,7 +178,7 @@ def _by_head_dim(fits: Optional[dict], head_dim: int, mha: bool = False) -> Opti
     if not fits:
         return None
     keys = [k for k in fits if k[0] == mha] or list(fits)
-    return fits[min(keys, key=lambda k: (abs(math.log(k[1] / max(head_dim, 1))), k[0] != mha))]
+    return fits[min(keys, key=lambda k: abs(math.log(k[1] / max(head_dim, 1))))]
 
 
 def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128,
@@ -335,8 +335,10 @@ class StepModel:
         if m.compressed is not None:  # DeepSeek-V4: one fp8_ds_mla cache whatever the dtype named, read as it is
             self.attn_family = fam = "float"
         head_dim = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) if m.mla else (m.head_dim or 128)
+        self.kv_heads = 1 if m.mla else kv_heads_per_rank(m, tp)
+        self.q_heads = max(1, m.num_heads // tp) if m.num_heads else 1
         # multi-head attention (a query head per KV head on this rank) runs the kernel's other layout
-        mha = not m.mla and bool(m.num_heads) and max(1, m.num_heads // tp) == kv_heads_per_rank(m, tp)
+        mha = not m.mla and bool(m.num_heads) and self.q_heads == self.kv_heads
         self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim, mha)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
@@ -347,8 +349,6 @@ class StepModel:
         # vLLM quantizes the query to fp8 in its own kernel before an fp8 cache's attention call
         # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
         self.query_quant = fam == "fp8" and not m.mla
-        self.kv_heads = 1 if m.mla else kv_heads_per_rank(m, tp)
-        self.q_heads = max(1, m.num_heads // tp) if m.num_heads else 1
         self.ar_fit = allreduce_fit(profile, tp)
         self.small_fit = dfit
         self.elem_bytes = DTYPE_BYTES[m.dtype]
