@@ -15,6 +15,8 @@ import torch
 
 from kvplan.calibration import MB, FamilyFit, MeasurePlan, fit_family
 
+from .probe import error_line
+
 HEAD_DIM, KV_HEADS, HEADS, BLOCK = 128, 8, 32, 16
 
 
@@ -193,7 +195,7 @@ def self_check(device: torch.device, contexts: dict[str, list[int]] | list[int] 
         try:
             ok = _decode_matches(fmt, lens, head_dim, kv_heads, heads, gen, device)
         except Exception as e:  # noqa: BLE001 - a kernel that fails to run fails the check, with its reason
-            bad.append(f"{fmt} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+            bad.append(f"{fmt} ({error_line(e)})")
             continue
         if not ok:
             bad.append(fmt)

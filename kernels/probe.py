@@ -29,6 +29,11 @@ FLUSH_METHODS = ("read", "write", "none")
 BUDGET_S = 90.0
 
 
+def error_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 @dataclass(frozen=True)
 class Config:
     fmt: str
@@ -69,7 +74,7 @@ def sweep(configs: list[Config], measure: Callable[[Config], dict], moved: Calla
             row["bytes"] = moved(c)
             row["bytes_per_s"] = row["bytes"] / row["seconds"]
         except Exception as e:  # noqa: BLE001 - a configuration that cannot run is a finding, not a failure
-            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            row["error"] = error_line(e)
         rows.append(row)
     best = {}
     for row in rows:
@@ -92,7 +97,7 @@ def compare_flushes(measure: Callable[[str], float], moved: int,
             t = measure(m)
             out[m] = {"seconds": t, "bytes_per_s": moved / t}
         except Exception as e:  # noqa: BLE001
-            out[m] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            out[m] = {"error": error_line(e)}
     return out
 
 

@@ -373,6 +373,8 @@ def compile_all(launches: list[dict], archs: list[int], report: list | None = No
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from kvplan.kernels.probe import error_line
+
     failed = 0
     for arch in archs:
         for launch in launches:
@@ -397,7 +399,7 @@ def compile_all(launches: list[dict], archs: list[int], report: list | None = No
                     rows.append(_report_row(launch, consts, compiled, arch))
             except Exception as e:  # report every failure, then exit 1
                 failed += 1
-                print(f"FAILED  {what}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                print(f"FAILED  {what}: {error_line(e)}")
     return failed
 
 
