@@ -194,11 +194,12 @@ DRAM_LATENCY_S = 600e-9
 
 
 def blocks_per_sm(regs: int, shared: int, warps: int, sm: dict = SM90) -> int:
-    """Blocks of a kernel resident on one SM at once: the fewest its registers, shared memory and warps allow."""
-    per_warp = -(-regs * 32 // 256) * 256
-    by_regs = sm["regs"] // (per_warp * warps) if regs else sm["blocks"]
-    by_smem = sm["smem"] // (shared + 1024)
-    return max(0, min(by_regs, by_smem, sm["warps"] // warps, sm["blocks"]))
+    """Blocks of a kernel resident on one SM at once on `sm`: the rule the launchers plan their splits with
+    (`kvplan.kernels.common.occupancy`)."""
+    from kvplan.kernels.common import occupancy
+
+    return occupancy(regs, shared, warps, {"regs": sm["regs"], "smem": sm["smem"], "threads": 32 * sm["warps"],
+                                           "blocks": sm["blocks"]})
 
 
 def loop_body(sass: str) -> list[str]:
