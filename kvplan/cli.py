@@ -888,7 +888,7 @@ def measure(
     if probe:
         from .measure_run import run_probe
 
-        path, found = run_probe(output, 90.0 if budget is None else budget)
+        path, found = run_probe(output, budget)
         if as_json:
             _show(True, found, "")
         else:

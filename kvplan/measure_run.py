@@ -152,10 +152,11 @@ def probe_path(device_name: str) -> str:
     return str(cache_dir() / ("probe-" + profile_name(device_name).removesuffix(".yaml") + ".json"))
 
 
-def run_probe(output: Optional[str] = None, budget_s: float = 90.0, samples: int = 10) -> tuple[str, dict]:
+def run_probe(output: Optional[str] = None, budget_s: Optional[float] = None,
+              samples: int = 10) -> tuple[str, dict]:
     """Sweep the bf16 and fp8 paged decode kernels' tile sizes, warps, stages and splits, and the L2 flush methods,
-    on the GPU torch sees, for at most `budget_s` seconds of sweep; write the findings as JSON (atomically) to
-    `output`. Returns the path and the findings."""
+    on the GPU torch sees, starting no configuration after `budget_s` seconds of sweep (the probe's own budget by
+    default); write the findings as JSON (atomically) to `output`. Returns the path and the findings."""
     import json
 
     import torch
@@ -165,6 +166,7 @@ def run_probe(output: Optional[str] = None, budget_s: float = 90.0, samples: int
     if not torch.cuda.is_available():
         raise KvplanError("kvplan measure --probe needs a CUDA GPU, and torch sees none")
     from kvplan.kernels.bench import device_info
+    from kvplan.kernels.probe import BUDGET_S
     from kvplan.kernels.probe import run_probe as sweep_kernels
 
     device = torch.device("cuda:0")
@@ -177,7 +179,8 @@ def run_probe(output: Optional[str] = None, budget_s: float = 90.0, samples: int
     def say(what: str) -> None:
         print(f"probe: {what}", file=sys.stderr)
 
-    found = sweep_kernels(device, max(2 * int(l2 or 50 * MB), 64 * MB), budget_s, samples, say)
+    found = sweep_kernels(device, max(2 * int(l2 or 50 * MB), 64 * MB), BUDGET_S if budget_s is None else budget_s,
+                          samples, say)
     found = {"device": info, "peak_bytes_per_s": peak, **found}
     if peak:
         for row in found["configurations"] + [v for v in found.get("flush", {}).values() if isinstance(v, dict)]:
