@@ -116,19 +116,24 @@ def _attention_fit(d, eb, peak) -> dict:
                 stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, within_10pct=share, rows_64mib=rows)
 
 
-GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64))  # tokens per GEMM: the kernel configurations change between them
+# tokens per GEMM, m = 1 to 512 (decode batches): the kernel configurations change between these ranges
+GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512))
 
 
-def _gemm_model(p, x, peak):
-    t0, eta, a, b = p
-    byt, n = x
-    return t0 * 1e-6 + byt / np.minimum(eta * peak, np.exp(a) * n ** b * 1e9)
+def _gemm_model(p, x, peak, flops_peak):
+    t0, eta, a, b, mu, q = p
+    byt, n, fl = x
+    memory = byt / np.minimum(eta * peak, np.exp(a) * n ** b * 1e9)
+    compute = fl / (mu * flops_peak)
+    return t0 * 1e-6 + (memory ** q + compute ** q) ** (1 / q)
 
 
 def gemm(df, peak, f16, f8):
-    """GEMMs: t = t0 + max(bytes / min(eta x B, exp(a) x n^b), flops / (mu x F)), one (t0, eta, a, b) per bucket of
-    decode-sized m (<= 16, <= 32, <= 64; larger m take the last), the cap being the rate a grid of n output columns
-    sustains; mu from large compute-bound rows (m, n, k >= 4096)."""
+    """GEMMs: t = t0 + (memory^q + compute^q)^(1/q), memory = bytes / min(eta x B, exp(a) x n^b) and compute =
+    flops / (mu x F), one (t0, eta, a, b, mu, q) per range of decode-sized m (<= 16, 32, 64, 128, 256, 512; larger m
+    take the last). The cap is the rate a grid of n output columns sustains; q blends the two limits where a kernel is
+    neither purely memory- nor compute-bound (q -> infinity is their max, q = 1 their sum); mu_large is the achieved
+    fraction of peak FLOP/s on large compute-bound rows (m, n, k >= 4096), the floor for prefill-sized m."""
     from scipy.optimize import least_squares
 
     out = {}
@@ -143,17 +148,26 @@ def gemm(df, peak, f16, f8):
             if d.empty:
                 continue
             n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))
-            byt = n * k * wb + m * k * ab + m * n * 2
+            x = (n * k * wb + m * k * ab + m * n * 2, n, 2 * m * n * k)
             y = d.latency.to_numpy(float) / 1e3
-            big = byt >= 64 * MB
+            big = x[0] >= 64 * MB
             w = np.where(big, 1.0, 0.3)
-            r = least_squares(lambda p: np.log(_gemm_model(p, (byt, n), peak) / y) * w, [4, 0.85, 3, 0.5],
-                              bounds=([0, 0.1, -20, 0], [50, 1.5, 40, 8]), loss="soft_l1", f_scale=0.05)
-            share, rows = _share(_gemm_model(r.x, (byt, n), peak), y, big)
+            best = None
+            lower, upper = [0, 0.1, -20, 0, 0.05, 1], [50, 1.5, 40, 8, 1.0, 20]
+            # the first start keeps the compute term out of the way (mu = 1, q = 20): the memory-bound fit alone
+            for start, lo_, hi_ in (([4, 0.85, 3, 0.5, 1.0, 20], lower[:4] + [0.999, 19.9], upper),
+                                    ([4, 0.85, 3, 0.5, 0.9, 8], lower, upper), ([4, 0.85, 3, 0.5, 0.5, 2], lower, upper),
+                                    ([4, 0.85, 3, 0.5, 0.3, 1.2], lower, upper)):
+                r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak) / y) * w, start,
+                                  bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
+                share, rows = _share(_gemm_model(r.x, x, peak, flops_peak), y, big)
+                if best is None or share > best[0]:
+                    best = (share, rows, r.x)
+            share, rows, p = best
             hits, total = hits + share * rows, total + rows
-            buckets.append(dict(max_tokens=hi, t0_s=float(r.x[0]) * 1e-6, eta=float(r.x[1]),
-                                cap_log_bytes_per_s=float(r.x[2] + np.log(1e9)), cap_exponent=float(r.x[3]),
-                                within_10pct=share, rows_64mib=rows))
+            buckets.append(dict(max_tokens=hi, t0_s=float(p[0]) * 1e-6, eta=float(p[1]),
+                                cap_log_bytes_per_s=float(p[2] + np.log(1e9)), cap_exponent=float(p[3]),
+                                mu=float(p[4]), blend_exponent=float(p[5]), within_10pct=share, rows_64mib=rows))
         large = df[(df.gemm_dtype == dt) & (df.m >= 4096) & (df.n >= 4096) & (df.k >= 4096)]
         t0 = buckets[-1]["t0_s"]
         fl = (2.0 * large.m * large.n * large.k).to_numpy(float)

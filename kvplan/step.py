@@ -3,8 +3,9 @@ t = t0 + bytes / (eta x peak bandwidth) (plus the few terms each kernel family n
 
 Kernel families and what a step runs of each (per rank, per layer unless said):
 * weight GEMMs: one per fused weight matrix (vLLM's QKV and gate-up) and the LM head, at m = tokens in the step:
-  t0 + max(bytes / min(eta B, cap(n)), flops / (mu F)), with (t0, eta, cap) per range of m, the rate a grid of n
-  output columns sustains capping the bandwidth;
+  t0 + (memory^q + compute^q)^(1/q), memory = bytes / min(eta B, cap(n)) and compute = flops / (mu F), with
+  (t0, eta, cap, mu, q) per range of m up to 512, the rate a grid of n output columns sustains capping the
+  bandwidth; larger m are held to the large-GEMM compute rate at least;
 * fused MoE: the routed experts the tokens touch (uniform routing), t0 + c_e x touched + max(bytes / (eta B),
   flops / (mu F));
 * decode attention: one call per attention layer, t0 + c_seq x (sequences x KV heads) + c_q x (sequences x query
@@ -54,7 +55,8 @@ class Fit:
     tile_tokens: int = 1
     stream_per_kv_head_bytes_per_s: Optional[float] = None
     stream_per_sequence_head_bytes_per_s: Optional[float] = None
-    # GEMMs: (t0, eta, cap) per range of tokens, the kernel configuration changing between them; see gemm_call_seconds
+    # GEMMs: (t0, eta, cap, mu, q) per range of tokens, the kernel configuration changing between them; see
+    # gemm_call_seconds
     buckets: tuple = ()
     per_expert_s: float = 0.0  # fused MoE: each touched expert's own cost
     within_10pct: Optional[float] = None  # share of the source rows of >= 64 MiB the fit reproduces within 10%
@@ -248,11 +250,15 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
             t = xp.maximum(t, flops / (fit.mu * fit.peak_flops))
         return fit.t0_s + t
     # the bucket of m (decode-sized ranges; larger m take the last), selected elementwise; the rate a grid of n
-    # output columns sustains caps the bandwidth
+    # output columns sustains caps the bandwidth, and where the bucket has a compute term the two limits blend
     t = None
     for b in reversed(fit.buckets):
         cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"]
-        tb = b["t0_s"] + byt / min(b["eta"] * peak_bw, cap)
+        tb = byt / min(b["eta"] * peak_bw, cap)
+        if b.get("mu") and fit.peak_flops:
+            q = b["blend_exponent"]
+            tb = (tb ** q + (flops / (b["mu"] * fit.peak_flops)) ** q) ** (1 / q)
+        tb = b["t0_s"] + tb
         t = tb if t is None else xp.where(m <= b["max_tokens"], tb, t)
     if fit.mu and fit.peak_flops:
         t = xp.maximum(t, fit.buckets[-1]["t0_s"] + flops / (fit.mu * fit.peak_flops))
