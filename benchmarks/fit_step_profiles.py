@@ -23,12 +23,13 @@ import pandas as pd
 import yaml
 
 MB = 2**20
-# silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s): hardware/*.yaml
+# silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes):
+# hardware/*.yaml
 GPUS = {
-    "a100_sxm": ("A100-SXM4-80GB", 2.039e12, 312e12, None),
-    "h100_sxm": ("H100-SXM5-80GB", 3.35e12, 989.4e12, 1978.9e12),
-    "h200_sxm": ("H200-SXM-141GB", 4.8e12, 989.4e12, 1978.9e12),
-    "b200_sxm": ("B200", 8.0e12, 2250e12, 4500e12),
+    "a100_sxm": ("A100-SXM4-80GB", 2.039e12, 312e12, None, 40e6),
+    "h100_sxm": ("H100-SXM5-80GB", 3.35e12, 989.4e12, 1978.9e12, 50e6),
+    "h200_sxm": ("H200-SXM-141GB", 4.8e12, 989.4e12, 1978.9e12, 50e6),
+    "b200_sxm": ("B200", 8.0e12, 2250e12, 4500e12, 126.5e6),
 }
 WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0 + 4 / 128**2, "int8_wo": 1.0, "int4_wo": 0.5,
                 "nvfp4": 0.5 + 1 / 16}
@@ -42,53 +43,76 @@ def _lstsq(columns, y, weight):
 
 
 def _share(pred, y, big):
+    """(share of the rows of >= 64 MiB reproduced within 10%, their count); None where there are none."""
+    if not big.any():
+        return None, 0
     err = np.abs(pred / y - 1)
     return round(float(np.mean(err[big] < 0.10)), 3), int(big.sum())
 
 
+def _better(share, best) -> bool:
+    return best is None or (share or 0.0) > (best[0] or 0.0)
+
+
+# query heads per KV head (the rows of a KV head's attention product): the kernels pick their tiles and splits by
+# it, as GEMMs do by tokens; 1 is multi-head attention
+GROUP_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 128))
+
+
 def _attention_model(p, x, peak, tile):
-    """The decode-attention time of kvplan.step.attention_call_seconds, on arrays (p in us, ns, ps and GB/s)."""
-    t0, c_seq, c_q, eta, c_tok, per_head, per_seq = p
+    """The decode-attention time of kvplan.step.attention_call_seconds for a replayed call (its cache warm in L2 as
+    far as it fits), on arrays (p in us, ns, ps, GB/s and MB)."""
+    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost = p
     units, kvh, qh, n, per_token = x
     n_eff = np.ceil(n / tile) * tile
+    nbytes = units * n_eff * per_token
+    nbytes = nbytes * (1 - (1 - l2_cost) / (1 + (nbytes / (l2_mb * 1e6)) ** L2_STEEPNESS))
     bw = np.minimum(eta * peak, np.maximum(kvh * per_head * 1e9, units * per_seq * 1e9))
-    return t0 * 1e-6 + c_seq * 1e-9 * units + c_q * 1e-9 * qh + np.maximum(units * n_eff * per_token / bw,
-                                                                          c_tok * 1e-12 * n_eff)
+    fixed = c_seq * 1e-9 * units + c_q * 1e-9 * qh
+    stream = np.maximum(nbytes / bw, c_tok * 1e-12 * n_eff)
+    return t0 * 1e-6 + (fixed ** blend + stream ** blend) ** (1 / blend)
 
 
-def attention(df, peak):
-    """Decode attention: t = t0 + c_seq x (batch x KV heads) + c_q x (batch x query heads)
-    + max(bytes / min(eta x B, max(KV heads x R_head, batch x KV heads x R_seq)), c_tok x context), the context
-    rounded up to the kernel's tile of tokens. c_seq is each (sequence, KV head) pair's own work (block-table walk,
-    split combine), c_q each query head's; the streaming rate is capped by how many streams the kernel's grid runs
-    at once (per KV head and per sequence-head pair); c_tok is one split's serial walk over a sequence. Fitted by
-    least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head size
-    and layout (grouped-query and multi-head)."""
+L2_STEEPNESS = 12  # kvplan.step.L2_STEEPNESS
+
+
+def attention(df, peak, l2):
+    """Decode attention: t = t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (batch x KV heads) + c_q x (batch x
+    query heads), stream = max(bytes / min(eta x B, max(KV heads x R_head, batch x KV heads x R_seq)), c_tok x
+    context), the context rounded up to the kernel's tile of tokens. c_seq is each (sequence, KV head) pair's own
+    work (block-table walk, split combine), c_q each query head's; p blends them with the streaming, which other
+    programs overlap with that work (p = 1 adds them); the streaming rate is capped by how many streams the kernel's
+    grid runs at once (per KV head and per sequence-head pair); c_tok is one split's serial walk over a sequence.
+    The tables replay one call on the same cache, so a cache smaller than the L2 is read from it: a share
+    1 / (1 + (bytes / C)^12) of the bytes costs l2_cost of a DRAM byte, C (held to 0.2-1.2 x the L2) and l2_cost
+    fitted. A serving step reads every layer's cache and weights between two calls of a layer, so kvplan's step model
+    leaves this term out.
+    Fitted by least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head
+    size and range of query heads per KV head."""
     out = {}
     full = df[df.window_size == 0] if "window_size" in df else df
-    mha = full.num_heads == full.num_key_value_heads
+    group = full.num_heads // full.num_key_value_heads
     for kv, eb in (("bfloat16", 2), ("fp8", 1)):
-        layouts, hits, total = {}, 0.0, 0
-        # the kernel's tiles differ by head size, and grouped-query attention packs a KV head's query heads into
-        # one tile where multi-head attention has one query row (FlashAttention-2 on an A100 barely splits MHA's
-        # context): one fit per head size and layout
-        for name, rows in (("head_dims", full[~mha]), ("mha_head_dims", full[mha])):
+        groups, hits, total = {}, 0.0, 0
+        for lo, hi in GROUP_BUCKETS:
+            rows = full[(group >= lo) & (group <= hi)]
             fits = {}
             for hd in sorted(rows.head_dim.unique()):
                 d = rows[(rows.kv_cache_dtype == kv) & (rows.head_dim == hd)]
                 if d.empty:
                     continue
-                fit = _attention_fit(d, eb, peak)
+                fit = _attention_fit(d, eb, peak, l2)
                 fits[int(hd)] = fit
-                hits, total = hits + fit["within_10pct"] * fit["rows_64mib"], total + fit["rows_64mib"]
+                hits, total = hits + (fit["within_10pct"] or 0.0) * fit["rows_64mib"], total + fit["rows_64mib"]
             if fits:
-                layouts[name] = fits
-        if layouts:
-            out[kv] = dict(**layouts, within_10pct=round(hits / total, 3) if total else None, rows_64mib=int(total))
+                groups[hi] = fits
+        if groups:
+            out[kv] = dict(groups=groups, within_10pct=round(hits / total, 3) if total else None,
+                           rows_64mib=int(total))
     return out
 
 
-def _attention_fit(d, eb, peak) -> dict:
+def _attention_fit(d, eb, peak, l2) -> dict:
     from scipy.optimize import least_squares
 
     n = (d.step + 1).to_numpy(float)
@@ -100,23 +124,27 @@ def _attention_fit(d, eb, peak) -> dict:
     y = d.latency.to_numpy(float) / 1e3
     big = units * n * per_token >= 64 * MB
     w = np.where(big, 1.0, 0.3)
+    l2_mb = l2 / 1e6
     best = None
     for tile in (1, 64, 128):
-        for start in ((9, 15, 0.3, 0.85, 300, 1000, 50), (9, 15, 0.3, 0.85, 300, 3000, 1000)):
+        for start in ((9, 15, 0.3, 0.85, 300, 1000, 50, 1, 0.8 * l2_mb, 0.4),
+                      (9, 15, 0.3, 0.85, 300, 3000, 1000, 1, 0.8 * l2_mb, 0.4),
+                      (9, 15, 0.3, 0.85, 300, 3000, 1000, 3, 0.8 * l2_mb, 0.4)):
             r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile) / y) * w, np.array(start),
-                              bounds=([0, 0, 0, 0.2, 0, 1, 1], [50, 200, 10, 1.2, 5000, 20000, 20000]),
-                              loss="soft_l1", f_scale=0.05, max_nfev=300)
+                              bounds=([0, 0, 0, 0.2, 0, 1, 1, 1, 0.2 * l2_mb, 0.05],
+                                      [50, 200, 10, 1.2, 5000, 20000, 20000, 8, 1.2 * l2_mb, 1.0]),
+                              loss="soft_l1", f_scale=0.05, max_nfev=400)
             share, rows = _share(_attention_model(r.x, x, peak, tile), y, big)
-            if best is None or share > best[0]:
+            if _better(share, best):
                 best = (share, rows, tile, r.x)
     share, rows, tile, p = best
     return dict(t0_s=float(p[0]) * 1e-6, eta=float(p[3]), per_sequence_head_s=float(p[1]) * 1e-9,
                 per_query_head_s=float(p[2]) * 1e-9, per_token_chain_s=float(p[4]) * 1e-12, tile_tokens=int(tile),
                 stream_per_kv_head_bytes_per_s=float(p[5]) * 1e9,
-                stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, within_10pct=share, rows_64mib=rows)
+                stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, blend_exponent=float(p[7]),
+                l2_bytes=float(p[8]) * 1e6, l2_cost=float(p[9]), within_10pct=share, rows_64mib=rows)
 
 
-# tokens per GEMM, m = 1 to 512 (decode batches): the kernel configurations change between these ranges
 GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512))
 
 
@@ -161,10 +189,10 @@ def gemm(df, peak, f16, f8):
                 r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak) / y) * w, start,
                                   bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
                 share, rows = _share(_gemm_model(r.x, x, peak, flops_peak), y, big)
-                if best is None or share > best[0]:
+                if _better(share, best):
                     best = (share, rows, r.x)
             share, rows, p = best
-            hits, total = hits + share * rows, total + rows
+            hits, total = hits + (share or 0.0) * rows, total + rows
             buckets.append(dict(max_tokens=hi, t0_s=float(p[0]) * 1e-6, eta=float(p[1]),
                                 cap_log_bytes_per_s=float(p[2] + np.log(1e9)), cap_exponent=float(p[3]),
                                 mu=float(p[4]), blend_exponent=float(p[5]), within_10pct=share, rows_64mib=rows))
@@ -230,7 +258,7 @@ def main(silicon: Path) -> None:
     doc = {"schema": "kvplan-step-profiles/1",
            "source": "fits of AIConfigurator's vLLM kernel timings (ai-dynamo/aiconfigurator @095f58a, Apache-2.0); "
                      "benchmarks/fit_step_profiles.py", "gpus": {}}
-    for folder, (name, peak, f16, f8) in GPUS.items():
+    for folder, (name, peak, f16, f8, l2) in GPUS.items():
         base = silicon / folder
         if not base.is_dir():
             continue
@@ -238,7 +266,7 @@ def main(silicon: Path) -> None:
         vllm = yaml.safe_load((base / "collection_meta.yaml").read_text())["runtime"]["version"]
         doc["gpus"][name] = {
             "silicon": f"{folder} (vLLM {vllm})", "peak_bandwidth_bytes_per_s": peak,
-            "attention": attention(read("attention-generation_attention_perf"), peak),
+            "attention": attention(read("attention-generation_attention_perf"), peak, l2),
             "gemm": gemm(read("gemm-gemm_perf"), peak, f16, f8),
             "moe": moe(read("moe-moe_perf"), peak, f16, f8),
             "allreduce": allreduce(read("comm-nccl_perf")),

@@ -8,9 +8,10 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
   bandwidth; larger m are held to the large-GEMM compute rate at least;
 * fused MoE: the routed experts the tokens touch (uniform routing), t0 + c_e x touched + max(bytes / (eta B),
   flops / (mu F));
-* decode attention: one call per attention layer, t0 + c_seq x (sequences x KV heads) + c_q x (sequences x query
-  heads) + max(bytes / min(eta B, streams), c_tok x context), the context walked in whole tiles and the streams the
-  rate the kernel's grid sustains per KV head and per (sequence, KV head); for an fp8 cache also the kernel that
+* decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
+  heads) + c_q x (sequences x query heads) and stream = max(bytes / min(eta B, streams), c_tok x context), the
+  context walked in whole tiles and the streams the rate the kernel's grid sustains per KV head and per (sequence,
+  KV head); one fit per head size and range of query heads per KV head; for an fp8 cache also the kernel that
   quantizes the query; a state layer (Mamba, gated delta net) reads and writes its state at the same rate;
 * all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
 * the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
@@ -55,6 +56,12 @@ class Fit:
     tile_tokens: int = 1
     stream_per_kv_head_bytes_per_s: Optional[float] = None
     stream_per_sequence_head_bytes_per_s: Optional[float] = None
+    # decode attention: how the fixed per-head work and the streaming combine, (fixed^p + stream^p)^(1/p) (other
+    # programs stream while one does its own work; p = 1 adds them); and the L2 a replayed call's cache is read from
+    # as far as it fits (l2_bytes, each such byte costing l2_cost of a DRAM byte), which only the timing tables see
+    blend_exponent: float = 1.0
+    l2_bytes: float = 0.0
+    l2_cost: float = 1.0
     # GEMMs: (t0, eta, cap, mu, q) per range of tokens, the kernel configuration changing between them; see
     # gemm_call_seconds
     buckets: tuple = ()
@@ -68,7 +75,7 @@ class StepProfile:
     gpu: str
     name: str  # what the output says it used
     peak_bandwidth_bytes_per_s: float
-    attention: dict  # "bfloat16" / "fp8" -> {(multi-head?, head size): Fit}
+    attention: dict  # "bfloat16" / "fp8" -> {(most query heads per KV head, head size): Fit}
     gemm: dict  # weight dtype key -> Fit
     moe: dict
     allreduce: dict  # world size -> Fit
@@ -88,10 +95,8 @@ def _fits(d: dict, keyfn=str) -> dict:
 
 
 def _attention_fits(d: dict) -> dict:
-    """One dtype's decode-attention fits by (multi-head?, head size): grouped-query under `head_dims`, multi-head
-    (as many query heads as KV heads) under `mha_head_dims`."""
-    return {(mha, hd): f for mha, key in ((False, "head_dims"), (True, "mha_head_dims"))
-            for hd, f in _fits(d.get(key) or {}, int).items()}
+    """One dtype's decode-attention fits by (the most query heads per KV head its range holds, head size)."""
+    return {(int(g), hd): f for g, by_dim in (d.get("groups") or {}).items() for hd, f in _fits(by_dim, int).items()}
 
 
 def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
@@ -130,14 +135,14 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
                    per_sequence_head_s=old.per_sequence_head_s if old else 0.0,
                    per_query_head_s=old.per_query_head_s if old else 0.0,
                    per_token_chain_s=old.per_token_chain_s if old else 0.0,
-                   mu=old.mu if old else None, peak_flops=old.peak_flops if old else None, source=source)
+                   blend_exponent=old.blend_exponent if old else 1.0, mu=old.mu if old else None, peak_flops=old.peak_flops if old else None, source=source)
     for fam, key in (("gemv_bf16", "bfloat16"), ("gemv_fp8", "fp8")):
         if cal.fit(fam) is not None:
             gemm[key] = measured_fit(cal.fit(fam), gemm.get(key))
             measured.add(f"gemm {key}")
     for fam, key in (("decode_bfloat16", "bfloat16"), ("decode_fp8_e4m3", "fp8")):
         if cal.fit(fam) is not None:  # measured at one head size, applied to every head size's fit
-            fits = attention.get(key) or {(False, 128): None}
+            fits = attention.get(key) or {(4, 128): None}
             attention[key] = {hd: measured_fit(cal.fit(fam), old) for hd, old in fits.items()}
             measured.add(f"attention {key}")
     name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
@@ -174,25 +179,27 @@ def gemm_fit(profile: StepProfile, weight_dtype: str) -> tuple[Fit, bool]:
     raise KvplanError(f"the step profile {profile.name} has no GEMM fit")
 
 
-def _by_head_dim(fits: Optional[dict], head_dim: int, mha: bool = False) -> Optional[Fit]:
-    """The fit of the layout asked for (the other where it has none) and of the head size nearest `head_dim` (by
-    ratio): the kernel's tiles follow the head size."""
+def _by_head_dim(fits: Optional[dict], head_dim: int, group: int = 4) -> Optional[Fit]:
+    """The fit of the range of query heads per KV head that holds `group` (the widest range where none does) and of
+    the head size nearest `head_dim` (by ratio): the kernels pick their tiles and splits by both."""
     if not fits:
         return None
-    keys = [k for k in fits if k[0] == mha] or list(fits)
+    ranges = sorted({k[0] for k in fits})
+    g = next((r for r in ranges if r >= group), ranges[-1])
+    keys = [k for k in fits if k[0] == g]
     return fits[min(keys, key=lambda k: abs(math.log(k[1] / max(head_dim, 1))))]
 
 
 def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128,
-                  mha: bool = False) -> tuple[Fit, float, bool]:
+                  group: int = 4) -> tuple[Fit, float, bool]:
     """(fit, seconds of dequantization per cached element, estimated) for a cache format family, head size and
-    layout (`mha`: as many query heads as KV heads)."""
-    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim, mha)
+    number of query heads per KV head (1: multi-head attention)."""
+    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim, group)
     if bf16 is None:
         raise KvplanError(f"the step profile {profile.name} has no decode-attention fit")
     if fmt_family == "float":
         return bf16, 0.0, False
-    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim, mha)
+    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim, group)
     if fmt_family == "fp8" and fp8 is not None:
         return fp8, 0.0, False
     # Not measured: the bf16 kernel's fixed costs and bandwidth on the format's bytes, plus fp8's measured
@@ -266,8 +273,10 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
 
 
 def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_heads: int, context, nbytes,
-                           xp=SCALAR):
-    """One decode-attention call: `batch` sequences of `context` cached tokens, `nbytes` of cache read."""
+                           xp=SCALAR, replayed: bool = False):
+    """One decode-attention call: `batch` sequences of `context` cached tokens, `nbytes` of cache read. `replayed`:
+    the same call run again on the same cache, as a kernel benchmark does, which reads it from L2 as far as it fits
+    (in a serving step every other layer's cache and weights pass through L2 between two calls of a layer)."""
     bw = fit.eta * peak_bw
     if fit.stream_per_kv_head_bytes_per_s or fit.stream_per_sequence_head_bytes_per_s:
         streams = xp.maximum(kv_heads * (fit.stream_per_kv_head_bytes_per_s or 0.0),
@@ -276,8 +285,17 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
     if fit.tile_tokens > 1:  # a program walks whole tiles of tokens
         whole = xp.ceil(context / fit.tile_tokens) * fit.tile_tokens
         nbytes, context = nbytes * whole / xp.maximum(context, 1), whole
-    return (fit.t0_s + fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
-            + xp.maximum(nbytes / bw, fit.per_token_chain_s * context))
+    if replayed and fit.l2_bytes:
+        nbytes = nbytes * (1 - (1 - fit.l2_cost) / (1 + (nbytes / fit.l2_bytes) ** L2_STEEPNESS))
+    fixed = fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
+    stream = xp.maximum(nbytes / bw, fit.per_token_chain_s * context)
+    p = fit.blend_exponent
+    if p == 1.0:
+        return fit.t0_s + fixed + stream
+    return fit.t0_s + (fixed ** p + stream ** p) ** (1 / p)
+
+
+L2_STEEPNESS = 12  # how sharply a replayed cache stops fitting in L2 past l2_bytes (benchmarks/fit_step_profiles.py)
 
 
 class StepModel:
@@ -343,9 +361,9 @@ class StepModel:
         head_dim = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) if m.mla else (m.head_dim or 128)
         self.kv_heads = 1 if m.mla else kv_heads_per_rank(m, tp)
         self.q_heads = max(1, m.num_heads // tp) if m.num_heads else 1
-        # multi-head attention (a query head per KV head on this rank) runs the kernel's other layout
-        mha = not m.mla and bool(m.num_heads) and self.q_heads == self.kv_heads
-        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim, mha)
+        # the query heads each KV head serves on this rank (1: multi-head attention) choose the kernel's tiles
+        group = max(1, round(self.q_heads / self.kv_heads))
+        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim, group)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
         elif m.mla:  # no MLA kernel fit: the GQA kernel's on the latent's bytes, one KV head

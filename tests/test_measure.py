@@ -151,21 +151,22 @@ def test_calibrated_step_times(cli, tmp_path):
     # Llama-3-8B at batch 1, 8,192 tokens, by hand: the measured GEMV fit (4 us, 85% of 3.35 TB/s) prices vLLM's
     # fused GEMMs per layer (qkv 6144 x 4096, o 4096 x 4096, gate_up 28672 x 4096, down 4096 x 14336) and the LM
     # head (128256 x 4096), each reading its bf16 weights plus one activation row in and out; the measured decode
-    # fit (6 us, 80%) one attention call per layer, with the bundled per-sequence, per-head and serial terms
+    # fit (6 us, 80%) one attention call per layer, with the bundled per-sequence, per-head and serial terms and their
+    # blend with the streaming
     import yaml
 
     from kvplan.step import HOST_GAP_S, SAMPLER_KERNELS, SMALL_KERNELS_PER_LAYER
 
     B = 3.35e12
     a = yaml.safe_load((Path(__file__).parent.parent / "hardware" / "profiles" / "step-time.yaml").read_text())[
-        "gpus"]["H100-SXM5-80GB"]["attention"]["bfloat16"]["head_dims"][128]
+        "gpus"]["H100-SXM5-80GB"]["attention"]["bfloat16"]["groups"][4][128]
 
     def gemm(n, k):
         return 4e-6 + (n * k * 2 + k * 2 + n * 2) / (0.85 * B)
     gemms = 32 * (gemm(6144, 4096) + gemm(4096, 4096) + gemm(28672, 4096) + gemm(4096, 14336)) + gemm(128256, 4096)
     kv = 8192 * 8 * 128 * 2 * 2  # 8 KV heads of 128, K and V, bf16
-    attn = 32 * (6e-6 + a["per_sequence_head_s"] * 8 + a["per_query_head_s"] * 32
-                 + max(kv / (0.8 * B), a["per_token_chain_s"] * 8192))
+    fixed, q = a["per_sequence_head_s"] * 8 + a["per_query_head_s"] * 32, a["blend_exponent"]
+    attn = 32 * (6e-6 + (fixed ** q + max(kv / (0.8 * B), a["per_token_chain_s"] * 8192) ** q) ** (1 / q))
     small = SMALL_KERNELS_PER_LAYER * 32 * (4e-6 + 6 * 4096 * 2 / (0.85 * B))  # norms, rotary, activation
     sampler = HOST_GAP_S + SAMPLER_KERNELS * 4e-6 + 4 * 128256 * 4 / (0.85 * B)
     assert p["calibrated_step_ms"] == pytest.approx((gemms + attn + small + sampler) * 1e3, rel=1e-9)
