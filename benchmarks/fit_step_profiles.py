@@ -23,13 +23,13 @@ import pandas as pd
 import yaml
 
 MB = 2**20
-# silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes):
+# silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes, SMs):
 # hardware/*.yaml
 GPUS = {
-    "a100_sxm": ("A100-SXM4-80GB", 2.039e12, 312e12, None, 40e6),
-    "h100_sxm": ("H100-SXM5-80GB", 3.35e12, 989.4e12, 1978.9e12, 50e6),
-    "h200_sxm": ("H200-SXM-141GB", 4.8e12, 989.4e12, 1978.9e12, 50e6),
-    "b200_sxm": ("B200", 8.0e12, 2250e12, 4500e12, 126.5e6),
+    "a100_sxm": ("A100-SXM4-80GB", 2.039e12, 312e12, None, 40e6, 108),
+    "h100_sxm": ("H100-SXM5-80GB", 3.35e12, 989.4e12, 1978.9e12, 50e6, 132),
+    "h200_sxm": ("H200-SXM-141GB", 4.8e12, 989.4e12, 1978.9e12, 50e6, 132),
+    "b200_sxm": ("B200", 8.0e12, 2250e12, 4500e12, 126.5e6, 148),
 }
 WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0 + 4 / 128**2, "int8_wo": 1.0, "int4_wo": 0.5,
                 "nvfp4": 0.5 + 1 / 16}
@@ -148,20 +148,30 @@ def _attention_fit(d, eb, peak, l2) -> dict:
 GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512))
 
 
-def _gemm_model(p, x, peak, flops_peak):
+def _gemm_model(p, x, peak, flops_peak, tiles=None):
     t0, eta, a, b, mu, q = p
-    byt, n, fl = x
+    byt, n, fl, m = x
     memory = byt / np.minimum(eta * peak, np.exp(a) * n ** b * 1e9)
     compute = fl / (mu * flops_peak)
+    if tiles:  # the grid of tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
+        tm, tn, sms = tiles
+        ctas = np.ceil(m / tm) * np.ceil(n / tn)
+        compute = compute * (np.ceil(m / tm) * tm / m) / (ctas / (np.ceil(ctas / sms) * sms))
     return t0 * 1e-6 + (memory ** q + compute ** q) ** (1 / q)
 
 
-def gemm(df, peak, f16, f8):
+TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 256))
+
+
+def gemm(df, peak, f16, f8, sms):
     """GEMMs: t = t0 + (memory^q + compute^q)^(1/q), memory = bytes / min(eta x B, exp(a) x n^b) and compute =
     flops / (mu x F), one (t0, eta, a, b, mu, q) per range of decode-sized m (<= 16, 32, 64, 128, 256, 512; larger m
-    take the last). The cap is the rate a grid of n output columns sustains; q blends the two limits where a kernel is
-    neither purely memory- nor compute-bound (q -> infinity is their max, q = 1 their sum); mu_large is the achieved
-    fraction of peak FLOP/s on large compute-bound rows (m, n, k >= 4096), the floor for prefill-sized m."""
+    take the last: the kernels' configurations change at these bounds). The cap is the rate a grid of n output
+    columns sustains; q blends the two limits where a kernel is neither purely memory- nor compute-bound (q ->
+    infinity is their max, q = 1 their sum). Where it fits the range better, the compute runs as a grid of
+    tile_m x tile_n output tiles: m padded to whole tiles, the tiles in waves over the SMs (a last, partial wave
+    costs a whole one). mu_large is the achieved fraction of peak FLOP/s on large compute-bound rows (m, n, k >=
+    4096), the floor for prefill-sized m."""
     from scipy.optimize import least_squares
 
     out = {}
@@ -176,26 +186,36 @@ def gemm(df, peak, f16, f8):
             if d.empty:
                 continue
             n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))
-            x = (n * k * wb + m * k * ab + m * n * 2, n, 2 * m * n * k)
+            x = (n * k * wb + m * k * ab + m * n * 2, n, 2 * m * n * k, m)
             y = d.latency.to_numpy(float) / 1e3
             big = x[0] >= 64 * MB
             w = np.where(big, 1.0, 0.3)
             best = None
             lower, upper = [0, 0.1, -20, 0, 0.05, 1], [50, 1.5, 40, 8, 1.0, 20]
-            # the first start keeps the compute term out of the way (mu = 1, q = 20): the memory-bound fit alone
-            for start, lo_, hi_ in (([4, 0.85, 3, 0.5, 1.0, 20], lower[:4] + [0.999, 19.9], upper),
-                                    ([4, 0.85, 3, 0.5, 0.9, 8], lower, upper), ([4, 0.85, 3, 0.5, 0.5, 2], lower, upper),
-                                    ([4, 0.85, 3, 0.5, 0.3, 1.2], lower, upper)):
-                r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak) / y) * w, start,
-                                  bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
-                share, rows = _share(_gemm_model(r.x, x, peak, flops_peak), y, big)
-                if _better(share, best):
-                    best = (share, rows, r.x)
-            share, rows, p = best
+            for tile in TILES:
+                tiles = tile and (*tile, sms)
+                # a start with mu at what the rows achieve on the tile grid, and one with the compute term out of
+                # the way (mu = 1, q = 20): the memory-bound fit alone
+                achieved = (_gemm_model([0, 1e9, 40, 0, 1.0, 20], x, peak, flops_peak, tiles) / y)[big]
+                mu0 = float(np.clip(np.median(achieved), 0.06, 0.99)) if big.any() else 0.5
+                starts = [([4, 0.85, 3, 0.5, mu0, 8], lower, upper), ([4, 0.85, 10, 0.3, mu0, 3], lower, upper)]
+                if tile is None:
+                    starts += [([4, 0.85, 3, 0.5, 1.0, 20], lower[:4] + [0.999, 19.9], upper),
+                               ([4, 0.85, 3, 0.5, 0.5, 2], lower, upper)]
+                for start, lo_, hi_ in starts:
+                    r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak, tiles) / y) * w, start,
+                                      bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
+                    share, rows = _share(_gemm_model(r.x, x, peak, flops_peak, tiles), y, big)
+                    if _better(share, best):
+                        best = (share, rows, r.x, tile)
+            share, rows, p, tile = best
             hits, total = hits + (share or 0.0) * rows, total + rows
-            buckets.append(dict(max_tokens=hi, t0_s=float(p[0]) * 1e-6, eta=float(p[1]),
-                                cap_log_bytes_per_s=float(p[2] + np.log(1e9)), cap_exponent=float(p[3]),
-                                mu=float(p[4]), blend_exponent=float(p[5]), within_10pct=share, rows_64mib=rows))
+            bucket = dict(max_tokens=hi, t0_s=float(p[0]) * 1e-6, eta=float(p[1]),
+                          cap_log_bytes_per_s=float(p[2] + np.log(1e9)), cap_exponent=float(p[3]), mu=float(p[4]),
+                          blend_exponent=float(p[5]))
+            if tile:
+                bucket.update(tile_m=tile[0], tile_n=tile[1], sm_count=sms)
+            buckets.append(dict(bucket, within_10pct=share, rows_64mib=rows))
         large = df[(df.gemm_dtype == dt) & (df.m >= 4096) & (df.n >= 4096) & (df.k >= 4096)]
         t0 = buckets[-1]["t0_s"]
         fl = (2.0 * large.m * large.n * large.k).to_numpy(float)
@@ -258,7 +278,7 @@ def main(silicon: Path) -> None:
     doc = {"schema": "kvplan-step-profiles/1",
            "source": "fits of AIConfigurator's vLLM kernel timings (ai-dynamo/aiconfigurator @095f58a, Apache-2.0); "
                      "benchmarks/fit_step_profiles.py", "gpus": {}}
-    for folder, (name, peak, f16, f8, l2) in GPUS.items():
+    for folder, (name, peak, f16, f8, l2, sms) in GPUS.items():
         base = silicon / folder
         if not base.is_dir():
             continue
@@ -267,7 +287,7 @@ def main(silicon: Path) -> None:
         doc["gpus"][name] = {
             "silicon": f"{folder} (vLLM {vllm})", "peak_bandwidth_bytes_per_s": peak,
             "attention": attention(read("attention-generation_attention_perf"), peak, l2),
-            "gemm": gemm(read("gemm-gemm_perf"), peak, f16, f8),
+            "gemm": gemm(read("gemm-gemm_perf"), peak, f16, f8, sms),
             "moe": moe(read("moe-moe_perf"), peak, f16, f8),
             "allreduce": allreduce(read("comm-nccl_perf")),
         }

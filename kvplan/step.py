@@ -5,7 +5,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
 * weight GEMMs: one per fused weight matrix (vLLM's QKV and gate-up) and the LM head, at m = tokens in the step:
   t0 + (memory^q + compute^q)^(1/q), memory = bytes / min(eta B, cap(n)) and compute = flops / (mu F), with
   (t0, eta, cap, mu, q) per range of m up to 512, the rate a grid of n output columns sustains capping the
-  bandwidth; larger m are held to the large-GEMM compute rate at least;
+  bandwidth and, where a range has them, the compute run as whole tiles in waves over the SMs; larger m are held
+  to the large-GEMM compute rate at least;
 * fused MoE: the routed experts the tokens touch (uniform routing), t0 + c_e x touched + max(bytes / (eta B),
   flops / (mu F));
 * decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
@@ -263,8 +264,13 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
         cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"]
         tb = byt / min(b["eta"] * peak_bw, cap)
         if b.get("mu") and fit.peak_flops:
-            q = b["blend_exponent"]
-            tb = (tb ** q + (flops / (b["mu"] * fit.peak_flops)) ** q) ** (1 / q)
+            q, compute = b["blend_exponent"], flops / (b["mu"] * fit.peak_flops)
+            if b.get("tile_m"):  # tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
+                rows = xp.ceil(m / b["tile_m"])
+                tiles = rows * math.ceil(n / b["tile_n"])
+                waves = xp.ceil(tiles / b["sm_count"])
+                compute = compute * (rows * b["tile_m"] / m) * (waves * b["sm_count"] / tiles)
+            tb = (tb ** q + compute ** q) ** (1 / q)
         tb = b["t0_s"] + tb
         t = tb if t is None else xp.where(m <= b["max_tokens"], tb, t)
     if fit.mu and fit.peak_flops:

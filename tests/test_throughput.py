@@ -336,3 +336,21 @@ def test_a_replayed_call_reads_a_cache_that_fits_in_l2_from_it():
     # a serving step reads every layer's cache and weights between two calls of a layer: the cache comes from DRAM
     assert t(1024, False) > 1.3 * t(1024, True)
     assert t(4096, False) == pytest.approx(t(4096, True), rel=1e-3)
+
+
+def test_a_gemm_grid_runs_in_waves_over_the_sms():
+    # B200 table (vLLM 0.19.0; aic-core/src/aiconfigurator_core/systems/data/b200_sxm/, gemm_perf), fp8, m = 256,
+    # k = 16,384:  n = 2,048: 0.02087 ms, n = 2,560: 0.03052 ms, n = 4,096: 0.03267 ms, n = 5,120: 0.04301 ms
+    # 25% more columns cost 46% more time from 2,048 to 2,560, and 7% from 2,560 to 4,096: the kernel's output tiles
+    # run in waves over the B200's 148 SMs. The fit for 129-256 tokens has tiles of 64 x 64: m = 256 is 4 rows of
+    # tiles, so n = 2,048 makes 4 x 32 = 128 tiles (one wave), 2,560 makes 160 and 4,096 makes 256 (two waves each),
+    # 5,120 makes 320 (three waves).
+    prof = bundled_profile(load_gpu("b200"))
+    fit = prof.gemm["fp8"]
+    b = next(x for x in fit.buckets if x["max_tokens"] == 256)
+    assert (b["tile_m"], b["tile_n"], b["sm_count"]) == (64, 64, 148)
+    assert [math.ceil(256 / 64) * math.ceil(n / 64) for n in (2048, 2560, 4096, 5120)] == [128, 160, 256, 320]
+    t = {n: gemm_call_seconds(fit, 8e12, 256, n, 16384, n * 16384, 1.0) * 1e3 for n in (2048, 2560, 4096, 5120)}
+    for n, ms in ((2048, 0.02087), (2560, 0.03052), (4096, 0.03267), (5120, 0.04301)):
+        assert t[n] == pytest.approx(ms, rel=0.10)
+    assert t[2560] / t[2048] > 1.3 and t[4096] / t[2560] < 1.1
