@@ -59,10 +59,10 @@ def _better(share, best) -> bool:
 GROUP_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 128))
 
 
-def _attention_model(p, x, peak, tile):
+def _attention_model(p, x, peak, tile, slots=0):
     """The decode-attention time of kvplan.step.attention_call_seconds for a replayed call (its cache warm in L2 as
     far as it fits), on arrays (p in us, ns, ps, GB/s and MB)."""
-    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost = p
+    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost, wave = p
     units, kvh, qh, n, per_token = x
     n_eff = np.ceil(n / tile) * tile
     nbytes = units * n_eff * per_token
@@ -70,13 +70,15 @@ def _attention_model(p, x, peak, tile):
     bw = np.minimum(eta * peak, np.maximum(kvh * per_head * 1e9, units * per_seq * 1e9))
     fixed = c_seq * 1e-9 * units + c_q * 1e-9 * qh
     stream = np.maximum(nbytes / bw, c_tok * 1e-12 * n_eff)
+    if slots:
+        stream = stream / np.where(units >= 0.8 * slots, units / (np.ceil(units / slots) * slots), 1.0) ** wave
     return t0 * 1e-6 + (fixed ** blend + stream ** blend) ** (1 / blend)
 
 
 L2_STEEPNESS = 12  # kvplan.step.L2_STEEPNESS
 
 
-def attention(df, peak, l2):
+def attention(df, peak, l2, sms):
     """Decode attention: t = t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (batch x KV heads) + c_q x (batch x
     query heads), stream = max(bytes / min(eta x B, max(KV heads x R_head, batch x KV heads x R_seq)), c_tok x
     context), the context rounded up to the kernel's tile of tokens. c_seq is each (sequence, KV head) pair's own
@@ -87,6 +89,9 @@ def attention(df, peak, l2):
     1 / (1 + (bytes / C)^12) of the bytes costs l2_cost of a DRAM byte, C (held to 0.2-1.2 x the L2) and l2_cost
     fitted. A serving step reads every layer's cache and weights between two calls of a layer, so kvplan's step model
     leaves this term out.
+    Where it reproduces the rows better, the streaming also runs in waves: a kernel that stops splitting the context
+    once (sequences x KV heads) fills 80% of its program slots (FlashAttention-2: two per SM) runs one program per
+    pair, and a last partial wave slows the stream by util^w, util = pairs / (waves x slots).
     Fitted by least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head
     size and range of query heads per KV head."""
     out = {}
@@ -101,7 +106,7 @@ def attention(df, peak, l2):
                 d = rows[(rows.kv_cache_dtype == kv) & (rows.head_dim == hd)]
                 if d.empty:
                     continue
-                fit = _attention_fit(d, eb, peak, l2)
+                fit = _attention_fit(d, eb, peak, l2, sms)
                 fits[int(hd)] = fit
                 hits, total = hits + (fit["within_10pct"] or 0.0) * fit["rows_64mib"], total + fit["rows_64mib"]
             if fits:
@@ -112,7 +117,7 @@ def attention(df, peak, l2):
     return out
 
 
-def _attention_fit(d, eb, peak, l2) -> dict:
+def _attention_fit(d, eb, peak, l2, sms) -> dict:
     from scipy.optimize import least_squares
 
     n = (d.step + 1).to_numpy(float)
@@ -126,25 +131,28 @@ def _attention_fit(d, eb, peak, l2) -> dict:
     w = np.where(big, 1.0, 0.3)
     l2_mb = l2 / 1e6
     best = None
-    for tile in (1, 64, 128):
-        for start in ((9, 15, 0.3, 0.85, 300, 1000, 50, 1, 0.8 * l2_mb, 0.4),
-                      (9, 15, 0.3, 0.85, 300, 3000, 1000, 1, 0.8 * l2_mb, 0.4),
-                      (9, 15, 0.3, 0.85, 300, 3000, 1000, 3, 0.8 * l2_mb, 0.4)):
-            r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile) / y) * w, np.array(start),
-                              bounds=([0, 0, 0, 0.2, 0, 1, 1, 1, 0.2 * l2_mb, 0.05],
-                                      [50, 200, 10, 1.2, 5000, 20000, 20000, 8, 1.2 * l2_mb, 1.0]),
-                              loss="soft_l1", f_scale=0.05, max_nfev=400)
-            share, rows = _share(_attention_model(r.x, x, peak, tile), y, big)
-            if _better(share, best):
-                best = (share, rows, tile, r.x)
-    share, rows, tile, p = best
+    for slots in (0, sms, 2 * sms):  # no waves, or one or two programs per SM
+        lower = [0, 0, 0, 0.2, 0, 1, 1, 1, 0.2 * l2_mb, 0.05, 0]
+        upper = [50, 200, 10, 1.2, 5000, 20000, 20000, 8, 1.2 * l2_mb, 1.0, 1.0 if slots else 1e-9]
+        for tile in (1, 64, 128):
+            for start in ((9, 15, 0.3, 0.85, 300, 1000, 50, 1, 0.8 * l2_mb, 0.4, 0.5 * bool(slots)),
+                          (9, 15, 0.3, 0.85, 300, 3000, 1000, 1, 0.8 * l2_mb, 0.4, 0.5 * bool(slots)),
+                          (9, 15, 0.3, 0.85, 300, 3000, 1000, 3, 0.8 * l2_mb, 0.4, 0.5 * bool(slots))):
+                r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile, slots) / y) * w,
+                                  np.array(start), bounds=(lower, upper), loss="soft_l1", f_scale=0.05, max_nfev=400)
+                share, rows = _share(_attention_model(r.x, x, peak, tile, slots), y, big)
+                if _better(share, best):
+                    best = (share, rows, tile, slots, r.x)
+    share, rows, tile, slots, p = best
     return dict(t0_s=float(p[0]) * 1e-6, eta=float(p[3]), per_sequence_head_s=float(p[1]) * 1e-9,
                 per_query_head_s=float(p[2]) * 1e-9, per_token_chain_s=float(p[4]) * 1e-12, tile_tokens=int(tile),
                 stream_per_kv_head_bytes_per_s=float(p[5]) * 1e9,
                 stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, blend_exponent=float(p[7]),
-                l2_bytes=float(p[8]) * 1e6, l2_cost=float(p[9]), within_10pct=share, rows_64mib=rows)
+                l2_bytes=float(p[8]) * 1e6, l2_cost=float(p[9]), wave_slots=int(slots),
+                wave_exponent=float(p[10]) if slots else 0.0, within_10pct=share, rows_64mib=rows)
 
 
+# tokens per GEMM, m = 1 to 512 (decode batches): the kernel configurations change between these ranges
 GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512))
 
 
@@ -286,7 +294,7 @@ def main(silicon: Path) -> None:
         vllm = yaml.safe_load((base / "collection_meta.yaml").read_text())["runtime"]["version"]
         doc["gpus"][name] = {
             "silicon": f"{folder} (vLLM {vllm})", "peak_bandwidth_bytes_per_s": peak,
-            "attention": attention(read("attention-generation_attention_perf"), peak, l2),
+            "attention": attention(read("attention-generation_attention_perf"), peak, l2, sms),
             "gemm": gemm(read("gemm-gemm_perf"), peak, f16, f8, sms),
             "moe": moe(read("moe-moe_perf"), peak, f16, f8),
             "allreduce": allreduce(read("comm-nccl_perf")),

@@ -12,7 +12,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
 * decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
   heads) + c_q x (sequences x query heads) and stream = max(bytes / min(eta B, streams), c_tok x context), the
   context walked in whole tiles and the streams the rate the kernel's grid sustains per KV head and per (sequence,
-  KV head); one fit per head size and range of query heads per KV head; for an fp8 cache also the kernel that
+  KV head), and where the fit has them the programs of an unsplit grid in waves over the SMs; one fit per head size
+  and range of query heads per KV head; for an fp8 cache also the kernel that
   quantizes the query; a state layer (Mamba, gated delta net) reads and writes its state at the same rate;
 * all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
 * the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
@@ -63,6 +64,10 @@ class Fit:
     blend_exponent: float = 1.0
     l2_bytes: float = 0.0
     l2_cost: float = 1.0
+    # decode attention: a kernel that stops splitting the context once (sequences x KV heads) fills 80% of its
+    # program slots runs one program per pair, in waves; a last partial wave slows the stream by util^wave_exponent
+    wave_slots: int = 0
+    wave_exponent: float = 0.0
     # GEMMs: (t0, eta, cap, mu, q) per range of tokens, the kernel configuration changing between them; see
     # gemm_call_seconds
     buckets: tuple = ()
@@ -295,6 +300,10 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
         nbytes = nbytes * (1 - (1 - fit.l2_cost) / (1 + (nbytes / fit.l2_bytes) ** L2_STEEPNESS))
     fixed = fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
     stream = xp.maximum(nbytes / bw, fit.per_token_chain_s * context)
+    if fit.wave_slots:
+        pairs, slots = batch * kv_heads, fit.wave_slots
+        util = xp.where(pairs >= 0.8 * slots, pairs / (xp.ceil(pairs / slots) * slots), 1.0)
+        stream = stream / util ** fit.wave_exponent
     p = fit.blend_exponent
     if p == 1.0:
         return fit.t0_s + fixed + stream

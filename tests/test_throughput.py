@@ -3,6 +3,7 @@
 numbers, the qualitative fact the timings show, and the refusals."""
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -354,3 +355,21 @@ def test_a_gemm_grid_runs_in_waves_over_the_sms():
     for n, ms in ((2048, 0.02087), (2560, 0.03052), (4096, 0.03267), (5120, 0.04301)):
         assert t[n] == pytest.approx(ms, rel=0.10)
     assert t[2560] / t[2048] > 1.3 and t[4096] / t[2560] < 1.1
+
+
+def test_attention_that_stops_splitting_runs_in_waves():
+    # A100 table (vLLM 0.14.0, FlashAttention-2; aic-core/src/aiconfigurator_core/systems/data/a100_sxm/,
+    # generation_attention_perf), bf16 cache, 32 query heads over 8 KV heads of 128, 4,096 tokens read:
+    #   batch 16: 0.191008 ms (1.41 TB/s); batch 32: 0.418949 ms (1.28 TB/s)
+    # FlashAttention-2 stops splitting the context once (sequences x KV heads) reaches 80% of its 2 x 108 program
+    # slots: 16 x 8 = 128 pairs split (and fill the GPU), 32 x 8 = 256 pairs run one program each, in two waves of
+    # 216 slots, the second 40 programs long: util 256 / 432 = 0.59, and the stream slows by util^w.
+    fit = bundled_profile(load_gpu("a100-sxm-80gb")).attention["bfloat16"][(4, 128)]
+    assert fit.wave_slots == 216 and 0 < fit.wave_exponent < 1
+    flat = dataclasses.replace(fit, wave_slots=0)
+
+    def t(f, batch):
+        return attention_call_seconds(f, 2.039e12, batch, 8, 32, 4096, batch * 8 * 4096 * 512, replayed=True) * 1e3
+    assert t(fit, 16) == pytest.approx(0.191008, rel=0.10) and t(fit, 16) == t(flat, 16)
+    assert t(fit, 32) == pytest.approx(0.418949, rel=0.10)
+    assert t(fit, 32) > t(flat, 32) * 1.1  # (432 / 256)^w slower in its stream
