@@ -271,10 +271,10 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
         if b.get("mu") and fit.peak_flops:
             q, compute = b["blend_exponent"], flops / (b["mu"] * fit.peak_flops)
             if b.get("tile_m"):  # tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
-                rows = xp.ceil(m / b["tile_m"])
+                rows = xp.maximum(xp.ceil(m / b["tile_m"]), 1)
                 tiles = rows * math.ceil(n / b["tile_n"])
                 waves = xp.ceil(tiles / b["sm_count"])
-                compute = compute * (rows * b["tile_m"] / m) * (waves * b["sm_count"] / tiles)
+                compute = compute * (rows * b["tile_m"] / xp.maximum(m, 1)) * (waves * b["sm_count"] / tiles)
             tb = (tb ** q + compute ** q) ** (1 / q)
         tb = b["t0_s"] + tb
         t = tb if t is None else xp.where(m <= b["max_tokens"], tb, t)
@@ -302,7 +302,7 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
     stream = xp.maximum(nbytes / bw, fit.per_token_chain_s * context)
     if fit.wave_slots:
         pairs, slots = batch * kv_heads, fit.wave_slots
-        util = xp.where(pairs >= 0.8 * slots, pairs / (xp.ceil(pairs / slots) * slots), 1.0)
+        util = xp.where(pairs >= 0.8 * slots, pairs / (xp.maximum(xp.ceil(pairs / slots), 1) * slots), 1.0)
         stream = stream / util ** fit.wave_exponent
     p = fit.blend_exponent
     if p == 1.0:

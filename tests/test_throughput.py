@@ -373,3 +373,12 @@ def test_attention_that_stops_splitting_runs_in_waves():
     assert t(fit, 16) == pytest.approx(0.191008, rel=0.10) and t(fit, 16) == t(flat, 16)
     assert t(fit, 32) == pytest.approx(0.418949, rel=0.10)
     assert t(fit, 32) > t(flat, 32) * 1.1  # (432 / 256)^w slower in its stream
+
+
+@pytest.mark.parametrize("gpu", ["a100-sxm-80gb", "h100", "b200"])
+def test_an_empty_step_is_priced_without_error(gpu):
+    # no running sequence: the GEMM tile grid and the attention waves have nothing to run (no division by zero)
+    weights = "bf16" if gpu.startswith("a100") else "fp8"
+    sm = step_model(_d("llama-3.1-8b", gpu=gpu, weight_dtype=weights))
+    t0, t1 = sm.step(0, 1000).total_s, sm.step(1, 1000).total_s
+    assert math.isfinite(t0) and 0 < t0 < t1
