@@ -22,6 +22,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from kvplan.step import Fit, attention_call_seconds, gemm_call_seconds
+
 MB = 2**20
 # silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes, SMs):
 # hardware/*.yaml
@@ -59,23 +61,20 @@ def _better(share, best) -> bool:
 GROUP_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 128))
 
 
+def _attention_params(p, tile, slots) -> Fit:
+    """A decode-attention fit from the least-squares vector (p in us, ns, ps, GB/s and MB)."""
+    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost, wave = (float(v) for v in p)
+    return Fit(t0_s=t0 * 1e-6, eta=eta, per_sequence_head_s=c_seq * 1e-9, per_query_head_s=c_q * 1e-9,
+               per_token_chain_s=c_tok * 1e-12, tile_tokens=int(tile), stream_per_kv_head_bytes_per_s=per_head * 1e9,
+               stream_per_sequence_head_bytes_per_s=per_seq * 1e9, blend_exponent=blend, l2_bytes=l2_mb * 1e6,
+               l2_cost=l2_cost, wave_slots=int(slots), wave_exponent=wave if slots else 0.0)
+
+
 def _attention_model(p, x, peak, tile, slots=0):
-    """The decode-attention time of kvplan.step.attention_call_seconds for a replayed call (its cache warm in L2 as
-    far as it fits), on arrays (p in us, ns, ps, GB/s and MB)."""
-    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost, wave = p
-    units, kvh, qh, n, per_token = x
-    n_eff = np.ceil(n / tile) * tile
-    nbytes = units * n_eff * per_token
-    nbytes = nbytes * (1 - (1 - l2_cost) / (1 + (nbytes / (l2_mb * 1e6)) ** L2_STEEPNESS))
-    bw = np.minimum(eta * peak, np.maximum(kvh * per_head * 1e9, units * per_seq * 1e9))
-    fixed = c_seq * 1e-9 * units + c_q * 1e-9 * qh
-    stream = np.maximum(nbytes / bw, c_tok * 1e-12 * n_eff)
-    if slots:
-        stream = stream / np.where(units >= 0.8 * slots, units / (np.ceil(units / slots) * slots), 1.0) ** wave
-    return t0 * 1e-6 + (fixed ** blend + stream ** blend) ** (1 / blend)
-
-
-L2_STEEPNESS = 12  # kvplan.step.L2_STEEPNESS
+    """kvplan's own decode-attention time for the table's replayed calls (their cache warm in L2 as far as it fits)."""
+    batch, kvh, heads, n, per_token = x
+    return attention_call_seconds(_attention_params(p, tile, slots), peak, batch, kvh, heads, n,
+                                  batch * kvh * n * per_token, xp=np, replayed=True)
 
 
 def attention(df, peak, l2, sms):
@@ -122,12 +121,11 @@ def _attention_fit(d, eb, peak, l2, sms) -> dict:
 
     n = (d.step + 1).to_numpy(float)
     kvh = d.num_key_value_heads.to_numpy(float)
-    units = d.batch_size.to_numpy(float) * kvh
-    qh = (d.batch_size * d.num_heads).to_numpy(float)
+    batch = d.batch_size.to_numpy(float)
     per_token = (d.head_dim * 2 * eb).to_numpy(float)
-    x = (units, kvh, qh, n, per_token)
+    x = (batch, kvh, d.num_heads.to_numpy(float), n, per_token)
     y = d.latency.to_numpy(float) / 1e3
-    big = units * n * per_token >= 64 * MB
+    big = batch * kvh * n * per_token >= 64 * MB
     w = np.where(big, 1.0, 0.3)
     l2_mb = l2 / 1e6
     best = None
@@ -144,28 +142,34 @@ def _attention_fit(d, eb, peak, l2, sms) -> dict:
                 if _better(share, best):
                     best = (share, rows, tile, slots, r.x)
     share, rows, tile, slots, p = best
-    return dict(t0_s=float(p[0]) * 1e-6, eta=float(p[3]), per_sequence_head_s=float(p[1]) * 1e-9,
-                per_query_head_s=float(p[2]) * 1e-9, per_token_chain_s=float(p[4]) * 1e-12, tile_tokens=int(tile),
-                stream_per_kv_head_bytes_per_s=float(p[5]) * 1e9,
-                stream_per_sequence_head_bytes_per_s=float(p[6]) * 1e9, blend_exponent=float(p[7]),
-                l2_bytes=float(p[8]) * 1e6, l2_cost=float(p[9]), wave_slots=int(slots),
-                wave_exponent=float(p[10]) if slots else 0.0, within_10pct=share, rows_64mib=rows)
+    fit = _attention_params(p, tile, slots)
+    return dict({f: getattr(fit, f) for f in ATTENTION_FIELDS}, within_10pct=share, rows_64mib=rows)
+
+
+ATTENTION_FIELDS = ("t0_s", "eta", "per_sequence_head_s", "per_query_head_s", "per_token_chain_s", "tile_tokens",
+                    "stream_per_kv_head_bytes_per_s", "stream_per_sequence_head_bytes_per_s", "blend_exponent",
+                    "l2_bytes", "l2_cost", "wave_slots", "wave_exponent")
 
 
 # tokens per GEMM, m = 1 to 512 (decode batches): the kernel configurations change between these ranges
 GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512))
 
 
-def _gemm_model(p, x, peak, flops_peak, tiles=None):
-    t0, eta, a, b, mu, q = p
-    byt, n, fl, m = x
-    memory = byt / np.minimum(eta * peak, np.exp(a) * n ** b * 1e9)
-    compute = fl / (mu * flops_peak)
-    if tiles:  # the grid of tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
-        tm, tn, sms = tiles
-        ctas = np.ceil(m / tm) * np.ceil(n / tn)
-        compute = compute * (np.ceil(m / tm) * tm / m) / (ctas / (np.ceil(ctas / sms) * sms))
-    return t0 * 1e-6 + (memory ** q + compute ** q) ** (1 / q)
+def _gemm_bucket(p, max_tokens, tile, sms) -> dict:
+    """One range of m's GEMM fit from the least-squares vector (t0 in us, the cap's log in GB/s)."""
+    t0, eta, a, b, mu, q = (float(v) for v in p)
+    bucket = dict(max_tokens=max_tokens, t0_s=t0 * 1e-6, eta=eta, cap_log_bytes_per_s=a + float(np.log(1e9)),
+                  cap_exponent=b, mu=mu, blend_exponent=q)
+    if tile:
+        bucket.update(tile_m=tile[0], tile_n=tile[1], sm_count=sms)
+    return bucket
+
+
+def _gemm_model(p, x, peak, flops_peak, tile=None, sms=0):
+    """kvplan's own GEMM time for a range of m fitted alone."""
+    m, n, k, matrix_bytes, act_bytes = x
+    fit = Fit(t0_s=0.0, peak_flops=flops_peak, buckets=(_gemm_bucket(p, 1 << 30, tile, sms),))
+    return gemm_call_seconds(fit, peak, m, n, k, matrix_bytes, act_bytes, xp=np)
 
 
 TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 256))
@@ -194,36 +198,30 @@ def gemm(df, peak, f16, f8, sms):
             if d.empty:
                 continue
             n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))
-            x = (n * k * wb + m * k * ab + m * n * 2, n, 2 * m * n * k, m)
+            x = (m, n, k, n * k * wb, ab)
             y = d.latency.to_numpy(float) / 1e3
-            big = x[0] >= 64 * MB
+            big = n * k * wb + m * k * ab + m * n * 2 >= 64 * MB
             w = np.where(big, 1.0, 0.3)
             best = None
             lower, upper = [0, 0.1, -20, 0, 0.05, 1], [50, 1.5, 40, 8, 1.0, 20]
             for tile in TILES:
-                tiles = tile and (*tile, sms)
                 # a start with mu at what the rows achieve on the tile grid, and one with the compute term out of
                 # the way (mu = 1, q = 20): the memory-bound fit alone
-                achieved = (_gemm_model([0, 1e9, 40, 0, 1.0, 20], x, peak, flops_peak, tiles) / y)[big]
+                achieved = (_gemm_model([0, 1e9, 40, 0, 1.0, 20], x, peak, flops_peak, tile, sms) / y)[big]
                 mu0 = float(np.clip(np.median(achieved), 0.06, 0.99)) if big.any() else 0.5
                 starts = [([4, 0.85, 3, 0.5, mu0, 8], lower, upper), ([4, 0.85, 10, 0.3, mu0, 3], lower, upper)]
                 if tile is None:
                     starts += [([4, 0.85, 3, 0.5, 1.0, 20], lower[:4] + [0.999, 19.9], upper),
                                ([4, 0.85, 3, 0.5, 0.5, 2], lower, upper)]
                 for start, lo_, hi_ in starts:
-                    r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak, tiles) / y) * w, start,
-                                      bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
-                    share, rows = _share(_gemm_model(r.x, x, peak, flops_peak, tiles), y, big)
+                    r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak, tile, sms) / y) * w,
+                                      start, bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
+                    share, rows = _share(_gemm_model(r.x, x, peak, flops_peak, tile, sms), y, big)
                     if _better(share, best):
                         best = (share, rows, r.x, tile)
             share, rows, p, tile = best
             hits, total = hits + (share or 0.0) * rows, total + rows
-            bucket = dict(max_tokens=hi, t0_s=float(p[0]) * 1e-6, eta=float(p[1]),
-                          cap_log_bytes_per_s=float(p[2] + np.log(1e9)), cap_exponent=float(p[3]), mu=float(p[4]),
-                          blend_exponent=float(p[5]))
-            if tile:
-                bucket.update(tile_m=tile[0], tile_n=tile[1], sm_count=sms)
-            buckets.append(dict(bucket, within_10pct=share, rows_64mib=rows))
+            buckets.append(dict(_gemm_bucket(p, hi, tile, sms), within_10pct=share, rows_64mib=rows))
         large = df[(df.gemm_dtype == dt) & (df.m >= 4096) & (df.n >= 4096) & (df.k >= 4096)]
         t0 = buckets[-1]["t0_s"]
         fl = (2.0 * large.m * large.n * large.k).to_numpy(float)

@@ -141,7 +141,8 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
                    per_sequence_head_s=old.per_sequence_head_s if old else 0.0,
                    per_query_head_s=old.per_query_head_s if old else 0.0,
                    per_token_chain_s=old.per_token_chain_s if old else 0.0,
-                   blend_exponent=old.blend_exponent if old else 1.0, mu=old.mu if old else None, peak_flops=old.peak_flops if old else None, source=source)
+                   blend_exponent=old.blend_exponent if old else 1.0, mu=old.mu if old else None,
+                   peak_flops=old.peak_flops if old else None, source=source)
     for fam, key in (("gemv_bf16", "bfloat16"), ("gemv_fp8", "fp8")):
         if cal.fit(fam) is not None:
             gemm[key] = measured_fit(cal.fit(fam), gemm.get(key))
@@ -267,12 +268,12 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
     t = None
     for b in reversed(fit.buckets):
         cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"]
-        tb = byt / min(b["eta"] * peak_bw, cap)
+        tb = byt / xp.minimum(b["eta"] * peak_bw, cap)
         if b.get("mu") and fit.peak_flops:
             q, compute = b["blend_exponent"], flops / (b["mu"] * fit.peak_flops)
             if b.get("tile_m"):  # tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
                 rows = xp.maximum(xp.ceil(m / b["tile_m"]), 1)
-                tiles = rows * math.ceil(n / b["tile_n"])
+                tiles = rows * xp.ceil(n / b["tile_n"])
                 waves = xp.ceil(tiles / b["sm_count"])
                 compute = compute * (rows * b["tile_m"] / xp.maximum(m, 1)) * (waves * b["sm_count"] / tiles)
             tb = (tb ** q + compute ** q) ** (1 / q)
