@@ -157,9 +157,9 @@ GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512))
 
 def _gemm_bucket(p, max_tokens, tile, sms) -> dict:
     """One range of m's GEMM fit from the least-squares vector (t0 in us, the cap's log in GB/s)."""
-    t0, eta, a, b, mu, q = (float(v) for v in p)
+    t0, eta, a, b, mu, q, c, soft = (float(v) for v in p)
     bucket = dict(max_tokens=max_tokens, t0_s=t0 * 1e-6, eta=eta, cap_log_bytes_per_s=a + float(np.log(1e9)),
-                  cap_exponent=b, mu=mu, blend_exponent=q)
+                  cap_exponent=b, cap_k_exponent=c, cap_softness=soft, mu=mu, blend_exponent=q)
     if tile:
         bucket.update(tile_m=tile[0], tile_n=tile[1], sm_count=sms)
     return bucket
@@ -176,10 +176,12 @@ TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 25
 
 
 def gemm(df, peak, f16, f8, sms):
-    """GEMMs: t = t0 + (memory^q + compute^q)^(1/q), memory = bytes / min(eta x B, exp(a) x n^b) and compute =
-    flops / (mu x F), one (t0, eta, a, b, mu, q) per range of decode-sized m (<= 16, 32, 64, 128, 256, 512; larger m
-    take the last: the kernels' configurations change at these bounds). The cap is the rate a grid of n output
-    columns sustains; q blends the two limits where a kernel is neither purely memory- nor compute-bound (q ->
+    """GEMMs: t = t0 + (memory^q + compute^q)^(1/q), memory = bytes / rate and compute = flops / (mu x F), rate =
+    (1/(eta x B)^s + 1/cap^s)^(-1/s), cap = exp(a) x n^b x k^c, one (t0, eta, a, b, c, s, mu, q) per range of
+    decode-sized m (<= 16, 32, 64, 128, 256, 512; larger m take the last: the kernels' configurations change at these
+    bounds). The cap is the rate a grid of n output columns walking k deep sustains; s is how sharply it takes over
+    from the bandwidth (s = 1: its time adds to the stream's, as a serial walk over k that the stream does not hide;
+    s = 12: nearly their minimum); q blends the two limits where a kernel is neither purely memory- nor compute-bound (q ->
     infinity is their max, q = 1 their sum). Where it fits the range better, the compute runs as a grid of
     tile_m x tile_n output tiles: m padded to whole tiles, the tiles in waves over the SMs (a last, partial wave
     costs a whole one). mu_large is the achieved fraction of peak FLOP/s on large compute-bound rows (m, n, k >=
@@ -203,16 +205,19 @@ def gemm(df, peak, f16, f8, sms):
             big = n * k * wb + m * k * ab + m * n * 2 >= 64 * MB
             w = np.where(big, 1.0, 0.3)
             best = None
-            lower, upper = [0, 0.1, -20, 0, 0.05, 1], [50, 1.5, 40, 8, 1.0, 20]
+            lower, upper = [0, 0.1, -30, 0, 0.05, 1, -3, 1], [50, 1.0, 40, 8, 1.0, 20, 3, 12]
             for tile in TILES:
                 # a start with mu at what the rows achieve on the tile grid, and one with the compute term out of
                 # the way (mu = 1, q = 20): the memory-bound fit alone
-                achieved = (_gemm_model([0, 1e9, 40, 0, 1.0, 20], x, peak, flops_peak, tile, sms) / y)[big]
+                achieved = (_gemm_model([0, 1e9, 40, 0, 1.0, 20, 0, 0], x, peak, flops_peak, tile, sms) / y)[big]
                 mu0 = float(np.clip(np.median(achieved), 0.06, 0.99)) if big.any() else 0.5
-                starts = [([4, 0.85, 3, 0.5, mu0, 8], lower, upper), ([4, 0.85, 10, 0.3, mu0, 3], lower, upper)]
+                # a hard cap on n alone, a soft one that also walks k, and (without tiles) the memory-bound fit alone
+                starts = [([4, 0.85, 3, 0.5, mu0, 8, 0, 12], lower, upper),
+                          ([4, 0.85, 10, 0.3, mu0, 3, 0.2, 4], lower, upper),
+                          ([1, 0.85, -3, 0.9, mu0, 8, 0.6, 1.3], lower, upper)]
                 if tile is None:
-                    starts += [([4, 0.85, 3, 0.5, 1.0, 20], lower[:4] + [0.999, 19.9], upper),
-                               ([4, 0.85, 3, 0.5, 0.5, 2], lower, upper)]
+                    starts += [([4, 0.85, 3, 0.5, 1.0, 20, 0, 2], lower[:4] + [0.999, 19.9] + lower[6:], upper),
+                               ([4, 0.85, 3, 0.5, 0.5, 2, 0, 12], lower, upper)]
                 for start, lo_, hi_ in starts:
                     r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak, tile, sms) / y) * w,
                                       start, bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
@@ -222,11 +227,17 @@ def gemm(df, peak, f16, f8, sms):
             share, rows, p, tile = best
             hits, total = hits + (share or 0.0) * rows, total + rows
             buckets.append(dict(_gemm_bucket(p, hi, tile, sms), within_10pct=share, rows_64mib=rows))
+        # the achieved fraction of peak bandwidth of a weight read at a few tokens (m <= 16, >= 64 MiB): the rate
+        # kvplan gives the step's small streaming kernels (norms, rotary, activation, sampler)
+        few = df[(df.gemm_dtype == dt) & (df.m <= 16)]
+        byt = (few.n * few.k * wb + few.m * few.k * ab + few.m * few.n * 2).to_numpy(float)
+        sec = few.latency.to_numpy(float) / 1e3 - buckets[0]["t0_s"]
+        eta = float(np.median((byt / sec)[byt >= 64 * MB]) / peak)
         large = df[(df.gemm_dtype == dt) & (df.m >= 4096) & (df.n >= 4096) & (df.k >= 4096)]
         t0 = buckets[-1]["t0_s"]
         fl = (2.0 * large.m * large.n * large.k).to_numpy(float)
         mu = float(np.median(fl / (flops_peak * (large.latency.to_numpy(float) / 1e3 - t0)))) if len(large) else 0.5
-        out[dt] = dict(t0_s=buckets[0]["t0_s"], eta=buckets[-1]["eta"], mu=mu, peak_flops=flops_peak,
+        out[dt] = dict(t0_s=buckets[0]["t0_s"], eta=eta, mu=mu, peak_flops=flops_peak,
                        buckets=buckets, within_10pct=round(hits / total, 3) if total else None,
                        rows_64mib=int(total))
     return out

@@ -84,6 +84,17 @@ def _d(model, gpu="h100", kv="auto", **kw):
     return DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=kv, **kw).resolve()
 
 
+def _gemm_by_hand(b, B, F, m, n, k):
+    """One bf16 GEMM from a bucket's numbers: the weight, m activation rows in and m rows out at the bandwidth the
+    grid's cap leaves, (1/(eta B)^s + 1/cap^s)^(-1/s) with cap = exp(a) n^b k^c; 2 m n k flops at mu x peak; the two
+    blended by the bucket's exponent q: t0 + (memory^q + compute^q)^(1/q)."""
+    cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"] * k ** b["cap_k_exponent"]
+    s = b["cap_softness"]
+    rate = ((b["eta"] * B) ** -s + cap ** -s) ** (-1 / s)
+    memory, compute, q = (n * k * 2 + m * k * 2 + m * n * 2) / rate, 2 * m * n * k / (b["mu"] * F), b["blend_exponent"]
+    return b["t0_s"] + (memory ** q + compute ** q) ** (1 / q)
+
+
 def test_worked_example_dense_llama_8b_h100_batch1():
     """Llama-3.1-8B, bf16, H100, batch 1, 2,049 cached tokens, by hand from the fitted numbers."""
     g = FITS["H100-SXM5-80GB"]["gemm"]["bfloat16"]
@@ -93,11 +104,8 @@ def test_worked_example_dense_llama_8b_h100_batch1():
     assert b1["max_tokens"] == 16
     B = 3.35e12
 
-    def gemm(n, k):  # m = 1: weight bytes, one activation row in, one row out (bf16); 2 n k flops at mu x peak,
-        # blended with the memory time by the bucket's exponent q: t0 + (memory^q + compute^q)^(1/q)
-        rate = min(b1["eta"] * B, math.exp(b1["cap_log_bytes_per_s"]) * n ** b1["cap_exponent"])
-        memory, compute, q = (n * k * 2 + k * 2 + n * 2) / rate, 2 * n * k / (b1["mu"] * 989.4e12), b1["blend_exponent"]
-        return b1["t0_s"] + (memory ** q + compute ** q) ** (1 / q)
+    def gemm(n, k):
+        return _gemm_by_hand(b1, B, 989.4e12, 1, n, k)
     # per layer: qkv 6144 x 4096 (32 + 2 x 8 heads of 128), o 4096 x 4096, gate_up 28672 x 4096, down 4096 x 14336
     gemms = 32 * (gemm(6144, 4096) + gemm(4096, 4096) + gemm(28672, 4096) + gemm(4096, 14336)) + gemm(128256, 4096)
     # one attention call per layer: 8 KV heads, 32 query heads; 2,049 tokens (this fit's kernel walks them one by
@@ -117,6 +125,24 @@ def test_worked_example_dense_llama_8b_h100_batch1():
     assert s.gemm_s == pytest.approx(gemms, rel=1e-9)
     assert s.attention_s == pytest.approx(attn, rel=1e-9)
     assert s.moe_s == 0 and s.allreduce_s == 0
+
+
+def test_worked_example_weight_reads_walk_k_h200_batch8():
+    """Llama-3.1-8B, bf16, H200, 8 sequences: its GEMMs by hand from the bucket of m <= 16, whose cap on the
+    bandwidth grows slower than the bytes with n and k (a walk over k the stream does not hide)."""
+    b = FITS["H200-SXM-141GB"]["gemm"]["bfloat16"]["buckets"][0]
+    assert b["max_tokens"] == 16 and b["cap_softness"] < 4  # a soft cap: its time shows beside the stream's
+    B, F = 4.8e12, 989.4e12
+    per_layer = (_gemm_by_hand(b, B, F, 8, 6144, 4096) + _gemm_by_hand(b, B, F, 8, 4096, 4096)
+                 + _gemm_by_hand(b, B, F, 8, 28672, 4096) + _gemm_by_hand(b, B, F, 8, 4096, 14336))
+    gemms = 32 * per_layer + _gemm_by_hand(b, B, F, 8, 128256, 4096)
+    s = step_model(_d("llama-3.1-8b", gpu="h200")).step(8, 2048)
+    assert s.gemm_s == pytest.approx(gemms, rel=1e-9)
+    # the matrices read: 32 x (25.17 + 16.78 + 117.44 + 58.72) M + 525.34 M (the LM head) = 7,505 M parameters,
+    # 15.01 GB in bf16; at the bandwidth alone (eta B) their read takes 15.01e9 / (eta x 4.8e12), and the cap adds
+    # to it, by less than a third
+    alone = 15.01e9 / (b["eta"] * B)
+    assert alone < s.gemm_s < 1.33 * alone
 
 
 def test_worked_example_moe_qwen3_30b_a3b_h100_batch1():
