@@ -7,7 +7,7 @@ tables renamed <family>-<table>.parquet, then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
-Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about three minutes on two cores. Each
+Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about nine minutes on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
 squares on relative error (log time); the share of rows of at least 64 MiB that the fit reproduces within 10% is
 written beside each fit.
@@ -151,8 +151,11 @@ ATTENTION_FIELDS = ("t0_s", "eta", "per_sequence_head_s", "per_query_head_s", "p
                     "l2_bytes", "l2_cost", "wave_slots", "wave_exponent")
 
 
-# tokens per GEMM, m = 1 to 512 (decode batches): the kernel configurations change between these ranges
-GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512))
+# tokens per GEMM: m = 1 to 512 (decode batches), then the prefill chunks a step carries beside them (to 32,768,
+# the tables' largest); the kernel configurations change between these ranges
+GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512),
+                (513, 1024), (1025, 2048), (2049, 4096), (4097, 32768))
+DECODE_TOKENS = 512  # the decode-sized GEMMs: each fit's within_10pct counts their rows, prefill_within_10pct the rest
 
 
 def _gemm_bucket(p, max_tokens, tile, sms) -> dict:
@@ -177,15 +180,15 @@ TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 25
 
 def gemm(df, peak, f16, f8, sms):
     """GEMMs: t = t0 + (memory^q + compute^q)^(1/q), memory = bytes / rate and compute = flops / (mu x F), rate =
-    (1/(eta x B)^s + 1/cap^s)^(-1/s), cap = exp(a) x n^b x k^c, one (t0, eta, a, b, c, s, mu, q) per range of
-    decode-sized m (<= 16, 32, 64, 128, 256, 512; larger m take the last: the kernels' configurations change at these
-    bounds). The cap is the rate a grid of n output columns walking k deep sustains; s is how sharply it takes over
+    (1/(eta x B)^s + 1/cap^s)^(-1/s), cap = exp(a) x n^b x k^c, one (t0, eta, a, b, c, s, mu, q) per range of m
+    (decode-sized <= 16, 32, 64, 128, 256, 512; prefill chunks <= 1,024, 2,048, 4,096, 32,768: the kernels'
+    configurations change at these bounds). The cap is the rate a grid of n output columns walking k deep sustains; s is how sharply it takes over
     from the bandwidth (s = 1: its time adds to the stream's, as a serial walk over k that the stream does not hide;
     s = 12: nearly their minimum); q blends the two limits where a kernel is neither purely memory- nor compute-bound (q ->
     infinity is their max, q = 1 their sum). Where it fits the range better, the compute runs as a grid of
     tile_m x tile_n output tiles: m padded to whole tiles, the tiles in waves over the SMs (a last, partial wave
     costs a whole one). mu_large is the achieved fraction of peak FLOP/s on large compute-bound rows (m, n, k >=
-    4096), the floor for prefill-sized m."""
+    4096), the floor past the last range."""
     from scipy.optimize import least_squares
 
     out = {}
@@ -194,7 +197,7 @@ def gemm(df, peak, f16, f8, sms):
         if wb is None:
             continue
         flops_peak = (f8 if ab < 2 and f8 else f16) * (2 if dt == "nvfp4" else 1)
-        buckets, hits, total = [], 0, 0
+        buckets, hits, total, pre_hits, pre_total = [], 0, 0, 0, 0
         for lo, hi in GEMM_BUCKETS:
             d = df[(df.gemm_dtype == dt) & (df.m >= lo) & (df.m <= hi)]
             if d.empty:
@@ -225,7 +228,10 @@ def gemm(df, peak, f16, f8, sms):
                     if _better(share, best):
                         best = (share, rows, r.x, tile)
             share, rows, p, tile = best
-            hits, total = hits + (share or 0.0) * rows, total + rows
+            if hi <= DECODE_TOKENS:
+                hits, total = hits + (share or 0.0) * rows, total + rows
+            else:
+                pre_hits, pre_total = pre_hits + (share or 0.0) * rows, pre_total + rows
             buckets.append(dict(_gemm_bucket(p, hi, tile, sms), within_10pct=share, rows_64mib=rows))
         # the achieved fraction of peak bandwidth of a weight read at a few tokens (m <= 16, >= 64 MiB): the rate
         # kvplan gives the step's small streaming kernels (norms, rotary, activation, sampler)
@@ -239,7 +245,9 @@ def gemm(df, peak, f16, f8, sms):
         mu = float(np.median(fl / (flops_peak * (large.latency.to_numpy(float) / 1e3 - t0)))) if len(large) else 0.5
         out[dt] = dict(t0_s=buckets[0]["t0_s"], eta=eta, mu=mu, peak_flops=flops_peak,
                        buckets=buckets, within_10pct=round(hits / total, 3) if total else None,
-                       rows_64mib=int(total))
+                       rows_64mib=int(total),
+                       prefill_within_10pct=round(pre_hits / pre_total, 3) if pre_total else None,
+                       prefill_rows_64mib=int(pre_total))
     return out
 
 

@@ -4,9 +4,10 @@ t = t0 + bytes / (eta x peak bandwidth) (plus the few terms each kernel family n
 Kernel families and what a step runs of each (per rank, per layer unless said):
 * weight GEMMs: one per fused weight matrix (vLLM's QKV and gate-up) and the LM head, at m = tokens in the step:
   t0 + (memory^q + compute^q)^(1/q), memory = bytes / rate and compute = flops / (mu F), with (t0, eta, cap, mu,
-  q) per range of m up to 512, the rate a grid of n output columns walking k deep sustains, cap(n, k), limiting
-  eta B (at once, or softly where the walk shows beside the stream) and, where a range has them, the compute run as whole tiles in waves over the SMs; larger m are held
-  to the large-GEMM compute rate at least;
+  q) per range of m (decode batches to 512, then prefill chunks to 32,768), the rate a grid of n output columns
+  walking k deep sustains, cap(n, k), limiting eta B (at once, or softly where the walk shows beside the stream)
+  and, where a range has them, the compute run as whole tiles in waves over the SMs; larger m are held to the
+  large-GEMM compute rate at least;
 * fused MoE: the routed experts the tokens touch (uniform routing), t0 + c_e x touched + max(bytes / (eta B),
   flops / (mu F));
 * decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
@@ -263,7 +264,7 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
         if fit.mu and fit.peak_flops:
             t = xp.maximum(t, flops / (fit.mu * fit.peak_flops))
         return fit.t0_s + t
-    # the bucket of m (decode-sized ranges; larger m take the last), selected elementwise. The rate a grid of n
+    # the bucket of m (larger m take the last), selected elementwise. The rate a grid of n
     # output columns walking k deep sustains, exp(a) x n^b x k^c, caps the bandwidth: at once (a hard minimum) or,
     # where the bucket has a softness s, as (1/(eta B)^s + 1/cap^s)^(-1/s) (s = 1: the times add, the walk over k
     # not hidden behind the stream). Where the bucket has a compute term the two limits blend
@@ -283,7 +284,7 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
             tb = (tb ** q + compute ** q) ** (1 / q)
         tb = b["t0_s"] + tb
         t = tb if t is None else xp.where(m <= b["max_tokens"], tb, t)
-    if fit.mu and fit.peak_flops:  # past the decode-sized ranges (prefill chunks): the large-GEMM rate at least
+    if fit.mu and fit.peak_flops:  # past the fitted ranges: the large-GEMM rate at least
         last = fit.buckets[-1]
         t = xp.where(m > last["max_tokens"], xp.maximum(t, last["t0_s"] + flops / (fit.mu * fit.peak_flops)), t)
     return t
