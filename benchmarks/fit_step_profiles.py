@@ -7,7 +7,7 @@ tables renamed <family>-<table>.parquet, then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
-Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about nine minutes on two cores. Each
+Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about twelve minutes on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
 squares on relative error (log time); the share of rows of at least 64 MiB that the fit reproduces within 10% is
 written beside each fit.
@@ -176,21 +176,57 @@ def _gemm_model(p, x, peak, flops_peak, tile=None, sms=0):
 
 
 TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 256))
+# where a range's rows of k at least one of these run a kernel of their own (split-K, another tile), the range is
+# fitted in two halves; a split is kept where it reproduces at least SPLIT_GAIN more of the range's rows and each
+# half holds at least SPLIT_ROWS rows of >= 64 MiB
+DEEP_K = (8192, 16384)
+SPLIT_GAIN, SPLIT_ROWS = 0.02, 40
+
+
+def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
+    """(share, rows of >= 64 MiB, least-squares vector, tile) of the best fit of one range's rows."""
+    from scipy.optimize import least_squares
+
+    n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))
+    x = (m, n, k, n * k * wb, ab)
+    y = d.latency.to_numpy(float) / 1e3
+    big = n * k * wb + m * k * ab + m * n * 2 >= 64 * MB
+    w = np.where(big, 1.0, 0.3)
+    best = None
+    lower, upper = [0, 0.1, -30, 0, 0.05, 1, -3, 1], [50, 1.0, 40, 8, 1.0, 20, 3, 12]
+    for tile in tiles:
+        # a start with mu at what the rows achieve on the tile grid, and one with the compute term out of
+        # the way (mu = 1, q = 20): the memory-bound fit alone
+        achieved = (_gemm_model([0, 1e9, 40, 0, 1.0, 20, 0, 0], x, peak, flops_peak, tile, sms) / y)[big]
+        mu0 = float(np.clip(np.median(achieved), 0.06, 0.99)) if big.any() else 0.5
+        # a hard cap on n alone, a soft one that also walks k, and (without tiles) the memory-bound fit alone
+        starts = [([4, 0.85, 3, 0.5, mu0, 8, 0, 12], lower, upper),
+                  ([4, 0.85, 10, 0.3, mu0, 3, 0.2, 4], lower, upper),
+                  ([1, 0.85, -3, 0.9, mu0, 8, 0.6, 1.3], lower, upper)]
+        if tile is None:
+            starts += [([4, 0.85, 3, 0.5, 1.0, 20, 0, 2], lower[:4] + [0.999, 19.9] + lower[6:], upper),
+                       ([4, 0.85, 3, 0.5, 0.5, 2, 0, 12], lower, upper)]
+        for start, lo_, hi_ in starts:
+            r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak, tile, sms) / y) * w,
+                              start, bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
+            share, rows = _share(_gemm_model(r.x, x, peak, flops_peak, tile, sms), y, big)
+            if _better(share, best):
+                best = (share, rows, r.x, tile)
+    return best
 
 
 def gemm(df, peak, f16, f8, sms):
     """GEMMs: t = t0 + (memory^q + compute^q)^(1/q), memory = bytes / rate and compute = flops / (mu x F), rate =
     (1/(eta x B)^s + 1/cap^s)^(-1/s), cap = exp(a) x n^b x k^c, one (t0, eta, a, b, c, s, mu, q) per range of m
     (decode-sized <= 16, 32, 64, 128, 256, 512; prefill chunks <= 1,024, 2,048, 4,096, 32,768: the kernels'
-    configurations change at these bounds). The cap is the rate a grid of n output columns walking k deep sustains; s is how sharply it takes over
-    from the bandwidth (s = 1: its time adds to the stream's, as a serial walk over k that the stream does not hide;
-    s = 12: nearly their minimum); q blends the two limits where a kernel is neither purely memory- nor compute-bound (q ->
-    infinity is their max, q = 1 their sum). Where it fits the range better, the compute runs as a grid of
-    tile_m x tile_n output tiles: m padded to whole tiles, the tiles in waves over the SMs (a last, partial wave
-    costs a whole one). mu_large is the achieved fraction of peak FLOP/s on large compute-bound rows (m, n, k >=
-    4096), the floor past the last range."""
-    from scipy.optimize import least_squares
-
+    configurations change at these bounds) and, where the kernels also change at a depth of k (DEEP_K), a second
+    set for the range's rows of k at least that deep. The cap is the rate a grid of n output columns walking k deep
+    sustains; s is how sharply it takes over from the bandwidth (s = 1: its time adds to the stream's, as a serial
+    walk over k that the stream does not hide; s = 12: nearly their minimum); q blends the two limits where a kernel
+    is neither purely memory- nor compute-bound (q -> infinity is their max, q = 1 their sum). Where it fits the
+    range better, the compute runs as a grid of tile_m x tile_n output tiles: m padded to whole tiles, the tiles in
+    waves over the SMs (a last, partial wave costs a whole one). mu_large is the achieved fraction of peak FLOP/s on
+    large compute-bound rows (m, n, k >= 4096), the floor past the last range."""
     out = {}
     for dt in sorted(df.gemm_dtype.unique()):
         wb, ab = WEIGHT_BYTES.get(dt), ACT_BYTES.get(dt, 2)
@@ -202,37 +238,25 @@ def gemm(df, peak, f16, f8, sms):
             d = df[(df.gemm_dtype == dt) & (df.m >= lo) & (df.m <= hi)]
             if d.empty:
                 continue
-            n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))
-            x = (m, n, k, n * k * wb, ab)
-            y = d.latency.to_numpy(float) / 1e3
-            big = n * k * wb + m * k * ab + m * n * 2 >= 64 * MB
-            w = np.where(big, 1.0, 0.3)
-            best = None
-            lower, upper = [0, 0.1, -30, 0, 0.05, 1, -3, 1], [50, 1.0, 40, 8, 1.0, 20, 3, 12]
-            for tile in TILES:
-                # a start with mu at what the rows achieve on the tile grid, and one with the compute term out of
-                # the way (mu = 1, q = 20): the memory-bound fit alone
-                achieved = (_gemm_model([0, 1e9, 40, 0, 1.0, 20, 0, 0], x, peak, flops_peak, tile, sms) / y)[big]
-                mu0 = float(np.clip(np.median(achieved), 0.06, 0.99)) if big.any() else 0.5
-                # a hard cap on n alone, a soft one that also walks k, and (without tiles) the memory-bound fit alone
-                starts = [([4, 0.85, 3, 0.5, mu0, 8, 0, 12], lower, upper),
-                          ([4, 0.85, 10, 0.3, mu0, 3, 0.2, 4], lower, upper),
-                          ([1, 0.85, -3, 0.9, mu0, 8, 0.6, 1.3], lower, upper)]
-                if tile is None:
-                    starts += [([4, 0.85, 3, 0.5, 1.0, 20, 0, 2], lower[:4] + [0.999, 19.9] + lower[6:], upper),
-                               ([4, 0.85, 3, 0.5, 0.5, 2, 0, 12], lower, upper)]
-                for start, lo_, hi_ in starts:
-                    r = least_squares(lambda p: np.log(_gemm_model(p, x, peak, flops_peak, tile, sms) / y) * w,
-                                      start, bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
-                    share, rows = _share(_gemm_model(r.x, x, peak, flops_peak, tile, sms), y, big)
-                    if _better(share, best):
-                        best = (share, rows, r.x, tile)
-            share, rows, p, tile = best
+            share, rows, p, tile = _fit_gemm_range(d, wb, ab, peak, flops_peak, sms)
+            bucket = _gemm_bucket(p, hi, tile, sms)
+            for deep_k in DEEP_K if hi <= DECODE_TOKENS else ():
+                # the two halves, each on its own tiles or the range's
+                halves = [_fit_gemm_range(h, wb, ab, peak, flops_peak, sms, tiles=(None,) if tile is None else (None, tile))
+                          for h in (d[d.k < deep_k], d[d.k >= deep_k])]
+                if min(h[1] for h in halves) < SPLIT_ROWS:
+                    continue
+                split = sum((h[0] or 0.0) * h[1] for h in halves) / rows
+                if split >= (share or 0.0) + SPLIT_GAIN:
+                    (_, _, p0, t0_), (_, _, p1, t1) = halves
+                    share = round(split, 3)
+                    bucket = dict(_gemm_bucket(p0, hi, t0_, sms), deep=dict(_gemm_bucket(p1, hi, t1, sms),
+                                                                           min_k=deep_k))
             if hi <= DECODE_TOKENS:
                 hits, total = hits + (share or 0.0) * rows, total + rows
             else:
                 pre_hits, pre_total = pre_hits + (share or 0.0) * rows, pre_total + rows
-            buckets.append(dict(_gemm_bucket(p, hi, tile, sms), within_10pct=share, rows_64mib=rows))
+            buckets.append(dict(bucket, within_10pct=share, rows_64mib=rows))
         # the achieved fraction of peak bandwidth of a weight read at a few tokens (m <= 16, >= 64 MiB): the rate
         # kvplan gives the step's small streaming kernels (norms, rotary, activation, sampler)
         few = df[(df.gemm_dtype == dt) & (df.m <= 16)]

@@ -4,7 +4,8 @@ t = t0 + bytes / (eta x peak bandwidth) (plus the few terms each kernel family n
 Kernel families and what a step runs of each (per rank, per layer unless said):
 * weight GEMMs: one per fused weight matrix (vLLM's QKV and gate-up) and the LM head, at m = tokens in the step:
   t0 + (memory^q + compute^q)^(1/q), memory = bytes / rate and compute = flops / (mu F), with (t0, eta, cap, mu,
-  q) per range of m (decode batches to 512, then prefill chunks to 32,768), the rate a grid of n output columns
+  q) per range of m (decode batches to 512, then prefill chunks to 32,768; where the kernels also change at a
+  depth of k, a second set for the deeper weights), the rate a grid of n output columns
   walking k deep sustains, cap(n, k), limiting eta B (at once, or softly where the walk shows beside the stream)
   and, where a range has them, the compute run as whole tiles in waves over the SMs; larger m are held to the
   large-GEMM compute rate at least;
@@ -264,30 +265,39 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
         if fit.mu and fit.peak_flops:
             t = xp.maximum(t, flops / (fit.mu * fit.peak_flops))
         return fit.t0_s + t
-    # the bucket of m (larger m take the last), selected elementwise. The rate a grid of n
-    # output columns walking k deep sustains, exp(a) x n^b x k^c, caps the bandwidth: at once (a hard minimum) or,
-    # where the bucket has a softness s, as (1/(eta B)^s + 1/cap^s)^(-1/s) (s = 1: the times add, the walk over k
-    # not hidden behind the stream). Where the bucket has a compute term the two limits blend
+    # the bucket of m (larger m take the last), selected elementwise; within it, the rows of k at least min_k take
+    # its deep set where it has one (the kernel changes there)
     t = None
     for b in reversed(fit.buckets):
-        cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"] * k ** b.get("cap_k_exponent", 0.0)
-        s = b.get("cap_softness")
-        rate = xp.minimum(b["eta"] * peak_bw, cap) if not s else ((b["eta"] * peak_bw) ** -s + cap ** -s) ** (-1 / s)
-        tb = byt / rate
-        if b.get("mu") and fit.peak_flops:
-            q, compute = b["blend_exponent"], flops / (b["mu"] * fit.peak_flops)
-            if b.get("tile_m"):  # tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
-                rows = xp.maximum(xp.ceil(m / b["tile_m"]), 1)
-                tiles = rows * xp.ceil(n / b["tile_n"])
-                waves = xp.ceil(tiles / b["sm_count"])
-                compute = compute * (rows * b["tile_m"] / xp.maximum(m, 1)) * (waves * b["sm_count"] / tiles)
-            tb = (tb ** q + compute ** q) ** (1 / q)
-        tb = b["t0_s"] + tb
+        tb = _gemm_bucket_seconds(b, fit.peak_flops, peak_bw, m, n, k, byt, flops, xp)
+        if b.get("deep"):
+            tb = xp.where(k >= b["deep"]["min_k"],
+                          _gemm_bucket_seconds(b["deep"], fit.peak_flops, peak_bw, m, n, k, byt, flops, xp), tb)
         t = tb if t is None else xp.where(m <= b["max_tokens"], tb, t)
     if fit.mu and fit.peak_flops:  # past the fitted ranges: the large-GEMM rate at least
         last = fit.buckets[-1]
         t = xp.where(m > last["max_tokens"], xp.maximum(t, last["t0_s"] + flops / (fit.mu * fit.peak_flops)), t)
     return t
+
+
+def _gemm_bucket_seconds(b: dict, peak_flops, peak_bw: float, m, n, k, byt, flops, xp):
+    """One range's GEMM time. The rate a grid of n output columns walking k deep sustains, exp(a) x n^b x k^c, caps
+    the bandwidth: at once (a hard minimum) or, where the range has a softness s, as (1/(eta B)^s + 1/cap^s)^(-1/s)
+    (s = 1: the times add, the walk over k not hidden behind the stream). Where the range has a compute term the
+    two limits blend."""
+    cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"] * k ** b.get("cap_k_exponent", 0.0)
+    s = b.get("cap_softness")
+    rate = xp.minimum(b["eta"] * peak_bw, cap) if not s else ((b["eta"] * peak_bw) ** -s + cap ** -s) ** (-1 / s)
+    t = byt / rate
+    if b.get("mu") and peak_flops:
+        q, compute = b["blend_exponent"], flops / (b["mu"] * peak_flops)
+        if b.get("tile_m"):  # tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
+            rows = xp.maximum(xp.ceil(m / b["tile_m"]), 1)
+            tiles = rows * xp.ceil(n / b["tile_n"])
+            waves = xp.ceil(tiles / b["sm_count"])
+            compute = compute * (rows * b["tile_m"] / xp.maximum(m, 1)) * (waves * b["sm_count"] / tiles)
+        t = (t ** q + compute ** q) ** (1 / q)
+    return b["t0_s"] + t
 
 
 def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_heads: int, context, nbytes,
