@@ -267,13 +267,17 @@ def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes:
         return fit.t0_s + t
     # the bucket of m (larger m take the last), selected elementwise; within it, the rows of k at least min_k take
     # its deep set where it has one (the kernel changes there)
-    t = None
-    for b in reversed(fit.buckets):
+    t, below = 0.0, -1
+    for i, b in enumerate(fit.buckets):
+        chosen = m > below if i == len(fit.buckets) - 1 else (m > below) & (m <= b["max_tokens"])
+        below = b["max_tokens"]
+        if not xp.any(chosen):  # only the ranges some m falls in are priced
+            continue
         tb = _gemm_bucket_seconds(b, fit.peak_flops, peak_bw, m, n, k, byt, flops, xp)
         if b.get("deep"):
             tb = xp.where(k >= b["deep"]["min_k"],
                           _gemm_bucket_seconds(b["deep"], fit.peak_flops, peak_bw, m, n, k, byt, flops, xp), tb)
-        t = tb if t is None else xp.where(m <= b["max_tokens"], tb, t)
+        t = xp.where(chosen, tb, t)
     if fit.mu and fit.peak_flops:  # past the fitted ranges: the large-GEMM rate at least
         last = fit.buckets[-1]
         t = xp.where(m > last["max_tokens"], xp.maximum(t, last["t0_s"] + flops / (fit.mu * fit.peak_flops)), t)

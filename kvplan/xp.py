@@ -13,6 +13,7 @@ class ScalarOps:
     maximum = staticmethod(max)
     ceil = staticmethod(math.ceil)
     floor = staticmethod(math.floor)
+    any = staticmethod(bool)
 
     @staticmethod
     def where(cond, a, b):
@@ -23,7 +24,7 @@ SCALAR = ScalarOps()
 
 
 def numpy_ops():
-    """numpy itself provides minimum, maximum, ceil, floor and where with the same meaning, elementwise."""
+    """numpy itself provides minimum, maximum, ceil, floor, where and any with the same meaning, elementwise."""
     import numpy
 
     return numpy
