@@ -7,7 +7,7 @@ tables renamed <family>-<table>.parquet, then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
-Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about twelve minutes on two cores. Each
+Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about fifteen minutes on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
 squares on relative error (log time); the share of rows of at least 64 MiB that the fit reproduces within 10% is
 written beside each fit.
@@ -56,6 +56,9 @@ def _better(share, best) -> bool:
     return best is None or (share or 0.0) > (best[0] or 0.0)
 
 
+# a fit split in two (by depth of k, or by a single KV head) is kept where the halves reproduce this share more of
+# the rows than the one fit
+SPLIT_GAIN = 0.02
 # query heads per KV head (the rows of a KV head's attention product): the kernels pick their tiles and splits by
 # it, as GEMMs do by tokens; 1 is multi-head attention
 GROUP_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 128))
@@ -92,28 +95,44 @@ def attention(df, peak, l2, sms):
     once (sequences x KV heads) fills 80% of its program slots (FlashAttention-2: two per SM) runs one program per
     pair, and a last partial wave slows the stream by util^w, util = pairs / (waves x slots).
     Fitted by least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head
-    size and range of query heads per KV head."""
+    size and range of query heads per KV head. Where the calls with a single KV head (multi-query attention, or a
+    tensor-parallel rank holding one) run differently enough, they get a fit of their own (one_kv_head): kept where
+    it and the rest's refit reproduce SPLIT_GAIN more of the rows, each half holding at least ONE_KV_HEAD_ROWS."""
     out = {}
     full = df[df.window_size == 0] if "window_size" in df else df
     group = full.num_heads // full.num_key_value_heads
     for kv, eb in (("bfloat16", 2), ("fp8", 1)):
-        groups, hits, total = {}, 0.0, 0
+        groups, one_kv_head, hits, total = {}, {}, 0.0, 0
         for lo, hi in GROUP_BUCKETS:
             rows = full[(group >= lo) & (group <= hi)]
-            fits = {}
             for hd in sorted(rows.head_dim.unique()):
                 d = rows[(rows.kv_cache_dtype == kv) & (rows.head_dim == hd)]
                 if d.empty:
                     continue
                 fit = _attention_fit(d, eb, peak, l2, sms)
-                fits[int(hd)] = fit
-                hits, total = hits + (fit["within_10pct"] or 0.0) * fit["rows_64mib"], total + fit["rows_64mib"]
-            if fits:
-                groups[hi] = fits
+                share, n = fit["within_10pct"] or 0.0, fit["rows_64mib"]
+                one, rest = d[d.num_key_value_heads == 1], d[d.num_key_value_heads > 1]
+                if min(_rows_64mib(one, eb), _rows_64mib(rest, eb)) >= ONE_KV_HEAD_ROWS:
+                    halves = [_attention_fit(h, eb, peak, l2, sms) for h in (one, rest)]
+                    split = sum((h["within_10pct"] or 0.0) * h["rows_64mib"] for h in halves) / n
+                    if split >= share + SPLIT_GAIN:
+                        one_kv_head.setdefault(hi, {})[int(hd)], fit = halves
+                        share = split
+                groups.setdefault(hi, {})[int(hd)] = fit
+                hits, total = hits + share * n, total + n
         if groups:
             out[kv] = dict(groups=groups, within_10pct=round(hits / total, 3) if total else None,
                            rows_64mib=int(total))
+            if one_kv_head:
+                out[kv]["one_kv_head"] = one_kv_head
     return out
+
+
+ONE_KV_HEAD_ROWS = 20
+
+
+def _rows_64mib(d, eb) -> int:
+    return int((d.batch_size * d.num_key_value_heads * (d.step + 1) * d.head_dim * 2 * eb >= 64 * MB).sum())
 
 
 def _attention_fit(d, eb, peak, l2, sms) -> dict:
@@ -180,7 +199,7 @@ TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 25
 # fitted in two halves; a split is kept where it reproduces at least SPLIT_GAIN more of the range's rows and each
 # half holds at least SPLIT_ROWS rows of >= 64 MiB
 DEEP_K = (8192, 16384)
-SPLIT_GAIN, SPLIT_ROWS = 0.02, 40
+SPLIT_ROWS = 40
 
 
 def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):

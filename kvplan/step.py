@@ -15,8 +15,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
   heads) + c_q x (sequences x query heads) and stream = max(bytes / min(eta B, streams), c_tok x context), the
   context walked in whole tiles and the streams the rate the kernel's grid sustains per KV head and per (sequence,
   KV head), and where the fit has them the programs of an unsplit grid in waves over the SMs; one fit per head size
-  and range of query heads per KV head; for an fp8 cache also the kernel that
-  quantizes the query; a state layer (Mamba, gated delta net) reads and writes its state at the same rate;
+  and range of query heads per KV head (and for calls with a single KV head where the timings set them apart); for
+  an fp8 cache also the kernel that quantizes the query; a state layer (Mamba, gated delta net) reads and writes its state at the same rate;
 * all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
 * the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
@@ -103,8 +103,12 @@ def _fits(d: dict, keyfn=str) -> dict:
 
 
 def _attention_fits(d: dict) -> dict:
-    """One dtype's decode-attention fits by (the most query heads per KV head its range holds, head size)."""
-    return {(int(g), hd): f for g, by_dim in (d.get("groups") or {}).items() for hd, f in _fits(by_dim, int).items()}
+    """One dtype's decode-attention fits by (the most query heads per KV head its range holds, head size), and those
+    for calls with a single KV head where the profile has them by (..., head size, 1)."""
+    fits = {(int(g), hd): f for g, by_dim in (d.get("groups") or {}).items() for hd, f in _fits(by_dim, int).items()}
+    fits.update({(int(g), hd, 1): f for g, by_dim in (d.get("one_kv_head") or {}).items()
+                 for hd, f in _fits(by_dim, int).items()})
+    return fits
 
 
 def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
@@ -188,27 +192,31 @@ def gemm_fit(profile: StepProfile, weight_dtype: str) -> tuple[Fit, bool]:
     raise KvplanError(f"the step profile {profile.name} has no GEMM fit")
 
 
-def _by_head_dim(fits: Optional[dict], head_dim: int, group: int = 4) -> Optional[Fit]:
+def _by_head_dim(fits: Optional[dict], head_dim: int, group: int = 4, kv_heads: Optional[int] = None) -> Optional[Fit]:
     """The fit of the range of query heads per KV head that holds `group` (the widest range where none does) and of
-    the head size nearest `head_dim` (by ratio): the kernels pick their tiles and splits by both."""
+    the head size nearest `head_dim` (by ratio): the kernels pick their tiles and splits by both; for a call with a
+    single KV head, that range's and size's own fit where there is one (its grid has a program per sequence)."""
     if not fits:
         return None
     ranges = sorted({k[0] for k in fits})
     g = next((r for r in ranges if r >= group), ranges[-1])
-    keys = [k for k in fits if k[0] == g]
-    return fits[min(keys, key=lambda k: abs(math.log(k[1] / max(head_dim, 1))))]
+    keys = [k for k in fits if k[0] == g and len(k) == 2]
+    best = min(keys, key=lambda k: abs(math.log(k[1] / max(head_dim, 1))))
+    if kv_heads == 1 and (g, best[1], 1) in fits:
+        return fits[(g, best[1], 1)]
+    return fits[best]
 
 
-def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128,
-                  group: int = 4) -> tuple[Fit, float, bool]:
-    """(fit, seconds of dequantization per cached element, estimated) for a cache format family, head size and
-    number of query heads per KV head (1: multi-head attention)."""
-    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim, group)
+def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128, group: int = 4,
+                  kv_heads: Optional[int] = None) -> tuple[Fit, float, bool]:
+    """(fit, seconds of dequantization per cached element, estimated) for a cache format family, head size, number
+    of query heads per KV head (1: multi-head attention) and of KV heads a call runs (on one rank)."""
+    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim, group, kv_heads)
     if bf16 is None:
         raise KvplanError(f"the step profile {profile.name} has no decode-attention fit")
     if fmt_family == "float":
         return bf16, 0.0, False
-    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim, group)
+    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim, group, kv_heads)
     if fmt_family == "fp8" and fp8 is not None:
         return fp8, 0.0, False
     # Not measured: the bf16 kernel's fixed costs and bandwidth on the format's bytes, plus fp8's measured
@@ -399,7 +407,7 @@ class StepModel:
         self.q_heads = max(1, m.num_heads // tp) if m.num_heads else 1
         # the query heads each KV head serves on this rank (1: multi-head attention) choose the kernel's tiles
         group = max(1, round(self.q_heads / self.kv_heads))
-        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim, group)
+        self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim, group, self.kv_heads)
         if est:
             self.estimated.append(f"{d.kv.name} decode attention")
         elif m.mla:  # no MLA kernel fit: the GQA kernel's on the latent's bytes, one KV head
