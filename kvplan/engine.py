@@ -617,17 +617,24 @@ def _step_models(d, fmt: KVFormat, base_fmt: KVFormat):
 
 
 def breakeven_context(mine, base, batch: int, longest: int) -> Optional[int]:
-    """Smallest context (cached tokens per sequence) at which `mine`'s step is faster than `base`'s at `batch`."""
+    """The context (cached tokens per sequence) from which `mine`'s step stays faster than `base`'s at `batch`, up to
+    `longest`; None where it is not faster at `longest`. Where the two steps run within a hair of each other at short
+    contexts (their fixed costs nearly equal), they may cross back and forth there: the answer is the last crossing
+    on a doubling grid, refined by bisection."""
     def faster(c: int) -> bool:
         return mine.step(batch, c).total_s < base.step(batch, c).total_s
 
-    lo, c = 0, 1
-    while c <= longest and not faster(c):
-        lo, c = c, c * 2
-    if c > longest:
-        if not faster(longest):
-            return None
-        c = longest
+    if not faster(longest):
+        return None
+    grid, c = [], 1
+    while c < longest:
+        grid.append(c)
+        c *= 2
+    slower = [g for g in grid if not faster(g)]
+    if not slower:
+        return 1
+    lo = slower[-1]
+    c = min(lo * 2, longest)
     while c - lo > 1:
         mid = (lo + c) // 2
         if faster(mid):

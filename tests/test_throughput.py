@@ -245,6 +245,22 @@ def test_breakeven_context_between_the_two(cli):
     assert all(p["calibrated_step_ms"] >= p["step_ms"] for p in d["operating_points"])  # above the roofline
 
 
+def test_breakeven_is_where_a_dtype_stays_faster():
+    from types import SimpleNamespace
+
+    from kvplan.engine import breakeven_context
+
+    def model(f):  # a step model whose step time is f(context)
+        return SimpleNamespace(step=lambda batch, c: SimpleNamespace(total_s=f(c)))
+    base = model(lambda c: 100.0 + c)
+    # a hair faster at the shortest contexts (equal fixed costs and noise), slower from 8 to 299, faster from 300 on
+    mine = model(lambda c: 100.0 + c - 1e-3 if c < 8 else (100.0 + c + 1.0 if c < 300 else 100.0 + c - 1.0))
+    assert breakeven_context(mine, base, 1, 131072) == 300
+    assert breakeven_context(model(lambda c: 99.0 + c), base, 1, 131072) == 1  # faster everywhere
+    assert breakeven_context(model(lambda c: 101.0 + c), base, 1, 131072) is None  # never
+    assert breakeven_context(model(lambda c: 150.0 + c / 2), base, 1, 131072) == 101  # 150 + c/2 < 100 + c: c > 100
+
+
 def test_throughput_json_shape_and_sense(cli):
     r = cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k", "-n", "4,16,64",
             "--tpot-ms", "20", "--json")
