@@ -276,17 +276,20 @@ def gemm(df, peak, f16, f8, sms):
             else:
                 pre_hits, pre_total = pre_hits + (share or 0.0) * rows, pre_total + rows
             buckets.append(dict(bucket, within_10pct=share, rows_64mib=rows))
-        # the achieved fraction of peak bandwidth of a weight read at a few tokens (m <= 16, >= 64 MiB): the rate
-        # kvplan gives the step's small streaming kernels (norms, rotary, activation, sampler)
+        # what kvplan gives the step's small kernels (norms, rotary, activation, the sampler's, the query's fp8
+        # conversion): the fixed cost of a kernel that moves almost nothing, the median time of the m <= 16 GEMMs of
+        # weights under 256 KiB; and the achieved fraction of peak bandwidth of a weight read at a few tokens
+        # (m <= 16, >= 64 MiB)
         few = df[(df.gemm_dtype == dt) & (df.m <= 16)]
         byt = (few.n * few.k * wb + few.m * few.k * ab + few.m * few.n * 2).to_numpy(float)
-        sec = few.latency.to_numpy(float) / 1e3 - buckets[0]["t0_s"]
+        small_t0 = float(np.median(few.latency.to_numpy(float)[(few.n * few.k * wb < 256 * 1024).to_numpy()]) / 1e3)
+        sec = few.latency.to_numpy(float) / 1e3 - small_t0
         eta = float(np.median((byt / sec)[byt >= 64 * MB]) / peak)
         large = df[(df.gemm_dtype == dt) & (df.m >= 4096) & (df.n >= 4096) & (df.k >= 4096)]
         t0 = buckets[-1]["t0_s"]
         fl = (2.0 * large.m * large.n * large.k).to_numpy(float)
         mu = float(np.median(fl / (flops_peak * (large.latency.to_numpy(float) / 1e3 - t0)))) if len(large) else 0.5
-        out[dt] = dict(t0_s=buckets[0]["t0_s"], eta=eta, mu=mu, peak_flops=flops_peak,
+        out[dt] = dict(t0_s=small_t0, eta=eta, mu=mu, peak_flops=flops_peak,
                        buckets=buckets, within_10pct=round(hits / total, 3) if total else None,
                        rows_64mib=int(total),
                        prefill_within_10pct=round(pre_hits / pre_total, 3) if pre_total else None,

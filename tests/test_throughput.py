@@ -203,6 +203,17 @@ def test_worked_example_weight_reads_walk_k_h200_batch8():
     assert alone < s.gemm_s < 1.33 * alone
 
 
+def test_small_kernels_cost_what_a_kernel_moving_nothing_costs():
+    # the bundled tables' m <= 16 GEMMs of weights under 256 KiB take 2.78 us (median of 704 rows on the H100;
+    # 2.59-4.43 us from the 10th to the 90th percentile): the fixed cost of any small kernel of a decode step
+    g = FITS["H100-SXM5-80GB"]["gemm"]["bfloat16"]
+    assert g["t0_s"] == pytest.approx(2.78e-6, rel=0.02)
+    # Llama-3.1-8B at batch 4: four small kernels in each of 32 layers, each t0 plus 6 passes over 4 tokens'
+    # 4,096-wide bf16 hidden state at the fit's weight-read rate
+    per = g["t0_s"] + 6 * 4 * 4096 * 2 / (g["eta"] * 3.35e12)
+    assert step_model(_d("llama-3.1-8b")).step(4, 1536).small_kernels_s == pytest.approx(4 * 32 * per, rel=1e-9)
+
+
 def test_worked_example_moe_qwen3_30b_a3b_h100_batch1():
     """Qwen3-30B-A3B: one token touches its 8 of 128 experts in each of 48 MoE layers."""
     f = FITS["H100-SXM5-80GB"]["moe"]["bfloat16"]
