@@ -59,6 +59,13 @@ def _better(share, best) -> bool:
 # a fit split in two (by depth of k, or by a single KV head) is kept where the halves reproduce this share more of
 # the rows than the one fit
 SPLIT_GAIN = 0.02
+
+
+def _split_share(halves, rows, share):
+    """The share of `rows` two halves' fits, each (share, rows), reproduce together where it beats the one fit's
+    `share` by SPLIT_GAIN; None where it does not."""
+    split = sum((s or 0.0) * n for s, n in halves) / rows
+    return split if split >= (share or 0.0) + SPLIT_GAIN else None
 # query heads per KV head (the rows of a KV head's attention product): the kernels pick their tiles and splits by
 # it, as GEMMs do by tokens; 1 is multi-head attention
 GROUP_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 128))
@@ -112,10 +119,10 @@ def attention(df, peak, l2, sms):
                 fit = _attention_fit(d, eb, peak, l2, sms)
                 share, n = fit["within_10pct"] or 0.0, fit["rows_64mib"]
                 one, rest = d[d.num_key_value_heads == 1], d[d.num_key_value_heads > 1]
-                if min(_rows_64mib(one, eb), _rows_64mib(rest, eb)) >= ONE_KV_HEAD_ROWS:
+                if min(_attention_big(one, eb).sum(), _attention_big(rest, eb).sum()) >= ONE_KV_HEAD_ROWS:
                     halves = [_attention_fit(h, eb, peak, l2, sms) for h in (one, rest)]
-                    split = sum((h["within_10pct"] or 0.0) * h["rows_64mib"] for h in halves) / n
-                    if split >= share + SPLIT_GAIN:
+                    split = _split_share([(h["within_10pct"], h["rows_64mib"]) for h in halves], n, share)
+                    if split is not None:
                         one_kv_head.setdefault(hi, {})[int(hd)], fit = halves
                         share = split
                 groups.setdefault(hi, {})[int(hd)] = fit
@@ -131,8 +138,9 @@ def attention(df, peak, l2, sms):
 ONE_KV_HEAD_ROWS = 20
 
 
-def _rows_64mib(d, eb) -> int:
-    return int((d.batch_size * d.num_key_value_heads * (d.step + 1) * d.head_dim * 2 * eb >= 64 * MB).sum())
+def _attention_big(d, eb) -> np.ndarray:
+    """Which of the rows read at least 64 MiB of cache (the rows the shares count)."""
+    return (d.batch_size * d.num_key_value_heads * (d.step + 1) * d.head_dim * 2 * eb >= 64 * MB).to_numpy()
 
 
 def _attention_fit(d, eb, peak, l2, sms) -> dict:
@@ -144,7 +152,7 @@ def _attention_fit(d, eb, peak, l2, sms) -> dict:
     per_token = (d.head_dim * 2 * eb).to_numpy(float)
     x = (batch, kvh, d.num_heads.to_numpy(float), n, per_token)
     y = d.latency.to_numpy(float) / 1e3
-    big = batch * kvh * n * per_token >= 64 * MB
+    big = _attention_big(d, eb)
     w = np.where(big, 1.0, 0.3)
     l2_mb = l2 / 1e6
     best = None
@@ -202,6 +210,11 @@ DEEP_K = (8192, 16384)
 SPLIT_ROWS = 40
 
 
+def _gemm_big(d, wb, ab) -> np.ndarray:
+    """Which of the rows move at least 64 MiB (weight, activations in, output out: the rows the shares count)."""
+    return (d.n * d.k * wb + d.m * d.k * ab + d.m * d.n * 2 >= 64 * MB).to_numpy()
+
+
 def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
     """(share, rows of >= 64 MiB, least-squares vector, tile) of the best fit of one range's rows."""
     from scipy.optimize import least_squares
@@ -209,7 +222,7 @@ def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
     n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))
     x = (m, n, k, n * k * wb, ab)
     y = d.latency.to_numpy(float) / 1e3
-    big = n * k * wb + m * k * ab + m * n * 2 >= 64 * MB
+    big = _gemm_big(d, wb, ab)
     w = np.where(big, 1.0, 0.3)
     best = None
     lower, upper = [0, 0.1, -30, 0, 0.05, 1, -3, 1], [50, 1.0, 40, 8, 1.0, 20, 3, 12]
@@ -260,13 +273,14 @@ def gemm(df, peak, f16, f8, sms):
             share, rows, p, tile = _fit_gemm_range(d, wb, ab, peak, flops_peak, sms)
             bucket = _gemm_bucket(p, hi, tile, sms)
             for deep_k in DEEP_K if hi <= DECODE_TOKENS else ():
-                # the two halves, each on its own tiles or the range's
-                halves = [_fit_gemm_range(h, wb, ab, peak, flops_peak, sms, tiles=(None,) if tile is None else (None, tile))
-                          for h in (d[d.k < deep_k], d[d.k >= deep_k])]
-                if min(h[1] for h in halves) < SPLIT_ROWS:
+                parts = (d[d.k < deep_k], d[d.k >= deep_k])
+                if min(_gemm_big(h, wb, ab).sum() for h in parts) < SPLIT_ROWS:
                     continue
-                split = sum((h[0] or 0.0) * h[1] for h in halves) / rows
-                if split >= (share or 0.0) + SPLIT_GAIN:
+                # the two halves, each on its own tiles or the range's
+                halves = [_fit_gemm_range(h, wb, ab, peak, flops_peak, sms,
+                                          tiles=(None,) if tile is None else (None, tile)) for h in parts]
+                split = _split_share([h[:2] for h in halves], rows, share)
+                if split is not None:
                     (_, _, p0, t0_), (_, _, p1, t1) = halves
                     share = round(split, 3)
                     bucket = dict(_gemm_bucket(p0, hi, t0_, sms), deep=dict(_gemm_bucket(p1, hi, t1, sms),

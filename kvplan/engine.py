@@ -630,10 +630,10 @@ def breakeven_context(mine, base, batch: int, longest: int) -> Optional[int]:
     while c < longest:
         grid.append(c)
         c *= 2
-    slower = [g for g in grid if not faster(g)]
-    if not slower:
+    # the last grid context where it is not faster, found from the long end down
+    lo = next((g for g in reversed(grid) if not faster(g)), None)
+    if lo is None:
         return 1
-    lo = slower[-1]
     c = min(lo * 2, longest)
     while c - lo > 1:
         mid = (lo + c) // 2
