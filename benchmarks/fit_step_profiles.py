@@ -7,7 +7,7 @@ tables renamed <family>-<table>.parquet, then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
-Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about fifteen minutes on two cores. Each
+Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about an hour on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
 squares on relative error (log time); the share of rows of at least 64 MiB that the fit reproduces within 10% is
 written beside each fit.
@@ -185,20 +185,24 @@ GEMM_BUCKETS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512),
 DECODE_TOKENS = 512  # the decode-sized GEMMs: each fit's within_10pct counts their rows, prefill_within_10pct the rest
 
 
-def _gemm_bucket(p, max_tokens, tile, sms) -> dict:
-    """One range of m's GEMM fit from the least-squares vector (t0 in us, the cap's log in GB/s)."""
-    t0, eta, a, b, mu, q, c, soft = (float(v) for v in p)
+def _gemm_bucket(p, max_tokens, tile, sms, pad=None) -> dict:
+    """One range of m's GEMM fit from the least-squares vector (t0 in us, the cap's log in GB/s; with a block of
+    `pad` rows, two more: pad_eta and its exponent)."""
+    t0, eta, a, b, mu, q, c, soft = (float(v) for v in p[:8])
     bucket = dict(max_tokens=max_tokens, t0_s=t0 * 1e-6, eta=eta, cap_log_bytes_per_s=a + float(np.log(1e9)),
                   cap_exponent=b, cap_k_exponent=c, cap_softness=soft, mu=mu, blend_exponent=q)
     if tile:
         bucket.update(tile_m=tile[0], tile_n=tile[1], sm_count=sms)
+    if pad:
+        bucket.update(pad_rows=pad, pad_eta=float(p[8]), pad_exponent=float(p[9]), pad_from_n=float(2 ** p[10]),
+                      pad_steepness=float(p[11]))
     return bucket
 
 
-def _gemm_model(p, x, peak, flops_peak, tile=None, sms=0):
+def _gemm_model(p, x, peak, flops_peak, tile=None, sms=0, pad=None):
     """kvplan's own GEMM time for a range of m fitted alone."""
     m, n, k, matrix_bytes, act_bytes = x
-    fit = Fit(t0_s=0.0, peak_flops=flops_peak, buckets=(_gemm_bucket(p, 1 << 30, tile, sms),))
+    fit = Fit(t0_s=0.0, peak_flops=flops_peak, buckets=(_gemm_bucket(p, 1 << 30, tile, sms, pad),))
     return gemm_call_seconds(fit, peak, m, n, k, matrix_bytes, act_bytes, xp=np)
 
 
@@ -207,6 +211,9 @@ TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 25
 # fitted in two halves; a split is kept where it reproduces at least SPLIT_GAIN more of the range's rows and each
 # half holds at least SPLIT_ROWS rows of >= 64 MiB
 DEEP_K = (8192, 16384)
+# blocks of rows a kernel may round m up to (tile rows x cluster) where an emptier last block costs more
+PAD_ROWS = (64, 128, 256)
+PAD_TILES = 3
 SPLIT_ROWS = 40
 
 
@@ -224,7 +231,7 @@ def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
     y = d.latency.to_numpy(float) / 1e3
     big = _gemm_big(d, wb, ab)
     w = np.where(big, 1.0, 0.3)
-    best = None
+    best, per_tile = None, {}
     lower, upper = [0, 0.1, -30, 0, 0.05, 1, -3, 1], [50, 1.0, 40, 8, 1.0, 20, 3, 12]
     for tile in tiles:
         # a start with mu at what the rows achieve on the tile grid, and one with the compute term out of
@@ -243,7 +250,22 @@ def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
                               start, bounds=(lo_, hi_), loss="soft_l1", f_scale=0.05)
             share, rows = _share(_gemm_model(r.x, x, peak, flops_peak, tile, sms), y, big)
             if _better(share, best):
-                best = (share, rows, r.x, tile)
+                best = (share, rows, r.x, tile, None)
+            if _better(share, per_tile.get(tile)):
+                per_tile[tile] = (share, r.x)
+    # the cost of an emptier last block of rows (PAD_ROWS), tried on the PAD_TILES best tile grids from their fits:
+    # kept where it reproduces SPLIT_GAIN more of the rows than the best fit without it
+    plain, rows = best[0] or 0.0, best[1]
+    lower, upper = lower + [0.01, 0.2, 4, 0.5], upper + [10, 6, 18, 16]
+    for tile, (_, p) in sorted(per_tile.items(), key=lambda kv: -(kv[1][0] or 0.0))[:PAD_TILES]:
+        for pad in PAD_ROWS:
+            for extra in ([0.3, 1.5, 10, 3], [1.0, 3.0, 12, 8]):
+                start = np.clip(np.r_[p, extra], np.array(lower) + 1e-9, np.array(upper) - 1e-9)
+                r = least_squares(lambda q: np.log(_gemm_model(q, x, peak, flops_peak, tile, sms, pad) / y) * w,
+                                  start, bounds=(lower, upper), loss="soft_l1", f_scale=0.05)
+                padded, _ = _share(_gemm_model(r.x, x, peak, flops_peak, tile, sms, pad), y, big)
+                if (padded or 0.0) >= plain + SPLIT_GAIN and _better(padded, best):
+                    best = (padded, rows, r.x, tile, pad)
     return best
 
 
@@ -257,8 +279,12 @@ def gemm(df, peak, f16, f8, sms):
     walk over k that the stream does not hide; s = 12: nearly their minimum); q blends the two limits where a kernel
     is neither purely memory- nor compute-bound (q -> infinity is their max, q = 1 their sum). Where it fits the
     range better, the compute runs as a grid of tile_m x tile_n output tiles: m padded to whole tiles, the tiles in
-    waves over the SMs (a last, partial wave costs a whole one). mu_large is the achieved fraction of peak FLOP/s on
-    large compute-bound rows (m, n, k >= 4096), the floor past the last range."""
+    waves over the SMs (a last, partial wave costs a whole one). Where it reproduces SPLIT_GAIN more of a range's
+    rows, m is also rounded up to blocks of R rows (64, 128 or 256: a kernel's tile rows times its cluster), and an
+    emptier last block costs e^x x bytes / (pad_eta x B x (1 + (n0 / n)^h)), e its empty share: vLLM's CUTLASS fp8
+    kernel for m > 128 on Hopper (128-row tiles in clusters of two) takes 302 us at m = 257 and 182 us at m = 512
+    (n = k = 16,384, H200), and grids narrower than about n0 columns do not pay it. mu_large is the achieved
+    fraction of peak FLOP/s on large compute-bound rows (m, n, k >= 4096), the floor past the last range."""
     out = {}
     for dt in sorted(df.gemm_dtype.unique()):
         wb, ab = WEIGHT_BYTES.get(dt), ACT_BYTES.get(dt, 2)
@@ -270,8 +296,8 @@ def gemm(df, peak, f16, f8, sms):
             d = df[(df.gemm_dtype == dt) & (df.m >= lo) & (df.m <= hi)]
             if d.empty:
                 continue
-            share, rows, p, tile = _fit_gemm_range(d, wb, ab, peak, flops_peak, sms)
-            bucket = _gemm_bucket(p, hi, tile, sms)
+            share, rows, p, tile, pad = _fit_gemm_range(d, wb, ab, peak, flops_peak, sms)
+            bucket = _gemm_bucket(p, hi, tile, sms, pad)
             for deep_k in DEEP_K if hi <= DECODE_TOKENS else ():
                 parts = (d[d.k < deep_k], d[d.k >= deep_k])
                 if min(_gemm_big(h, wb, ab).sum() for h in parts) < SPLIT_ROWS:
@@ -281,10 +307,10 @@ def gemm(df, peak, f16, f8, sms):
                                           tiles=(None,) if tile is None else (None, tile)) for h in parts]
                 split = _split_share([h[:2] for h in halves], rows, share)
                 if split is not None:
-                    (_, _, p0, t0_), (_, _, p1, t1) = halves
+                    (_, _, p0, t0_, pad0), (_, _, p1, t1, pad1) = halves
                     share = round(split, 3)
-                    bucket = dict(_gemm_bucket(p0, hi, t0_, sms), deep=dict(_gemm_bucket(p1, hi, t1, sms),
-                                                                           min_k=deep_k))
+                    bucket = dict(_gemm_bucket(p0, hi, t0_, sms, pad0),
+                                  deep=dict(_gemm_bucket(p1, hi, t1, sms, pad1), min_k=deep_k))
             if hi <= DECODE_TOKENS:
                 hits, total = hits + (share or 0.0) * rows, total + rows
             else:

@@ -309,6 +309,13 @@ def _gemm_bucket_seconds(b: dict, peak_flops, peak_bw: float, m, n, k, byt, flop
             waves = xp.ceil(tiles / b["sm_count"])
             compute = compute * (rows * b["tile_m"] / xp.maximum(m, 1)) * (waves * b["sm_count"] / tiles)
         t = (t ** q + compute ** q) ** (1 / q)
+    if b.get("pad_rows"):
+        # m rounded up to whole blocks of pad_rows (a kernel's tile rows x its cluster): the emptier the last block,
+        # the more it costs, as if the bytes were read again at pad_eta of the bandwidth, x (empty share)^exponent;
+        # a grid narrower than about pad_from_n output columns does not pay it (its tiles all run at once)
+        empty = (xp.ceil(m / b["pad_rows"]) * b["pad_rows"] - m) / b["pad_rows"]
+        narrow = 1 + (b.get("pad_from_n", 1.0) / n) ** b.get("pad_steepness", 1.0)
+        t = t + empty ** b["pad_exponent"] * byt / (b["pad_eta"] * peak_bw * narrow)
     return b["t0_s"] + t
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from kvplan.deployment import DeploymentArgs
-from kvplan.step import attention_call_seconds, attention_fit, bundled_profile, gemm_call_seconds, step_model
+from kvplan.step import Fit, attention_call_seconds, attention_fit, bundled_profile, gemm_call_seconds, step_model
 from kvplan.specs import load_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,7 +66,8 @@ def test_fit_reproduces_its_rows_as_claimed(gpu, family, dtype):
 @pytest.mark.parametrize("gpu, family, dtype", [("a100_sxm", "attention", "bfloat16"),
                                                 ("h100_sxm", "attention", "bfloat16"), ("h100_sxm", "attention", "fp8"),
                                                 ("h200_sxm", "attention", "fp8"), ("b200_sxm", "attention", "fp8"),
-                                                ("h100_sxm", "gemm", "bfloat16"), ("b200_sxm", "gemm", "bfloat16"),
+                                                ("h100_sxm", "gemm", "bfloat16"), ("h100_sxm", "gemm", "fp8"),
+                                                ("h200_sxm", "gemm", "fp8"), ("b200_sxm", "gemm", "bfloat16"),
                                                 ("b200_sxm", "gemm", "fp8")])
 def test_fits_within_10pct_for_90pct_of_rows(gpu, family, dtype):
     # the groups whose fits meet the target on the full tables (within_10pct >= 0.9 in the profile; GEMMs over
@@ -117,6 +118,49 @@ def test_a_deeper_weight_can_run_another_kernel():
     for m, n, k, ms in rows:
         assert pred[(n, k)] == pytest.approx(ms / 1e3, rel=0.10)
     assert pred[(16384, 16384)] < pred[(16384, 12288)] and pred[(8192, 16384)] < pred[(8192, 12288)]
+
+
+def test_an_emptier_last_block_of_rows_costs_more_by_hand():
+    """A range whose kernel rounds m up to blocks of 256 rows: at m = 257 the last block is 255/256 empty and costs
+    (255/256)^2 of the call's bytes again at 0.4 of the bandwidth, a little less on a grid narrower than 2,048
+    output columns; at m = 512 the blocks are full and cost nothing more."""
+    bw = 3.35e12
+    b = dict(max_tokens=512, t0_s=2e-6, eta=0.8, cap_log_bytes_per_s=math.log(1e30), cap_exponent=0.0,
+             cap_k_exponent=0.0, pad_rows=256, pad_eta=0.4, pad_exponent=2.0, pad_from_n=2048.0, pad_steepness=4.0)
+    fit = Fit(t0_s=2e-6, buckets=(b,))
+    # n = k = 4,096, fp8 weight (16,777,216 bytes) and activations: 257 x 4,096 in at 1 byte, out at 2
+    byt = 16_777_216 + 257 * 4096 * 3  # 19,935,232 bytes
+    pad = (255 / 256) ** 2 * byt / (0.4 * bw * 1.0625)  # 1 + (2,048 / 4,096)^4 = 1.0625
+    assert byt == 19_935_232
+    assert gemm_call_seconds(fit, bw, 257, 4096, 4096, 16_777_216, 1) == pytest.approx(
+        2e-6 + byt / (0.8 * bw) + pad, rel=1e-9)
+    full = 16_777_216 + 512 * 4096 * 3
+    assert gemm_call_seconds(fit, bw, 512, 4096, 4096, 16_777_216, 1) == pytest.approx(2e-6 + full / (0.8 * bw),
+                                                                                      rel=1e-9)
+
+
+def test_fp8_gemms_past_128_tokens_pay_for_an_emptier_last_block():
+    """H200, fp8 weights: past 128 tokens vLLM's CUTLASS kernel runs 128-row tiles in clusters of two, and a last
+    block of 256 rows that is mostly empty costs more than a full one. At n = k = 16,384 one token more than 256
+    takes 302 us against 182 us for 512 tokens; a grid of 1,024 output columns does not pay it. Rows copied from
+    AIConfigurator's h200_sxm gemm_perf (vLLM 0.19.0; m, n, k, latency in ms). Two rows miss by more than 10%: at
+    n = k = 16,384 the table's 256 tokens (117 us) run slower than its 224 (108 us), and kvplan says 100 us; and 257
+    tokens on 1,024 columns (27.7 us) fall to the 257-512 range's fit, which says 22.5 us."""
+    rows = [(129, 16384, 16384, 0.16460000144110784), (192, 16384, 16384, 0.12283289432525635),
+            (256, 16384, 16384, 0.11729689439137776), (257, 16384, 16384, 0.3015520042843289),
+            (512, 16384, 16384, 0.18215644359588623), (129, 8192, 8192, 0.04514666729503208),
+            (256, 8192, 8192, 0.030956443813112047), (257, 8192, 8192, 0.07675466934839885),
+            (512, 8192, 8192, 0.05054666598637899), (256, 1024, 8192, 0.027107555005285475),
+            (257, 1024, 8192, 0.027668444646729365)]
+    assert any(b.get("pad_rows") for b in FITS["H200-SXM-141GB"]["gemm"]["fp8"]["buckets"])
+    fit = bundled_profile(load_gpu("h200")).gemm["fp8"]
+    pred = {(m, n, k): gemm_call_seconds(fit, 4.8e12, m, n, k, n * k, 1) for m, n, k, _ in rows}
+    misses = {(256, 16384, 16384), (257, 1024, 8192)}
+    for m, n, k, ms in rows:
+        assert pred[(m, n, k)] == pytest.approx(ms / 1e3, rel=0.20 if (m, n, k) in misses else 0.10), (m, n, k)
+    for n in (16384, 8192):
+        assert pred[(257, n, n)] > pred[(512, n, n)] > pred[(256, n, n)] and pred[(129, n, n)] > pred[(256, n, n)]
+    assert pred[(257, 1024, 8192)] < 1.1 * pred[(256, 1024, 8192)]  # the narrow grid: no doubling
 
 
 def test_a_call_with_one_kv_head_takes_its_own_fit():
