@@ -211,9 +211,11 @@ TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 25
 # fitted in two halves; a split is kept where it reproduces at least SPLIT_GAIN more of the range's rows and each
 # half holds at least SPLIT_ROWS rows of >= 64 MiB
 DEEP_K = (8192, 16384)
-# blocks of rows a kernel may round m up to (tile rows x cluster) where an emptier last block costs more
-PAD_ROWS = (64, 128, 256)
-PAD_TILES = 3
+# blocks of rows a kernel may round m up to (tile rows x cluster) where an emptier last block costs more, the
+# largest first: where the rows cannot tell them apart (past 256 tokens the tables hold only multiples of 256 and
+# one more), the fit keeps the largest, the block of vLLM's fp8 kernel on Hopper (128-row tiles in clusters of two)
+PAD_ROWS = (256, 128, 64)
+PAD_TILES = 1
 SPLIT_ROWS = 40
 
 
@@ -254,8 +256,9 @@ def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
             if _better(share, per_tile.get(tile)):
                 per_tile[tile] = (share, r.x)
     # the cost of an emptier last block of rows (PAD_ROWS), tried on the PAD_TILES best tile grids from their fits:
-    # kept where it reproduces SPLIT_GAIN more of the rows than the best fit without it
-    plain, rows = best[0] or 0.0, best[1]
+    # kept where it reproduces SPLIT_GAIN more of the rows than the best fit without it, and a smaller block only
+    # where it reproduces SPLIT_GAIN more than the larger one
+    rows = best[1]
     lower, upper = lower + [0.01, 0.2, 4, 0.5], upper + [10, 6, 18, 16]
     for tile, (_, p) in sorted(per_tile.items(), key=lambda kv: -(kv[1][0] or 0.0))[:PAD_TILES]:
         for pad in PAD_ROWS:
@@ -264,7 +267,7 @@ def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
                 r = least_squares(lambda q: np.log(_gemm_model(q, x, peak, flops_peak, tile, sms, pad) / y) * w,
                                   start, bounds=(lower, upper), loss="soft_l1", f_scale=0.05)
                 padded, _ = _share(_gemm_model(r.x, x, peak, flops_peak, tile, sms, pad), y, big)
-                if (padded or 0.0) >= plain + SPLIT_GAIN and _better(padded, best):
+                if (_better(padded, best) if best[4] == pad else (padded or 0.0) >= (best[0] or 0.0) + SPLIT_GAIN):
                     best = (padded, rows, r.x, tile, pad)
     return best
 
