@@ -7,7 +7,7 @@ tables renamed <family>-<table>.parquet, then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
-Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about an hour on two cores. Each
+Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about forty minutes on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
 squares on relative error (log time); the share of rows of at least 64 MiB that the fit reproduces within 10% is
 written beside each fit.
