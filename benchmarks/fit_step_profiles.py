@@ -187,7 +187,7 @@ DECODE_TOKENS = 512  # the decode-sized GEMMs: each fit's within_10pct counts th
 
 def _gemm_bucket(p, max_tokens, tile, sms, pad=None) -> dict:
     """One range of m's GEMM fit from the least-squares vector (t0 in us, the cap's log in GB/s; with a block of
-    `pad` rows, two more: pad_eta and its exponent)."""
+    `pad` rows, four more: pad_eta, its exponent, log2 of pad_from_n and pad_steepness)."""
     t0, eta, a, b, mu, q, c, soft = (float(v) for v in p[:8])
     bucket = dict(max_tokens=max_tokens, t0_s=t0 * 1e-6, eta=eta, cap_log_bytes_per_s=a + float(np.log(1e9)),
                   cap_exponent=b, cap_k_exponent=c, cap_softness=soft, mu=mu, blend_exponent=q)
@@ -211,12 +211,12 @@ TILES = (None,) + tuple((tm, tn) for tm in (64, 128, 256) for tn in (64, 128, 25
 # fitted in two halves; a split is kept where it reproduces at least SPLIT_GAIN more of the range's rows and each
 # half holds at least SPLIT_ROWS rows of >= 64 MiB
 DEEP_K = (8192, 16384)
+SPLIT_ROWS = 40
 # blocks of rows a kernel may round m up to (tile rows x cluster) where an emptier last block costs more, the
 # largest first: where the rows cannot tell them apart (past 256 tokens the tables hold only multiples of 256 and
 # one more), the fit keeps the largest, the block of vLLM's fp8 kernel on Hopper (128-row tiles in clusters of two)
 PAD_ROWS = (256, 128, 64)
 PAD_TILES = 1
-SPLIT_ROWS = 40
 
 
 def _gemm_big(d, wb, ab) -> np.ndarray:
@@ -225,7 +225,8 @@ def _gemm_big(d, wb, ab) -> np.ndarray:
 
 
 def _fit_gemm_range(d, wb, ab, peak, flops_peak, sms, tiles=TILES):
-    """(share, rows of >= 64 MiB, least-squares vector, tile) of the best fit of one range's rows."""
+    """(share, rows of >= 64 MiB, least-squares vector, tile, block of rows or None) of the best fit of one
+    range's rows."""
     from scipy.optimize import least_squares
 
     n, k, m = (d[c].to_numpy(float) for c in ("n", "k", "m"))

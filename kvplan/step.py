@@ -7,8 +7,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
   q) per range of m (decode batches to 512, then prefill chunks to 32,768; where the kernels also change at a
   depth of k, a second set for the deeper weights), the rate a grid of n output columns
   walking k deep sustains, cap(n, k), limiting eta B (at once, or softly where the walk shows beside the stream)
-  and, where a range has them, the compute run as whole tiles in waves over the SMs; larger m are held to the
-  large-GEMM compute rate at least;
+  and, where a range has them, the compute run as whole tiles in waves over the SMs and m rounded up to blocks of
+  rows whose emptier last block costs more; larger m are held to the large-GEMM compute rate at least;
 * fused MoE: the routed experts the tokens touch (uniform routing), t0 + c_e x touched + max(bytes / (eta B),
   flops / (mu F));
 * decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
@@ -16,7 +16,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
   context walked in whole tiles and the streams the rate the kernel's grid sustains per KV head and per (sequence,
   KV head), and where the fit has them the programs of an unsplit grid in waves over the SMs; one fit per head size
   and range of query heads per KV head (and for calls with a single KV head where the timings set them apart); for
-  an fp8 cache also the kernel that quantizes the query; a state layer (Mamba, gated delta net) reads and writes its state at the same rate;
+  an fp8 cache also the kernel that quantizes the query; a state layer (Mamba, gated delta net) reads and writes
+  its state at the same rate;
 * all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
 * the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.

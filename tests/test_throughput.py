@@ -179,7 +179,8 @@ def test_a_call_with_one_kv_head_takes_its_own_fit():
         assert t == pytest.approx(ms / 1e3, rel=0.10)
         assert attention_call_seconds(many, 2.039e12, batch, 1, 32, n, 64 * 2**20, replayed=True) > 1.2 * ms / 1e3
     # Llama-3.1-70B on 8 A100s holds one of its 8 KV heads per rank: its step takes that fit
-    assert step_model(_d("llama-3.1-70b", gpu="a100-sxm-80gb", tp=8)).attn_fit == prof.attention["bfloat16"][(8, 128, 1)]
+    sm = step_model(_d("llama-3.1-70b", gpu="a100-sxm-80gb", tp=8))
+    assert sm.attn_fit == prof.attention["bfloat16"][(8, 128, 1)]
 
 
 def _d(model, gpu="h100", kv="auto", **kw):
