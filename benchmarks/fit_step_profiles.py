@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from kvplan.step import Fit, attention_call_seconds, gemm_call_seconds
+from kvplan.step import SPLIT_FIELDS, Fit, attention_call_seconds, gemm_call_seconds
 
 MB = 2**20
 # silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes, SMs):
@@ -71,20 +71,33 @@ def _split_share(halves, rows, share):
 GROUP_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 128))
 
 
-def _attention_params(p, tile, slots) -> Fit:
+def _attention_params(p, tile, slots, split=0) -> Fit:
     """A decode-attention fit from the least-squares vector (p in us, ns, ps, GB/s and MB)."""
-    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost, wave = (float(v) for v in p)
+    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost, wave, combine, combine_global = (
+        float(v) for v in p)
     return Fit(t0_s=t0 * 1e-6, eta=eta, per_sequence_head_s=c_seq * 1e-9, per_query_head_s=c_q * 1e-9,
                per_token_chain_s=c_tok * 1e-12, tile_tokens=int(tile), stream_per_kv_head_bytes_per_s=per_head * 1e9,
                stream_per_sequence_head_bytes_per_s=per_seq * 1e9, blend_exponent=blend, l2_bytes=l2_mb * 1e6,
-               l2_cost=l2_cost, wave_slots=int(slots), wave_exponent=wave if slots else 0.0)
+               l2_cost=l2_cost, wave_slots=int(slots), wave_exponent=wave if slots else 0.0, split_slots=int(split),
+               split_tokens=SPLIT_TOKENS, combine_per_split_s=combine * 1e-6 if split else 0.0,
+               combine_per_split_global_s=combine_global * 1e-6 if split else 0.0)
 
 
-def _attention_model(p, x, peak, tile, slots=0):
+def _attention_model(p, x, peak, tile, slots=0, split=0):
     """kvplan's own decode-attention time for the table's replayed calls (their cache warm in L2 as far as it fits)."""
     batch, kvh, heads, n, per_token = x
-    return attention_call_seconds(_attention_params(p, tile, slots), peak, batch, kvh, heads, n,
+    return attention_call_seconds(_attention_params(p, tile, slots, split), peak, batch, kvh, heads, n,
                                   batch * kvh * n * per_token, xp=np, replayed=True)
+
+
+# The decode kernels whose rule for splitting the context the fits try: FlashInfer's TRT-LLM kernels (vLLM's
+# FlashInfer backend on Blackwell) split each (sequence, KV head) pair's context into
+# min(ceil(context / (2 x 128-token tile)), max(1, SMs // pairs)) programs and combine the splits in a cluster's
+# shared memory up to 16 splits, through global memory beyond (flashinfer 0.6.6,
+# include/flashinfer/trtllm/fmha/fmhaKernels.cuh, computeCtaAndClusterConfig). FlashAttention's own rule differs,
+# and its fits keep a single serial walk over the context.
+SPLIT_KERNELS = ("vllm_flashinfer",)
+SPLIT_TOKENS = 256
 
 
 def attention(df, peak, l2, sms):
@@ -101,12 +114,16 @@ def attention(df, peak, l2, sms):
     Where it reproduces the rows better, the streaming also runs in waves: a kernel that stops splitting the context
     once (sequences x KV heads) fills 80% of its program slots (FlashAttention-2: two per SM) runs one program per
     pair, and a last partial wave slows the stream by util^w, util = pairs / (waves x slots).
+    For the kernels of SPLIT_KERNELS, the context may also be split by their rule: splits = min(ceil(context / 256),
+    max(1, SMs // pairs)), each program walking context / splits (c_tok per token), the splits' partial results
+    combined at a cost per split (two, within a cluster of up to 16 and through global memory beyond).
     Fitted by least squares on log time (scipy), rows of >= 64 MiB weighted 1 and smaller ones 0.3; one fit per head
     size and range of query heads per KV head. Where the calls with a single KV head (multi-query attention, or a
     tensor-parallel rank holding one) run differently enough, they get a fit of their own (one_kv_head): kept where
     it and the rest's refit reproduce SPLIT_GAIN more of the rows, each half holding at least ONE_KV_HEAD_ROWS."""
     out = {}
     full = df[df.window_size == 0] if "window_size" in df else df
+    split_slots = sms if "kernel_source" in full and full.kernel_source.isin(SPLIT_KERNELS).all() else 0
     group = full.num_heads // full.num_key_value_heads
     for kv, eb in (("bfloat16", 2), ("fp8", 1)):
         groups, one_kv_head, hits, total = {}, {}, 0.0, 0
@@ -116,11 +133,11 @@ def attention(df, peak, l2, sms):
                 d = rows[(rows.kv_cache_dtype == kv) & (rows.head_dim == hd)]
                 if d.empty:
                     continue
-                fit = _attention_fit(d, eb, peak, l2, sms)
+                fit = _attention_fit(d, eb, peak, l2, sms, split_slots)
                 share, n = fit["within_10pct"] or 0.0, fit["rows_64mib"]
                 one, rest = d[d.num_key_value_heads == 1], d[d.num_key_value_heads > 1]
                 if min(_attention_big(one, eb).sum(), _attention_big(rest, eb).sum()) >= ONE_KV_HEAD_ROWS:
-                    halves = [_attention_fit(h, eb, peak, l2, sms) for h in (one, rest)]
+                    halves = [_attention_fit(h, eb, peak, l2, sms, split_slots) for h in (one, rest)]
                     split = _split_share([(h["within_10pct"], h["rows_64mib"]) for h in halves], n, share)
                     if split is not None:
                         one_kv_head.setdefault(hi, {})[int(hd)], fit = halves
@@ -143,7 +160,7 @@ def _attention_big(d, eb) -> np.ndarray:
     return (d.batch_size * d.num_key_value_heads * (d.step + 1) * d.head_dim * 2 * eb >= 64 * MB).to_numpy()
 
 
-def _attention_fit(d, eb, peak, l2, sms) -> dict:
+def _attention_fit(d, eb, peak, l2, sms, split=0) -> dict:
     from scipy.optimize import least_squares
 
     n = (d.step + 1).to_numpy(float)
@@ -156,21 +173,25 @@ def _attention_fit(d, eb, peak, l2, sms) -> dict:
     w = np.where(big, 1.0, 0.3)
     l2_mb = l2 / 1e6
     best = None
-    for slots in (0, sms, 2 * sms):  # no waves, or one or two programs per SM
-        lower = [0, 0, 0, 0.2, 0, 1, 1, 1, 0.2 * l2_mb, 0.05, 0]
-        upper = [50, 200, 10, 1.2, 5000, 20000, 20000, 8, 1.2 * l2_mb, 1.0, 1.0 if slots else 1e-9]
+    for sp, slots in ((sp, slots) for sp in sorted({0, split}) for slots in (0, sms, 2 * sms)):
+        # no waves, or one or two programs per SM; and where the kernel splits by its rule, with the split and without
+        lower = [0, 0, 0, 0.2, 0, 1, 1, 1, 0.2 * l2_mb, 0.05, 0, 0, 0]
+        upper = ([50, 200, 10, 1.2, 5000, 20000, 20000, 8, 1.2 * l2_mb, 1.0, 1.0 if slots else 1e-9]
+                 + [5 if sp else 1e-9] * 2)
         for tile in (1, 64, 128):
             for start in ((9, 15, 0.3, 0.85, 300, 1000, 50, 1, 0.8 * l2_mb, 0.4, 0.5 * bool(slots)),
                           (9, 15, 0.3, 0.85, 300, 3000, 1000, 1, 0.8 * l2_mb, 0.4, 0.5 * bool(slots)),
                           (9, 15, 0.3, 0.85, 300, 3000, 1000, 3, 0.8 * l2_mb, 0.4, 0.5 * bool(slots))):
-                r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile, slots) / y) * w,
-                                  np.array(start), bounds=(lower, upper), loss="soft_l1", f_scale=0.05, max_nfev=400)
-                share, rows = _share(_attention_model(r.x, x, peak, tile, slots), y, big)
+                start = np.array(start + ((0.2, 0.15) if sp else (0.0, 0.0)))
+                r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile, slots, sp) / y) * w,
+                                  start, bounds=(lower, upper), loss="soft_l1", f_scale=0.05, max_nfev=400)
+                share, rows = _share(_attention_model(r.x, x, peak, tile, slots, sp), y, big)
                 if _better(share, best):
-                    best = (share, rows, tile, slots, r.x)
-    share, rows, tile, slots, p = best
-    fit = _attention_params(p, tile, slots)
-    return dict({f: getattr(fit, f) for f in ATTENTION_FIELDS}, within_10pct=share, rows_64mib=rows)
+                    best = (share, rows, tile, slots, sp, r.x)
+    share, rows, tile, slots, sp, p = best
+    fit = _attention_params(p, tile, slots, sp)
+    fields = ATTENTION_FIELDS + (SPLIT_FIELDS if sp else ())
+    return dict({f: getattr(fit, f) for f in fields}, within_10pct=share, rows_64mib=rows)
 
 
 ATTENTION_FIELDS = ("t0_s", "eta", "per_sequence_head_s", "per_query_head_s", "per_token_chain_s", "tile_tokens",

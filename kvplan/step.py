@@ -14,10 +14,11 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
 * decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
   heads) + c_q x (sequences x query heads) and stream = max(bytes / min(eta B, streams), c_tok x context), the
   context walked in whole tiles and the streams the rate the kernel's grid sustains per KV head and per (sequence,
-  KV head), and where the fit has them the programs of an unsplit grid in waves over the SMs; one fit per head size
-  and range of query heads per KV head (and for calls with a single KV head where the timings set them apart); for
-  an fp8 cache also the kernel that quantizes the query; a state layer (Mamba, gated delta net) reads and writes
-  its state at the same rate;
+  KV head), and where the fit has them the programs of an unsplit grid in waves over the SMs, or the context split
+  over the SMs the pairs leave free (each split walking its share, the splits' results combined at a cost per
+  split); one fit per head size and range of query heads per KV head (and for calls with a single KV head where
+  the timings set them apart); for an fp8 cache also the kernel that quantizes the query; a state layer (Mamba,
+  gated delta net) reads and writes its state at the same rate;
 * all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
 * the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
@@ -71,6 +72,15 @@ class Fit:
     # program slots runs one program per pair, in waves; a last partial wave slows the stream by util^wave_exponent
     wave_slots: int = 0
     wave_exponent: float = 0.0
+    # decode attention: a kernel that splits each (sequence, KV head) pair's context over the program slots the pairs
+    # leave free, splits = min(ceil(context / split_tokens), max(1, floor(split_slots / pairs))) (the TRT-LLM decode
+    # kernels FlashInfer runs on Blackwell), each split walking context / splits; it then combines the splits'
+    # partial results at a cost per split, in a thread-block cluster's shared memory up to CLUSTER_SPLITS splits and
+    # through global memory beyond
+    split_slots: int = 0
+    split_tokens: int = 256
+    combine_per_split_s: float = 0.0
+    combine_per_split_global_s: float = 0.0
     # GEMMs: (t0, eta, cap, mu, q) per range of tokens, the kernel configuration changing between them; see
     # gemm_call_seconds
     buckets: tuple = ()
@@ -149,7 +159,9 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
                    per_query_head_s=old.per_query_head_s if old else 0.0,
                    per_token_chain_s=old.per_token_chain_s if old else 0.0,
                    blend_exponent=old.blend_exponent if old else 1.0, mu=old.mu if old else None,
-                   peak_flops=old.peak_flops if old else None, source=source)
+                   peak_flops=old.peak_flops if old else None, source=source,
+                   # the serial walk is per split where the bundled fit splits the context
+                   **({f: getattr(old, f) for f in SPLIT_FIELDS} if old else {}))
     for fam, key in (("gemv_bf16", "bfloat16"), ("gemv_fp8", "fp8")):
         if cal.fit(fam) is not None:
             gemm[key] = measured_fit(cal.fit(fam), gemm.get(key))
@@ -326,9 +338,14 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
     the same call run again on the same cache, as a kernel benchmark does, which reads it from L2 as far as it fits
     (in a serving step every other layer's cache and weights pass through L2 between two calls of a layer)."""
     bw = fit.eta * peak_bw
+    splits = 1
+    if fit.split_slots:  # the context split over the program slots the (sequence, KV head) pairs leave free
+        splits = xp.minimum(xp.maximum(xp.ceil(context / fit.split_tokens), 1),
+                            xp.maximum(xp.floor(fit.split_slots / xp.maximum(batch * kv_heads, 1)), 1))
     if fit.stream_per_kv_head_bytes_per_s or fit.stream_per_sequence_head_bytes_per_s:
+        # each program (a pair, or one split of it) sustains its own stream
         streams = xp.maximum(kv_heads * (fit.stream_per_kv_head_bytes_per_s or 0.0),
-                             batch * kv_heads * (fit.stream_per_sequence_head_bytes_per_s or 0.0))
+                             batch * kv_heads * splits * (fit.stream_per_sequence_head_bytes_per_s or 0.0))
         bw = xp.minimum(bw, streams)
     if fit.tile_tokens > 1:  # a program walks whole tiles of tokens
         whole = xp.ceil(context / fit.tile_tokens) * fit.tile_tokens
@@ -336,17 +353,23 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
     if replayed and fit.l2_bytes:
         nbytes = nbytes * (1 - (1 - fit.l2_cost) / (1 + (nbytes / fit.l2_bytes) ** L2_STEEPNESS))
     fixed = fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
-    stream = xp.maximum(nbytes / bw, fit.per_token_chain_s * context)
+    walk = xp.ceil(context / splits) if fit.split_slots else context  # the tokens one program walks
+    stream = xp.maximum(nbytes / bw, fit.per_token_chain_s * walk)
     if fit.wave_slots:
         pairs, slots = batch * kv_heads, fit.wave_slots
         util = xp.where(pairs >= 0.8 * slots, pairs / (xp.maximum(xp.ceil(pairs / slots), 1) * slots), 1.0)
         stream = stream / util ** fit.wave_exponent
     p = fit.blend_exponent
-    if p == 1.0:
-        return fit.t0_s + fixed + stream
-    return fit.t0_s + (fixed ** p + stream ** p) ** (1 / p)
+    t = fit.t0_s + (fixed + stream if p == 1.0 else (fixed ** p + stream ** p) ** (1 / p))
+    if fit.split_slots:
+        per_split = xp.where(splits > CLUSTER_SPLITS, fit.combine_per_split_global_s,
+                             xp.where(splits > 1, fit.combine_per_split_s, 0.0))
+        t = t + per_split * splits
+    return t
 
 
+SPLIT_FIELDS = ("split_slots", "split_tokens", "combine_per_split_s", "combine_per_split_global_s")
+CLUSTER_SPLITS = 16  # the most CTAs a thread-block cluster holds (non-portable size), hence shared-memory combines
 L2_STEEPNESS = 12  # how sharply a replayed cache stops fitting in L2 past l2_bytes (benchmarks/fit_step_profiles.py)
 
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from kvplan.deployment import DeploymentArgs
-from kvplan.step import Fit, attention_call_seconds, attention_fit, bundled_profile, gemm_call_seconds, step_model
+from kvplan.step import (SPLIT_FIELDS, Fit, attention_call_seconds, attention_fit, bundled_profile, gemm_call_seconds,
+                         step_model, with_calibration)
 from kvplan.specs import load_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -529,6 +530,47 @@ def test_attention_that_stops_splitting_runs_in_waves():
     assert t(fit, 16) == pytest.approx(0.191008, rel=0.10) and t(fit, 16) == t(flat, 16)
     assert t(fit, 32) == pytest.approx(0.418949, rel=0.10)
     assert t(fit, 32) > t(flat, 32) * 1.1  # (432 / 256)^w slower in its stream
+
+
+def test_flashinfer_decode_splits_each_context_over_the_sms():
+    # B200 table (vLLM 0.19.0, FlashInfer's TRT-LLM decode kernels; aic-core/src/aiconfigurator_core/systems/data/
+    # b200_sxm/, generation_attention_perf), bf16 cache, heads of 128, 4 query heads per KV head, 64 MiB read
+    # (131,072 cached tokens x 512 B in all), by (sequences, KV heads):
+    #   (1, 1): 0.029221 ms, (2, 1): 0.021040, (4, 1): 0.017200, (8, 1): 0.015061, (16, 1): 0.014261
+    #   (2, 2): 0.017157 and (1, 4): 0.017083, as fast as (4, 1): the time follows the pairs, however they divide
+    # The kernels split each pair's context into min(ceil(context / 256), 148 // pairs) programs (flashinfer 0.6.6,
+    # fmhaKernels.cuh): 1, 2, 4, 8, 16 pairs make 148, 74, 37, 18, 9 splits, so 148, 148, 148, 144, 144 programs
+    # walking ceil(131,072 / 148) = 886 tokens each (16,384 / 18 = 911 at 8 pairs): the same work per program.
+    # What falls with the pairs is the combine of the splits' results: through global memory past 16 splits, in a
+    # cluster's shared memory up to 16.
+    prof = bundled_profile(load_gpu("b200"))
+    splits = {p: min(math.ceil(131072 // p / 256), 148 // p) for p in (1, 2, 4, 8, 16)}
+    assert splits == {1: 148, 2: 74, 4: 37, 8: 18, 16: 9}
+
+    def t(batch, kvh, f=None, combine=True):
+        f = f or attention_fit(prof, "float", 128, 4, kvh)[0]
+        if not combine:
+            f = dataclasses.replace(f, combine_per_split_s=0.0, combine_per_split_global_s=0.0)
+        return attention_call_seconds(f, 8e12, batch, kvh, 4 * kvh, 131072 // (batch * kvh), 64 * 2**20,
+                                      replayed=True)
+    fit = attention_fit(prof, "float", 128, 4, 1)[0]
+    assert (fit.split_slots, fit.split_tokens) == (148, 256)
+    # the combine by hand: splits x its cost per split, the global one past 16 splits
+    for p in (2, 4, 8, 16):
+        per_split = fit.combine_per_split_global_s if splits[p] > 16 else fit.combine_per_split_s
+        assert t(p, 1) - t(p, 1, combine=False) == pytest.approx(splits[p] * per_split, rel=1e-9)
+    for (batch, kvh), ms in (((2, 1), 0.021040), ((4, 1), 0.017200), ((8, 1), 0.015061), ((16, 1), 0.014261),
+                             ((2, 2), 0.017157), ((1, 4), 0.017083)):
+        assert t(batch, kvh) * 1e3 == pytest.approx(ms, rel=0.10)
+    # one pair (148 splits) is kvplan's miss here: 0.033 ms, 13% slow; still the slowest of the five, as measured
+    assert t(1, 1) > t(2, 1) > t(4, 1) > t(8, 1)
+    # a `kvplan measure` profile replaces the rate and per-call cost, and keeps the split its serial walk is per
+    cal = type("Cal", (), {"peak_bandwidth_bytes_per_s": 8e12, "device": {"name": "B200"},
+                           "fit": lambda self, fam: Fit(t0_s=5e-6, eta=0.8) if fam == "decode_bfloat16" else None})()
+    measured = with_calibration(prof, cal, "calibration profile", load_gpu("b200"))
+    kept = attention_fit(measured, "float", 128, 4, 1)[0]
+    assert [getattr(kept, f) for f in SPLIT_FIELDS] == [getattr(fit, f) for f in SPLIT_FIELDS]
+    assert kept.eta == 0.8 and kept.per_token_chain_s == fit.per_token_chain_s
 
 
 @pytest.mark.parametrize("gpu", ["a100-sxm-80gb", "h100", "b200"])
