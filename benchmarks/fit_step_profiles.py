@@ -72,15 +72,16 @@ GROUP_BUCKETS = ((1, 1), (2, 4), (5, 8), (9, 16), (17, 128))
 
 
 def _attention_params(p, tile, slots, split=0) -> Fit:
-    """A decode-attention fit from the least-squares vector (p in us, ns, ps, GB/s and MB)."""
-    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost, wave, combine, combine_global = (
-        float(v) for v in p)
+    """A decode-attention fit from the least-squares vector (p in us, ns, ps, GB/s and MB; with a split, two more:
+    the combine's cost per split in us, within a cluster and through global memory)."""
+    t0, c_seq, c_q, eta, c_tok, per_head, per_seq, blend, l2_mb, l2_cost, wave = (float(v) for v in p[:11])
+    combine, combine_global = (float(v) for v in p[11:]) if split else (0.0, 0.0)
     return Fit(t0_s=t0 * 1e-6, eta=eta, per_sequence_head_s=c_seq * 1e-9, per_query_head_s=c_q * 1e-9,
                per_token_chain_s=c_tok * 1e-12, tile_tokens=int(tile), stream_per_kv_head_bytes_per_s=per_head * 1e9,
                stream_per_sequence_head_bytes_per_s=per_seq * 1e9, blend_exponent=blend, l2_bytes=l2_mb * 1e6,
                l2_cost=l2_cost, wave_slots=int(slots), wave_exponent=wave if slots else 0.0, split_slots=int(split),
-               split_tokens=SPLIT_TOKENS, combine_per_split_s=combine * 1e-6 if split else 0.0,
-               combine_per_split_global_s=combine_global * 1e-6 if split else 0.0)
+               split_tokens=SPLIT_TOKENS, combine_per_split_s=combine * 1e-6,
+               combine_per_split_global_s=combine_global * 1e-6)
 
 
 def _attention_model(p, x, peak, tile, slots=0, split=0):
@@ -175,14 +176,13 @@ def _attention_fit(d, eb, peak, l2, sms, split=0) -> dict:
     best = None
     for sp, slots in ((sp, slots) for sp in sorted({0, split}) for slots in (0, sms, 2 * sms)):
         # no waves, or one or two programs per SM; and where the kernel splits by its rule, with the split and without
-        lower = [0, 0, 0, 0.2, 0, 1, 1, 1, 0.2 * l2_mb, 0.05, 0, 0, 0]
-        upper = ([50, 200, 10, 1.2, 5000, 20000, 20000, 8, 1.2 * l2_mb, 1.0, 1.0 if slots else 1e-9]
-                 + [5 if sp else 1e-9] * 2)
+        lower = [0, 0, 0, 0.2, 0, 1, 1, 1, 0.2 * l2_mb, 0.05, 0] + [0, 0] * bool(sp)
+        upper = [50, 200, 10, 1.2, 5000, 20000, 20000, 8, 1.2 * l2_mb, 1.0, 1.0 if slots else 1e-9] + [5, 5] * bool(sp)
         for tile in (1, 64, 128):
             for start in ((9, 15, 0.3, 0.85, 300, 1000, 50, 1, 0.8 * l2_mb, 0.4, 0.5 * bool(slots)),
                           (9, 15, 0.3, 0.85, 300, 3000, 1000, 1, 0.8 * l2_mb, 0.4, 0.5 * bool(slots)),
                           (9, 15, 0.3, 0.85, 300, 3000, 1000, 3, 0.8 * l2_mb, 0.4, 0.5 * bool(slots))):
-                start = np.array(start + ((0.2, 0.15) if sp else (0.0, 0.0)))
+                start = np.array(start + ((0.2, 0.15) if sp else ()))
                 r = least_squares(lambda p: np.log(_attention_model(p, x, peak, tile, slots, sp) / y) * w,
                                   start, bounds=(lower, upper), loss="soft_l1", f_scale=0.05, max_nfev=400)
                 share, rows = _share(_attention_model(r.x, x, peak, tile, slots, sp), y, big)
