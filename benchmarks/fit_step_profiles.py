@@ -80,8 +80,7 @@ def _attention_params(p, tile, slots, split=0) -> Fit:
                per_token_chain_s=c_tok * 1e-12, tile_tokens=int(tile), stream_per_kv_head_bytes_per_s=per_head * 1e9,
                stream_per_sequence_head_bytes_per_s=per_seq * 1e9, blend_exponent=blend, l2_bytes=l2_mb * 1e6,
                l2_cost=l2_cost, wave_slots=int(slots), wave_exponent=wave if slots else 0.0, split_slots=int(split),
-               split_tokens=SPLIT_TOKENS, combine_per_split_s=combine * 1e-6,
-               combine_per_split_global_s=combine_global * 1e-6)
+               combine_per_split_s=combine * 1e-6, combine_per_split_global_s=combine_global * 1e-6)
 
 
 def _attention_model(p, x, peak, tile, slots=0, split=0):
@@ -95,10 +94,9 @@ def _attention_model(p, x, peak, tile, slots=0, split=0):
 # FlashInfer backend on Blackwell) split each (sequence, KV head) pair's context into
 # min(ceil(context / (2 x 128-token tile)), max(1, SMs // pairs)) programs and combine the splits in a cluster's
 # shared memory up to 16 splits, through global memory beyond (flashinfer 0.6.6,
-# include/flashinfer/trtllm/fmha/fmhaKernels.cuh, computeCtaAndClusterConfig). FlashAttention's own rule differs,
-# and its fits keep a single serial walk over the context.
+# include/flashinfer/trtllm/fmha/fmhaKernels.cuh, computeCtaAndClusterConfig; the 256 tokens are Fit.split_tokens'
+# default). FlashAttention's own rule differs, and its fits keep a single serial walk over the context.
 SPLIT_KERNELS = ("vllm_flashinfer",)
-SPLIT_TOKENS = 256
 
 
 def attention(df, peak, l2, sms):
