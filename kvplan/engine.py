@@ -28,6 +28,7 @@ from typing import Literal, Optional, Sequence
 
 from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
+from .memo import per_spec
 from .specs import ATTENTION_KINDS, GPUSpec, ModelSpec
 from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, padded_vocab, weight_bytes
 from .xp import SCALAR
@@ -171,6 +172,7 @@ def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int, layer: Opti
     return whole(kv_heads_per_rank(model, tp, layer) * fmt.bytes_per_token_per_kv_head(d, model_bits=bits))
 
 
+@per_spec
 def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = None,
               ssm_default: Optional[str] = None) -> tuple[LayerKV, ...]:
     auto = kv_format("auto")
@@ -355,20 +357,39 @@ def weight_read_bytes(model: ModelSpec, wb: WeightBytes, batch, mode: WeightRead
 
 def _solve_crossover(layers: Sequence[LayerKV], weight: float) -> Optional[float]:
     """Smallest single-sequence context at which the KV read reaches `weight` (piecewise linear, exact)."""
+    return crossover_curve(layers).solve(weight)
+
+
+@dataclass(frozen=True)
+class CrossoverCurve:
+    """A single sequence's KV read against its context, as the piecewise-linear curve it is: the contexts where its
+    slope changes (0, every window, every residual length), the read at each, and the slope past the last. Built once
+    per set of layers, it solves for any number of weight reads without pricing the layers again."""
+
+    points: tuple[int, ...]
+    reads: tuple[float, ...]
+    final_slope: float
+
+    def solve(self, weight: float) -> Optional[float]:
+        """Smallest context at which the read reaches `weight`; None where it never does."""
+        points, reads = self.points, self.reads
+        if reads[0] >= weight:  # a hybrid whose fixed state alone outweighs the weights
+            return 0.0
+        for i in range(len(points) - 1):
+            f_lo, f_hi = reads[i], reads[i + 1]
+            if f_hi >= weight:
+                lo, hi = points[i], points[i + 1]
+                return lo + (weight - f_lo) / (f_hi - f_lo) * (hi - lo)
+        slope = self.final_slope
+        return None if slope <= 0 else points[-1] + (weight - reads[-1]) / slope
+
+
+def crossover_curve(layers: Sequence[LayerKV]) -> CrossoverCurve:
     f = lambda s: kv_read_bytes(layers, 1, s)  # noqa: E731
-    if f(0) >= weight:  # a hybrid whose fixed state alone outweighs the weights
-        return 0.0
     points = sorted({0, *(lay.window for lay in layers if lay.window),
                      *(lay.residual_tokens for lay in layers if lay.residual_tokens)})
-    for lo, hi in zip(points, points[1:] + [None], strict=True):
-        f_lo = f(lo)
-        if hi is None:
-            slope = f(lo + 1) - f_lo
-            return None if slope <= 0 else lo + (weight - f_lo) / slope
-        f_hi = f(hi)
-        if f_hi >= weight:
-            return lo + (weight - f_lo) / (f_hi - f_lo) * (hi - lo)
-    return None
+    reads = tuple(f(p) for p in points)
+    return CrossoverCurve(tuple(points), reads, f(points[-1] + 1) - reads[-1])
 
 
 @dataclass(frozen=True)
@@ -451,6 +472,7 @@ def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context,
     return flops
 
 
+@per_spec
 def params_read_per_token(model: ModelSpec, tp: int) -> float:
     """Parameters one token multiplies on this rank (for the compute roofline)."""
     from .weights import model_tensors
@@ -504,9 +526,12 @@ def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequenc
                           crossover_tokens=crossover_at_batch(layers, fig["weight_bytes"], batch), **fig)
 
 
-def crossover_at_batch(layers: Sequence[LayerKV], weight_read: float, batch: int) -> Optional[float]:
-    """Resident tokens (batch x context) at which the KV read equals `weight_read`, sequences growing together."""
-    nstar = _solve_crossover(layers, weight_read / batch)
+def crossover_at_batch(layers: Sequence[LayerKV] | CrossoverCurve, weight_read: float,
+                       batch: int) -> Optional[float]:
+    """Resident tokens (batch x context) at which the KV read equals `weight_read`, sequences growing together
+    (`layers` may be their crossover_curve, built once for many batches)."""
+    curve = layers if isinstance(layers, CrossoverCurve) else crossover_curve(layers)
+    nstar = curve.solve(weight_read / batch)
     return nstar * batch if nstar is not None else None
 
 

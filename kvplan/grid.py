@@ -13,8 +13,8 @@ from typing import Sequence
 from .engine import (
     SkipLayers,
     WeightRead,
-    _solve_crossover,
     crossover_at_batch,
+    crossover_curve,
     kv_bytes_per_token,
     kv_layers,
     params_read_per_token,
@@ -81,8 +81,6 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     grid_c = np.tile(cs, bs.size)
     rows_per_config = n_len * n_bc
 
-    cols: dict[str, list] = {c: [] for c in COLUMNS}
-    codes = {"model": [], "gpu": [], "dtype": []}
     skipped: list[str] = []
     profiles: dict[str, str] = {}
     base_fmt = kv_format(baseline)
@@ -91,6 +89,11 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     if "engine" in options and options["engine"] not in (None, "vllm"):
         raise KvplanError("sweep plans vLLM's pool; --engine sglang is not swept (use `kvplan capacity --engine sglang`)")
     weight_dtype = options.get("weight_dtype")
+    # one entry per configuration kept: its constant figures, its figures over max_model_len, over (batch, context)
+    const: dict[str, list] = {c: [] for c in _CONST}
+    per_len: dict[str, list] = {c: [] for c in _PER_LEN}
+    per_bc: dict[str, list] = {c: [] for c in _PER_BC}
+    grid_bf, grid_cf = grid_b.astype(np.float64), grid_c.astype(np.float64)
     for (mi, m), (gi, g), tp, (fi, fmt) in itertools.product(enumerate(mspecs), enumerate(gspecs), tps,
                                                                enumerate(fmts)):
         try:
@@ -113,70 +116,79 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
                            "columns; lower the sizes given (memory, --max-num-batched-tokens, --max-num-seqs)")
             continue
         # in floating point, as the scalar path's figures are: batch x context x bytes would overflow 64-bit integers
-        step = step_figures(m, layers, base_layers, wb, grid_b.astype(np.float64), grid_c.astype(np.float64),
-                            weight_read, tp, g, wdtype, xp=np, params_read=params_read_per_token(m, tp))
-        nstar_b = {int(b): crossover_at_batch(layers, w, int(b))
-                   for b, w in zip(bs, step["weight_bytes"][::cs.size], strict=True)}
+        step = step_figures(m, layers, base_layers, wb, grid_bf, grid_cf, weight_read, tp, g, wdtype, xp=np,
+                            params_read=params_read_per_token(m, tp))
+        curve = crossover_curve(layers)  # N* at each batch's weight read, the curve built once
+        nstar_b = [crossover_at_batch(curve, w, int(b)) for b, w in zip(bs, step["weight_bytes"][::cs.size],
+                                                                            strict=True)]
         w1 = step_figures(m, layers, base_layers, wb, 1, 1, weight_read, tp, None, wdtype)["weight_bytes"]
-        nstar = _solve_crossover(layers, w1)
 
-        def per_len(x):
-            return np.repeat(np.asarray(x), n_bc)
-
-        def per_bc(x):
-            return np.tile(np.asarray(x), n_len)
-
-        def const(x, dtype=None):
-            return np.full(rows_per_config, np.nan if x is None else x, dtype=dtype)
-
-        codes["model"].append(const(mi, np.int32))
-        codes["gpu"].append(const(gi, np.int32))
-        codes["dtype"].append(const(fi, np.int32))
-        cols["tp"].append(const(tp, np.int32))
-        cols["max_model_len"].append(per_len(lens))
-        cols["batch"].append(per_bc(grid_b))
-        cols["context"].append(per_bc(grid_c))
-        cols["weight_bytes_held"].append(const(plan.weights, np.int64))
-        cols["available_kv_bytes"].append(const(plan.available, np.int64))
-        cols["kv_bytes_per_token"].append(const(kv_bytes_per_token(layers), np.float64))
-        cols["num_blocks"].append(const(plan.num_blocks, np.int64))
-        cols["blocks_per_request"].append(per_len(cap["blocks_per_request"]).astype(np.int64))
-        cols["max_concurrency"].append(per_len(cap["max_concurrency"]))
-        cols["kv_tokens"].append(per_len(cap["kv_tokens"]).astype(np.int64))
-        cols["fits"].append(per_len(cap["fits"]))
-        cols["crossover_tokens"].append(const(nstar, np.float64))
+        const["model"].append(mi)
+        const["gpu"].append(gi)
+        const["dtype"].append(fi)
+        const["tp"].append(tp)
+        const["weight_bytes_held"].append(plan.weights)
+        const["available_kv_bytes"].append(plan.available)
+        const["kv_bytes_per_token"].append(kv_bytes_per_token(layers))
+        const["num_blocks"].append(plan.num_blocks)
+        const["crossover_tokens"].append(curve.solve(w1))
+        per_len["max_model_len"].append(lens)
+        for key in ("blocks_per_request", "max_concurrency", "kv_tokens", "fits"):
+            per_len[key].append(cap[key])
+        per_bc["batch"].append(grid_b)
+        per_bc["context"].append(grid_c)
         for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
-            cols[key].append(per_bc(step[key]))
-        cols["bound"].append(per_bc(step["kv_bound"]).astype(np.int8))
-        cols["expected_step_ms"].append(per_bc(_expected_ms(d, grid_b, grid_c, profiles)))
-        cols["crossover_tokens_at_batch"].append(
-            per_bc(np.array([np.nan if nstar_b[int(b)] is None else nstar_b[int(b)] for b in grid_b])))
+            per_bc[key].append(step[key])
+        per_bc["bound"].append(step["kv_bound"])
+        per_bc["expected_step_ms"].append(_expected_ms(d, grid_bf, grid_cf, profiles))
+        per_bc["crossover_tokens_at_batch"].append(np.repeat([np.nan if x is None else x for x in nstar_b], cs.size))
 
+    n_cfg = len(const["model"])
     frame: dict = {}
     categories = {"model": [m.name for m in mspecs], "gpu": [g.name for g in gspecs], "dtype": [f.name for f in fmts]}
-    # counts (and bytes) are whole numbers, `fits` a yes/no; every other column is a real number
-    integers = {"tp", "max_model_len", "batch", "context", "weight_bytes_held", "available_kv_bytes", "num_blocks",
-                "blocks_per_request", "kv_tokens"}
     for c in COLUMNS:
+        dtype = _DTYPES.get(c, np.float64)
+        if c in const:  # one value per configuration, repeated over its rows
+            values = np.repeat(np.array([np.nan if x is None else x for x in const[c]], dtype=np.float64
+                                        if c == "crossover_tokens" else dtype), rows_per_config)
+        elif c in per_len:  # over max_model_len (slower than batch and context)
+            values = np.repeat(_stack(per_len[c], n_cfg, n_len, dtype).ravel(), n_bc)
+        else:  # over (batch, context), the same for every max_model_len
+            values = np.broadcast_to(_stack(per_bc[c], n_cfg, n_bc, dtype)[:, None, :],
+                                     (n_cfg, n_len, n_bc)).reshape(-1)
         if c in categories:
-            frame[c] = pd.Categorical.from_codes(_concat(codes[c], np.int32), categories=categories[c])
+            frame[c] = pd.Categorical.from_codes(values, categories=categories[c])
         elif c == "bound":
-            frame[c] = pd.Categorical.from_codes(_concat(cols[c], np.int8), categories=["weights", "kv"])
-        elif c in integers:
-            values = _concat(cols[c], np.int64)
-            if values.dtype.kind == "f" and np.isnan(values).any():  # a figure some rows lack
-                frame[c] = pd.array(values, dtype="Int64")
-            else:
-                frame[c] = values.astype(np.int64, copy=False)
-        elif c == "fits":
-            frame[c] = _concat(cols[c], np.bool_).astype(np.bool_, copy=False)
+            frame[c] = pd.Categorical.from_codes(values, categories=["weights", "kv"])
         else:
-            frame[c] = _concat(cols[c], np.float64).astype(np.float64, copy=False)
+            frame[c] = values
     df = pd.DataFrame(frame, copy=False)
     df.attrs["skipped"] = skipped
     df.attrs["weight_read"] = weight_read
     df.attrs["step_profiles"] = profiles  # GPU -> the profile its expected_step_ms come from
     return df
+
+
+# The columns by how they vary: one value per configuration, one per max_model_len, one per (batch, context)
+_CONST = ("model", "gpu", "dtype", "tp", "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token",
+          "num_blocks", "crossover_tokens")
+_PER_LEN = ("max_model_len", "blocks_per_request", "max_concurrency", "kv_tokens", "fits")
+_PER_BC = ("batch", "context", "weight_bytes", "kv_bytes", "step_bytes", "saving", "bound", "crossover_tokens_at_batch",
+           "step_ms", "expected_step_ms")
+# counts (and bytes) are whole numbers, `fits` a yes/no, the categories their codes; every other column is a real
+# number
+_DTYPES = {"model": "int32", "gpu": "int32", "dtype": "int32", "bound": "int8", "fits": "bool",
+           **{c: "int64" for c in ("tp", "max_model_len", "batch", "context", "weight_bytes_held",
+                                   "available_kv_bytes", "num_blocks", "blocks_per_request", "kv_tokens")}}
+
+
+def _stack(parts: list, n_cfg: int, width: int, dtype):
+    """The configurations' arrays of one column as an (n_cfg, width) array of `dtype`."""
+    import numpy as np
+
+    if not parts:
+        return np.empty((0, width), dtype=dtype)
+    return np.asarray(np.stack(parts), dtype=dtype).reshape(n_cfg, width)
 
 
 def _expected_ms(d, batches, contexts, profiles: dict):
@@ -210,9 +222,3 @@ def _unique_by_name(items: list) -> list:
     for it in items:
         seen.setdefault(it.name, it)
     return list(seen.values())
-
-
-def _concat(parts: list, dtype):
-    import numpy as np
-
-    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from .engines import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
+from .memo import per_spec
 from .specs import GPUSpec, ModelSpec
 from .weights import DTYPE_BYTES, allocator_rounding, padded_vocab
 
@@ -499,6 +500,7 @@ def _swizzle_scale(alloc, E: int, rows: int, cols: int) -> int:
     return d
 
 
+@per_spec
 def mxfp4_hopper_load(m: ModelSpec, tp: int, rotary: int = 0) -> tuple[int, int, int]:
     """What torch holds allocated once vLLM has loaded an MXFP4 MoE model on Hopper (the TRITON backend), the memory
     that stays reserved but unallocated, and the largest free block in that (`rotary`: the rotary cache's bytes).

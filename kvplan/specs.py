@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from .errors import KvplanError, did_you_mean
 from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
+from .memo import per_spec
 
 LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
 MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
@@ -343,6 +344,7 @@ class ModelSpec(_Frozen):
         return self.mla is not None
 
     @property
+    @per_spec
     def layer_kinds(self) -> tuple[MixerKind, ...]:
         if self.mixers is not None:
             return self.mixers
@@ -350,15 +352,18 @@ class ModelSpec(_Frozen):
         return tuple(p[i % len(p)] for i in range(self.num_layers))
 
     @property
+    @per_spec
     def attention_layers(self) -> tuple[int, ...]:
         """Indices of the layers whose cache grows with the sequence."""
         return tuple(i for i, k in enumerate(self.layer_kinds) if k in ATTENTION_KINDS)
 
     @property
+    @per_spec
     def state_layers(self) -> tuple[int, ...]:
         return tuple(i for i, k in enumerate(self.layer_kinds) if k == "state")
 
     @property
+    @per_spec
     def mlp_kinds(self) -> tuple[MlpKind, ...]:
         if self.mlps is not None:
             return self.mlps
@@ -377,6 +382,7 @@ class ModelSpec(_Frozen):
         return self.intermediate_sizes[i] if self.intermediate_sizes is not None else self.intermediate_size
 
     @property
+    @per_spec
     def indexer_layers(self) -> tuple[int, ...]:
         """The attention layers holding a sparse-attention indexer (and its key cache)."""
         if self.mla is None or not self.mla.index_head_dim:
@@ -387,6 +393,7 @@ class ModelSpec(_Frozen):
         return self.norms[i] if self.norms is not None else self.norms_per_layer
 
     @property
+    @per_spec
     def attention_kv_heads(self) -> tuple[int, ...]:
         """The distinct KV head counts of the attention layers."""
         return tuple(sorted({self.layer_kv_heads(i) for i in self.attention_layers})) or (self.num_kv_heads,)

@@ -37,6 +37,7 @@ from functools import lru_cache
 from typing import Optional
 
 from .errors import KvplanError
+from .memo import per_spec
 from .specs import GPUSpec, ModelSpec
 from .xp import SCALAR
 
@@ -122,6 +123,7 @@ def _attention_fits(d: dict) -> dict:
     return fits
 
 
+@per_spec
 def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
     """The bundled fits for this GPU, or None where kvplan has none."""
     if gpu is None:
@@ -478,31 +480,38 @@ class StepModel:
         return dense, moe
 
     def _attention(self, batch, context, xp=SCALAR):
-        bw = self.profile.peak_bandwidth_bytes_per_s
-        f = self.attn_fit
         total = 0.0
+        priced: dict = {}  # layers that differ only by their index take the same time: priced once, added each
         for lay in self.layers:
-            if lay.kind == "state":  # read and write the state once per sequence
-                total += f.t0_s + batch * 2 * lay.fixed_bytes / (f.eta * bw)
-                continue
-            if lay.format == "compressor":  # a compressor's unfinished entries: read and written once a step
-                total += batch * 2 * lay.fixed_bytes / (f.eta * bw)
-                continue
-            n = context if lay.window is None else xp.minimum(context, lay.window)
-            # a cache of its own layout (DeepSeek-V4) holds entry_bytes per entry_tokens tokens, windowed or not
-            byt = batch * n * (lay.bytes_per_token or lay.entry_bytes / lay.entry_tokens)
-            if lay.residual_tokens:
-                byt = byt + batch * xp.minimum(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
-            heads = self.kv_heads if lay.format != "indexer" else 1
-            t = attention_call_seconds(f, bw, batch, heads, self.q_heads, n, byt, xp)
-            if self.query_quant and lay.format != "indexer":
-                t += self.small_fit.t0_s
-            if self.dequant_s and lay.format != "indexer":
-                # the cached K and V values dequantized, counted as 16-bit elements (fp8's cost is per element)
-                t += batch * n * self.bf16_bytes_per_token / 2 * self.dequant_s
+            shape = (lay.kind, lay.format, lay.window, lay.bytes_per_token, lay.entry_bytes, lay.entry_tokens,
+                     lay.residual_tokens, lay.residual_extra_bytes_per_token, lay.fixed_bytes)
+            t = priced.get(shape)
+            if t is None:
+                t = priced[shape] = self._layer_attention(lay, batch, context, xp)
             total += t
         return total
 
+    def _layer_attention(self, lay, batch, context, xp=SCALAR):
+        """One cache layer's decode attention: `batch` sequences of `context` cached tokens."""
+        bw = self.profile.peak_bandwidth_bytes_per_s
+        f = self.attn_fit
+        if lay.kind == "state":  # read and write the state once per sequence
+            return f.t0_s + batch * 2 * lay.fixed_bytes / (f.eta * bw)
+        if lay.format == "compressor":  # a compressor's unfinished entries: read and written once a step
+            return batch * 2 * lay.fixed_bytes / (f.eta * bw)
+        n = context if lay.window is None else xp.minimum(context, lay.window)
+        # a cache of its own layout (DeepSeek-V4) holds entry_bytes per entry_tokens tokens, windowed or not
+        byt = batch * n * (lay.bytes_per_token or lay.entry_bytes / lay.entry_tokens)
+        if lay.residual_tokens:
+            byt = byt + batch * xp.minimum(n, lay.residual_tokens) * lay.residual_extra_bytes_per_token
+        heads = self.kv_heads if lay.format != "indexer" else 1
+        t = attention_call_seconds(f, bw, batch, heads, self.q_heads, n, byt, xp)
+        if self.query_quant and lay.format != "indexer":
+            t += self.small_fit.t0_s
+        if self.dequant_s and lay.format != "indexer":
+            # the cached K and V values dequantized, counted as 16-bit elements (fp8's cost is per element)
+            t += batch * n * self.bf16_bytes_per_token / 2 * self.dequant_s
+        return t
 
     def _allreduce(self, tokens):
         if self.ar_fit is None:

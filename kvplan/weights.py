@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 from .errors import KvplanError, did_you_mean
+from .memo import per_spec
 from .specs import ModelSpec
 
 Shard = Literal["col", "row", "rep", "kv", "vocab"]
@@ -293,6 +294,7 @@ def _compressed_attention(m: ModelSpec) -> list[Tensor]:
     return ts
 
 
+@per_spec
 def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     """Every parameter tensor of the model (main model only: no MTP/draft layers)."""
     h = m.hidden_size
@@ -527,6 +529,7 @@ def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
     return t.count * inside // len(layers) if layers else 0
 
 
+@per_spec
 def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
                  stage: Optional[range] = None) -> WeightBytes:
     """One rank's weights in the model's checkpoint format, or with every quantizable layer in `weight_dtype`.
@@ -745,22 +748,15 @@ def load_allocations(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = No
     return out
 
 
+@per_spec  # grids and sweeps plan one model many times
 def allocator_rounding(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
                        stage: Optional[range] = None) -> int:
     """What torch's caching allocator holds for one rank's parameters beyond their bytes (see allocated_bytes): vLLM
     measures "Model loading took" with torch.cuda.memory_allocated (DeviceMemoryProfiler, platforms/cuda.py
     get_current_memory_usage), blocks and all."""
     stage = stage if stage is not None else range(0, m.num_layers)
-    key = (m.model_dump_json(), tp, weight_dtype, stage.start, stage.stop)
-    if key not in _ROUNDING:
-        sizes = load_allocations(m, tp, weight_dtype, stage)
-        if len(_ROUNDING) > 256:
-            _ROUNDING.clear()
-        _ROUNDING[key] = allocated_bytes(sizes) - sum(sizes)
-    return _ROUNDING[key]
-
-
-_ROUNDING: dict[tuple, int] = {}  # allocator_rounding's results: grids and sweeps plan one model many times
+    sizes = load_allocations(m, tp, weight_dtype, stage)
+    return allocated_bytes(sizes) - sum(sizes)
 
 
 _ENCODER_LUMPS = ("extra.vision_tower", "extra.multimodal_projector")

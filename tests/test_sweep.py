@@ -29,6 +29,7 @@ def test_shape_and_left_out(df):
 
 def test_sample_rows_equal_capacity_and_crossover(df):
     rng = random.Random(7)
+    checked = 0
     for i in rng.sample(range(len(df)), 60):
         row = df.iloc[i]
         m, g = load_model(_key(row["model"])), load_gpu(_gpu_key(row["gpu"]))
@@ -51,6 +52,11 @@ def test_sample_rows_equal_capacity_and_crossover(df):
             assert row[key] == getattr(p, key), key
         assert row["bound"] == p.bound
         assert _same(row["crossover_tokens_at_batch"], p.crossover_tokens)
+        # the step model priced over the grid's arrays, against crossover's one-point price (numpy's elementwise
+        # arithmetic may round a last bit differently from Python's)
+        assert row["expected_step_ms"] == pytest.approx(p.calibrated_step_ms, rel=1e-12, abs=0), "expected_step_ms"
+        checked += 1
+    assert checked == 60
 
 
 def _same(a, b):
