@@ -1,0 +1,126 @@
+"""benchmarks/score_serving.py's mechanics on a sample of real serving runs (tests/fixtures/serving): every row scored
+or skipped with a reason, the errors and the summary as defined, and the figures those of `kvplan throughput --json`.
+No accuracy is asserted: the predictions change as kvplan's step and scheduling models do."""
+
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVING = ROOT / "tests" / "fixtures" / "serving"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("score_serving", ROOT / "benchmarks" / "score_serving.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def score_serving():
+    return _script()
+
+
+@pytest.fixture(scope="module")
+def sample(score_serving):
+    rows = score_serving.read_csv(SERVING / "sample.csv")
+    return rows, score_serving.score(rows, SERVING / "configs")
+
+
+def test_every_row_is_scored_or_skipped_with_a_reason(sample):
+    rows, result = sample
+    assert result["rows_read"] == len(rows) >= 30
+    ids = [r["id"] for r in result["scored"]] + [s["id"] for s in result["skipped"]]
+    assert sorted(ids) == sorted(r["id"] for r in rows)
+    assert all(s["reason"] for s in result["skipped"])
+    assert sum(result["skip_reasons"].values()) == len(result["skipped"])
+    assert result["scored"], "the sample is chosen from rows kvplan expresses"
+    for r in result["scored"]:
+        assert r["predicted"]["tpot_ms"] > 0 and r["predicted"]["ttft_ms"] > 0
+
+
+def test_expert_and_attention_data_parallel_rows_are_counted_under_their_reason(score_serving, sample):
+    rows, result = sample
+    reason = {s["id"]: s["reason"] for s in result["skipped"]}
+    ep = [r["id"] for r in rows if int(r["moe_ep_size"] or 1) > 1]
+    dp = [r["id"] for r in rows if int(r["moe_ep_size"] or 1) == 1
+          and int(r["attention_dp_size"] or int(r["moe_tp_size"]) // int(r["tp_size"])) > 1]
+    assert ep and dp
+    assert {reason.get(i) for i in ep} == {score_serving.EP_REASON}
+    assert {reason.get(i) for i in dp} == {score_serving.DP_REASON}
+    assert result["skip_reasons"][score_serving.EP_REASON] == len(ep)
+    assert result["skip_reasons"][score_serving.DP_REASON] == len(dp)
+    # and the model missing from the configs, and the GPUs without a step-time profile
+    assert any("no config.json" in why for why in result["skip_reasons"])
+    assert any("no step-time profile" in why for why in result["skip_reasons"])
+
+
+def test_error_is_predicted_over_measured_minus_one(sample):
+    rows, result = sample
+    by_id = {r["id"]: r for r in rows}
+    one = result["scored"][0]
+    raw = by_id[one["id"]]
+    assert one["measured"] == {"tpot_ms": float(raw["silicon_tpot_ms"]), "ttft_ms": float(raw["silicon_ttft_ms"])}
+    assert one["errors"]["tpot"] == pytest.approx(one["predicted"]["tpot_ms"] / float(raw["silicon_tpot_ms"]) - 1)
+    assert one["errors"]["ttft"] == pytest.approx(one["predicted"]["ttft_ms"] / float(raw["silicon_ttft_ms"]) - 1)
+
+
+def test_summary_medians_and_shares(sample):
+    _, result = sample
+    overall = result["summary"][-1]
+    assert (overall["backend"], overall["system"], overall["rows"]) == ("all", "all", len(result["scored"]))
+    for k in ("tpot", "ttft"):
+        errs = [abs(r["errors"][k]) for r in result["scored"]]
+        assert overall[f"{k}_median_abs_error"] == statistics.median(errs)
+        assert overall[f"{k}_within_20"] == sum(e <= 0.2 for e in errs) / len(errs)
+    groups = result["summary"][:-1]
+    assert sum(g["rows"] for g in groups) == len(result["scored"])
+    for g in groups:
+        errs = [abs(r["errors"]["tpot"]) for r in result["scored"]
+                if (r["inputs"]["backend"], r["inputs"]["system"]) == (g["backend"], g["system"])]
+        assert g["tpot_median_abs_error"] == statistics.median(errs)
+
+
+def test_figures_equal_kvplan_throughput_json(sample, cli):
+    _, result = sample
+    picked = {}
+    for r in result["scored"]:  # one vLLM row with a --weight-dtype, one SGLang row
+        x = r["inputs"]
+        kind = (x["backend"], x["weight_dtype_given"] is not None)
+        if kind in (("vllm", True), ("sglang", False)):
+            picked.setdefault(kind, r)
+    assert len(picked) == 2
+    for r in picked.values():
+        x = r["inputs"]
+        args = ["throughput", str(SERVING / "configs" / x["config"]), "--gpu", x["gpu"], "--engine", x["backend"],
+                "--tp", str(x["tp"]), "--pp", str(x["pp"]), "--isl", str(x["isl"]), "--osl", str(x["osl"]),
+                "--concurrency", str(x["concurrency"]), "--kv-cache-dtype", "auto",
+                "--max-model-len", str(x["max_model_len"]), "--json"]
+        if x["weight_dtype_given"]:
+            args += ["--weight-dtype", x["weight_dtype_given"]]
+        if x["backend"] == "vllm":
+            args += ["--max-num-seqs", str(x["max_num_seqs"]),
+                     "--max-num-batched-tokens", str(x["max_num_batched_tokens"])]
+        run = cli(*args)
+        assert run.code == 0, run.err
+        (row,) = json.loads(run.out)["rows"]
+        assert row["tpot_ms"] == r["predicted"]["tpot_ms"]
+        assert row["ttft_ms"] == r["predicted"]["ttft_ms"]
+
+
+def test_main_writes_the_json(score_serving, tmp_path, capsys):
+    out = tmp_path / "score.json"
+    code = score_serving.main([str(SERVING / "sample.csv"), "--configs", str(SERVING / "configs"),
+                               "--json", str(out), "--engine", "vllm", "--limit", "5"])
+    assert code == 0
+    body = json.loads(out.read_text())
+    assert body["rows_read"] == 5 and len(body["scored"]) + len(body["skipped"]) == 5
+    assert {r["inputs"]["backend"] for r in body["scored"]} <= {"vllm"}
+    assert "all      all" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["score.json"]  # no temporary file left beside it
