@@ -43,7 +43,7 @@ KNOWN_CYCLE_EDGES = {
 # Bottom to top: a module may import from its own group and the groups below it, never from one above. The order is
 # the code's (a topological order of the graph without KNOWN_CYCLE_EDGES), grouped by what the modules are for.
 LAYERS = [
-    ("base", {"errors", "xp", "plain", "files"}),
+    ("base", {"errors", "xp", "plain", "files", "memo"}),
     ("inputs", {"formats", "hf_config", "calibration", "hub", "specs"}),  # the catalogs, config.json, profiles
     ("rules", {"engines"}),  # what each engine version does
     ("sizing", {"weights", "nonkv"}),  # weights and the memory beside the KV pool
