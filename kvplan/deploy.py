@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -15,6 +14,7 @@ from typing import Literal, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import KvplanError
+from .hub import find_config
 from .specs import (
     GPUSpec,
     ModelSpec,
@@ -95,39 +95,6 @@ def load_profile(path: str | Path) -> DeploymentProfile:
             msg = "not a deployment profile field" + did_you_mean(str(err["loc"][-1]), list(
                 {f.alias or k for k, f in DeploymentProfile.model_fields.items()}))
         raise KvplanError(f"{path}: field '{where}': {msg}") from None
-
-
-def hf_cache_dir() -> Path:
-    """Where huggingface_hub keeps downloaded snapshots (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return Path(home) / "hub"
-
-
-def find_config(repo: str, folders: Sequence[str | Path] = ()) -> Optional[Path]:
-    """The config.json of a Hugging Face repo id in the given folders or the local Hugging Face cache. A folder may
-    hold <org>--<name>.config.json (or _config.json), <org>--<name>/config.json, or a Hugging Face cache layout
-    (models--<org>--<name>/snapshots/<revision>/config.json). Repo ids match case-insensitively, as on the Hub."""
-    stem = repo.strip().strip("/").replace("/", "--").lower()
-    if not stem:
-        return None
-    wanted = {f"{stem}.config.json", f"{stem}_config.json", stem, f"models--{stem}"}
-    for folder in [*map(Path, folders), hf_cache_dir()]:
-        try:
-            entries = {e.name.lower(): e for e in folder.iterdir()}
-        except OSError:
-            continue
-        for name in sorted(wanted & set(entries)):
-            e = entries[name]
-            if e.is_file():
-                return e
-            if (e / "config.json").is_file():
-                return e / "config.json"
-            snapshots = sorted((e / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime)
-            if snapshots:
-                return snapshots[-1]
-    return None
 
 
 def model_for_repo(repo: str, folders: Sequence[str | Path] = ()) -> ModelSpec:
