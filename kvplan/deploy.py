@@ -14,15 +14,14 @@ from typing import Literal, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import KvplanError
-from .hub import find_config
 from .specs import (
     GPUSpec,
     ModelSpec,
-    catalog_entries,
     gpu_by_memory,
     load_catalog,
     load_gpu,
     load_model,
+    model_for_repo,
 )
 from .startup_log import StartupLog, parse_startup_log
 
@@ -97,33 +96,6 @@ def load_profile(path: str | Path) -> DeploymentProfile:
         raise KvplanError(f"{path}: field '{where}': {msg}") from None
 
 
-def model_for_repo(repo: str, folders: Sequence[str | Path] = ()) -> ModelSpec:
-    """The model a Hugging Face repo id names: its config.json in `folders` (or the local Hugging Face cache), else
-    the catalog model of that architecture (instruct and chat variants share the base architecture)."""
-    found = find_config(repo, folders)
-    if found is not None:
-        return load_model(str(found))
-    return catalog_model_for_repo(repo)
-
-
-def catalog_model_for_repo(repo: str) -> ModelSpec:
-    """The catalog model a Hugging Face repo id names (instruct and chat variants share the base architecture)."""
-    def norm(s: str) -> str:
-        s = s.lower().rstrip("/").split("/")[-1]
-        s = re.sub(_QUANT_SUFFIX, "", s)  # a quantized checkpoint has the base model's architecture
-        for suffix in ("-instruct-2507", "-instruct", "-chat", "-it", "-base", "-hf"):
-            s = s.removesuffix(suffix)
-        return "".join(ch for ch in s.replace("meta-llama-", "llama-") if ch.isalnum())
-
-    key = norm(repo)
-    for stem, spec in catalog_entries("models"):
-        names = {stem, spec.name, *(spec.aliases), *([spec.hf_repo] if spec.hf_repo else [])}
-        if key in {norm(n) for n in names}:
-            return spec
-    raise KvplanError(f"the log's model '{repo}' is not in the catalog nor in the Hugging Face cache; pass --model "
-                      f"(a catalog name, a YAML spec or its config.json) or --configs (a folder of config.json files)")
-
-
 @dataclass
 class Figure:
     name: str
@@ -165,8 +137,6 @@ class LogImport:
                 "failure_predicted": self.failure_predicted, "notes": self.notes}
 
 
-_QUANT_SUFFIX = (r"(?:[-_.](?:fp8(?:-dynamic)?|fp4|nvfp4|mxfp4|awq|gptq(?:-int[48])?|int[48]|w4a16|w8a8|w8a16|"
-                 r"quantized(?:\.w\d+a\d+)?|bnb-4bit|4bit|8bit))+$")
 _WEIGHT_DTYPES = {"fp8": "fp8", "fbgemm_fp8": "fp8_channel", "awq": "int4_g128", "gptq": "int4_g128",
                   "awq_marlin": "int4_g128", "gptq_marlin": "int4_g128", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4",
                   "modelopt": "fp8"}
