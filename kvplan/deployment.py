@@ -77,7 +77,7 @@ class DeploymentArgs:
     activation_gib: Optional[float] = None
     non_torch_gib: Optional[float] = None
     cudagraph_gib: Optional[float] = None
-    profile: Any = None  # a path, or a kvplan.deploy.DeploymentProfile
+    profile: Any = None  # a path, or a kvplan.profile.DeploymentProfile
     calibration: Any = None  # a path, or a kvplan.calibration.CalibrationProfile
 
     def given(self) -> list[str]:
@@ -201,7 +201,7 @@ def _positive(name: str, value, *, zero_ok: bool = False, integer: bool = False)
 def _load_profile(p):
     if p is None or not isinstance(p, str):
         return p
-    from .deploy import load_profile
+    from .profile import load_profile
 
     return load_profile(p)
 

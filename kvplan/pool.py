@@ -465,7 +465,7 @@ def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
     can show it; raise on it where a single answer was asked for.
 
-    With a deployment `profile` (kvplan.deploy), the total memory, the engine version and the measured weights and
+    With a deployment `profile` (kvplan.profile), the total memory, the engine version and the measured weights and
     overheads of that deployment stand in for the model of them."""
     return capacity_of(_deployment(model, gpu, dtype, options))
 
