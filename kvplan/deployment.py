@@ -20,6 +20,7 @@ from typing import Any, Literal, Optional, Union
 
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
+from .sglang_rules import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
 from .specs import GPUSpec, ModelSpec
 
 GiB = 2**30
@@ -28,7 +29,6 @@ ENTRYPOINTS = ("serve", "llm")
 # vLLM takes a block size its attention backends support: FlashAttention and Triton take multiples of 16
 # (v1/attention/backends: MultipleOf(16)); the MLA backends pick theirs among multiples of 16 as well
 VLLM_BLOCK_MULTIPLE = 16
-SGLANG_VERSION = "0.5"
 
 # Options one engine reads and the other does not. kvplan plans SGLang's pool at PP 1, without vLLM's memory
 # profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
@@ -503,8 +503,6 @@ def _with_profile(d: Deployment, prof) -> Deployment:
 
 
 def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
-    from .sglang import SGLANG_DTYPES, default_mem_fraction_static
-
     m, g, fmt = common["model"], common["gpu"], common["kv"]
     if args.engine_version is not None and not args.engine_version.strip().lstrip("v").startswith(SGLANG_VERSION):
         raise KvplanError(f"--engine-version {args.engine_version}: kvplan plans SGLang with the rules of SGLang "
@@ -526,8 +524,6 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
         notes.append(f"free memory before loading measured by {prof.source or 'a startup log'}"
                      + ("" if same else f"; weights modelled at TP {common['tp']} (the profile measured TP {prof.tp})"))
     if free_before is None and common["free_memory_bytes"] is not None:
-        from .sglang import CONTEXT_GIB
-
         free_before = common["free_memory_bytes"] - int(CONTEXT_GIB * GiB)  # the CUDA context is made first
         notes.append(f"free memory before loading: the {common['free_memory_bytes'] / GiB:.2f} GiB given less "
                      f"{CONTEXT_GIB} GiB for the CUDA context and NCCL")

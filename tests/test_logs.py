@@ -9,7 +9,8 @@ from kvplan import capacity, load_gpu, load_model
 from kvplan.deploy import import_log
 from kvplan.errors import KvplanError
 from kvplan.profile import load_profile, save_profile
-from kvplan.sglang import default_mem_fraction_static, sglang_pool
+from kvplan.sglang import sglang_pool
+from kvplan.sglang_rules import default_mem_fraction_static
 from kvplan.specs import model_for_repo
 from kvplan.startup_log import parse_startup_log
 
