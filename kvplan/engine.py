@@ -515,24 +515,6 @@ def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:
     return gpu.dense_tflops.get(key, 0.0) * 1e12
 
 
-def crossover(model, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
-              gpu: Optional[GPUSpec] = None, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
-              weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
-              calibration=None) -> CrossoverResult:
-    """Where the KV pile overtakes the weight pile, and the step bytes (and roofline time) at operating points.
-
-    `model` is a resolved kvplan.deployment.Deployment, or a model (resolved here with the KV dtype, tp,
-    weight_dtype, gpu, skip layers and calibration given)."""
-    from .deployment import Deployment, DeploymentArgs
-
-    if isinstance(model, Deployment):
-        d = model
-    else:
-        d = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, tp=tp, weight_dtype=weight_dtype,
-                           kv_cache_dtype_skip_layers=skip, calibration=calibration).resolve()
-    return crossover_of(d, batches=batches, contexts=contexts, weight_read=weight_read, baseline=baseline)
-
-
 def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
                  weight_read: WeightRead = "streamed", baseline: str = "auto") -> CrossoverResult:
     """The crossover of a resolved Deployment."""
