@@ -29,7 +29,7 @@ if not _os.path.isdir(_os.path.join(_pkg, "kernels")) and _os.path.isdir(_os.pat
     __path__.append(_os.path.dirname(_pkg))  # noqa: F821 - a package's own __path__
 
 _EXPORTS = {
-    "crossover": "api", "CrossoverResult": "engine", "OperatingPoint": "engine",
+    "crossover": "api", "CrossoverResult": "kv_crossover", "OperatingPoint": "kv_crossover",
     "capacity": "api", "CapacityResult": "pool",
     "sweep": "grid",
     "throughput": "api", "ThroughputResult": "steady", "ThroughputRow": "steady",

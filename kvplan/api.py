@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .deployment import Deployment, DeploymentArgs, deployments
-from .engine import CrossoverResult, SkipLayers, WeightRead, crossover_of
+from .engine import SkipLayers, WeightRead
 from .formats import KVFormat
+from .kv_crossover import CrossoverResult, crossover_of
 from .pool import CapacityResult, PoolPlan, capacity_of, plan_for
 from .specs import GPUSpec
 from .steady import ThroughputResult, throughput_of

@@ -261,8 +261,8 @@ def crossover(
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
     weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
     from .deployment import deployments
-    from .engine import crossover_of
     from .errors import KvplanError
+    from .kv_crossover import crossover_of
     from .specs import load_model
 
     if weight_read not in ("streamed", "all"):

@@ -150,7 +150,7 @@ def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float]) -> bo
 def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequence[int]] = None,
                   tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None) -> ThroughputResult:
     """The throughput table of resolved deployments that differ only in their KV dtype."""
-    from .engine import crossover_of
+    from .kv_crossover import crossover_of
     from .step import step_model
 
     if isl < 1 or osl < 1:
