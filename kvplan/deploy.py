@@ -12,8 +12,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .deployment import DeploymentArgs
+from .engines import version_key, vllm_rules
 from .errors import KvplanError
+from .nonkv import pre_snapshot_bytes
+from .pool import capacity_of
 from .profile import DeploymentProfile
+from .sglang import sglang_pool
 from .specs import (
     GPUSpec,
     ModelSpec,
@@ -124,8 +129,6 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
 
 
 def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
-    from .engines import version_key, vllm_rules
-
     c, meas = log.config, log.measured
     rules = vllm_rules(log.version)
     notes = []
@@ -160,8 +163,6 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         kw.pop("gpu_memory_utilization")
         notes.append("kv_cache_memory_bytes set: the pool is the size given, not what the profile leaves")
     dtype = str(c.get("kv_cache_dtype") or "auto")
-    from .deployment import DeploymentArgs
-    from .pool import capacity_of
 
     if log.failure is not None:
         return _vllm_failure(log, m, g, kw, dtype, notes)
@@ -225,14 +226,8 @@ def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict,
                   notes: list[str]) -> LogImport:
     """A log that ends in the engine's error: kvplan plans the same configuration (with the free memory the refused
     rank saw) and says whether it refuses it too, and why."""
-    from .deployment import DeploymentArgs
-    from .pool import capacity_of
-
     fail = dict(log.failure or {})
     if fail.get("kind") == "free_memory":  # the rank saw this much free after its context and communicators
-        from .engines import vllm_rules
-        from .nonkv import pre_snapshot_bytes
-
         seen_on = g or (gpu_by_memory(int(fail["total_gib"] * GiB)) if "total_gib" in fail else None)
         before = fail["free_gib"] + pre_snapshot_bytes(seen_on, int(kw.get("tp") or 1), vllm_rules(log.version),
                                                        moe=m.moe is not None) / GiB
@@ -295,8 +290,6 @@ def _gib(b: float) -> float:
 
 
 def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
-    from .sglang import sglang_pool
-
     c, meas = log.config, log.measured
     notes = []
     f = c.get("mem_fraction_static")

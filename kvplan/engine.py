@@ -29,7 +29,7 @@ from typing import Literal, Optional, Sequence
 from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
 from .specs import ATTENTION_KINDS, GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, padded_vocab
+from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, model_tensors, padded_vocab
 from .xp import SCALAR
 
 GiB = 2**30
@@ -393,8 +393,6 @@ def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context,
 
 def params_read_per_token(model: ModelSpec, tp: int) -> float:
     """Parameters one token multiplies on this rank (for the compute roofline)."""
-    from .weights import model_tensors
-
     total = 0.0
     for t in model_tensors(model):
         if t.part in ("embed", "extra"):
