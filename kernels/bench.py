@@ -14,8 +14,7 @@ from typing import Callable
 import torch
 
 from kvplan.calibration import MB, FamilyFit, MeasurePlan, fit_family
-
-from .probe import error_line
+from kvplan.errors import error_line
 
 HEAD_DIM, KV_HEADS, HEADS, BLOCK = 128, 8, 32, 16
 

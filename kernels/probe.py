@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
 
+from kvplan.errors import error_line
+
 PROBE_FORMATS = ("bfloat16", "fp8_e4m3")
 SEQS, KV_HEADS, HEADS, HEAD_DIM, CONTEXT = 64, 8, 32, 128, 4096
 # each setting's values, the launcher's default first; splits None: the launcher's own plan (whole waves of SMs at
@@ -27,11 +29,6 @@ STAGES = (3, 2, 4)
 SPLITS = (None, 1, 2, 3, 4, 8)
 FLUSH_METHODS = ("read", "write", "none")
 BUDGET_S = 90.0
-
-
-def error_line(e: BaseException) -> str:
-    """An exception as one line: its type and the first line of its message."""
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,10 @@ if not _os.path.isdir(_os.path.join(_pkg, "kernels")) and _os.path.isdir(_os.pat
     __path__.append(_os.path.dirname(_pkg))  # noqa: F821 - a package's own __path__
 
 _EXPORTS = {
-    "crossover": "engine", "CrossoverResult": "engine", "OperatingPoint": "engine",
-    "capacity": "pool", "CapacityResult": "pool",
+    "crossover": "api", "CrossoverResult": "kv_crossover", "OperatingPoint": "kv_crossover",
+    "capacity": "api", "CapacityResult": "pool",
     "sweep": "grid",
-    "throughput": "steady", "ThroughputResult": "steady", "ThroughputRow": "steady",
+    "throughput": "api", "ThroughputResult": "steady", "ThroughputRow": "steady",
     "step_model": "step", "StepModel": "step",
     "gate": "gates", "GateReport": "gates",
     "kv_format": "formats", "KVFormat": "formats", "KV_FORMATS": "formats",

@@ -261,8 +261,8 @@ def crossover(
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
     weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
     from .deployment import deployments
-    from .engine import crossover_of
     from .errors import KvplanError
+    from .kv_crossover import crossover_of
     from .specs import load_model
 
     if weight_read not in ("streamed", "all"):
@@ -402,7 +402,7 @@ def capacity(
         _capacity_listing(args, parse_dtypes(dtype), as_json)
         return
     if profile is not None:  # read once, for the model it names and for every dtype's deployment
-        from .deploy import load_profile
+        from .profile import load_profile
 
         args = replace(args, profile=load_profile(profile))
     m = load_model(model) if model else load_model(args.profile.model)
@@ -741,8 +741,8 @@ def log_import(
     configuration beside each with the error, and (--save-profile) a deployment profile for what-if runs. A log that
     ends in the engine's error is checked against kvplan's refusal of the same configuration."""
     from .deploy import import_log, log_summary
-    from .deploy import save_profile as write_profile
     from .errors import KvplanError
+    from .profile import save_profile as write_profile
 
     if save_profile and len(files) > 1:
         raise KvplanError("--save-profile keeps one log's figures: give one log")

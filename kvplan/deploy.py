@@ -1,160 +1,36 @@
-"""Startup logs against kvplan's prediction, and deployment profiles: the overheads one real deployment measured,
-kept so that later "what if" questions (another KV dtype, max_model_len or utilization) start from them."""
+"""Startup logs against kvplan's prediction: the configuration each ran, every figure it measured beside kvplan's
+figure for the same configuration, and the deployment profile (kvplan.profile) of the overheads it measured, kept so
+that later "what if" questions (another KV dtype, max_model_len or utilization) start from them."""
 
 from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Optional, Sequence
+from typing import Optional, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
+from .deployment import DeploymentArgs
+from .engines import version_key, vllm_rules
 from .errors import KvplanError
+from .nonkv import pre_snapshot_bytes
+from .pool import capacity_of
+from .profile import DeploymentProfile
+from .sglang import sglang_pool
 from .specs import (
     GPUSpec,
     ModelSpec,
-    catalog_entries,
     gpu_by_memory,
     load_catalog,
     load_gpu,
     load_model,
+    model_for_repo,
 )
 from .startup_log import StartupLog, parse_startup_log
 
 GiB = 2**30
-PROFILE_SCHEMA = "kvplan-deployment-profile/1"
-
-
-class DeploymentProfile(BaseModel):
-    """What one deployment measured at startup. Versioned by `schema`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    schema_: Literal["kvplan-deployment-profile/1"] = Field(PROFILE_SCHEMA, alias="schema")
-    engine: Literal["vllm", "sglang"]
-    engine_version: Optional[str] = None
-    model: str
-    gpu: Optional[str] = None
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    weight_dtype: Optional[str] = None
-    kv_cache_dtype: str = "auto"
-    max_model_len: int = Field(ge=1)
-    gpu_memory_utilization: Optional[float] = Field(None, gt=0, le=1)
-    mem_fraction_static: Optional[float] = Field(None, gt=0, le=1)
-    total_memory_bytes: Optional[int] = Field(None, gt=0)
-    weights_bytes: int = Field(ge=0)
-    overhead_bytes: Optional[int] = Field(None, description="vLLM: non-KV memory beyond the weights")
-    free_before_load_bytes: Optional[int] = Field(None, description="SGLang: free memory before weight loading")
-    available_kv_bytes: int
-    max_num_batched_tokens: Optional[int] = Field(None, ge=1)  # engine limits: at least one token, one sequence
-    max_num_seqs: Optional[int] = Field(None, ge=1)
-    source: str = ""
-    source_sha256: str = ""
-
-
-def save_profile(profile: DeploymentProfile, path: str | Path) -> None:
-    import yaml
-
-    from .files import atomic_write_text
-
-    data = profile.model_dump(by_alias=True, exclude_none=True)
-    atomic_write_text(path, "# kvplan deployment profile: the overheads one startup measured; `kvplan capacity "
-                            "--profile` starts from them\n" + yaml.safe_dump(data, sort_keys=False))
-
-
-def load_profile(path: str | Path) -> DeploymentProfile:
-    from .errors import did_you_mean
-    from .files import check_finite, read_yaml, type_name
-
-    data = read_yaml(path, "deployment profile", f"`kvplan log STARTUP.log --save-profile {path}` makes one")
-    if not isinstance(data, dict):
-        raise KvplanError(f"{path}: not a kvplan deployment profile (expected a mapping, found {type_name(data)})")
-    if data.get("schema") != PROFILE_SCHEMA:
-        schema = data.get("schema")
-        shown = repr(schema) if isinstance(schema, str) or schema is None else type_name(schema)
-        raise KvplanError(f"{path}: schema {' '.join(shown.split())} is not {PROFILE_SCHEMA!r}; re-import the log")
-    check_finite(data, path)
-    for key in ("max_num_batched_tokens", "max_num_seqs"):  # engine limits: at least one token, one sequence
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-            raise KvplanError(f"{path}: field '{key}': expected a whole number of at least 1, found {value}")
-    try:
-        return DeploymentProfile.model_validate(data)
-    except ValidationError as e:
-        errors = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
-        err = errors[0]
-        where = ".".join(map(str, err["loc"])) or "(top level)"
-        msg = " ".join(err["msg"].split())
-        if err["type"] == "extra_forbidden":
-            msg = "not a deployment profile field" + did_you_mean(str(err["loc"][-1]), list(
-                {f.alias or k for k, f in DeploymentProfile.model_fields.items()}))
-        raise KvplanError(f"{path}: field '{where}': {msg}") from None
-
-
-def hf_cache_dir() -> Path:
-    """Where huggingface_hub keeps downloaded snapshots (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return Path(home) / "hub"
-
-
-def find_config(repo: str, folders: Sequence[str | Path] = ()) -> Optional[Path]:
-    """The config.json of a Hugging Face repo id in the given folders or the local Hugging Face cache. A folder may
-    hold <org>--<name>.config.json (or _config.json), <org>--<name>/config.json, or a Hugging Face cache layout
-    (models--<org>--<name>/snapshots/<revision>/config.json). Repo ids match case-insensitively, as on the Hub."""
-    stem = repo.strip().strip("/").replace("/", "--").lower()
-    if not stem:
-        return None
-    wanted = {f"{stem}.config.json", f"{stem}_config.json", stem, f"models--{stem}"}
-    for folder in [*map(Path, folders), hf_cache_dir()]:
-        try:
-            entries = {e.name.lower(): e for e in folder.iterdir()}
-        except OSError:
-            continue
-        for name in sorted(wanted & set(entries)):
-            e = entries[name]
-            if e.is_file():
-                return e
-            if (e / "config.json").is_file():
-                return e / "config.json"
-            snapshots = sorted((e / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime)
-            if snapshots:
-                return snapshots[-1]
-    return None
-
-
-def model_for_repo(repo: str, folders: Sequence[str | Path] = ()) -> ModelSpec:
-    """The model a Hugging Face repo id names: its config.json in `folders` (or the local Hugging Face cache), else
-    the catalog model of that architecture (instruct and chat variants share the base architecture)."""
-    found = find_config(repo, folders)
-    if found is not None:
-        return load_model(str(found))
-    return catalog_model_for_repo(repo)
-
-
-def catalog_model_for_repo(repo: str) -> ModelSpec:
-    """The catalog model a Hugging Face repo id names (instruct and chat variants share the base architecture)."""
-    def norm(s: str) -> str:
-        s = s.lower().rstrip("/").split("/")[-1]
-        s = re.sub(_QUANT_SUFFIX, "", s)  # a quantized checkpoint has the base model's architecture
-        for suffix in ("-instruct-2507", "-instruct", "-chat", "-it", "-base", "-hf"):
-            s = s.removesuffix(suffix)
-        return "".join(ch for ch in s.replace("meta-llama-", "llama-") if ch.isalnum())
-
-    key = norm(repo)
-    for stem, spec in catalog_entries("models"):
-        names = {stem, spec.name, *(spec.aliases), *([spec.hf_repo] if spec.hf_repo else [])}
-        if key in {norm(n) for n in names}:
-            return spec
-    raise KvplanError(f"the log's model '{repo}' is not in the catalog nor in the Hugging Face cache; pass --model "
-                      f"(a catalog name, a YAML spec or its config.json) or --configs (a folder of config.json files)")
 
 
 @dataclass
@@ -198,8 +74,6 @@ class LogImport:
                 "failure_predicted": self.failure_predicted, "notes": self.notes}
 
 
-_QUANT_SUFFIX = (r"(?:[-_.](?:fp8(?:-dynamic)?|fp4|nvfp4|mxfp4|awq|gptq(?:-int[48])?|int[48]|w4a16|w8a8|w8a16|"
-                 r"quantized(?:\.w\d+a\d+)?|bnb-4bit|4bit|8bit))+$")
 _WEIGHT_DTYPES = {"fp8": "fp8", "fbgemm_fp8": "fp8_channel", "awq": "int4_g128", "gptq": "int4_g128",
                   "awq_marlin": "int4_g128", "gptq_marlin": "int4_g128", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4",
                   "modelopt": "fp8"}
@@ -255,8 +129,6 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
 
 
 def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
-    from .engines import version_key, vllm_rules
-
     c, meas = log.config, log.measured
     rules = vllm_rules(log.version)
     notes = []
@@ -291,8 +163,6 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         kw.pop("gpu_memory_utilization")
         notes.append("kv_cache_memory_bytes set: the pool is the size given, not what the profile leaves")
     dtype = str(c.get("kv_cache_dtype") or "auto")
-    from .deployment import DeploymentArgs
-    from .pool import capacity_of
 
     if log.failure is not None:
         return _vllm_failure(log, m, g, kw, dtype, notes)
@@ -356,14 +226,8 @@ def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict,
                   notes: list[str]) -> LogImport:
     """A log that ends in the engine's error: kvplan plans the same configuration (with the free memory the refused
     rank saw) and says whether it refuses it too, and why."""
-    from .deployment import DeploymentArgs
-    from .pool import capacity_of
-
     fail = dict(log.failure or {})
     if fail.get("kind") == "free_memory":  # the rank saw this much free after its context and communicators
-        from .engines import vllm_rules
-        from .nonkv import pre_snapshot_bytes
-
         seen_on = g or (gpu_by_memory(int(fail["total_gib"] * GiB)) if "total_gib" in fail else None)
         before = fail["free_gib"] + pre_snapshot_bytes(seen_on, int(kw.get("tp") or 1), vllm_rules(log.version),
                                                        moe=m.moe is not None) / GiB
@@ -426,8 +290,6 @@ def _gib(b: float) -> float:
 
 
 def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
-    from .sglang import sglang_pool
-
     c, meas = log.config, log.measured
     notes = []
     f = c.get("mem_fraction_static")

@@ -18,9 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Optional, Union
 
+from .engine import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
+from .engines import backend_block_size, serve_defaults, version_key, vllm_rules
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
-from .specs import GPUSpec, ModelSpec
+from .profile import load_profile
+from .sglang_rules import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
+from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model
+from .weights import weight_format
 
 GiB = 2**30
 ENGINES = ("vllm", "sglang")
@@ -28,7 +33,6 @@ ENTRYPOINTS = ("serve", "llm")
 # vLLM takes a block size its attention backends support: FlashAttention and Triton take multiples of 16
 # (v1/attention/backends: MultipleOf(16)); the MLA backends pick theirs among multiples of 16 as well
 VLLM_BLOCK_MULTIPLE = 16
-SGLANG_VERSION = "0.5"
 
 # Options one engine reads and the other does not. kvplan plans SGLang's pool at PP 1, without vLLM's memory
 # profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
@@ -77,7 +81,7 @@ class DeploymentArgs:
     activation_gib: Optional[float] = None
     non_torch_gib: Optional[float] = None
     cudagraph_gib: Optional[float] = None
-    profile: Any = None  # a path, or a kvplan.deploy.DeploymentProfile
+    profile: Any = None  # a path, or a kvplan.profile.DeploymentProfile
     calibration: Any = None  # a path, or a kvplan.calibration.CalibrationProfile
 
     def given(self) -> list[str]:
@@ -153,8 +157,6 @@ class Deployment:
 
     @property
     def rules(self):
-        from .engines import vllm_rules
-
         return vllm_rules(self.engine_version)
 
     def to_dict(self) -> dict:
@@ -201,15 +203,11 @@ def _positive(name: str, value, *, zero_ok: bool = False, integer: bool = False)
 def _load_profile(p):
     if p is None or not isinstance(p, str):
         return p
-    from .deploy import load_profile
-
     return load_profile(p)
 
 
 def _skip_value(v) -> Optional[tuple]:
     """The skip-layer option in any of its spellings: '0,1,30', 'none', 'sliding_window', 5, [0, 1]."""
-    from .engine import parse_skip_layers
-
     if v is None or isinstance(v, tuple):
         return v
     if isinstance(v, bool):
@@ -226,9 +224,6 @@ def _skip_value(v) -> Optional[tuple]:
 def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     """Every default decided and every value checked, once. `needs_memory`: the question is the pool's size, so a
     GPU (or a memory total, a pool size or a block count) is required."""
-    from .engine import check_tp, format_bytes_per_token, skipped_layers
-    from .specs import gpu_by_memory, load_gpu, load_model
-
     notes: list[str] = []
     prof = _load_profile(args.profile)
     engine = (args.engine or (prof.engine if prof is not None else "vllm")).lower()
@@ -414,8 +409,6 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
                   pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
                   calibration=cal, calibration_source=cal_source, inferred_gpu=inferred)
     if weight_dtype is not None:
-        from .weights import weight_format
-
         weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
     if engine == "sglang":
         if m.state_layers:
@@ -432,8 +425,6 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
 
 
 def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
-    from .engines import backend_block_size, serve_defaults, version_key, vllm_rules
-
     m, g, fmt = common["model"], common["gpu"], common["kv"]
     version = args.engine_version or (prof.engine_version if prof is not None else None)
     rules = vllm_rules(version)
@@ -503,8 +494,6 @@ def _with_profile(d: Deployment, prof) -> Deployment:
 
 
 def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
-    from .sglang import SGLANG_DTYPES, default_mem_fraction_static
-
     m, g, fmt = common["model"], common["gpu"], common["kv"]
     if args.engine_version is not None and not args.engine_version.strip().lstrip("v").startswith(SGLANG_VERSION):
         raise KvplanError(f"--engine-version {args.engine_version}: kvplan plans SGLang with the rules of SGLang "
@@ -526,8 +515,6 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
         notes.append(f"free memory before loading measured by {prof.source or 'a startup log'}"
                      + ("" if same else f"; weights modelled at TP {common['tp']} (the profile measured TP {prof.tp})"))
     if free_before is None and common["free_memory_bytes"] is not None:
-        from .sglang import CONTEXT_GIB
-
         free_before = common["free_memory_bytes"] - int(CONTEXT_GIB * GiB)  # the CUDA context is made first
         notes.append(f"free memory before loading: the {common['free_memory_bytes'] / GiB:.2f} GiB given less "
                      f"{CONTEXT_GIB} GiB for the CUDA context and NCCL")

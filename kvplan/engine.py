@@ -23,14 +23,14 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
 
 from .errors import KvplanError
 from .formats import KVFormat, kv_format, whole
 from .memo import per_spec
 from .specs import ATTENTION_KINDS, GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, padded_vocab, weight_bytes
+from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, model_tensors, padded_vocab
 from .xp import SCALAR
 
 GiB = 2**30
@@ -392,66 +392,6 @@ def crossover_curve(layers: Sequence[LayerKV]) -> CrossoverCurve:
     return CrossoverCurve(tuple(points), reads, f(points[-1] + 1) - reads[-1])
 
 
-@dataclass(frozen=True)
-class OperatingPoint:
-    batch: int
-    context: int
-    resident_tokens: int
-    weight_bytes: float
-    kv_bytes: float
-    step_bytes: float
-    baseline_kv_bytes: float
-    baseline_step_bytes: float
-    saving: float  # fraction of step bytes saved against the baseline dtype
-    bound: Literal["weights", "kv"]
-    crossover_tokens: Optional[float]  # N* at this batch's weight read (differs from batch 1 for MoE)
-    step_ms: Optional[float] = None  # roofline: max(bytes / peak bandwidth, FLOPs / peak compute)
-    memory_ms: Optional[float] = None
-    compute_ms: Optional[float] = None
-    limiter: Optional[Literal["memory", "compute"]] = None
-    calibrated_step_ms: Optional[float] = None  # from a measured calibration profile (kvplan measure)
-
-
-@dataclass(frozen=True)
-class CrossoverResult:
-    model: str
-    dtype: str
-    baseline_dtype: str
-    tp: int
-    weight_dtype: str
-    weight_read: WeightRead
-    kv_bytes_per_token: float  # this rank, all layers, skip layers included
-    kv_bytes_per_token_per_kv_head_layer: float  # the format alone, one layer, one KV head (or one MLA latent)
-    bits_per_element: Optional[float]
-    skip_layers: list[int]
-    weight_bytes: float  # read per step at batch 1 under `weight_read`
-    weight_bytes_held: int
-    crossover_tokens: Optional[float]
-    crossover_batch: Optional[float]  # when N* does not exist: sequences at full window needed
-    crossover_tokens_without_skip: Optional[float]  # N* had every layer used this format (skip layers 'none')
-    kv_ratio: float  # baseline KV bytes per token / this format's
-    gpu: Optional[str] = None
-    # context from which this dtype's expected step is faster than the baseline's, by batch (None: never up to the
-    # model's context); the fixed costs of each format's kernels move it away from the byte crossover
-    breakeven_context: dict = field(default_factory=dict)
-    operating_points: list[OperatingPoint] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_frame(self):
-        """One row per operating point, with the dtype's summary figures beside it (needs pandas)."""
-        import pandas as pd
-
-        summary = {k: v for k, v in self.to_dict().items()
-                   if k not in ("operating_points", "notes", "skip_layers", "deployment")}
-        rows = [{**summary, **{f"point_{k}" if k == "crossover_tokens" else k: v for k, v in asdict(p).items()}}
-                for p in self.operating_points]
-        return pd.DataFrame(rows or [summary])
-
-
 def attention_flops_per_token_head(model: ModelSpec) -> int:
     """FLOPs one query head spends on one cached token: QK^T and PV (absorbed MLA: the score over latent and rope,
     the value over the latent)."""
@@ -475,8 +415,6 @@ def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context,
 @per_spec
 def params_read_per_token(model: ModelSpec, tp: int) -> float:
     """Parameters one token multiplies on this rank (for the compute roofline)."""
-    from .weights import model_tensors
-
     total = 0.0
     for t in model_tensors(model):
         if t.part in ("embed", "extra"):
@@ -513,19 +451,6 @@ def step_figures(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Seque
     return out
 
 
-def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequence[LayerKV], wb: WeightBytes,
-               batch: int, context: int, mode: WeightRead, tp: int, gpu: Optional[GPUSpec],
-               weight_dtype: str) -> OperatingPoint:
-    if batch < 1 or context < 1:
-        raise KvplanError(f"operating points need batch >= 1 and context >= 1, got batch {batch}, context {context}")
-    fig = step_figures(model, layers, base_layers, wb, batch, context, mode, tp, gpu, weight_dtype)
-    fig["bound"] = "kv" if fig.pop("kv_bound") else "weights"
-    if gpu is not None:
-        fig["limiter"] = "compute" if fig.pop("compute_bound") else "memory"
-    return OperatingPoint(batch=batch, context=context, resident_tokens=batch * context,
-                          crossover_tokens=crossover_at_batch(layers, fig["weight_bytes"], batch), **fig)
-
-
 def crossover_at_batch(layers: Sequence[LayerKV] | CrossoverCurve, weight_read: float,
                        batch: int) -> Optional[float]:
     """Resident tokens (batch x context) at which the KV read equals `weight_read`, sequences growing together
@@ -538,135 +463,6 @@ def crossover_at_batch(layers: Sequence[LayerKV] | CrossoverCurve, weight_read: 
 def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:
     key = "fp8" if weight_dtype.startswith("fp8") and gpu.fp8_support and "fp8" in gpu.dense_tflops else "bf16"
     return gpu.dense_tflops.get(key, 0.0) * 1e12
-
-
-def crossover(model, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
-              gpu: Optional[GPUSpec] = None, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
-              weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
-              calibration=None) -> CrossoverResult:
-    """Where the KV pile overtakes the weight pile, and the step bytes (and roofline time) at operating points.
-
-    `model` is a resolved kvplan.deployment.Deployment, or a model (resolved here with the KV dtype, tp,
-    weight_dtype, gpu, skip layers and calibration given)."""
-    from .deployment import Deployment, DeploymentArgs
-
-    if isinstance(model, Deployment):
-        d = model
-    else:
-        d = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, tp=tp, weight_dtype=weight_dtype,
-                           kv_cache_dtype_skip_layers=skip, calibration=calibration).resolve()
-    return crossover_of(d, batches=batches, contexts=contexts, weight_read=weight_read, baseline=baseline)
-
-
-def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
-                 weight_read: WeightRead = "streamed", baseline: str = "auto") -> CrossoverResult:
-    """The crossover of a resolved Deployment."""
-    if weight_read not in ("streamed", "all"):
-        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
-    model, tp, weight_dtype, gpu, skip = d.model, d.tp, d.weight_dtype, d.gpu, d.skip
-    dtype = d.kv
-    fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
-    base_fmt = kv_format(baseline)
-    layers = kv_layers(model, fmt, tp, skip)
-    base_layers = kv_layers(model, base_fmt, tp, ("none",))
-    wdtype = weight_dtype or model.weight_dtype
-    wb = weight_bytes(model, tp, weight_dtype)
-    w1 = weight_read_bytes(model, wb, 1, weight_read)
-    nstar = _solve_crossover(layers, w1)
-    crossover_batch = None
-    if nstar is None:
-        saturated = kv_read_bytes(layers, 1, 10**12)
-        crossover_batch = w1 / saturated if saturated else None
-    per_token = kv_bytes_per_token(layers)
-    base_per_token = kv_bytes_per_token(base_layers)
-    bits = DTYPE_BYTES[model.dtype] * 8
-    if model.mla:
-        unit = fmt.mla_bytes_per_token(model.mla.kv_lora_rank, model.mla.qk_rope_head_dim, bits)
-        bpe = None
-    else:
-        unit = fmt.bytes_per_token_per_kv_head(model.head_dim, model_bits=bits)
-        bpe = fmt.bits_per_element(model.head_dim, bits)
-    points = [step_point(model, layers, base_layers, wb, b, c, weight_read, tp, gpu, wdtype)
-              for b in batches for c in contexts]
-    notes = []
-    longer = [c for c in contexts if c > model.max_position_embeddings and model.attention_layers]
-    if longer:
-        notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
-                     f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
-    breakeven = {}
-    sm = _step_models(d, fmt, base_fmt)
-    if sm is not None:
-        from dataclasses import replace as _replace
-
-        mine, base = sm
-        points = [_replace(p, calibrated_step_ms=mine.step(p.batch, p.context).total_s * 1e3) for p in points]
-        if fmt.name != base_fmt.name:
-            for b in sorted({1, *batches}):
-                breakeven[str(b)] = breakeven_context(mine, base, b, model.max_position_embeddings)
-        notes.append(f"expected step ms: {mine.profile.name}")
-        if d.calibration is not None:
-            key = {"float": "bfloat16", "fp8": "fp8"}.get(mine.attn_family)
-            if key and f"attention {key}" not in mine.profile.measured:
-                notes.append(f"the calibration profile has no {fmt.name} decode measurement: the bundled fit "
-                             f"prices its attention")
-        est = [e for e in mine.estimated]
-        if est:
-            notes.append("estimated (no measured fit): " + ", ".join(est))
-    skipped = skipped_indices(layers, fmt)
-    nstar_all = nstar
-    if skipped and fmt.name != "auto":
-        notes.append(f"{fmt.name}: layers {_ranges(skipped)} stay in {model.dtype} (--kv-cache-dtype-skip-layers)")
-        nstar_all = _solve_crossover(kv_layers(model, fmt, tp, ("none",)), w1)
-    if fmt.residual_tokens:
-        notes.append(f"the newest {fmt.residual_tokens} tokens of each sequence stay in {model.dtype}")
-    return CrossoverResult(
-        model=model.name, dtype=fmt.name, baseline_dtype=base_fmt.name, tp=tp, weight_dtype=wdtype,
-        weight_read=weight_read, kv_bytes_per_token=per_token, kv_bytes_per_token_per_kv_head_layer=unit,
-        bits_per_element=bpe, skip_layers=skipped, weight_bytes=w1, weight_bytes_held=wb.total,
-        crossover_tokens=nstar, crossover_batch=crossover_batch, crossover_tokens_without_skip=nstar_all,
-        kv_ratio=base_per_token / per_token if per_token else 1.0,
-        gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
-        breakeven_context=breakeven,
-    )
-
-
-def _step_models(d, fmt: KVFormat, base_fmt: KVFormat):
-    """The expected-step models of a deployment and of its baseline dtype, where a profile prices its GPU."""
-    from dataclasses import replace
-
-    from .step import has_profile, step_model
-
-    if not has_profile(d):
-        return None
-    return step_model(d), step_model(replace(d, kv=base_fmt, skip=("none",)))
-
-
-def breakeven_context(mine, base, batch: int, longest: int) -> Optional[int]:
-    """The context (cached tokens per sequence) from which `mine`'s step stays faster than `base`'s at `batch`, up to
-    `longest`; None where it is not faster at `longest`. Where the two steps run within a hair of each other at short
-    contexts (their fixed costs nearly equal), they may cross back and forth there: the answer is the last crossing
-    on a doubling grid, refined by bisection."""
-    def faster(c: int) -> bool:
-        return mine.step(batch, c).total_s < base.step(batch, c).total_s
-
-    if not faster(longest):
-        return None
-    grid, c = [], 1
-    while c < longest:
-        grid.append(c)
-        c *= 2
-    # the last grid context where it is not faster, found from the long end down
-    lo = next((g for g in reversed(grid) if not faster(g)), None)
-    if lo is None:
-        return 1
-    c = min(lo * 2, longest)
-    while c - lo > 1:
-        mid = (lo + c) // 2
-        if faster(mid):
-            c = mid
-        else:
-            lo = mid
-    return c
 
 
 def _ranges(xs: Sequence[int]) -> str:

@@ -1,4 +1,5 @@
-"""The one exception kvplan raises for bad input: the CLI prints its message on one line and exits 2."""
+"""The one exception kvplan raises for bad input (the CLI prints its message on one line and exits 2), and any
+exception written as one line where a report records a failure and goes on (the kernel checks and sweeps)."""
 
 
 class KvplanError(Exception):
@@ -17,3 +18,8 @@ def did_you_mean(name: str, choices: list[str]) -> str:
         return ""
     by_lower = {c.lower(): c for c in choices}
     return " (did you mean " + ", ".join(by_lower[c] for c in close) + "?)"
+
+
+def error_line(e: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

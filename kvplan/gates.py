@@ -320,7 +320,7 @@ class GateReport:
 
 
 def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
-    from .engine import crossover_of
+    from .kv_crossover import crossover_of
     from .pool import capacity_of
 
     results = []

@@ -9,7 +9,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from .errors import KvplanError
 
@@ -25,6 +25,39 @@ def looks_like_repo_id(name: str) -> bool:
 def split_revision(name: str) -> tuple[str, Optional[str]]:
     repo, _, revision = name.partition("@")
     return repo, revision or None
+
+
+def hf_cache_dir() -> Path:
+    """Where huggingface_hub keeps downloaded snapshots (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def find_config(repo: str, folders: Sequence[str | Path] = ()) -> Optional[Path]:
+    """The config.json of a Hugging Face repo id in the given folders or the local Hugging Face cache. A folder may
+    hold <org>--<name>.config.json (or _config.json), <org>--<name>/config.json, or a Hugging Face cache layout
+    (models--<org>--<name>/snapshots/<revision>/config.json). Repo ids match case-insensitively, as on the Hub."""
+    stem = repo.strip().strip("/").replace("/", "--").lower()
+    if not stem:
+        return None
+    wanted = {f"{stem}.config.json", f"{stem}_config.json", stem, f"models--{stem}"}
+    for folder in [*map(Path, folders), hf_cache_dir()]:
+        try:
+            entries = {e.name.lower(): e for e in folder.iterdir()}
+        except OSError:
+            continue
+        for name in sorted(wanted & set(entries)):
+            e = entries[name]
+            if e.is_file():
+                return e
+            if (e / "config.json").is_file():
+                return e / "config.json"
+            snapshots = sorted((e / "snapshots").glob("*/config.json"), key=lambda p: p.stat().st_mtime)
+            if snapshots:
+                return snapshots[-1]
+    return None
 
 
 def _offline() -> bool:
@@ -48,8 +81,6 @@ def _quiet() -> None:
 def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     """The local path of a repo's config.json: the Hugging Face cache first, else downloaded (config.json and, where
     the repo has one, hf_quant_config.json) into that cache."""
-    from .deploy import find_config, hf_cache_dir
-
     cached = find_config(repo) if revision is None else _cached_revision(hf_cache_dir(), repo, revision)
     if cached is not None:
         return cached

@@ -345,26 +345,6 @@ class PoolPlan:
                     & ((max_model_len <= self.model.max_position_embeddings) | (not self.model.attention_layers)))
 
 
-def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
-              **options) -> PoolPlan:
-    """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules), for a resolved Deployment (or a
-    model, GPU, dtype and the options of kvplan.deployment.DeploymentArgs, resolved here)."""
-    return plan_for(_deployment(model_or_deployment, gpu, dtype, options))
-
-
-def _deployment(model, gpu, dtype, options: dict):
-    from .deployment import Deployment, DeploymentArgs
-
-    if isinstance(model, Deployment):
-        if gpu is not None or options or dtype is not None:
-            raise TypeError("a Deployment carries its own options")
-        return model
-    if "skip" in options:
-        options["kv_cache_dtype_skip_layers"] = options.pop("skip")
-    args = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, engine="vllm", **options)
-    return args.resolve(needs_memory=True)
-
-
 def _modelled_non_kv(d, rng: range, weights: int) -> NonKVMemory:
     nk = non_kv_memory(d.model, d.gpu, total_bytes=d.total_bytes, tp=d.tp, weights=weights, version=d.rules,
                        pp=d.pp, max_model_len=d.model.max_position_embeddings,
@@ -451,23 +431,6 @@ def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat
     return tuple(replace(lay, bytes_per_token=kv_heads_per_rank(model, tp, lay.index) * 2
                          * (model.layer_head_dim(lay.index) or 0))
                  if lay.kind == "sliding" and lay.format == fmt.name else lay for lay in layers)
-
-
-def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
-             **options) -> CapacityResult:
-    """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
-
-    Takes a resolved kvplan.deployment.Deployment, or a model, GPU, KV dtype and any option of
-    kvplan.deployment.DeploymentArgs (tp, pp, dcp, max_model_len, gpu_memory_utilization, block_size,
-    profile, ...), resolved the way the command line resolves them: the KV dtype defaults to the profile's, or
-    auto.
-
-    A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
-    can show it; raise on it where a single answer was asked for.
-
-    With a deployment `profile` (kvplan.deploy), the total memory, the engine version and the measured weights and
-    overheads of that deployment stand in for the model of them."""
-    return capacity_of(_deployment(model, gpu, dtype, options))
 
 
 def _free_after_context(d) -> int:

@@ -2,9 +2,8 @@
 size per token, the page floor, the sliding-window pool ratio, the padding page, and what its log prints.
 
 Sources: sglang v0.5.23, srt/mem_cache/kv_cache_configurator.py (_profile_available_bytes, token constraints),
-srt/model_executor/pool_configurator.py (_compute_cell_size, hybrid SWA), srt/arg_groups/memory_hook.py (the
-default mem_fraction_static), srt/mem_cache/memory_pool.py (allocation with one padding page).
-A pure module: no I/O.
+srt/model_executor/pool_configurator.py (_compute_cell_size, hybrid SWA), srt/mem_cache/memory_pool.py (allocation
+with one padding page). SGLang's defaults and accepted dtypes are in sglang_rules.py. A pure module: no I/O.
 """
 
 from __future__ import annotations
@@ -17,41 +16,11 @@ from typing import Optional
 from .engine import check_tp
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
+from .sglang_rules import CONTEXT_GIB, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO, default_mem_fraction_static
 from .specs import GPUSpec, ModelSpec
 from .weights import DTYPE_BYTES, weight_bytes
 
 GiB = 2**30
-CONTEXT_GIB = 0.5  # CUDA context and NCCL before SGLang's baseline (not a source constant; a log pins it)
-SWA_FULL_TOKENS_RATIO = 0.8
-
-# kvplan format -> SGLang's --kv-cache-dtype (the formats SGLang accepts)
-SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp8": "fp8_e4m3",
-                 "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16"}
-
-
-def default_chunked_prefill_and_decode_bs(gpu_mem_gb: float, tp: int) -> tuple[int, int]:
-    """SGLang's defaults by GPU memory (memory_hook.py): chunked_prefill_size and the largest decode graph batch."""
-    if gpu_mem_gb < 20:
-        return 2048, 8
-    if gpu_mem_gb < 35:
-        return 4096, 48 if tp < 4 else 160
-    if gpu_mem_gb < 60:
-        return 4096, 32 if tp < 4 else 160
-    if gpu_mem_gb < 160:
-        return 8192, 256 if tp < 4 else 512
-    return 16384, 512
-
-
-def default_mem_fraction_static(model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1) -> float:
-    """memory_hook.py: reserve 512 MB + 1.5 x chunked prefill + tp x pp / 8 GB + the graphs' share, at least 10 GB
-    on GPUs over 60 GB, out of nvidia-smi's total."""
-    gpu_mem = gpu.smi_total_mib or gpu.memory_total_gib * 1024
-    chunked, decode_bs = default_chunked_prefill_and_decode_bs(gpu_mem / 1024, tp)
-    graphs = 1536 if model.is_mla else 2 * decode_bs
-    reserved = 512 + 1.5 * max(chunked, 2048) + tp * pp / 8 * 1024 + graphs
-    if gpu_mem > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)
-    return round((gpu_mem - reserved) / gpu_mem, 3)
 
 
 def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[float, float, int, int]:

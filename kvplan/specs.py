@@ -8,14 +8,16 @@ lives in `weights` and `engine`.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import ClassVar, Literal, Optional
+from typing import ClassVar, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import KvplanError, did_you_mean
 from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
+from .hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
 from .memo import per_spec
 
 LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
@@ -620,8 +622,6 @@ def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
     Hugging Face id (org/name: the local Hugging Face cache, else the Hub with the hub extra, else the catalog
     model of that architecture). With `checkpoint`, a Hugging Face id's checkpoint count comes from its safetensors
     headers on the Hub (or kvplan's cache of them) where its snapshot holds no weights."""
-    from .hub import looks_like_repo_id
-
     if looks_like_repo_id(name_or_path):
         return _model_for_repo_id(name_or_path, checkpoint)
     if _looks_like_path(name_or_path):
@@ -693,8 +693,6 @@ def checkpoint_tensors(folder: Path) -> Optional[dict]:
 
 
 def _model_for_repo_id(name: str, checkpoint: bool = False) -> ModelSpec:
-    from .hub import checkpoint_summary, fetch_config, split_revision
-
     repo, revision = split_revision(name)
     try:
         config = fetch_config(repo, revision)
@@ -702,8 +700,6 @@ def _model_for_repo_id(name: str, checkpoint: bool = False) -> ModelSpec:
     except KvplanError as fetch_error:
         if "catalog" not in str(fetch_error) and "HF_HUB_OFFLINE" not in str(fetch_error):
             raise
-        from .deploy import catalog_model_for_repo
-
         try:  # without the Hub: the catalog model of that architecture, when there is one
             spec = catalog_model_for_repo(repo)
         except KvplanError:
@@ -717,6 +713,37 @@ def _model_for_repo_id(name: str, checkpoint: bool = False) -> ModelSpec:
     if summary is None:
         return spec.model_copy(update={"checkpoint_unavailable": why})
     return spec.model_copy(update={"checkpoint_params": summary["elements"], "checkpoint_dtypes": summary["dtypes"]})
+
+
+def model_for_repo(repo: str, folders: Sequence[str | Path] = ()) -> ModelSpec:
+    """The model a Hugging Face repo id names: its config.json in `folders` (or the local Hugging Face cache), else
+    the catalog model of that architecture (instruct and chat variants share the base architecture)."""
+    found = find_config(repo, folders)
+    if found is not None:
+        return load_model(str(found))
+    return catalog_model_for_repo(repo)
+
+
+_QUANT_SUFFIX = (r"(?:[-_.](?:fp8(?:-dynamic)?|fp4|nvfp4|mxfp4|awq|gptq(?:-int[48])?|int[48]|w4a16|w8a8|w8a16|"
+                 r"quantized(?:\.w\d+a\d+)?|bnb-4bit|4bit|8bit))+$")
+
+
+def catalog_model_for_repo(repo: str) -> ModelSpec:
+    """The catalog model a Hugging Face repo id names (instruct and chat variants share the base architecture)."""
+    def norm(s: str) -> str:
+        s = s.lower().rstrip("/").split("/")[-1]
+        s = re.sub(_QUANT_SUFFIX, "", s)  # a quantized checkpoint has the base model's architecture
+        for suffix in ("-instruct-2507", "-instruct", "-chat", "-it", "-base", "-hf"):
+            s = s.removesuffix(suffix)
+        return "".join(ch for ch in s.replace("meta-llama-", "llama-") if ch.isalnum())
+
+    key = norm(repo)
+    for stem, spec in catalog_entries("models"):
+        names = {stem, spec.name, *(spec.aliases), *([spec.hf_repo] if spec.hf_repo else [])}
+        if key in {norm(n) for n in names}:
+            return spec
+    raise KvplanError(f"the log's model '{repo}' is not in the catalog nor in the Hugging Face cache; pass --model "
+                      f"(a catalog name, a YAML spec or its config.json) or --configs (a folder of config.json files)")
 
 
 def _modelopt_file(config: Path) -> Optional[Path]:

@@ -150,7 +150,7 @@ def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float]) -> bo
 def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequence[int]] = None,
                   tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None) -> ThroughputResult:
     """The throughput table of resolved deployments that differ only in their KV dtype."""
-    from .engine import crossover_of
+    from .kv_crossover import crossover_of
     from .step import step_model
 
     if isl < 1 or osl < 1:
@@ -269,19 +269,3 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None) -> 
         how = f"with {seqs:.2g}x the sequences ({win.concurrency} vs {base.concurrency}){faster}"
     return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:+.0%} output tokens/s per GPU over {base_name} "
                                 f"under {limits}, {how}; mean context {isl + osl // 2:,} tokens")
-
-
-def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Sequence[str] = ("auto", "fp8"),
-               concurrency: Optional[Sequence[int]] = None, tpot_ms: Optional[float] = None,
-               ttft_ms: Optional[float] = None, **options) -> ThroughputResult:
-    """The throughput table for a model on a GPU: `options` are kvplan.deployment.DeploymentArgs fields (tp,
-    weight_dtype, engine, calibration, max_num_batched_tokens, ...).
-
-        >>> r = throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[16])
-        >>> [round(x.tpot_ms, 1) for x in r.rows]   # doctest: +SKIP
-    """
-    from .deployment import DeploymentArgs, deployments
-
-    args = DeploymentArgs(model=model, gpu=gpu, **options)
-    ds = deployments(args, list(kv_cache_dtypes), needs_memory=True)
-    return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms)

@@ -36,9 +36,13 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional
 
+from .engine import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
 from .errors import KvplanError
+from .formats import kv_format
 from .memo import per_spec
-from .specs import GPUSpec, ModelSpec
+from .specs import GPUSpec, ModelSpec, _catalog_data, catalog_dir
+from .weights import (DTYPE_BYTES, _own_format, _quantized, format_and_scope, model_tensors,
+                      tensor_bytes_per_rank)
 from .xp import SCALAR
 
 SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul
@@ -104,8 +108,6 @@ class StepProfile:
 
 @lru_cache(maxsize=1)
 def _bundled() -> dict:
-    from .specs import _catalog_data, catalog_dir
-
     return _catalog_data(catalog_dir("hardware") / "profiles" / "step-time.yaml")["gpus"]
 
 
@@ -380,11 +382,6 @@ class StepModel:
     context and prefill chunk."""
 
     def __init__(self, d, profile: StepProfile):
-        from .engine import format_bytes_per_token, kv_heads_per_rank, kv_layers
-        from .formats import kv_format
-        from .weights import (DTYPE_BYTES, _own_format, _quantized, format_and_scope, model_tensors,
-                              tensor_bytes_per_rank)
-
         self.profile = profile
         m: ModelSpec = d.model
         self.model = m
@@ -523,8 +520,6 @@ class StepModel:
     def _prefill_attention(self, tokens, context, xp=SCALAR):
         """Attention of `tokens` new tokens that see `context` earlier tokens each on average (compute-bound:
         QK^T and PV at the bf16 GEMM's achieved FLOP/s)."""
-        from .engine import attention_flops_per_token_head
-
         f = self.small_fit
         if not (f.mu and f.peak_flops):
             return 0.0

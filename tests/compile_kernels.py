@@ -374,7 +374,7 @@ def compile_all(launches: list[dict], archs: list[int], report: list | None = No
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kvplan.kernels.probe import error_line
+    from kvplan.errors import error_line
 
     failed = 0
     for arch in archs:

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
+from kvplan.api import capacity
 from kvplan.engine import kv_layers
 from kvplan.errors import KvplanError
 from kvplan.formats import kv_format
-from kvplan.pool import capacity, kv_cache_groups
+from kvplan.pool import kv_cache_groups
 from kvplan.specs import load_gpu, load_model
 
 GiB = 2**30

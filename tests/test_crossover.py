@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from kvplan.engine import crossover, kv_bytes_per_token, kv_layers, kv_read_bytes
+from kvplan.api import crossover
+from kvplan.engine import kv_bytes_per_token, kv_layers, kv_read_bytes
 from kvplan.formats import kv_format
 from kvplan.specs import load_gpu, load_model
 

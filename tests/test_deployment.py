@@ -179,7 +179,7 @@ def test_profile_rebases_on_another_batch_size(cli, vllm_profile):
 
 def test_library_applies_the_profile_like_the_cli(cli, vllm_profile):
     import kvplan
-    from kvplan.deploy import load_profile
+    from kvplan.profile import load_profile
 
     prof = load_profile(vllm_profile)
     lib = kvplan.capacity(load_model(prof.model), profile=prof)

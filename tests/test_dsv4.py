@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from kvplan.api import capacity
 from kvplan.deployment import DeploymentArgs
 from kvplan.engine import kv_bytes_per_token, kv_layers
 from kvplan.errors import KvplanError
 from kvplan.formats import kv_format
-from kvplan.pool import capacity, packed_kv_cache_groups
+from kvplan.pool import packed_kv_cache_groups
 from kvplan.specs import load_model
 from kvplan.weights import param_count
 

@@ -83,7 +83,7 @@ def test_pipeline_parallel_halves_the_layers():
 def test_pipeline_stages_take_the_fewest_blocks():
     # DeepSeek-V3's 61 layers over 4 stages: 15, 15, 16, 15 (vLLM gives the remainder to the stage before last).
     # Each stage's rank budgets its own weights; vLLM takes the fewest blocks over ranks.
-    from kvplan.pool import pool_plan
+    from kvplan.api import pool_plan
     from kvplan.weights import weight_bytes
 
     m, h200 = load_model("deepseek-v3"), load_gpu("h200")

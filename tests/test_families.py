@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from kvplan.api import capacity
 from kvplan.engine import check_tp, kv_bytes_per_token, kv_layers, state_bytes
 from kvplan.errors import KvplanError
 from kvplan.formats import kv_format
-from kvplan.pool import capacity
 from kvplan.specs import load_gpu, load_model
 from kvplan.weights import param_count, weight_bytes
 

@@ -6,9 +6,12 @@ import json
 import pytest
 
 from kvplan import capacity, load_gpu, load_model
-from kvplan.deploy import import_log, load_profile, model_for_repo, save_profile
+from kvplan.deploy import import_log
 from kvplan.errors import KvplanError
-from kvplan.sglang import default_mem_fraction_static, sglang_pool
+from kvplan.profile import load_profile, save_profile
+from kvplan.sglang import sglang_pool
+from kvplan.sglang_rules import default_mem_fraction_static
+from kvplan.specs import model_for_repo
 from kvplan.startup_log import parse_startup_log
 
 LOGS = ["vllm-v1-0.33-llama31-8b-h100.log", "vllm-v1-0.10-llama31-8b-h100.log", "vllm-v0-0.6-llama3-8b-h100.log",

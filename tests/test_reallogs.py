@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from kvplan.cli import main
-from kvplan.deploy import find_config, import_log, model_for_repo
+from kvplan.deploy import import_log
+from kvplan.hub import find_config
+from kvplan.specs import model_for_repo
 from kvplan.startup_log import parse_startup_log
 from kvplan.weights import allocator_rounding
 

@@ -305,7 +305,7 @@ def test_breakeven_context_between_the_two(cli):
 def test_breakeven_is_where_a_dtype_stays_faster():
     from types import SimpleNamespace
 
-    from kvplan.engine import breakeven_context
+    from kvplan.kv_crossover import breakeven_context
 
     def model(f):  # a step model whose step time is f(context)
         return SimpleNamespace(step=lambda batch, c: SimpleNamespace(total_s=f(c)))

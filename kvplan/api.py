@@ -1,0 +1,80 @@
+"""The library's keyword facades: each question asked of a model and a GPU with options, as the command line asks
+it. Each resolves one kvplan.deployment.Deployment (per KV dtype) from its arguments and hands it to the question's
+own function (crossover_of, capacity_of, plan_for, throughput_of), which takes a resolved Deployment only."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .deployment import Deployment, DeploymentArgs, deployments
+from .engine import SkipLayers, WeightRead
+from .formats import KVFormat
+from .kv_crossover import CrossoverResult, crossover_of
+from .pool import CapacityResult, PoolPlan, capacity_of, plan_for
+from .specs import GPUSpec
+from .steady import ThroughputResult, throughput_of
+
+
+def crossover(model, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
+              gpu: Optional[GPUSpec] = None, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
+              weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None,
+              calibration=None) -> CrossoverResult:
+    """Where the KV pile overtakes the weight pile, and the step bytes (and roofline time) at operating points.
+
+    `model` is a resolved kvplan.deployment.Deployment, or a model (resolved here with the KV dtype, tp,
+    weight_dtype, gpu, skip layers and calibration given)."""
+    if isinstance(model, Deployment):
+        d = model
+    else:
+        d = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, tp=tp, weight_dtype=weight_dtype,
+                           kv_cache_dtype_skip_layers=skip, calibration=calibration).resolve()
+    return crossover_of(d, batches=batches, contexts=contexts, weight_read=weight_read, baseline=baseline)
+
+
+def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
+             **options) -> CapacityResult:
+    """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
+
+    Takes a resolved kvplan.deployment.Deployment, or a model, GPU, KV dtype and any option of
+    kvplan.deployment.DeploymentArgs (tp, pp, dcp, max_model_len, gpu_memory_utilization, block_size,
+    profile, ...), resolved the way the command line resolves them: the KV dtype defaults to the profile's, or
+    auto.
+
+    A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
+    can show it; raise on it where a single answer was asked for.
+
+    With a deployment `profile` (kvplan.profile), the total memory, the engine version and the measured weights and
+    overheads of that deployment stand in for the model of them."""
+    return capacity_of(_deployment(model, gpu, dtype, options))
+
+
+def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
+              **options) -> PoolPlan:
+    """The budget, pages, groups and blocks of the KV pool per rank (vLLM's rules), for a resolved Deployment (or a
+    model, GPU, dtype and the options of kvplan.deployment.DeploymentArgs, resolved here)."""
+    return plan_for(_deployment(model_or_deployment, gpu, dtype, options))
+
+
+def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Sequence[str] = ("auto", "fp8"),
+               concurrency: Optional[Sequence[int]] = None, tpot_ms: Optional[float] = None,
+               ttft_ms: Optional[float] = None, **options) -> ThroughputResult:
+    """The throughput table for a model on a GPU: `options` are kvplan.deployment.DeploymentArgs fields (tp,
+    weight_dtype, engine, calibration, max_num_batched_tokens, ...).
+
+        >>> r = throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[16])
+        >>> [round(x.tpot_ms, 1) for x in r.rows]   # doctest: +SKIP
+    """
+    args = DeploymentArgs(model=model, gpu=gpu, **options)
+    ds = deployments(args, list(kv_cache_dtypes), needs_memory=True)
+    return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms)
+
+
+def _deployment(model, gpu, dtype, options: dict):
+    if isinstance(model, Deployment):
+        if gpu is not None or options or dtype is not None:
+            raise TypeError("a Deployment carries its own options")
+        return model
+    if "skip" in options:
+        options["kv_cache_dtype_skip_layers"] = options.pop("skip")
+    args = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, engine="vllm", **options)
+    return args.resolve(needs_memory=True)
