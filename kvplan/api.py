@@ -8,10 +8,10 @@ from typing import Optional, Sequence
 
 from .deployment import Deployment, DeploymentArgs, deployments
 from .engine import SkipLayers, WeightRead
-from .formats import KVFormat
+from .formats import KVFormat, comparison_dtypes
 from .kv_crossover import CrossoverResult, crossover_of
 from .pool import CapacityResult, PoolPlan, capacity_of, plan_for
-from .specs import GPUSpec
+from .specs import GPUSpec, ModelSpec, load_model
 from .steady import ThroughputResult, throughput_of
 
 
@@ -55,18 +55,24 @@ def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | K
     return plan_for(_deployment(model_or_deployment, gpu, dtype, options))
 
 
-def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Sequence[str] = ("auto", "fp8"),
+def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequence[str]] = None,
                concurrency: Optional[Sequence[int]] = None, tpot_ms: Optional[float] = None,
-               ttft_ms: Optional[float] = None, **options) -> ThroughputResult:
-    """The throughput table for a model on a GPU: `options` are kvplan.deployment.DeploymentArgs fields (tp,
-    weight_dtype, engine, calibration, max_num_batched_tokens, ...).
+               ttft_ms: Optional[float] = None, percentile: str = "mean", num_prompts: Optional[int] = None,
+               **options) -> ThroughputResult:
+    """The throughput table for a model on a GPU, as `kvplan throughput` prints it: `kv_cache_dtypes` defaults to
+    the model's own and its fp8 cache (fp8_ds_mla on MLA models), `options` are kvplan.deployment.DeploymentArgs
+    fields (tp, weight_dtype, engine, calibration, max_num_batched_tokens, ...).
 
         >>> r = throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[16])
         >>> [round(x.tpot_ms, 1) for x in r.rows]   # doctest: +SKIP
     """
+    if not isinstance(model, ModelSpec):
+        model = load_model(model)
     args = DeploymentArgs(model=model, gpu=gpu, **options)
+    if kv_cache_dtypes is None:
+        kv_cache_dtypes = comparison_dtypes(model)
     ds = deployments(args, list(kv_cache_dtypes), needs_memory=True)
-    return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms)
+    return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms, percentile, num_prompts)
 
 
 def _deployment(model, gpu, dtype, options: dict):

@@ -193,11 +193,6 @@ def _model_len(value: Optional[str]) -> Optional[int | str]:
     return sizes[0]
 
 
-def _auto_and_fp8(model) -> list[str]:
-    """The dtypes a comparison shows by default: the model's own and its fp8 cache (fp8_ds_mla for MLA)."""
-    return ["auto", "fp8_ds_mla" if model.is_mla else "fp8"]
-
-
 def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None) -> list:
     """The KV formats asked for. With several (or 'all'), formats for the other attention layout (MLA or heads)
     are left out; a single one that does not apply is an error, raised where it is used."""
@@ -301,10 +296,11 @@ TpotOpt = Annotated[Optional[float], typer.Option(
 
 
 def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
-                tpot_ms, ttft_ms, **deployment):
+                tpot_ms, ttft_ms, percentile: str = "mean", num_prompts: Optional[int] = None, **deployment):
     """The throughput table both `throughput` and `plot throughput` show (kvplan.steady)."""
     from .deployment import deployments
     from .errors import KvplanError
+    from .formats import comparison_dtypes
     from .specs import load_model
     from .steady import throughput_of
 
@@ -315,10 +311,27 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
     if gpu is None:
         raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
     m = load_model(model)
-    ds = deployments(_deployment_args(model=m, gpu=gpu, **deployment),
-                     _formats_for(m, dtype, _auto_and_fp8(m)), needs_memory=True)
+    args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
+    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
     return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
-                            _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms)
+                            _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts)
+
+
+def _with_profile(args):
+    """The arguments with --profile read (once, for the model it names and for every dtype's deployment)."""
+    if args.profile is None or not isinstance(args.profile, str):
+        return args
+    from dataclasses import replace
+
+    from .profile import load_profile
+
+    return replace(args, profile=load_profile(args.profile))
+
+
+PercentileOpt = Annotated[str, typer.Option(
+    "--percentile", help="the figure --tpot-ms and --ttft-ms hold: mean (default), p50, p90 or p99 of the requests")]
+NumPromptsOpt = Annotated[Optional[int], typer.Option(
+    "--num-prompts", help="requests each concurrency's benchmark sends (default 1000, as vllm bench serve)")]
 
 
 @app.command()
@@ -332,24 +345,45 @@ def throughput(
     tpot_ms: TpotOpt = None,
     ttft_ms: Annotated[Optional[float], typer.Option(
         "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")] = None,
+    percentile: PercentileOpt = "mean",
+    num_prompts: NumPromptsOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
+    dcp: DcpOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     engine: EngineOpt = None,
+    engine_version: EngineVersionOpt = None,
     gpu_memory_utilization: UtilOpt = None,
     max_model_len: MaxModelLenOpt = None,
     max_num_seqs: MaxSeqsOpt = None,
     max_num_batched_tokens: BatchedOpt = None,
+    block_size: BlockSizeOpt = None,
+    skip_layers: SkipOpt = None,
+    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
+    activation_gib: ActivationOpt = None,
+    non_torch_gib: NonTorchOpt = None,
+    cudagraph_gib: CudagraphOpt = None,
+    enforce_eager: EagerOpt = False,
+    language_model_only: LanguageOnlyOpt = False,
+    entrypoint: EntrypointOpt = None,
+    gpu_memory_gib: GpuMemOpt = None,
+    free_memory_gib: FreeMemOpt = None,
+    kv_cache_memory: KvMemOpt = None,
+    num_gpu_blocks_override: OverrideOpt = None,
+    profile: ProfileOpt = None,
+    mem_fraction_static: MemFractionOpt = None,
+    page_size: PageSizeOpt = None,
     calibration: CalibrationOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Which KV dtype serves the most output tokens per second per GPU: TPOT, TTFT and tokens/s per dtype and
-    concurrency, from step times fitted to vLLM's own kernels (or your `kvplan measure` profile) and the pool's
-    concurrency limit; with --tpot-ms / --ttft-ms, the best concurrency under them and the winner."""
-    m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, tp=tp, pp=pp,
-                       weight_dtype=weight_dtype, engine=engine, gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, calibration=calibration)
+    """What `vllm bench serve` prints per KV dtype and concurrency: TPOT, TTFT, ITL and latency (mean and p50, p90,
+    p99), output tokens/s per GPU, from a step-by-step simulation of the engine's scheduler priced with step times
+    fitted to vLLM's own kernels (or your `kvplan measure` profile); with --tpot-ms / --ttft-ms, the best
+    concurrency under them and the winner."""
+    opts = {k: v for k, v in locals().items() if k not in ("model", "gpu", "isl", "osl", "concurrency", "dtype",
+                                                             "tpot_ms", "ttft_ms", "percentile", "num_prompts",
+                                                             "as_json")}
+    m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts, **opts)
     _show(as_json, r.to_dict(), "throughput_table", r, m)
 
 
@@ -401,10 +435,7 @@ def capacity(
     if model is None and profile is None:
         _capacity_listing(args, parse_dtypes(dtype), as_json)
         return
-    if profile is not None:  # read once, for the model it names and for every dtype's deployment
-        from .profile import load_profile
-
-        args = replace(args, profile=load_profile(profile))
+    args = _with_profile(args)
     m = load_model(model) if model else load_model(args.profile.model)
     fmts = _formats_for(m, dtype) if dtype else [None]
     ds = deployments(replace(args, model=m), fmts, needs_memory=True)
@@ -493,9 +524,11 @@ def plot_crossover(
     from .specs import load_model
 
     m = load_model(model)
+    from .formats import comparison_dtypes
+
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
                                       skip_layers=skip_layers),
-                     _formats_for(m, dtype, _auto_and_fp8(m)))
+                     _formats_for(m, dtype, comparison_dtypes(m)))
     ctx = _one_size(context, "--context") if context else None
     b = _one_size(batch, "--batch") if batch else None
     if ctx is None and b is not None:
@@ -569,9 +602,11 @@ def plot_capacity(
     from .plots import capacity_figure
     from .specs import load_model
 
+    from .formats import comparison_dtypes
+
     m = load_model(model)
     args = _deployment_args(model=m, engine="vllm", **opts)
-    ds = deployments(args, _formats_for(m, dtype, _auto_and_fp8(m)), needs_memory=True)
+    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
     _draw(capacity_figure(ds), output, as_json)
 
 

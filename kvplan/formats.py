@@ -343,3 +343,9 @@ def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "aut
             if f not in out:
                 out.append(f)
     return out
+
+
+def comparison_dtypes(model) -> list[str]:
+    """The KV dtypes a comparison shows by default: the model's own and its fp8 cache (fp8_ds_mla for MLA, the
+    only fp8 layout vLLM's MLA backends store)."""
+    return ["auto", "fp8_ds_mla" if model.is_mla else "fp8"]

@@ -264,8 +264,7 @@ REQUIREMENTS: dict[str, Requirement] = {r.key: r for r in [
 def _tpot(d, lim) -> float:
     from .steady import throughput_of
 
-    row = throughput_of([d], lim.isl, lim.osl, [lim.concurrency]).rows[0]
-    return math.inf if row.kv_limited else row.tpot_ms
+    return throughput_of([d], lim.isl, lim.osl, [lim.concurrency]).rows[0].tpot_ms
 
 
 def _best_per_gpu(d, lim) -> float:

@@ -23,6 +23,7 @@ from .engine import (
 )
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
+from .search import last_true
 from .specs import GPUSpec, ModelSpec
 from .step import has_profile, step_model
 from .weights import DTYPE_BYTES, WeightBytes, weight_bytes
@@ -99,6 +100,17 @@ def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequenc
         fig["limiter"] = "compute" if fig.pop("compute_bound") else "memory"
     return OperatingPoint(batch=batch, context=context, resident_tokens=batch * context,
                           crossover_tokens=crossover_at_batch(layers, fig["weight_bytes"], batch), **fig)
+
+
+def roofline_step_ms(d, batch: float, context: float, weight_read: WeightRead = "streamed") -> float:
+    """The roofline time of one decode step of a resolved deployment, `batch` sequences (rounded, at least 1) of
+    `context` cached tokens: what crossover's operating point at that batch and context says."""
+    m = d.model
+    layers = kv_layers(m, d.kv, d.tp, d.skip)
+    base = kv_layers(m, kv_format("auto"), d.tp, ("none",))
+    fig = step_figures(m, layers, base, weight_bytes(m, d.tp, d.weight_dtype), max(1, round(batch)),
+                       max(1, round(context)), weight_read, d.tp, d.gpu, d.weight_dtype or m.weight_dtype)
+    return fig["step_ms"]
 
 
 def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = (),
@@ -200,11 +212,4 @@ def breakeven_context(mine, base, batch: int, longest: int) -> Optional[int]:
     lo = next((g for g in reversed(grid) if not faster(g)), None)
     if lo is None:
         return 1
-    c = min(lo * 2, longest)
-    while c - lo > 1:
-        mid = (lo + c) // 2
-        if faster(mid):
-            c = mid
-        else:
-            lo = mid
-    return c
+    return last_true(lambda c: not faster(c), lo, min(lo * 2, longest)) + 1

@@ -18,6 +18,7 @@ from .engine import (
 from .engines import VllmRules
 from .errors import KvplanError
 from .formats import KVFormat
+from .memo import per_spec
 from .nonkv import FRAGMENTATION_SEEN, NonKVMemory, flat_allowance, non_kv_memory, pre_snapshot_bytes, sampler_warmup
 from .specs import GPUSpec, ModelSpec
 from .weights import pipeline_stages, weight_bytes
@@ -365,6 +366,7 @@ def _base_overhead(base) -> int:
     return max(stages)
 
 
+@per_spec  # throughput asks it for the pool and for the scheduler's blocks; sweeps per dtype
 def plan_for(d) -> PoolPlan:
     """The pool of a resolved vLLM Deployment.
 

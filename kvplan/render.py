@@ -623,14 +623,18 @@ def throughput_table(r, model) -> None:
     con.print(f"[bold]{model.name}[/bold]  {r.gpu}  TP {r.tp}" + (f"  PP {r.pp}" if r.pp > 1 else "")
               + f"  {r.engine}  isl {r.isl:,}  osl {r.osl:,}" + (f"  limits: {limits}" if limits else ""))
     con.print(f"step times: {r.profile}")
-    t = Table(title="Steady state per KV dtype and concurrency (closed loop, chunked prefill)", title_justify="left")
+    which = "" if r.percentile == "mean" else f" ({r.percentile} for the limits)"
+    t = Table(title=f"vllm bench serve, simulated: {r.num_prompts:,} requests per concurrency, every client starting "
+                    f"at once{which}", title_justify="left")
     for col, just in [("KV dtype", "left"), ("conc.", "right"), ("TPOT ms", "right"), ("TTFT ms", "right"),
-                      ("out tok/s", "right"), ("per GPU", "right"), ("per user", "right"), ("prefill", "right"),
-                      ("floor ms", "right")]:
+                      ("TTFT p99", "right"), ("out tok/s", "right"), ("per GPU", "right"), ("per user", "right"),
+                      ("running", "right"), ("floor ms", "right")]:
         t.add_column(col, justify=just, no_wrap=True)
+
     def cells(x, mark: str = "") -> list[str]:
-        return [f"{x.tpot_ms:.2f}{mark}", f"{x.ttft_ms:,.1f}", f"{x.output_tokens_per_s:,.0f}",
-                f"{x.output_tokens_per_s_per_gpu:,.0f}", f"{x.tokens_per_s_per_user:.1f}", pct(x.prefill_share),
+        ran = f"{x.mean_running:,.0f}" + (" kv" if x.kv_limited else "")
+        return [f"{x.tpot_ms:.2f}{mark}", f"{x.ttft_ms:,.1f}", f"{x.ttft_p99_ms:,.1f}", f"{x.output_tokens_per_s:,.0f}",
+                f"{x.output_tokens_per_s_per_gpu:,.0f}", f"{x.tokens_per_s_per_user:.1f}", ran,
                 f"{x.roofline_step_ms:.2f}"]
 
     names = list(dict.fromkeys(x.kv_cache_dtype for x in r.rows))
@@ -639,9 +643,6 @@ def throughput_table(r, model) -> None:
         best = r.best.get(name)
         for j, x in enumerate(rows):
             label = _dname(name, model) if j == 0 else ""
-            if x.kv_limited:
-                t.add_row(label, f"{x.concurrency:,}", f"pool holds {x.pool_limit:,}", "", "", "", "", "", "")
-                continue
             mark = "" if x.meets_limits or not limits else " x"
             t.add_row(label, f"{x.concurrency:,}", *cells(x, mark))
         if best is not None:
@@ -650,6 +651,6 @@ def throughput_table(r, model) -> None:
     con.print(f"verdict: {r.verdict}")
     for note in r.notes:
         con.print(f"note: {note}")
-    con.print("TPOT: the mean step (decode of every running request plus its share of prompt chunks); floor ms: the "
-              "same step's roofline (bytes / peak bandwidth); 'pool holds N': the KV pool cannot run that many"
-              + ("; x: over the limits" if limits else "") + ".")
+    con.print("TPOT, TTFT: the benchmark's means over its requests; running: requests running at once on average "
+              "('kv': requests waited for KV blocks or were preempted); floor ms: the roofline (bytes / peak "
+              "bandwidth) of a decode step at that batch" + ("; x: over the limits" if limits else "") + ".")

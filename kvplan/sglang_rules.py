@@ -32,6 +32,11 @@ def default_chunked_prefill_and_decode_bs(gpu_mem_gb: float, tp: int) -> tuple[i
     return 16384, 512
 
 
+def default_chunked_prefill_size(gpu: GPUSpec, tp: int) -> int:
+    """SGLang's chunked_prefill_size for this GPU (memory_hook.py, by nvidia-smi's total)."""
+    return default_chunked_prefill_and_decode_bs((gpu.smi_total_mib or gpu.memory_total_gib * 1024) / 1024, tp)[0]
+
+
 def default_mem_fraction_static(model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1) -> float:
     """memory_hook.py: reserve 512 MB + 1.5 x chunked prefill + tp x pp / 8 GB + the graphs' share, at least 10 GB
     on GPUs over 60 GB, out of nvidia-smi's total."""

@@ -1,19 +1,14 @@
-"""Throughput at a latency target: for each KV cache dtype and concurrency, the steady state of a closed loop of
-`concurrency` users, each sending a request of `isl` prompt tokens and `osl` output tokens as soon as the last one
-finished, on an engine with chunked prefill.
+"""Throughput at a latency target: for each KV cache dtype and concurrency, what a serving benchmark prints for a
+closed loop of `concurrency` clients, each sending a request of `isl` prompt tokens and `osl` output tokens as soon as
+the last one finished (`vllm bench serve --max-concurrency C --num-prompts N`, every client starting at once).
 
-Per request, the prompt takes n_chunks = ceil(isl / (max_num_batched_tokens - decoding)) steps and the output osl
-steps, so a share osl / (osl + n_chunks) of the users decode at any step. The prompts arrive as
-concurrency x n_chunks / (osl + n_chunks) chunks per step. A step carries every decoding sequence (at the mean
-context of the running requests, isl + osl / 2), and each chunk adds what a step carrying it costs beyond the plain
-decode step (kvplan.step prices both):
-* TPOT = the mean step time (each decoding sequence gets one token per step);
-* TTFT = half a step of waiting for the next step, the wait for a free prefill slot (an M/D/1 queue: prompts arrive
-  at the rate above, a step serves as many as its token budget holds), then n_chunks steps that each carry a chunk;
-* output tokens/s = decoding sequences / step time; per GPU, divided by TP x PP; per user, 1 / TPOT.
+The figures come from kvplan.serving's step-by-step simulation of the engine's scheduler (vLLM V1's chunked prefill
+and block allocation, with recompute preemption; SGLang's prefill and decode batches and token pool), every step
+priced by kvplan.step for exactly its batch. TPOT, TTFT, ITL and latency are the benchmark's per-request figures
+(mean, median, p90, p99); output tokens/s are over the benchmark's duration, per GPU divided by TP x PP. A
+concurrency the KV pool cannot hold at once still runs, as in the engine: requests wait for blocks (or are
+preempted and recomputed), TTFT grows, and the row is marked kv_limited with how many ran at once.
 With pipeline parallelism each of the PP batches in flight carries 1/PP of the requests through every stage.
-A concurrency above what the KV pool holds for requests of isl + osl tokens (the same engine rules as `capacity`)
-is marked kv_limited and priced at nothing: the engine would queue or preempt those requests.
 """
 
 from __future__ import annotations
@@ -45,6 +40,27 @@ class ThroughputRow:
     breakdown: dict = field(default_factory=dict)  # ms per kernel family
     estimated: list = field(default_factory=list)  # kernel families priced without a measured fit
     meets_limits: Optional[bool] = None
+    # the benchmark's distributions (ms) and counts, beside the means above
+    ttft_p50_ms: Optional[float] = None
+    ttft_p90_ms: Optional[float] = None
+    ttft_p99_ms: Optional[float] = None
+    tpot_p50_ms: Optional[float] = None
+    tpot_p90_ms: Optional[float] = None
+    tpot_p99_ms: Optional[float] = None
+    itl_ms: Optional[float] = None
+    itl_p50_ms: Optional[float] = None
+    itl_p90_ms: Optional[float] = None
+    itl_p99_ms: Optional[float] = None
+    e2e_ms: Optional[float] = None
+    e2e_p50_ms: Optional[float] = None
+    e2e_p90_ms: Optional[float] = None
+    e2e_p99_ms: Optional[float] = None
+    requests_per_s: Optional[float] = None
+    total_tokens_per_s: Optional[float] = None
+    mean_running: Optional[float] = None  # requests running at once, averaged over the benchmark
+    capped_by: Optional[str] = None  # "kv pool" or "max_num_seqs" where requests waited for it
+    preemptions: int = 0
+    num_prompts: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,8 @@ class ThroughputResult:
     verdict: str
     profile: str
     notes: list[str] = field(default_factory=list)
+    percentile: str = "mean"  # the figure the limits hold: the mean, or a percentile of the requests
+    num_prompts: int = 0  # requests each concurrency's benchmark sends
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -100,57 +118,88 @@ def _no_room(d, length: int) -> str:
                    f"shorten the request, or add GPUs (--tp)")
 
 
-def _chunk_budget(d) -> int:
-    return int(d.max_num_batched_tokens or 8192)
+def engine_limits(d, isl: int, osl: int):
+    """What the deployment's scheduler works within (kvplan.serving.EngineLimits): vLLM's token budget,
+    max_num_seqs and usable blocks (the pool `capacity` plans, its null block left out); SGLang's
+    chunked_prefill_size, max_running_requests and token pool."""
+    import numpy as np
+
+    from .serving import EngineLimits
+
+    if d.engine == "sglang":
+        from .sglang import sglang_capacity
+        from .sglang_rules import default_chunked_prefill_size
+
+        r = sglang_capacity(d)
+        return EngineLimits("sglang", default_chunked_prefill_size(d.gpu, d.tp), int(r.max_running_requests), int(r.max_total_num_tokens),
+                            lambda n: n)
+    from .pool import plan_for
+
+    plan = plan_for(d)
+    return EngineLimits("vllm", int(d.max_num_batched_tokens), int(d.max_num_seqs), int(plan.num_blocks) - 1,
+                        lambda n: plan.blocks_per_request(n, np))
 
 
-def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline=None) -> ThroughputRow:
-    """The steady state at concurrency c; the roofline floor only where `roofline` is given (rows shown)."""
-    name = d.kv.name
-    profile = sm.profile.name
-    if c > limit:
-        return ThroughputRow(name, c, None, None, None, None, None, True, profile, limit,
-                             mean_context=isl + osl / 2)
-    budget = _chunk_budget(d)
+def _price(sm, pp: int):
+    """A simulated step's seconds: decoding requests, their mean context, prompt tokens, their mean attended
+    context. With PP, each batch in flight carries 1/PP of them through every stage."""
+    def price(b, ctx, p, pctx):
+        return sm.step_seconds(b / pp, ctx, p / pp, pctx)
+    return price
+
+
+def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline=None, limits=None,
+         num_prompts: Optional[int] = None, step_cache: Optional[dict] = None, warmup: int = 0) -> ThroughputRow:
+    """The benchmark at concurrency c, simulated; the roofline floor only where `roofline` is given (rows shown)."""
+    from .serving import VLLM_BENCH_NUM_PROMPTS, simulate
+
+    limits = limits or engine_limits(d, isl, osl)
+    n = num_prompts or VLLM_BENCH_NUM_PROMPTS
+    res = simulate(_price(sm, d.pp), limits, isl=isl, osl=osl, concurrency=c, num_prompts=n, warmup=warmup,
+                   step_cache=step_cache)
     ctx = isl + osl / 2
-    # with pipeline parallelism vLLM keeps one batch in flight per stage: each carries 1/pp of the requests through
-    # every stage, so a token's interval is the whole model's step for that share
-    share = c / d.pp
-    n_chunks = math.ceil(isl / max(budget - share, 1))
-    chunk = isl / n_chunks
-    decoding = share * osl / (osl + n_chunks)
-    plain = sm.step(decoding, ctx)
-    full = sm.step(decoding, ctx, chunk, isl / 2)
-    # prompt chunks arrive at share x n_chunks / (osl + n_chunks) per step; each adds what a step carrying it costs
-    chunks_per_step = share * n_chunks / (osl + n_chunks)
-    t = plain.total_s + chunks_per_step * (full.total_s - plain.total_s)
-    # a prompt waits for the next step, then for a free prefill slot: a step takes max(1, room // isl) prompts
-    # (or one chunk of a longer one); arrivals at chunks_per_step queue as in an M/D/1 queue of step-long service
-    slots = max(1, (budget - decoding) // isl) if isl <= budget - decoding else 1
-    load = chunks_per_step / slots
-    # a closed loop holds at most the other users' prompts ahead of this one
-    worst = (c - 1) * n_chunks * full.total_s / slots
-    queue = min(t * load / (2 * (1 - load)), worst) if load < 1 else worst
-    ttft = 0.5 * t + queue + n_chunks * full.total_s
-    out = decoding * d.pp / t
+    running = max(res.mean_running, 1.0)
+    plain = sm.step(running / d.pp, ctx)
+    itl = res.itl.mean
+    out = res.output_tokens_per_s
+
+    def ms(x):
+        return x * 1e3
+
     return ThroughputRow(
-        name, c, tpot_ms=t * 1e3, ttft_ms=ttft * 1e3, output_tokens_per_s=out, output_tokens_per_s_per_gpu=out / gpus,
-        tokens_per_s_per_user=1 / t, kv_limited=False, profile=profile, pool_limit=limit, step_ms=t * 1e3,
-        decode_step_ms=plain.total_s * 1e3, prefill_share=max(0.0, 1 - plain.total_s / t), mean_context=ctx,
-        roofline_step_ms=roofline(decoding, ctx) if roofline else None, breakdown=plain.to_dict(),
-        estimated=list(plain.estimated))
+        d.kv.name, c, tpot_ms=ms(res.tpot.mean), ttft_ms=ms(res.ttft.mean), output_tokens_per_s=out,
+        output_tokens_per_s_per_gpu=out / gpus, tokens_per_s_per_user=1 / res.tpot.mean,
+        kv_limited=res.capped_by == "kv pool" or res.preemptions > 0, profile=sm.profile.name, pool_limit=limit,
+        step_ms=ms(itl), decode_step_ms=ms(plain.total_s), prefill_share=max(0.0, 1 - plain.total_s / itl),
+        mean_context=ctx, roofline_step_ms=roofline(running, ctx) if roofline else None, breakdown=plain.to_dict(),
+        estimated=list(plain.estimated),
+        ttft_p50_ms=ms(res.ttft.median), ttft_p90_ms=ms(res.ttft.p90), ttft_p99_ms=ms(res.ttft.p99),
+        tpot_p50_ms=ms(res.tpot.median), tpot_p90_ms=ms(res.tpot.p90), tpot_p99_ms=ms(res.tpot.p99),
+        itl_ms=ms(itl), itl_p50_ms=ms(res.itl.median), itl_p90_ms=ms(res.itl.p90), itl_p99_ms=ms(res.itl.p99),
+        e2e_ms=ms(res.e2e.mean), e2e_p50_ms=ms(res.e2e.median), e2e_p90_ms=ms(res.e2e.p90),
+        e2e_p99_ms=ms(res.e2e.p99), requests_per_s=res.requests_per_s, total_tokens_per_s=res.total_tokens_per_s,
+        mean_running=res.mean_running, capped_by=res.capped_by, preemptions=res.preemptions, num_prompts=n)
 
 
-def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float]) -> bool:
-    if r.kv_limited:
-        return False
-    return (tpot is None or r.tpot_ms <= tpot) and (ttft is None or r.ttft_ms <= ttft)
+PERCENTILE_KEYS = {"mean": "", "p50": "_p50", "median": "_p50", "p90": "_p90", "p99": "_p99"}
+
+
+def _figure(r: ThroughputRow, metric: str, percentile: str) -> float:
+    return getattr(r, f"{metric}{PERCENTILE_KEYS[percentile]}_ms")
+
+
+def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float], percentile: str = "mean") -> bool:
+    return ((tpot is None or _figure(r, "tpot", percentile) <= tpot)
+            and (ttft is None or _figure(r, "ttft", percentile) <= ttft))
 
 
 def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequence[int]] = None,
-                  tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None) -> ThroughputResult:
-    """The throughput table of resolved deployments that differ only in their KV dtype."""
-    from .kv_crossover import crossover_of
+                  tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None, percentile: str = "mean",
+                  num_prompts: Optional[int] = None, warmup: int = 0) -> ThroughputResult:
+    """The throughput table of resolved deployments that differ only in their KV dtype: each concurrency's benchmark
+    simulated (kvplan.serving), `percentile` (mean, p50, p90, p99) naming the figure the limits hold; `warmup`
+    requests run before the `num_prompts` measured ones."""
+    from .kv_crossover import roofline_step_ms
     from .step import step_model
 
     if isl < 1 or osl < 1:
@@ -158,6 +207,10 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     for name, v in (("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             raise KvplanError(f"{name} must be a positive number of milliseconds (got {v})")
+    if percentile not in PERCENTILE_KEYS:
+        raise KvplanError(f"--percentile '{percentile}': choose one of {', '.join(PERCENTILE_KEYS)}")
+    if num_prompts is not None and num_prompts < 1:
+        raise KvplanError(f"--num-prompts must be at least 1 (got {num_prompts})")
     d0 = ds[0]
     m = d0.model
     mlen = d0.max_model_len if isinstance(d0.max_model_len, int) else m.max_position_embeddings
@@ -176,70 +229,108 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         cs = sorted(set(int(c) for c in concurrency))
         if cs[0] < 1:
             raise KvplanError(f"--concurrency must be at least 1 (got {cs[0]})")
-        if all(c > lim for c in cs for lim in limits):
-            raise KvplanError(
-                f"the KV pool holds at most {max(limits):,} requests of {isl + osl:,} tokens "
-                f"({', '.join(f'{d.kv.name}: {lim:,}' for d, lim in zip(ds, limits))}); --concurrency "
-                f"{cs[0]:,} cannot run: ask for {max(limits):,} or fewer")
     else:
         top = max(limits)
         cs = [2**i for i in range(0, int(math.log2(top)) + 1)]
         cs += [lim for lim in limits if lim >= 1 and lim not in cs]
         cs = sorted(set(cs))
 
-    rows, best = [], {}
+    rows, best, runs = [], {}, {}
     for d, sm, lim in zip(ds, models, limits):
+        if lim < 1:  # this dtype's pool holds no request of this length: it cannot run at all
+            continue
         def roofline(b, ctx, d=d):
-            r = crossover_of(d, batches=[max(1, round(b))], contexts=[max(1, round(ctx))])
-            return r.operating_points[0].step_ms
-        mine = [_row(sm, d, c, isl, osl, lim, gpus, roofline) for c in cs]
-        mine = [replace(r, meets_limits=_meets(r, tpot_ms, ttft_ms)) for r in mine]
+            return roofline_step_ms(d, b, ctx)
+        run = runs[d.kv.name] = _Runs(sm, d, isl, osl, lim, gpus, num_prompts, roofline, warmup)
+        mine = [replace(run.at(c, shown=True), meets_limits=_meets(run.at(c), tpot_ms, ttft_ms, percentile))
+                for c in cs]
         rows += mine
-        best[d.kv.name] = _best(sm, d, mine, isl, osl, lim, gpus, tpot_ms, ttft_ms, roofline)
-    by_name = {d.kv.name: (d, sm, lim) for d, sm, lim in zip(ds, models, limits)}
+        best[d.kv.name] = _best(run, mine, lim, tpot_ms, ttft_ms, percentile)
 
     def step_at(name: str, c: int) -> Optional[float]:
-        d, sm, lim = by_name[name]
-        r = _row(sm, d, c, isl, osl, lim, gpus)
-        return None if r.kv_limited else r.tpot_ms
-    winner, verdict = _verdict(best, rows, ds, tpot_ms, ttft_ms, isl, osl, step_at)
+        return runs[name].at(c).tpot_ms
+    winner, verdict = _verdict(best, rows, ds, tpot_ms, ttft_ms, isl, osl, step_at, percentile)
     profiles = sorted({sm.profile.name for sm in models})
     notes = []
     est = sorted({e for sm in models for e in sm.estimated})
     if est:
         notes.append("estimated (no measured fit): " + ", ".join(est) + "; `kvplan measure` replaces them")
+    for d, lim in zip(ds, limits):
+        if lim < 1:
+            notes.append(f"{d.kv.name}: {_no_room(d, isl + osl)}")
     return ThroughputResult(model=m.name, gpu=d0.gpu.name, tp=d0.tp, pp=d0.pp, isl=isl, osl=osl, engine=d0.engine,
                             tpot_limit_ms=tpot_ms, ttft_limit_ms=ttft_ms, rows=rows, best=best, winner=winner,
-                            verdict=verdict, profile="; ".join(profiles), notes=notes)
+                            verdict=verdict, profile="; ".join(profiles), notes=notes, percentile=percentile,
+                            num_prompts=num_prompts or _default_prompts())
 
 
-def _best(sm, d, rows, isl, osl, limit, gpus, tpot, ttft, roofline) -> Optional[ThroughputRow]:
-    """The highest-throughput concurrency meeting the limits: the sweep's best, refined by bisection on the
-    largest concurrency that still meets them (TPOT and TTFT grow with the concurrency)."""
+def _default_prompts() -> int:
+    from .serving import VLLM_BENCH_NUM_PROMPTS
+
+    return VLLM_BENCH_NUM_PROMPTS
+
+
+class _Runs:
+    """One dtype's simulated benchmarks by concurrency, each run once (the table, the search for the best and the
+    verdict ask for the same ones)."""
+
+    def __init__(self, sm, d, isl, osl, limit, gpus, num_prompts, roofline, warmup=0):
+        self.args = (sm, d, isl, osl, limit, gpus)
+        self.limits = engine_limits(d, isl, osl)
+        self.num_prompts, self.roofline, self.warmup = num_prompts, roofline, warmup
+        self.rows: dict = {}
+        self.steps: dict = {}  # the priced steps, shared by every concurrency's run
+
+    def at(self, c: int, shown: bool = False) -> ThroughputRow:
+        if c not in self.rows:
+            self.rows[c] = _row(*self.args[:2], c, *self.args[2:], limits=self.limits, num_prompts=self.num_prompts,
+                                step_cache=self.steps, warmup=self.warmup)
+        r = self.rows[c]
+        if shown and r.roofline_step_ms is None:  # the roofline floor, for the rows a table shows
+            r = self.rows[c] = replace(r, roofline_step_ms=self.roofline(max(r.mean_running, 1.0), r.mean_context))
+        return r
+
+
+def _best(run: _Runs, rows, limit, tpot, ttft, percentile) -> Optional[ThroughputRow]:
+    """The highest-throughput concurrency meeting the limits: the sweep's best, refined toward the largest
+    concurrency up to what the pool holds that still meets them (TPOT and TTFT grow with the concurrency), to
+    within 3% of it. Each try is a simulated benchmark, so the next one is interpolated from how far the bracketing
+    ones miss the limits (regula falsi), each try at least 3% inside the bracket."""
     ok = [r for r in rows if r.meets_limits]
-    if limit < 1:
-        return None
     if tpot is None and ttft is None:  # no limits: the best of the concurrencies asked for
         return max(ok, key=lambda r: r.output_tokens_per_s) if ok else None
-    if not _meets(_row(sm, d, 1, isl, osl, limit, gpus), tpot, ttft):
+
+    def excess(r: ThroughputRow) -> float:  # > 0: over a limit (by that share of it)
+        return max((_figure(r, "tpot", percentile) / tpot - 1) if tpot else -1.0,
+                   (_figure(r, "ttft", percentile) / ttft - 1) if ttft else -1.0)
+
+    if excess(run.at(1)) > 0:
         return None
-    lo, hi = 1, limit
-    if _meets(_row(sm, d, hi, isl, osl, limit, gpus), tpot, ttft):
-        lo = hi
-    while hi - lo > 1:  # the largest concurrency meeting the limits
-        mid = (lo + hi) // 2
-        if _meets(_row(sm, d, mid, isl, osl, limit, gpus), tpot, ttft):
-            lo = mid
+    # between the largest concurrency shown that meets them and the next one shown that does not (or the pool's)
+    lo = max([r.concurrency for r in ok if r.concurrency <= limit] + [1])
+    hi = min([r.concurrency for r in rows if r.concurrency > lo and not r.meets_limits] + [limit])
+    if hi <= lo or excess(run.at(hi)) <= 0:
+        lo = max(lo, hi)
+    e_lo, e_hi = excess(run.at(lo)), excess(run.at(hi))
+    while hi - lo > max(1, lo // 32):
+        step = max(1, lo // 32)  # each try moves an end by at least this: a near guess closes the bracket next
+        guess = lo + round((hi - lo) * -e_lo / (e_hi - e_lo)) if e_hi > e_lo else (lo + hi) // 2
+        mid = min(max(guess, lo + step), hi - step) if hi - lo > 2 * step else (lo + hi) // 2
+        e = excess(run.at(mid))
+        if e <= 0:
+            lo, e_lo = mid, e
         else:
-            hi = mid
-    ok.append(_row(sm, d, lo, isl, osl, limit, gpus, roofline))
+            hi, e_hi = mid, e
+    ok.append(run.at(lo, shown=True))
     return replace(max(ok, key=lambda r: r.output_tokens_per_s), meets_limits=True)
 
 
-def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None) -> tuple[Optional[str], str]:
+def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
+             percentile: str = "mean") -> tuple[Optional[str], str]:
     found = {k: v for k, v in best.items() if v is not None}
-    limits = " and ".join(x for x in (f"TPOT <= {tpot:g} ms" if tpot else "",
-                                      f"TTFT <= {ttft:g} ms" if ttft else "") if x) or "no latency limit"
+    which = "" if percentile == "mean" else f" {percentile}"
+    limits = " and ".join(x for x in (f"TPOT{which} <= {tpot:g} ms" if tpot else "",
+                                      f"TTFT{which} <= {ttft:g} ms" if ttft else "") if x) or "no latency limit"
     if not found:
         return None, f"no KV dtype meets {limits} at any concurrency: relax the limit or add GPUs"
     win = max(found.values(), key=lambda r: r.output_tokens_per_s)

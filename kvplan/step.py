@@ -374,6 +374,7 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
 
 SPLIT_FIELDS = ("split_slots", "split_tokens", "combine_per_split_s", "combine_per_split_global_s")
 CLUSTER_SPLITS = 16  # the most CTAs a thread-block cluster holds (non-portable size), hence shared-memory combines
+TOKEN_BLOCK = 256  # token counts StepModel.step_seconds prices at once
 L2_STEEPNESS = 12  # how sharply a replayed cache stops fitting in L2 past l2_bytes (benchmarks/fit_step_profiles.py)
 
 
@@ -383,6 +384,7 @@ class StepModel:
 
     def __init__(self, d, profile: StepProfile):
         self.profile = profile
+        self._remembered: dict = {}  # step_seconds' parts
         m: ModelSpec = d.model
         self.model = m
         tp = d.tp
@@ -428,6 +430,21 @@ class StepModel:
                 self.estimated.append(f"{expert_format} MoE")
         dfit, _ = gemm_fit(profile, "bf16")
         self.layers = kv_layers(m, d.kv, tp, d.skip)
+        # the cache layers by what their attention costs: one layer of each shape, and each layer's shape in order
+        shapes: dict = {}
+        order = []
+        for lay in self.layers:
+            key = (lay.kind, lay.format, lay.window, lay.bytes_per_token, lay.entry_bytes, lay.entry_tokens,
+                   lay.residual_tokens, lay.residual_extra_bytes_per_token, lay.fixed_bytes)
+            order.append(shapes.setdefault(key, (len(shapes), lay))[0])
+        self._attention_shapes = [lay for _, lay in shapes.values()]
+        self._attention_order = order
+        # the layers a prompt's tokens attend through, by window and tokens per stored entry: (window, entry, count)
+        classes: dict = {}
+        for lay in self.layers:
+            if lay.kind != "state" and lay.format not in ("indexer", "compressor"):
+                classes[(lay.window, lay.entry_tokens)] = classes.get((lay.window, lay.entry_tokens), 0) + 1
+        self._prefill_classes = tuple((w, e, c) for (w, e), c in classes.items())
         fam = d.kv.family
         self.attn_family = "float" if d.kv.is_model_dtype or d.kv.name in ("bfloat16", "float16") else fam
         if m.compressed is not None:  # DeepSeek-V4: one fp8_ds_mla cache whatever the dtype named, read as it is
@@ -477,15 +494,11 @@ class StepModel:
         return dense, moe
 
     def _attention(self, batch, context, xp=SCALAR):
+        # layers that differ only by their index take the same time: priced once, added per layer in layer order
+        times = [self._layer_attention(lay, batch, context, xp) for lay in self._attention_shapes]
         total = 0.0
-        priced: dict = {}  # layers that differ only by their index take the same time: priced once, added each
-        for lay in self.layers:
-            shape = (lay.kind, lay.format, lay.window, lay.bytes_per_token, lay.entry_bytes, lay.entry_tokens,
-                     lay.residual_tokens, lay.residual_extra_bytes_per_token, lay.fixed_bytes)
-            t = priced.get(shape)
-            if t is None:
-                t = priced[shape] = self._layer_attention(lay, batch, context, xp)
-            total += t
+        for i in self._attention_order:
+            total += times[i]
         return total
 
     def _layer_attention(self, lay, batch, context, xp=SCALAR):
@@ -523,13 +536,11 @@ class StepModel:
         f = self.small_fit
         if not (f.mu and f.peak_flops):
             return 0.0
-        per = attention_flops_per_token_head(self.model)
+        per = attention_flops_per_token_head(self.model) * self.q_heads
         total = 0.0
-        for lay in self.layers:
-            if lay.kind == "state" or lay.format in ("indexer", "compressor"):
-                continue
-            n = context if lay.window is None else xp.minimum(context, lay.window)
-            total = total + tokens * n / lay.entry_tokens * per * self.q_heads  # a compressed layer's entries
+        for window, entry_tokens, count in self._prefill_classes:
+            n = context if window is None else xp.minimum(context, window)
+            total = total + tokens * n / entry_tokens * per * count  # a compressed layer's entries
         return total / (f.mu * f.peak_flops)
 
     # -- the step ------------------------------------------------------------------------------------------------
@@ -544,14 +555,53 @@ class StepModel:
         s.attention_s = (self._attention(batch, context, xp)
                          + self._prefill_attention(prefill_tokens, prefill_context, xp))
         s.allreduce_s = self._allreduce(tokens)
-        bw = self.profile.peak_bandwidth_bytes_per_s
-        m = self.model
-        small = self.small_fit.t0_s + 6 * tokens * m.hidden_size * self.elem_bytes / (self.small_fit.eta * bw)
-        s.small_kernels_s = SMALL_KERNELS_PER_LAYER * m.num_layers * small
-        vocab = m.vocab_size
-        sampler_bytes = 4 * batch * vocab * 4  # fp32 logits read by ~4 passes (penalties, top-k/p, softmax, sample)
-        s.engine_s = HOST_GAP_S + SAMPLER_KERNELS * self.small_fit.t0_s + sampler_bytes / (self.small_fit.eta * bw)
+        s.small_kernels_s = self._small_kernels(tokens)
+        s.engine_s = self._engine(batch)
         return s
+
+    def _small_kernels(self, tokens):
+        """Norms, activations, rotary and the like: a few small kernels per layer, each streaming the activations."""
+        m = self.model
+        bw = self.profile.peak_bandwidth_bytes_per_s
+        small = self.small_fit.t0_s + 6 * tokens * m.hidden_size * self.elem_bytes / (self.small_fit.eta * bw)
+        return SMALL_KERNELS_PER_LAYER * m.num_layers * small
+
+    def _engine(self, batch):
+        """The host's gap between steps and the sampler's kernels."""
+        bw = self.profile.peak_bandwidth_bytes_per_s
+        sampler_bytes = 4 * batch * self.model.vocab_size * 4  # fp32 logits read by ~4 passes (penalties, top-k/p,
+        # softmax, sample)
+        return HOST_GAP_S + SAMPLER_KERNELS * self.small_fit.t0_s + sampler_bytes / (self.small_fit.eta * bw)
+
+    def step_seconds(self, batch: float, context: float, prefill_tokens: float = 0.0,
+                     prefill_context: float = 0.0) -> float:
+        """step(...).total_s for plain numbers, with the parts a simulated benchmark asks for again and again
+        remembered: those of the step's tokens (whole token counts priced TOKEN_BLOCK at a time with numpy),
+        those of its decode batch and context."""
+        tokens = batch + prefill_tokens
+        if float(tokens).is_integer():
+            i = int(tokens)
+            blocks = self._remembered.setdefault("tokens", {})
+            block = blocks.get(i // TOKEN_BLOCK)
+            if block is None:
+                import numpy as np
+
+                start = i // TOKEN_BLOCK * TOKEN_BLOCK
+                n = np.arange(start, start + TOKEN_BLOCK, dtype=np.float64)
+                block = blocks[i // TOKEN_BLOCK] = tuple(
+                    np.broadcast_to(np.asarray(x, dtype=np.float64), n.shape).tolist()
+                    for x in (*self._weights(n, np), self._allreduce(n), self._small_kernels(n)))
+            j = i % TOKEN_BLOCK
+            gemm, moe, allreduce, small = block[0][j], block[1][j], block[2][j], block[3][j]
+        else:  # a pipeline stage's share of the tokens
+            gemm, moe = self._weights(tokens)
+            allreduce, small = self._allreduce(tokens), self._small_kernels(tokens)
+        by_decode = self._remembered.setdefault("decode", {})
+        a = by_decode.get((batch, context))
+        if a is None:
+            a = by_decode[(batch, context)] = (self._attention(batch, context), self._engine(batch))
+        attention = a[0] + self._prefill_attention(prefill_tokens, prefill_context)
+        return gemm + moe + attention + allreduce + small + a[1]
 
 
 def has_profile(d) -> bool:

@@ -36,7 +36,7 @@ KNOWN_CYCLE_EDGES: set = set()  # none left: kvplan/ and kernels/ import in one 
 # Bottom to top: a module may import from its own group and the groups below it, never from one above. The order is
 # the code's (a topological order of the graph without KNOWN_CYCLE_EDGES), grouped by what the modules are for.
 LAYERS = [
-    ("base", {"errors", "xp", "plain", "files", "memo"}),
+    ("base", {"errors", "xp", "plain", "files", "memo", "search"}),
     ("inputs", {"formats", "hf_config", "calibration", "hub", "specs", "profile"}),  # the catalogs, config.json, profiles
     ("rules", {"engines", "sglang_rules"}),  # what each engine version does
     ("sizing", {"weights", "nonkv"}),  # weights and the memory beside the KV pool
@@ -45,7 +45,8 @@ LAYERS = [
                  "kernels.turboquant_attention", "kernels.kivi_attention", "kernels.bench", "kernels.probe"}),
     ("step", {"engine", "step", "sglang"}),  # the bytes and time of a step, the crossover, SGLang's pool rules
     ("deployment", {"deployment"}),  # one deployment's options resolved
-    ("questions", {"pool", "kv_crossover", "steady", "grid"}),  # capacity, crossover, throughput, sweep
+    ("questions", {"pool", "kv_crossover", "steady", "serving", "grid"}),  # capacity, crossover, throughput (the
+    # simulated benchmark), sweep
     ("api", {"api"}),  # the library's keyword functions, each building the deployment value
     ("commands", {"deploy", "startup_log", "gates", "plots", "render", "measure_run"}),
     ("cli", {"cli", "__main__"}),

@@ -169,3 +169,27 @@ def test_every_deployment_field_is_one_flag_and_one_gate_key():
     assert {flag(n) for n in names} == flags
     gate_keys = set(Options.model_fields) - {"model", "dtype", "weight_read", "baseline", "kv_cache_memory"}
     assert gate_keys | {"kv_cache_memory_gib"} == set(names) - {"mem_fraction_static", "page_size"}
+
+
+def test_throughput_takes_every_deployment_option():
+    """`throughput` plans the same deployment as `capacity`: every deployment flag reaches it (each then honoured
+    by the resolved deployment, or refused by it, as for capacity), beside its own benchmark options."""
+    from dataclasses import fields
+
+    from kvplan.deployment import DeploymentArgs, flag
+
+    deployment = {flag(f.name) for f in fields(DeploymentArgs) if f.name != "model"}
+    own = {"--isl", "--osl", "--concurrency", "--tpot-ms", "--ttft-ms", "--percentile", "--num-prompts", "--json"}
+    assert set(_options("throughput")) == deployment | own
+
+
+@pytest.mark.parametrize("added", [["--block-size", "128"], ["--kv-cache-dtype-skip-layers", "0,1"],
+                                   ["--max-num-seqs", "8"], ["--max-num-batched-tokens", "4096"],
+                                   ["--gpu-memory-utilization", "0.5"], ["--num-gpu-blocks-override", "3000"],
+                                   ["--enforce-eager"]])
+def test_throughput_honours_deployment_options(cli, added):
+    base = ["throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "2000", "--osl", "256", "-n", "64", "-d", "fp8",
+            "--json"]
+    before, after = cli(*base), cli(*base, *added)
+    assert before.code == 0 and after.code == 0, after.err
+    assert json.loads(after.out)["rows"] != json.loads(before.out)["rows"], f"{added} changed nothing"

@@ -101,6 +101,7 @@ def test_figures_equal_kvplan_throughput_json(sample, cli):
         args = ["throughput", str(SERVING / "configs" / x["config"]), "--gpu", x["gpu"], "--engine", x["backend"],
                 "--tp", str(x["tp"]), "--pp", str(x["pp"]), "--isl", str(x["isl"]), "--osl", str(x["osl"]),
                 "--concurrency", str(x["concurrency"]), "--kv-cache-dtype", "auto",
+                "--num-prompts", str(20 * x["concurrency"]),  # the benchmark client's --num-requests
                 "--max-model-len", str(x["max_model_len"]), "--json"]
         if x["weight_dtype_given"]:
             args += ["--weight-dtype", x["weight_dtype_given"]]

@@ -332,8 +332,14 @@ def test_throughput_json_shape_and_sense(cli):
         assert t == sorted(t)  # a bigger batch takes longer per step
         x = rows[(dt, 16)]
         assert x["output_tokens_per_s"] == pytest.approx(x["output_tokens_per_s_per_gpu"])  # TP 1
-        # 16 users, each decoding osl / (osl + 1 prefill step) of the time, one token per step
-        assert x["output_tokens_per_s"] == pytest.approx(16 * 1024 / 1025 / (x["tpot_ms"] / 1e3), rel=1e-9)
+        # the benchmark's definitions: every request's latency is its TTFT and osl - 1 intervals of its TPOT, so the
+        # means add up the same way; tokens/s are the requests' tokens over the duration
+        assert x["e2e_ms"] == pytest.approx(x["ttft_ms"] + 1023 * x["tpot_ms"], rel=1e-9)
+        assert x["output_tokens_per_s"] == pytest.approx(x["requests_per_s"] * 1024, rel=1e-12)
+        assert x["total_tokens_per_s"] == pytest.approx(x["requests_per_s"] * 2048, rel=1e-12)
+        assert x["num_prompts"] == 1000 and x["mean_running"] <= 16
+        for m in ("ttft", "tpot", "itl", "e2e"):
+            assert x[f"{m}_p50_ms"] <= x[f"{m}_p90_ms"] <= x[f"{m}_p99_ms"], m
     assert d["best"]["tpot_ms"] <= 20 and "H100" in d["rows"][0]["profile"]
 
 
@@ -344,19 +350,26 @@ def test_throughput_per_gpu_divides_by_tp(cli):
     assert x["output_tokens_per_s_per_gpu"] == pytest.approx(x["output_tokens_per_s"] / 4)
 
 
-def test_throughput_marks_concurrency_beyond_the_pool(cli):
+def test_throughput_runs_concurrency_beyond_the_pool(cli):
+    # 8k + 1k tokens a request: the bf16 pool holds 48 at once, fp8 twice as many; more clients still run, as in
+    # the engine: the rest wait for blocks (or are preempted), TTFT grows, and the row says how many ran at once
     d = json.loads(cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "8k", "--osl", "1k", "--json").out)
-    limited = [x for x in d["rows"] if x["kv_limited"]]
-    assert limited and all(x["tpot_ms"] is None and x["concurrency"] > x["pool_limit"] for x in limited)
-    # fp8 holds twice the tokens of bf16 per byte: about twice the requests
     lim = {x["kv_cache_dtype"]: x["pool_limit"] for x in d["rows"]}
-    assert 1.9 < lim["fp8"] / lim["auto"] < 2.1
+    assert 1.9 < lim["fp8"] / lim["auto"] < 2.1  # fp8 holds twice the tokens of bf16 per byte
+    rows = {(x["kv_cache_dtype"], x["concurrency"]): x for x in d["rows"]}
+    over = [x for x in d["rows"] if x["concurrency"] > 1.3 * x["pool_limit"]]
+    assert over and all(x["kv_limited"] and x["tpot_ms"] > 0 for x in over)
+    for x in over:
+        assert x["mean_running"] < x["concurrency"] and x["capped_by"] == "kv pool"
+        within = rows[(x["kv_cache_dtype"], 32)]
+        assert not within["kv_limited"] and x["ttft_ms"] > 3 * within["ttft_ms"]
 
 
 @pytest.mark.parametrize("args, says", [
     (["--gpu", "h100", "--isl", "100k", "--osl", "100k"], "exceeds the max_model_len"),
     (["--gpu", "l40s", "--isl", "1k", "--osl", "1k"], "no step-time profile for"),
-    (["--gpu", "h100", "--isl", "1k", "--osl", "1k", "-n", "100000"], "the KV pool holds at most"),
+    (["--gpu", "h100", "--isl", "1k", "--osl", "1k", "--num-prompts", "0"], "--num-prompts must be at least 1"),
+    (["--gpu", "h100", "--isl", "1k", "--osl", "1k", "--percentile", "p95"], "--percentile 'p95'"),
     (["--gpu", "h100", "--osl", "1k"], "--isl is required"),
     (["--isl", "1k", "--osl", "1k"], "--gpu is required"),
     (["--gpu", "h100", "--isl", "1k", "--osl", "1k", "--tpot-ms", "-1"], "--tpot-ms must be a positive"),
@@ -437,10 +450,11 @@ def test_pipeline_parallel_batches_in_flight(cli):
         d = json.loads(cli("throughput", "llama-3.1-70b", "--gpu", "h100", "--tp", "4", "--pp", str(pp), "--isl",
                            "1k", "--osl", "1k", "-n", str(c), "-d", "auto", "--json").out)
         return d["rows"][0]
+    # (within 3%, not exactly: 16 clients' prompts share the token budget's steps differently from 8 clients')
     a, b = row(2, 16), row(1, 8)
-    assert a["tpot_ms"] == pytest.approx(b["tpot_ms"], rel=1e-12)
-    assert a["output_tokens_per_s"] == pytest.approx(2 * b["output_tokens_per_s"], rel=1e-12)
-    assert a["output_tokens_per_s_per_gpu"] == pytest.approx(b["output_tokens_per_s_per_gpu"], rel=1e-12)
+    assert a["tpot_ms"] == pytest.approx(b["tpot_ms"], rel=0.03)
+    assert a["output_tokens_per_s"] == pytest.approx(2 * b["output_tokens_per_s"], rel=0.03)
+    assert a["output_tokens_per_s_per_gpu"] == pytest.approx(b["output_tokens_per_s_per_gpu"], rel=0.03)
 
 
 def test_multi_head_attention_has_a_fit_of_its_own():

@@ -1,0 +1,477 @@
+"""What a serving benchmark measures, simulated step by step: the engine's scheduler deciding each step which
+requests run and how many prompt tokens each takes, every step priced for exactly its batch, and the benchmark's
+clients sending requests as `vllm bench serve` (or `sglang.bench_serving`) does.
+
+The scheduler (vLLM V1, vllm/v1/core/sched/scheduler.py `Scheduler.schedule`), as modelled:
+- one token budget per step (max_num_batched_tokens); the RUNNING requests first, in the order they were admitted:
+  a decoding request takes one token, a request part-way through its prompt takes what is left of it, up to the
+  budget (chunked prefill); then WAITING requests in arrival order (FCFS), while budget is left and fewer than
+  max_num_seqs run, each taking as much of its prompt as the budget leaves;
+- KV blocks are allocated for the tokens a step computes (KVCacheManager.allocate_slots), not for the whole
+  request: a waiting request is admitted when the free blocks hold its first chunk, and stops the admission of
+  later ones when they do not;
+- a running request that finds no free block for its next tokens preempts the newest running request (the last
+  admitted: RECOMPUTE, its blocks freed and it goes back to the front of the waiting queue, its prompt and the
+  tokens it had generated computed again when it is readmitted), and is itself preempted when it is the newest;
+  no request is admitted in a step that preempted;
+- the step that computes a prompt's last token samples the first output token (TTFT ends there); every later step
+  gives each decoding request one token; a request ends after its output length (the benchmark's ignore_eos).
+Left out: prefix caching (every prompt computed in full), speculative decoding, the async scheduler's one-step
+overlap, priorities, long_prefill_token_threshold (0, the default, leaves it off), encoder inputs.
+
+SGLang (python/sglang/srt/managers/scheduler.py `get_next_batch_to_run`, schedule_policy.py `PrefillAdder`), as
+modelled: a step is either a prefill batch or a decode batch. Whenever requests wait and the token pool and
+max_running_requests admit one, the next step is a prefill batch of waiting requests (FCFS) up to
+chunked_prefill_size prompt tokens, a longer prompt split into chunks that continue in the next prefill batches;
+otherwise all running requests decode. The token pool is per token (page size 1); a request is admitted only when
+the pool holds its prompt plus its expected remaining output, estimated as SGLang does with new_token_ratio
+(SGLANG_INIT_NEW_TOKEN_RATIO 0.7 of max_new_tokens; the decay toward 0.1 between retractions is left out), and a
+decode step that finds the pool full retracts the request with the most tokens left... (left out: the pool is sized
+so the estimate holds; retraction is not modelled).
+
+Clients, as the benchmarks drive them:
+- a closed loop of C clients (`--max-concurrency C`): all C send at once, each sends its next request when the last
+  one finishes, until `num_prompts` requests have been sent;
+- an open loop at `request_rate` requests/s: Poisson arrivals (exponential gaps, a fixed seed), as
+  `vllm bench serve --request-rate R` draws them (burstiness 1).
+Every request has `isl` prompt and `osl` output tokens.
+
+The metrics are the benchmark's (vllm/benchmarks/serve.py `calculate_metrics`): per request TTFT, TPOT =
+(latency - TTFT) / (output tokens - 1), end-to-end latency; ITL over every gap between two output tokens; each as
+mean, median, p90 and p99; output and total tokens/s and requests/s over the benchmark's duration (first request
+sent to last one finished).
+
+Speed: between events (a request arriving, finishing, completing its prompt, or a block running out) every step
+is the same batch decoding one token more; such a stretch of k steps is advanced at once, priced at its middle
+context. A closed loop of identical requests becomes periodic once its first wave has passed: when a whole
+generation of C requests repeats the previous one's figures, the remaining requests are given that generation's
+figures instead of being simulated again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Literal, Optional
+
+from .search import last_true
+
+Policy = Literal["vllm", "sglang"]
+PERCENTILES = (50, 90, 99)
+VLLM_BENCH_NUM_PROMPTS = 1000  # vllm bench serve --num-prompts' default (benchmarks/serve.py)
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7  # sglang/srt/managers/schedule_policy.py: the output share a new request reserves
+CONTEXT_GRID = 16  # tokens between the contexts a step is priced at (and interpolated between)
+STEADY_TOLERANCE = 1e-3  # two generations whose mean figures agree this closely are one periodic pattern
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the scheduler works within: the per-step token budget, the most requests running at once, and the KV
+    pool, as whole blocks (vLLM) or tokens (SGLang), with the blocks a request holding n tokens needs."""
+
+    policy: Policy
+    token_budget: int  # vLLM max_num_batched_tokens; SGLang chunked_prefill_size
+    max_seqs: int  # vLLM max_num_seqs; SGLang max_running_requests
+    blocks: int  # usable KV blocks (vLLM's, less its null block) or pool tokens (SGLang)
+    blocks_for: Callable  # tokens held (a numpy array) -> blocks needed (numpy array)
+
+
+@dataclass(frozen=True)
+class Stats:
+    mean: float
+    median: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values, weights=None) -> "Stats":
+        import numpy as np
+
+        v = np.asarray(values, dtype=np.float64)
+        if v.size == 0:
+            return cls(math.nan, math.nan, math.nan, math.nan)
+        if weights is None:
+            p = np.percentile(v, PERCENTILES)
+            return cls(float(v.mean()), float(p[0]), float(p[1]), float(p[2]))
+        w = np.asarray(weights, dtype=np.float64)
+        order = np.argsort(v, kind="stable")
+        v, w = v[order], w[order]
+        cum = np.cumsum(w)
+        total = cum[-1]
+
+        def at(i):  # the i-th of the values each repeated w times (w are counts)
+            return v[min(int(np.searchsorted(cum, i, side="right")), v.size - 1)]
+
+        qs = []
+        for q in PERCENTILES:  # numpy's default (linear) percentile over the repeated values
+            idx = q / 100 * (total - 1)
+            lo = math.floor(idx)
+            qs.append(at(lo) + (at(lo + 1) - at(lo)) * (idx - lo) if idx > lo else at(lo))
+        return cls(float((v * w).sum() / total), float(qs[0]), float(qs[1]), float(qs[2]))
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """The figures a serving benchmark prints for one run (times in seconds)."""
+
+    num_prompts: int
+    duration_s: float
+    ttft: Stats
+    tpot: Stats
+    itl: Stats
+    e2e: Stats
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    requests_per_s: float
+    mean_running: float  # requests running at once, averaged over the benchmark's duration
+    max_running: int
+    capped_by: Optional[str]  # "kv pool" or "max_num_seqs" where requests waited for it, else None
+    preemptions: int
+    steps: int  # steps simulated (a stretch of identical decode steps counts each of its steps)
+    simulated_prompts: int  # requests simulated; the rest repeat the last generation's figures
+    # (sent, first token, finished) of each simulated request, in the order they finished (seconds)
+    per_request: tuple = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def simulate(price: Callable[[float, float, float, float], float], limits: EngineLimits, *, isl: int, osl: int,
+             concurrency: Optional[int] = None, request_rate: Optional[float] = None,
+             num_prompts: int = VLLM_BENCH_NUM_PROMPTS, warmup: int = 0, seed: int = 0,
+             step_cache: Optional[dict] = None) -> BenchResult:
+    """Run the benchmark: `price(decoding, their mean context, prompt tokens, their mean attended context)` gives a
+    step's seconds. A closed loop with `concurrency`, an open loop at `request_rate` (or both: arrivals at the rate,
+    at most `concurrency` in flight, as vllm bench serve does with both options). `step_cache` keeps the priced
+    steps for the next run with the same `price`. `warmup` requests are sent first and left out of the figures
+    (a client's warm-up: the measured requests then start with the clients out of step, as they run)."""
+    import numpy as np
+
+    if isl < 1 or osl < 1 or num_prompts < 1:
+        raise ValueError("isl, osl and num_prompts must be at least 1")
+    if concurrency is None and request_rate is None:
+        raise ValueError("give a concurrency (closed loop) or a request rate (open loop)")
+    n = num_prompts + warmup
+    C = min(concurrency or n, n)
+    rng = np.random.default_rng(seed)
+    # when each request may be sent: all at once in a closed loop, Poisson arrivals in an open one
+    gaps = rng.exponential(1.0 / request_rate, n) if request_rate else np.zeros(n)
+    release = np.cumsum(gaps) - (gaps[0] if request_rate else 0.0)
+
+    prompt_len = np.full(n, isl, dtype=np.int64)  # what a (re)admitted request computes before it samples again
+    computed = np.zeros(n, dtype=np.int64)  # tokens whose KV the request holds
+    outputs = np.zeros(n, dtype=np.int64)
+    held = np.zeros(n, dtype=np.int64)  # blocks
+    sent = np.full(n, math.nan)
+    first = np.full(n, math.nan)
+    done_at = np.full(n, math.nan)
+    finished_order: list[int] = []
+
+    waiting: deque[int] = deque()
+    running: list[int] = []
+    free = limits.blocks
+    t = 0.0
+    next_send = 0  # the next request a client sends
+    in_flight = 0
+    itl_v: list[float] = []
+    itl_w: list[int] = []
+    steps = 0
+    preemptions = 0
+    busy_area = 0.0  # integral of requests running over time
+    max_running = 0
+    capped: set[str] = set()
+    step_cache = {} if step_cache is None else step_cache
+    sim_end = n
+    gen_stats: list[tuple] = []
+
+    def send_due(now: float) -> None:
+        nonlocal next_send, in_flight
+        while next_send < n and in_flight < C and release[next_send] <= now + 1e-12:
+            r = next_send
+            sent[r] = max(now, release[r]) if request_rate else now
+            waiting.append(r)
+            next_send += 1
+            in_flight += 1
+
+    def priced(b: int, ctx: int, p: int, pctx: int) -> float:
+        key = (b, ctx, p, pctx)
+        s = step_cache.get(key)
+        if s is None:
+            s = step_cache[key] = price(b, ctx, p, pctx)
+        return s
+
+    def cost(b: int, ctx: float, p: int, pctx: float) -> float:
+        """A step's seconds: a decode step interpolated between contexts CONTEXT_GRID tokens apart (the step grows
+        smoothly with the context), a step with prompt tokens at the nearest contexts of a grid 4x as coarse."""
+        g = CONTEXT_GRID
+        if p:  # (a coarser grid: these steps are as many as their prompts, and the chunk's tokens dominate them)
+            gp = 4 * g
+            return priced(b, gp * round(ctx / gp), p, gp * round(pctx / gp))
+        lo = g * math.floor(ctx / g)
+        f0 = priced(b, lo, 0, 0)
+        return f0 + (priced(b, lo + g, 0, 0) - f0) * (ctx - lo) / g
+
+    # the blocks a request holding n tokens needs, for every n it can hold (a table read instead of the pool's rule)
+    table = np.asarray(limits.blocks_for(np.arange(isl + osl + 2, dtype=np.int64))).astype(np.int64)
+
+    def blocks_for(tokens):
+        return table[tokens]
+
+    def blocks_needed(rs, tokens):
+        return blocks_for(tokens) - held[rs]
+
+    send_due(0.0)
+    while len(finished_order) < sim_end:
+        if not running and not waiting:  # idle until the next arrival
+            t = max(t, release[next_send])
+            send_due(t)
+            continue
+        # -- the step's schedule ------------------------------------------------------------------------------------
+        sched: dict[int, int] = {}
+        budget = limits.token_budget
+        preempted = False
+        if limits.policy == "sglang":
+            prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget)
+            if cap:
+                capped.add(cap)
+            if prefill:
+                for r, k in prefill:
+                    sched[r] = k
+                    if r not in running:
+                        running.append(r)
+                        waiting.remove(r)
+            else:
+                for r in running:
+                    if computed[r] >= prompt_len[r]:
+                        sched[r] = 1
+        else:
+            # the running requests in order, each up to what the budget leaves: at once where the free blocks hold
+            # every request's next tokens, else one by one, preempting (below)
+            ra = np.fromiter(running, dtype=np.int64, count=len(running))
+            n_run = len(running)
+            held_run, computed_run = held[ra], computed[ra]
+            pending = prompt_len[ra] - computed_run
+            demand = np.where(pending > 0, pending, 1)
+            if int(demand.sum()) <= budget:  # the budget holds every one's tokens
+                ks_run = demand
+                on = np.ones(n_run, dtype=bool)
+                need_run = table[computed_run + demand] - held_run
+            else:
+                ks_run = np.minimum(np.maximum(budget - (np.cumsum(demand) - demand), 0), demand)
+                on = ks_run > 0
+                need_run = np.where(on, table[computed_run + ks_run] - held_run, 0)
+            need_total = int(need_run.sum())
+            if need_total > free:
+                # vLLM walks the running requests in order; one whose blocks are not free preempts the newest
+                # (from the end) until they are, or preempts itself when it is the newest left. With A_i the
+                # blocks the first i+1 need and F_v what is free once the v newest are preempted, request i needs
+                # v_i = min{v: F_v >= A_i} victims and is scheduled while v_i leaves it standing (i < n - v_i)
+                freed = np.concatenate([[free], free + np.cumsum(held_run[::-1])])
+                victims = np.searchsorted(freed, np.cumsum(need_run), side="left")
+                standing = np.arange(n_run) < n_run - victims
+                stop = int(np.argmin(standing)) if not standing.all() else n_run
+                v = n_run - stop if stop < n_run else int(victims[on].max(initial=0))
+                for victim in reversed(running[n_run - v:]):  # the newest first, so the oldest ends up in front
+                    waiting.appendleft(victim)
+                out = ra[n_run - v:]
+                free += int(held[out].sum())
+                held[out] = 0
+                computed[out] = 0
+                prompt_len[out] = isl + outputs[out]
+                del running[n_run - v:]
+                preemptions += v
+                preempted = v > 0
+                keep = np.arange(n_run) < n_run - v
+                on &= keep
+                need_run = np.where(keep, need_run, 0)
+                ks_run = np.where(keep, ks_run, 0)
+                need_total = int(need_run.sum())
+            sched_r, sched_k = [ra[on]], [ks_run[on]]
+            held[ra] += need_run
+            free -= need_total
+            budget -= int(ks_run.sum())
+            while not preempted and waiting and budget > 0:
+                if len(running) >= limits.max_seqs:
+                    capped.add("max_num_seqs")
+                    break
+                r = waiting[0]
+                k = min(int(prompt_len[r] - computed[r]), budget)
+                need = int(table[computed[r] + k]) - held[r]
+                if need > free:
+                    capped.add("kv pool")
+                    break
+                waiting.popleft()
+                running.append(r)
+                sched_r.append(np.array([r]))
+                sched_k.append(np.array([k]))
+                free -= need
+                held[r] += need
+                budget -= k
+        if limits.policy == "sglang":
+            sched_r = [np.fromiter(sched, dtype=np.int64, count=len(sched))]
+            sched_k = [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))]
+        rs = np.concatenate(sched_r) if len(sched_r) > 1 else sched_r[0]
+        ks = np.concatenate(sched_k) if len(sched_k) > 1 else sched_k[0]
+        if not rs.size:  # nothing can run (a request larger than the pool): it never will
+            raise ValueError("a request does not fit the KV pool even alone")
+        decoding = computed[rs] >= prompt_len[rs]
+        dec = rs[decoding]
+        pre, pre_k = rs[~decoding], ks[~decoding]
+        b = int(dec.size)
+        ctx = int(computed[dec].sum()) / b if b else 0.0
+        p = int(pre_k.sum())
+        pctx = float(((computed[pre] + pre_k / 2) * pre_k).sum() / p) if p else 0.0
+        # -- a stretch of identical decode steps: nothing arrives, completes a prompt or waits to be admitted -------
+        # (a request still waiting was refused admission this step, and stays refused until one finishes: the free
+        # blocks only shrink as the batch grows)
+        k_steps = 1
+        if p == 0 and b == len(running) and not preempted:
+            k_steps = int((osl - outputs[dec]).min())
+            if next_send < n and in_flight < C:  # an open loop's next arrival
+                est = cost(b, ctx, 0, 0.0)
+                k_steps = max(1, min(k_steps, int((release[next_send] - t) / est)))
+            if limits.policy == "vllm":
+                k_steps = _steps_with_blocks(blocks_for, computed[dec], held[dec], free, k_steps)
+        if k_steps > 1:
+            dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0)
+            dt = dt_each * k_steps
+            need = blocks_needed(dec, computed[dec] + k_steps)
+            held[dec] += need
+            free -= int(need.sum())
+            computed[dec] += k_steps
+            outputs[dec] += k_steps
+            itl_v.append(dt_each)
+            itl_w.append(b * k_steps)
+        else:
+            dt = cost(b, ctx, p, pctx)
+            computed[rs] += ks
+            if b:
+                outputs[dec] += 1
+                itl_v.append(dt)
+                itl_w.append(b)
+        busy_area += len(running) * dt
+        max_running = max(max_running, len(running))
+        t += dt
+        steps += k_steps
+        # prompts completed this step sample their first token (a readmitted request its next one)
+        if p:
+            fin = pre[computed[pre] >= prompt_len[pre]]
+            for r in fin:
+                if math.isnan(first[r]):
+                    first[r] = t
+                outputs[r] += 1
+        # -- requests that have their osl tokens end; their clients send again ------------------------------------
+        ended = dec[outputs[dec] >= osl].tolist() if b else []
+        if p:
+            ended += [r for r in fin.tolist() if outputs[r] >= osl]
+        if ended:
+            now = np.fromiter(running, dtype=np.int64, count=len(running))
+            running = now[outputs[now] < osl].tolist()
+            done_at[ended] = t
+            free += int(held[ended].sum())
+            held[ended] = 0
+            finished_order += ended
+            in_flight -= len(ended)
+            send_due(t)
+            if request_rate is None and len(finished_order) >= C:
+                sim_end = _steady_end(finished_order, sent, first, done_at, C, gen_stats, sim_end, t, busy_area)
+        elif request_rate:
+            send_due(t)
+
+    return _result(n, C, isl, osl, sent, first, done_at, finished_order, itl_v, itl_w, steps, preemptions,
+                   busy_area, max_running, capped, gen_stats, warmup)
+
+
+def _steps_with_blocks(blocks_for, tokens, held, free: int, k: int) -> int:
+    """The most decode steps, up to k, that the free blocks carry every decoding request through."""
+    def fits(j: int) -> bool:
+        return int((blocks_for(tokens + j) - held).sum()) <= free
+
+    if fits(k):
+        return k
+    return max(1, last_true(fits, 0, k))  # (0 steps always fit)
+
+
+def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget):
+    """SGLang's next prefill batch, and what stopped it short (None, "kv pool", "max_num_seqs"): a request part-way
+    through its prompt first, then waiting ones (FCFS) while chunked_prefill_size, max_running_requests and the
+    token pool admit them. The pool admits a request when what it holds, less the tokens the running requests are
+    expected to add (new_token_ratio x their remaining output), holds the prompt and that share of its output."""
+    batch = []
+    held = sum(int(computed[r]) for r in running)
+    expected = SGLANG_INIT_NEW_TOKEN_RATIO * sum(int(osl - outputs[r]) for r in running)
+    room = limits.blocks - held - expected
+    for r in [r for r in running if computed[r] < prompt_len[r]]:
+        k = min(int(prompt_len[r] - computed[r]), budget)
+        batch.append((r, k))
+        budget -= k
+    cap = None
+    for r in list(waiting):
+        if budget <= 0:
+            break
+        if len(running) + len(batch) >= limits.max_seqs:
+            cap = "max_num_seqs"
+            break
+        need = int(prompt_len[r] - computed[r]) + SGLANG_INIT_NEW_TOKEN_RATIO * osl
+        if need > room:
+            cap = "kv pool"
+            break
+        k = min(int(prompt_len[r] - computed[r]), budget)
+        batch.append((r, k))
+        room -= need
+        budget -= k
+    return batch, cap
+
+
+def _steady_end(order, sent, first, done_at, C, gen_stats, sim_end, t, busy_area) -> int:
+    """Where a closed loop may stop simulating: once two generations of C finished requests after the start-up
+    wave agree on their mean TTFT and latency. Each generation's record: (mean TTFT, mean latency, its end, the
+    running-request area up to its end)."""
+    g = len(order) // C
+    if len(gen_stats) >= g or len(order) % C:
+        return sim_end
+    rs = order[(g - 1) * C:g * C]
+    ttft = sum(first[r] - sent[r] for r in rs) / C
+    e2e = sum(done_at[r] - sent[r] for r in rs) / C
+    gen_stats.append((ttft, e2e, t, busy_area))
+    if len(gen_stats) >= 3:  # the first generation is the start-up wave; compare the two after it
+        a, b = gen_stats[-2], gen_stats[-1]
+        if all(abs(x - y) <= STEADY_TOLERANCE * max(abs(x), 1e-9) for x, y in zip(a[:2], b[:2])):
+            return len(order)
+    return sim_end
+
+
+def _result(n, C, isl, osl, sent, first, done_at, order, itl_v, itl_w, steps, preemptions, busy_area, max_running,
+            capped, gen_stats, warmup=0) -> BenchResult:
+    import numpy as np
+
+    simulated = len(order)
+    rs = np.asarray(order, dtype=np.int64)
+    rs = rs[rs >= warmup]  # the measured requests (sent after the warm-up's)
+    ttft = first[rs] - sent[rs]
+    e2e = done_at[rs] - sent[rs]
+    tpot = (e2e - ttft) / (osl - 1) if osl > 1 else np.zeros_like(e2e)
+    duration = float(done_at[rs].max() - sent[rs].min())
+    if simulated < n:  # periodic: the rest repeat the last generation, one generation's time each
+        last = rs[-C:]
+        reps = n - simulated
+        idx = np.resize(np.arange(C), reps)
+        ttft = np.concatenate([ttft, (first[last] - sent[last])[idx]])
+        e2e = np.concatenate([e2e, (done_at[last] - sent[last])[idx]])
+        tpot = (e2e - ttft) / (osl - 1) if osl > 1 else np.zeros_like(e2e)
+        (_, _, end0, area0), (_, _, end1, area1) = gen_stats[-2:]
+        duration += (end1 - end0) * reps / C
+        busy_area += (area1 - area0) * reps / C
+    m = n - warmup
+    span = duration + (float(sent[rs].min()) if warmup else 0.0)  # the whole run's, for the running average
+    mean_running = busy_area / span if span > 0 else 0.0
+    return BenchResult(
+        num_prompts=m, duration_s=duration, ttft=Stats.of(ttft), tpot=Stats.of(tpot),
+        itl=Stats.of(itl_v, itl_w), e2e=Stats.of(e2e), output_tokens_per_s=m * osl / duration,
+        total_tokens_per_s=m * (isl + osl) / duration, requests_per_s=m / duration, mean_running=mean_running,
+        max_running=max_running, capped_by=("kv pool" if "kv pool" in capped else
+                                            "max_num_seqs" if "max_num_seqs" in capped else None),
+        preemptions=preemptions, steps=steps, simulated_prompts=simulated,
+        per_request=tuple((float(sent[r]), float(first[r]), float(done_at[r])) for r in order if r >= warmup))
+

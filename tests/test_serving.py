@@ -1,0 +1,146 @@
+"""The simulated serving benchmark (kvplan.serving): the scheduler's steps worked by hand, the benchmark's figures
+by their definitions, and concurrency 1 against the step model."""
+
+import math
+
+import numpy as np
+import pytest
+
+import kvplan.serving as serving
+from kvplan.deployment import DeploymentArgs
+from kvplan.serving import EngineLimits, Stats, simulate
+from kvplan.steady import _price, engine_limits
+from kvplan.step import step_model
+
+
+def blocks16(n):
+    return -(-np.asarray(n) // 16)
+
+
+def linear_price(b, ctx, p, pctx):
+    """10 ms a step, 1 ms per decoding request, 10 us per prompt token: a price whose steps a hand can add up."""
+    return 0.010 + 0.001 * b + 1e-5 * p
+
+
+def test_four_clients_with_chunked_prefill_step_by_step():
+    # 4 clients send a 1,500-token prompt each at t = 0, 4 output tokens; 2,048 tokens a step (vLLM V1: the running
+    # requests first, then waiting ones FCFS, each taking what the budget leaves):
+    # step 1: r0 its 1,500 prompt tokens, r1 548 of its 1,500          b=0, p=2,048  10 + 20.48 = 30.48 ms
+    #         r0's prompt is done: its first token (TTFT 30.48 ms)
+    # step 2: r0 decodes; r1 its last 952; r2 1,095 (2,048 - 1 - 952)  b=1, p=2,047  10 + 1 + 20.47 = 31.47 ms
+    #         r1's first token at 61.95 ms
+    # step 3: r0, r1 decode; r2 its last 405; r3 its 1,500 (of 1,641)  b=2, p=1,905  10 + 2 + 19.05 = 31.05 ms
+    #         r2's and r3's first tokens at 93.00 ms
+    # step 4: all four decode                                           b=4           10 + 4 = 14 ms
+    #         r0 has its 4 tokens (1 in step 1, 3 decoded): done at 107.00 ms
+    lim = EngineLimits("vllm", token_budget=2048, max_seqs=256, blocks=10_000, blocks_for=blocks16)
+    r = simulate(linear_price, lim, isl=1500, osl=4, concurrency=4, num_prompts=4)
+    sent, first, done = zip(*sorted(r.per_request))  # by when each was sent, then its first token
+    assert sent == (0.0, 0.0, 0.0, 0.0)
+    assert first == pytest.approx((0.03048, 0.06195, 0.09300, 0.09300), abs=1e-12)
+    assert r.ttft.mean == pytest.approx((0.03048 + 0.06195 + 0.093 + 0.093) / 4, abs=1e-12)
+    assert min(done) == pytest.approx(0.107, abs=1e-12)
+    # (num_prompts = 4: r0's client sends nothing more) step 5: r1, r2, r3 decode (13 ms), r1 has its 4 tokens at
+    # 120 ms; step 6: r2, r3 (12 ms), done at 132 ms
+    assert sorted(done) == pytest.approx([0.107, 0.120, 0.132, 0.132], abs=1e-12)
+    assert r.tpot.mean == pytest.approx(np.mean([(d - f) / 3 for _, f, d in r.per_request]), rel=1e-12)
+
+
+def test_four_clients_priced_with_the_fitted_step_model():
+    # the same first wave on Llama-3.1-8B, H100, each step priced by the bundled fits for exactly its batch
+    d = DeploymentArgs(model="llama-3.1-8b", gpu="h100", max_num_batched_tokens=2048).resolve(needs_memory=True)
+    sm = step_model(d)
+    lim = engine_limits(d, 1500, 4)
+    r = simulate(_price(sm, 1), lim, isl=1500, osl=4, concurrency=4, num_prompts=4)
+    # step 1: prompts [0, 1500) and [0, 548): each token attends on average to its chunk's middle
+    t1 = sm.step(0, 0, 2048, (750 * 1500 + 274 * 548) / 2048).total_s
+    t2 = sm.step(1, 1500, 2047, ((548 + 476) * 952 + 547.5 * 1095) / 2047).total_s
+    t3 = sm.step(2, 1500.5, 1905, ((1095 + 202.5) * 405 + 750 * 1500) / 1905).total_s
+    first = sorted(f for _, f, _ in r.per_request)
+    # (the simulation prices contexts on a 16-token grid: within 0.1%)
+    assert first == pytest.approx([t1, t1 + t2, t1 + t2 + t3, t1 + t2 + t3], rel=1e-3)
+
+
+@pytest.mark.parametrize("isl", [1024, 8192, 32768, 130000])
+def test_concurrency_one_is_the_decode_step_and_the_prefill(isl):
+    # one client: no other request shares its steps, so TPOT is the batch-1 decode step at the mean context and
+    # TTFT the prefill's steps (the token budget's chunks, the last one sampling the first token)
+    osl = 128
+    d = DeploymentArgs(model="llama-3.1-8b", gpu="h100").resolve(needs_memory=True)
+    sm = step_model(d)
+    lim = engine_limits(d, isl, osl)
+    r = simulate(_price(sm, 1), lim, isl=isl, osl=osl, concurrency=1, num_prompts=5)
+    assert r.tpot.mean == pytest.approx(sm.step(1, isl + osl / 2).total_s, rel=0.01)
+    budget = d.max_num_batched_tokens
+    prefill = sum(sm.step(0, 0, min(budget, isl - s), s + min(budget, isl - s) / 2).total_s
+                  for s in range(0, isl, budget))
+    assert r.ttft.mean == pytest.approx(prefill, rel=2e-3)
+    assert r.ttft.p99 == pytest.approx(r.ttft.mean, rel=1e-9) and r.mean_running == pytest.approx(1.0)
+
+
+def test_a_pool_too_small_preempts_and_recomputes():
+    # 10 blocks of 16 tokens; two requests of 50 + 60 tokens need 7 blocks each at their end: the newest is
+    # preempted, recomputed when blocks free up, and every request still finishes with all its tokens
+    lim = EngineLimits("vllm", token_budget=512, max_seqs=8, blocks=10, blocks_for=blocks16)
+    r = simulate(linear_price, lim, isl=50, osl=60, concurrency=2, num_prompts=6)
+    assert r.preemptions > 0 and r.capped_by == "kv pool"
+    assert len(r.per_request) == 6 and all(s <= f < d for s, f, d in r.per_request)
+    assert r.output_tokens_per_s == pytest.approx(6 * 60 / r.duration_s)
+
+
+def test_max_num_seqs_caps_the_batch():
+    lim = EngineLimits("vllm", token_budget=8192, max_seqs=4, blocks=10_000, blocks_for=blocks16)
+    r = simulate(linear_price, lim, isl=100, osl=50, concurrency=16, num_prompts=64)
+    assert r.max_running == 4 and r.capped_by == "max_num_seqs"
+
+
+def test_open_loop_is_seeded_and_poisson():
+    lim = EngineLimits("vllm", token_budget=8192, max_seqs=256, blocks=100_000, blocks_for=blocks16)
+    a = simulate(linear_price, lim, isl=100, osl=20, request_rate=5.0, num_prompts=400, seed=3)
+    b = simulate(linear_price, lim, isl=100, osl=20, request_rate=5.0, num_prompts=400, seed=3)
+    assert a == b
+    sent = sorted(s for s, _, _ in a.per_request)
+    assert np.mean(np.diff(sent)) == pytest.approx(1 / 5.0, rel=0.15)  # 400 exponential gaps of mean 0.2 s
+    # a light load: every request runs alone or nearly so, TTFT is one prefill step
+    assert a.ttft.median == pytest.approx(linear_price(0, 0, 100, 50), rel=0.5)
+
+
+def test_the_periodic_shortcut_equals_simulating_every_request(monkeypatch):
+    d = DeploymentArgs(model="llama-3.1-8b", gpu="h100").resolve(needs_memory=True)
+    sm = step_model(d)
+    lim = engine_limits(d, 2048, 256)
+    short = simulate(_price(sm, 1), lim, isl=2048, osl=256, concurrency=8, num_prompts=400)
+    monkeypatch.setattr(serving, "STEADY_TOLERANCE", -1.0)  # never periodic: every request simulated
+    full = simulate(_price(sm, 1), lim, isl=2048, osl=256, concurrency=8, num_prompts=400)
+    assert short.simulated_prompts < full.simulated_prompts == 400
+    for x, y in ((short.ttft, full.ttft), (short.tpot, full.tpot), (short.e2e, full.e2e)):
+        assert x.mean == pytest.approx(y.mean, rel=5e-3)
+    assert short.output_tokens_per_s == pytest.approx(full.output_tokens_per_s, rel=5e-3)
+
+
+def test_weighted_percentiles_are_numpys_over_the_repeated_values():
+    v, w = [5.0, 1.0, 3.0], [2, 3, 1]
+    s = Stats.of(v, w)
+    rep = [1.0] * 3 + [3.0] + [5.0] * 2
+    assert (s.mean, s.median, s.p90, s.p99) == pytest.approx(
+        (np.mean(rep), *np.percentile(rep, [50, 90, 99])))
+    assert math.isnan(Stats.of([]).mean)
+
+
+@pytest.mark.parametrize("model, tp", [("llama-3.1-8b", 1), ("deepseek-v3", 8), ("gpt-oss-120b", 2), ("gemma-3-27b", 1)])
+def test_step_seconds_is_the_step(model, tp):
+    # the simulation's remembered pricing equals the step model's own, whole token counts (the table) and a
+    # pipeline stage's fractions alike
+    d = DeploymentArgs(model=model, gpu="h200", tp=tp).resolve(needs_memory=True)
+    sm = step_model(d)
+    for b, ctx, p, pctx in ((1, 1000, 0, 0), (37, 5000, 0, 0), (0, 0, 8192, 4096), (12, 3000, 700, 9000),
+                            (511, 100, 1537, 200), (3.5, 4000, 10.5, 300), (2000, 64, 3000, 1500)):
+        assert sm.step_seconds(b, ctx, p, pctx) == pytest.approx(sm.step(b, ctx, p, pctx).total_s, rel=1e-12)
+
+
+def test_warmup_requests_are_left_out_of_the_figures():
+    lim = EngineLimits("vllm", token_budget=2048, max_seqs=256, blocks=10_000, blocks_for=blocks16)
+    r = simulate(linear_price, lim, isl=1500, osl=4, concurrency=4, num_prompts=4, warmup=4)
+    assert r.num_prompts == 4 and len(r.per_request) == 4
+    assert min(s for s, _, _ in r.per_request) > 0  # the first wave (sent at t = 0) was the warm-up
+    assert r.output_tokens_per_s == pytest.approx(4 * 4 / r.duration_s)
