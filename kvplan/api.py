@@ -58,7 +58,7 @@ def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | K
 def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequence[str]] = None,
                concurrency: Optional[Sequence[int]] = None, tpot_ms: Optional[float] = None,
                ttft_ms: Optional[float] = None, percentile: str = "mean", num_prompts: Optional[int] = None,
-               **options) -> ThroughputResult:
+               request_rate: Optional[float] = None, **options) -> ThroughputResult:
     """The throughput table for a model on a GPU, as `kvplan throughput` prints it: `kv_cache_dtypes` defaults to
     the model's own and its fp8 cache (fp8_ds_mla on MLA models), `options` are kvplan.deployment.DeploymentArgs
     fields (tp, weight_dtype, engine, calibration, max_num_batched_tokens, ...).
@@ -72,7 +72,8 @@ def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequ
     if kv_cache_dtypes is None:
         kv_cache_dtypes = comparison_dtypes(model)
     ds = deployments(args, list(kv_cache_dtypes), needs_memory=True)
-    return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms, percentile, num_prompts)
+    return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms, percentile, num_prompts,
+                         request_rate=request_rate)
 
 
 def _deployment(model, gpu, dtype, options: dict):

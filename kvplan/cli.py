@@ -296,7 +296,8 @@ TpotOpt = Annotated[Optional[float], typer.Option(
 
 
 def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
-                tpot_ms, ttft_ms, percentile: str = "mean", num_prompts: Optional[int] = None, **deployment):
+                tpot_ms, ttft_ms, percentile: str = "mean", num_prompts: Optional[int] = None,
+                request_rate: Optional[float] = None, **deployment):
     """The throughput table both `throughput` and `plot throughput` show (kvplan.steady)."""
     from .deployment import deployments
     from .errors import KvplanError
@@ -314,7 +315,8 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
     ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
     return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
-                            _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts)
+                            _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
+                            request_rate=request_rate)
 
 
 def _with_profile(args):
@@ -332,6 +334,9 @@ PercentileOpt = Annotated[str, typer.Option(
     "--percentile", help="the figure --tpot-ms and --ttft-ms hold: mean (default), p50, p90 or p99 of the requests")]
 NumPromptsOpt = Annotated[Optional[int], typer.Option(
     "--num-prompts", help="requests each concurrency's benchmark sends (default 1000, as vllm bench serve)")]
+RequestRateOpt = Annotated[Optional[float], typer.Option(
+    "--request-rate", help="requests per second, as Poisson arrivals (an open loop; the concurrency caps those in "
+    "flight); default: every client sends at once")]
 
 
 @app.command()
@@ -347,6 +352,7 @@ def throughput(
         "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")] = None,
     percentile: PercentileOpt = "mean",
     num_prompts: NumPromptsOpt = None,
+    request_rate: RequestRateOpt = None,
     tp: TpOpt = None,
     pp: PpOpt = None,
     dcp: DcpOpt = None,
@@ -382,8 +388,9 @@ def throughput(
     concurrency under them and the winner."""
     opts = {k: v for k, v in locals().items() if k not in ("model", "gpu", "isl", "osl", "concurrency", "dtype",
                                                              "tpot_ms", "ttft_ms", "percentile", "num_prompts",
-                                                             "as_json")}
-    m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts, **opts)
+                                                             "request_rate", "as_json")}
+    m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts,
+                       request_rate, **opts)
     _show(as_json, r.to_dict(), "throughput_table", r, m)
 
 

@@ -624,8 +624,10 @@ def throughput_table(r, model) -> None:
               + f"  {r.engine}  isl {r.isl:,}  osl {r.osl:,}" + (f"  limits: {limits}" if limits else ""))
     con.print(f"step times: {r.profile}")
     which = "" if r.percentile == "mean" else f" ({r.percentile} for the limits)"
-    t = Table(title=f"vllm bench serve, simulated: {r.num_prompts:,} requests per concurrency, every client starting "
-                    f"at once{which}", title_justify="left")
+    sent = (f"Poisson arrivals at {r.request_rate:g} requests/s, at most conc. in flight" if r.request_rate else
+            "every client starting at once")
+    t = Table(title=f"vllm bench serve, simulated: {r.num_prompts:,} requests per concurrency, {sent}{which}",
+              title_justify="left")
     for col, just in [("KV dtype", "left"), ("conc.", "right"), ("TPOT ms", "right"), ("TTFT ms", "right"),
                       ("TTFT p99", "right"), ("out tok/s", "right"), ("per GPU", "right"), ("per user", "right"),
                       ("running", "right"), ("floor ms", "right")]:

@@ -137,6 +137,26 @@ class BenchResult:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What the benchmark's clients send: `num_prompts` requests of `isl` prompt and `osl` output tokens (after
+    `warmup` left out of the figures), all at once up to the concurrency, or as Poisson arrivals at
+    `request_rate` requests/s (`seed` fixing them)."""
+
+    isl: int
+    osl: int
+    num_prompts: int = VLLM_BENCH_NUM_PROMPTS
+    warmup: int = 0
+    request_rate: Optional[float] = None
+    seed: int = 0
+
+    def run(self, price, limits: EngineLimits, concurrency: Optional[int],
+            step_cache: Optional[dict] = None) -> "BenchResult":
+        return simulate(price, limits, isl=self.isl, osl=self.osl, concurrency=concurrency,
+                        request_rate=self.request_rate, num_prompts=self.num_prompts, warmup=self.warmup,
+                        seed=self.seed, step_cache=step_cache)
+
+
 def simulate(price: Callable[[float, float, float, float], float], limits: EngineLimits, *, isl: int, osl: int,
              concurrency: Optional[int] = None, request_rate: Optional[float] = None,
              num_prompts: int = VLLM_BENCH_NUM_PROMPTS, warmup: int = 0, seed: int = 0,

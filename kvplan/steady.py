@@ -82,6 +82,7 @@ class ThroughputResult:
     notes: list[str] = field(default_factory=list)
     percentile: str = "mean"  # the figure the limits hold: the mean, or a percentile of the requests
     num_prompts: int = 0  # requests each concurrency's benchmark sends
+    request_rate: Optional[float] = None  # Poisson arrivals per second (None: every client at once)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -148,15 +149,12 @@ def _price(sm, pp: int):
     return price
 
 
-def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline=None, limits=None,
-         num_prompts: Optional[int] = None, step_cache: Optional[dict] = None, warmup: int = 0) -> ThroughputRow:
-    """The benchmark at concurrency c, simulated; the roofline floor only where `roofline` is given (rows shown)."""
-    from .serving import VLLM_BENCH_NUM_PROMPTS, simulate
-
+def _row(sm, d, c: int, work, limit: int, gpus: int, limits=None, step_cache: Optional[dict] = None) -> ThroughputRow:
+    """The benchmark of `work` (kvplan.serving.Workload) with at most c requests in flight, simulated."""
+    isl, osl = work.isl, work.osl
     limits = limits or engine_limits(d, isl, osl)
-    n = num_prompts or VLLM_BENCH_NUM_PROMPTS
-    res = simulate(_price(sm, d.pp), limits, isl=isl, osl=osl, concurrency=c, num_prompts=n, warmup=warmup,
-                   step_cache=step_cache)
+    res = work.run(_price(sm, d.pp), limits, c, step_cache)
+    n = work.num_prompts
     ctx = isl + osl / 2
     running = max(res.mean_running, 1.0)
     plain = sm.step(running / d.pp, ctx)
@@ -171,7 +169,7 @@ def _row(sm, d, c: int, isl: int, osl: int, limit: int, gpus: int, roofline=None
         output_tokens_per_s_per_gpu=out / gpus, tokens_per_s_per_user=1 / res.tpot.mean,
         kv_limited=res.capped_by == "kv pool" or res.preemptions > 0, profile=sm.profile.name, pool_limit=limit,
         step_ms=ms(itl), decode_step_ms=ms(plain.total_s), prefill_share=max(0.0, 1 - plain.total_s / itl),
-        mean_context=ctx, roofline_step_ms=roofline(running, ctx) if roofline else None, breakdown=plain.to_dict(),
+        mean_context=ctx, breakdown=plain.to_dict(),
         estimated=list(plain.estimated),
         ttft_p50_ms=ms(res.ttft.median), ttft_p90_ms=ms(res.ttft.p90), ttft_p99_ms=ms(res.ttft.p99),
         tpot_p50_ms=ms(res.tpot.median), tpot_p90_ms=ms(res.tpot.p90), tpot_p99_ms=ms(res.tpot.p99),
@@ -195,10 +193,14 @@ def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float], perce
 
 def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequence[int]] = None,
                   tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None, percentile: str = "mean",
-                  num_prompts: Optional[int] = None, warmup: int = 0) -> ThroughputResult:
+                  num_prompts: Optional[int] = None, warmup: int = 0,
+                  request_rate: Optional[float] = None) -> ThroughputResult:
     """The throughput table of resolved deployments that differ only in their KV dtype: each concurrency's benchmark
     simulated (kvplan.serving), `percentile` (mean, p50, p90, p99) naming the figure the limits hold; `warmup`
-    requests run before the `num_prompts` measured ones."""
+    requests run before the `num_prompts` measured ones; with `request_rate`, requests arrive as a Poisson process
+    at that rate, the concurrency capping those in flight (vllm bench serve --request-rate with --max-concurrency)."""
+    from .serving import VLLM_BENCH_NUM_PROMPTS, Workload
+
     from .kv_crossover import roofline_step_ms
     from .step import step_model
 
@@ -211,6 +213,9 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         raise KvplanError(f"--percentile '{percentile}': choose one of {', '.join(PERCENTILE_KEYS)}")
     if num_prompts is not None and num_prompts < 1:
         raise KvplanError(f"--num-prompts must be at least 1 (got {num_prompts})")
+    if request_rate is not None and not (request_rate > 0 and math.isfinite(request_rate)):
+        raise KvplanError(f"--request-rate must be a positive number of requests per second (got {request_rate})")
+    work = Workload(isl, osl, num_prompts or VLLM_BENCH_NUM_PROMPTS, warmup, request_rate)
     d0 = ds[0]
     m = d0.model
     mlen = d0.max_model_len if isinstance(d0.max_model_len, int) else m.max_position_embeddings
@@ -241,7 +246,7 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
             continue
         def roofline(b, ctx, d=d):
             return roofline_step_ms(d, b, ctx)
-        run = runs[d.kv.name] = _Runs(sm, d, isl, osl, lim, gpus, num_prompts, roofline, warmup)
+        run = runs[d.kv.name] = _Runs(sm, d, work, lim, gpus, roofline)
         mine = [replace(run.at(c, shown=True), meets_limits=_meets(run.at(c), tpot_ms, ttft_ms, percentile))
                 for c in cs]
         rows += mine
@@ -261,30 +266,22 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     return ThroughputResult(model=m.name, gpu=d0.gpu.name, tp=d0.tp, pp=d0.pp, isl=isl, osl=osl, engine=d0.engine,
                             tpot_limit_ms=tpot_ms, ttft_limit_ms=ttft_ms, rows=rows, best=best, winner=winner,
                             verdict=verdict, profile="; ".join(profiles), notes=notes, percentile=percentile,
-                            num_prompts=num_prompts or _default_prompts())
-
-
-def _default_prompts() -> int:
-    from .serving import VLLM_BENCH_NUM_PROMPTS
-
-    return VLLM_BENCH_NUM_PROMPTS
+                            num_prompts=work.num_prompts, request_rate=request_rate)
 
 
 class _Runs:
     """One dtype's simulated benchmarks by concurrency, each run once (the table, the search for the best and the
     verdict ask for the same ones)."""
 
-    def __init__(self, sm, d, isl, osl, limit, gpus, num_prompts, roofline, warmup=0):
-        self.args = (sm, d, isl, osl, limit, gpus)
-        self.limits = engine_limits(d, isl, osl)
-        self.num_prompts, self.roofline, self.warmup = num_prompts, roofline, warmup
+    def __init__(self, sm, d, work, limit, gpus, roofline):
+        self.sm, self.d, self.work, self.limit, self.gpus, self.roofline = sm, d, work, limit, gpus, roofline
+        self.limits = engine_limits(d, work.isl, work.osl)
         self.rows: dict = {}
         self.steps: dict = {}  # the priced steps, shared by every concurrency's run
 
     def at(self, c: int, shown: bool = False) -> ThroughputRow:
         if c not in self.rows:
-            self.rows[c] = _row(*self.args[:2], c, *self.args[2:], limits=self.limits, num_prompts=self.num_prompts,
-                                step_cache=self.steps, warmup=self.warmup)
+            self.rows[c] = _row(self.sm, self.d, c, self.work, self.limit, self.gpus, self.limits, self.steps)
         r = self.rows[c]
         if shown and r.roofline_step_ms is None:  # the roofline floor, for the rows a table shows
             r = self.rows[c] = replace(r, roofline_step_ms=self.roofline(max(r.mean_running, 1.0), r.mean_context))

@@ -179,7 +179,8 @@ def test_throughput_takes_every_deployment_option():
     from kvplan.deployment import DeploymentArgs, flag
 
     deployment = {flag(f.name) for f in fields(DeploymentArgs) if f.name != "model"}
-    own = {"--isl", "--osl", "--concurrency", "--tpot-ms", "--ttft-ms", "--percentile", "--num-prompts", "--json"}
+    own = {"--isl", "--osl", "--concurrency", "--tpot-ms", "--ttft-ms", "--percentile", "--num-prompts",
+           "--request-rate", "--json"}
     assert set(_options("throughput")) == deployment | own
 
 

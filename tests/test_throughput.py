@@ -594,3 +594,17 @@ def test_an_empty_step_is_priced_without_error(gpu):
     sm = step_model(_d("llama-3.1-8b", gpu=gpu, weight_dtype=weights))
     t0, t1 = sm.step(0, 1000).total_s, sm.step(1, 1000).total_s
     assert math.isfinite(t0) and 0 < t0 < t1
+
+
+def test_throughput_open_loop_at_a_request_rate(cli):
+    # Poisson arrivals at 2 requests/s of 1k + 256 tokens on one H100: far below what it serves, so every request
+    # runs nearly alone: its TTFT is about one prefill step, and requests/s is the arrival rate (400 requests)
+    base = ["throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "1k", "--osl", "256", "-n", "64", "-d", "auto",
+            "--num-prompts", "400", "--json"]
+    open_loop = json.loads(cli(*base, "--request-rate", "2").out)["rows"][0]
+    closed = json.loads(cli(*base).out)["rows"][0]
+    assert open_loop["requests_per_s"] == pytest.approx(2.0, rel=0.15)
+    assert open_loop["mean_running"] < 8 < closed["mean_running"]
+    assert open_loop["ttft_ms"] < closed["ttft_ms"] and open_loop["tpot_ms"] < closed["tpot_ms"]
+    r = cli(*base, "--request-rate", "0")
+    assert r.code == 2 and "--request-rate must be a positive" in r.err
