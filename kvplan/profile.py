@@ -17,7 +17,8 @@ PROFILE_SCHEMA = "kvplan-deployment-profile/1"
 class DeploymentProfile(BaseModel):
     """What one deployment measured at startup. Versioned by `schema`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # (its validators built on first use: a planning command that reads no profile does not pay for them)
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     schema_: Literal["kvplan-deployment-profile/1"] = Field(PROFILE_SCHEMA, alias="schema")
     engine: Literal["vllm", "sglang"]
