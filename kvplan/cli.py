@@ -958,8 +958,10 @@ def measure(
         validate_table(result)
         return
     from .measure_run import run_measure
+    from .render import calibration_table, console
 
-    path = run_measure(quick=quick, output=output, device_name=device)
+    path, profile = run_measure(quick=quick, output=output, device_name=device, console=console())
+    calibration_table(profile)
     if as_json:
         _show(True, {"calibration_profile": str(path)}, "")
     print(f"wrote the calibration profile {path}", file=sys.stderr)

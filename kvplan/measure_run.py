@@ -31,10 +31,10 @@ def _catalog_peak(name: str) -> tuple[Optional[float], Optional[float]]:
 
 def run_measure(quick: bool = False, output: Optional[str] = None, device_name: str = "cuda",
                 sizes: Optional[list[int]] = None, families: tuple[str, ...] = FAMILIES,
-                samples: Optional[int] = None, warmup: int = 3) -> str:
+                samples: Optional[int] = None, warmup: int = 3, console=None):
+    """Measure this GPU and save the calibration profile: (its path, the profile). `console` (a rich Console) shows
+    a progress bar on a terminal."""
     import torch
-
-    from .render import calibration_table, console
 
     if device_name == "cuda" and not torch.cuda.is_available():
         raise KvplanError("kvplan measure needs a CUDA GPU, and torch sees none; `kvplan measure --dry-run` prints "
@@ -60,12 +60,12 @@ def run_measure(quick: bool = False, output: Optional[str] = None, device_name: 
                           f"(torch {info['torch']}, triton {info['triton']})")
     info["self_check"] = (f"{len(check)} decode kernels (and their write kernels on a GPU) match the torch "
                           "references at the timed shapes" if check else "no decode kernel timed")
-    with_bar = sys.stderr.isatty()
+    with_bar = console is not None and sys.stderr.isatty()
     if with_bar:
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
         prog = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeRemainingColumn(), console=console())
+                        TimeRemainingColumn(), console=console)
         task = prog.add_task("measuring", total=len(plan.items))
         prog.start()
 
@@ -90,8 +90,7 @@ def run_measure(quick: bool = False, output: Optional[str] = None, device_name: 
     if not output:
         cache_dir().mkdir(parents=True, exist_ok=True)
     save_calibration(profile, path)
-    calibration_table(profile)
-    return path
+    return path, profile
 
 
 def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, context: int = 4096,
