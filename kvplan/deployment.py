@@ -280,6 +280,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
     fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
+    fmt = _declared_kv(m, fmt, engine, notes)
     if m.mla is not None and m.mla.index_head_dim and fmt.name in ("fp8", "fp8_e4m3") and engine != "sglang":
         # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
         fmt = kv_format("fp8_ds_mla")
@@ -422,6 +423,32 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
                               f"not modelled; plan it with --engine vllm")
         return _resolve_sglang(args, prof, common, notes)
     return _resolve_vllm(args, prof, common, notes)
+
+
+def _declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str]) -> KVFormat:
+    """The KV format the engine stores for a checkpoint that declares its KV-cache quantization: `auto` becomes
+    the declared format where the engine reads the declaration (vLLM: EngineArgs.create_engine_config ->
+    resolve_kv_cache_dtype_string; SGLang: configure_kv_cache_dtype; see hf_config.declared_kv_cache), and vLLM
+    stores fp8 for a compressed-tensors kv_cache_scheme whatever was asked (Attention.__init__). An explicit
+    dtype wins otherwise, as in the engines."""
+    decl = m.kv_cache_dtype_declared
+    if decl is None:
+        return fmt
+    name = "vLLM" if engine == "vllm" else "SGLang"
+    if engine in decl.forced_in and fmt.name not in ("auto", decl.dtype):
+        notes.append(f"{name} stores an {decl.dtype} KV cache for this checkpoint whatever --kv-cache-dtype says "
+                     f"({decl.source}; model_executor/layers/attention/attention.py): {fmt.name} planned as "
+                     f"{decl.dtype}")
+        return kv_format(decl.dtype)
+    if fmt.name != "auto":
+        return fmt
+    if engine not in decl.engines:
+        notes.append(f"auto: the checkpoint's KV-cache declaration ({decl.source}) is not one {name} reads, so it "
+                     f"stores the model dtype")
+        return fmt
+    notes.append(f"auto: the checkpoint declares an fp8 KV cache ({decl.source}), so {name} stores "
+                 f"{decl.dtype}; --kv-cache-dtype bfloat16 keeps a 16-bit cache")
+    return kv_format(decl.dtype)
 
 
 def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
