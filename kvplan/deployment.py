@@ -285,6 +285,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
         fmt = kv_format("fp8_ds_mla")
         notes.append("fp8 on a sparse-attention MLA model is vLLM's fp8_ds_mla: 656 B per token per layer")
+    unserved = fmt.unserved(engine, g)
+    if unserved:  # planned when named, as a what-if (the verdicts leave it out)
+        notes.append(f"{unserved}; planned with {'vLLM' if engine == 'vllm' else 'SGLang'}'s rules as if it did")
 
     # parallelism and the weights' format: what was said, else what the profile measured
     layout = {}
