@@ -193,13 +193,25 @@ def _model_len(value: Optional[str]) -> Optional[int | str]:
     return sizes[0]
 
 
-def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None) -> list:
-    """The KV formats asked for. With several (or 'all'), formats for the other attention layout (MLA or heads)
+def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None, args=None) -> list:
+    """The KV formats asked for. 'all' means the formats the engine serves on the GPU of `args` (the deployment
+    asked for; any GPU where it names none). With several, formats for the other attention layout (MLA or heads)
     are left out; a single one that does not apply is an error, raised where it is used."""
     from .errors import KvplanError
     from .formats import parse_dtypes
 
-    fmts = parse_dtypes(values or default)
+    served = None
+    if args is not None:
+        from .specs import load_gpu
+
+        prof = args.profile if not isinstance(args.profile, str) else None
+        engine = (args.engine or getattr(prof, "engine", None) or "vllm").lower()
+        gpu = args.gpu or getattr(prof, "gpu", None)
+        gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu
+
+        def served(f):
+            return f.served_on(engine, gpu)
+    fmts = parse_dtypes(values or default, served=served)
     if len(fmts) == 1:
         return fmts
     kept = [f for f in fmts if f.applies_to == "both" or (f.applies_to == "mla") == model.is_mla]
@@ -265,7 +277,7 @@ def crossover(
     m = load_model(model)
     args = _deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype,
                             skip_layers=skip_layers, calibration=calibration)
-    ds = deployments(args, _formats_for(m, dtype))
+    ds = deployments(args, _formats_for(m, dtype, args=args))
     # by default, operating points up to the model's own context
     contexts = _sizes(context, "--context") or ([c for c in (2048, 8192, 32768, 131072)
                                                  if c <= m.max_position_embeddings] or [m.max_position_embeddings])
@@ -313,7 +325,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
         raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
     m = load_model(model)
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
-    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
+    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m), args), needs_memory=True)
     return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
                             _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
                             request_rate=request_rate)
@@ -444,7 +456,7 @@ def capacity(
         return
     args = _with_profile(args)
     m = load_model(model) if model else load_model(args.profile.model)
-    fmts = _formats_for(m, dtype) if dtype else [None]
+    fmts = _formats_for(m, dtype, args=args) if dtype else [None]
     ds = deployments(replace(args, model=m), fmts, needs_memory=True)
     if ds[0].engine == "sglang":
         from .sglang import sglang_capacity
@@ -613,7 +625,7 @@ def plot_capacity(
 
     m = load_model(model)
     args = _deployment_args(model=m, engine="vllm", **opts)
-    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
+    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m), args), needs_memory=True)
     _draw(capacity_figure(ds), output, as_json)
 
 

@@ -280,10 +280,14 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
     fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
+    fmt = _declared_kv(m, fmt, engine, notes)
     if m.mla is not None and m.mla.index_head_dim and fmt.name in ("fp8", "fp8_e4m3") and engine != "sglang":
         # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
         fmt = kv_format("fp8_ds_mla")
         notes.append("fp8 on a sparse-attention MLA model is vLLM's fp8_ds_mla: 656 B per token per layer")
+    unserved = fmt.unserved(engine, g)
+    if unserved:  # planned when named, as a what-if (the verdicts leave it out)
+        notes.append(f"{unserved}; planned with {'vLLM' if engine == 'vllm' else 'SGLang'}'s rules as if it did")
 
     # parallelism and the weights' format: what was said, else what the profile measured
     layout = {}
@@ -424,6 +428,32 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     return _resolve_vllm(args, prof, common, notes)
 
 
+def _declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str]) -> KVFormat:
+    """The KV format the engine stores for a checkpoint that declares its KV-cache quantization: `auto` becomes
+    the declared format where the engine reads the declaration (vLLM: EngineArgs.create_engine_config ->
+    resolve_kv_cache_dtype_string; SGLang: configure_kv_cache_dtype; see hf_config.declared_kv_cache), and vLLM
+    stores fp8 for a compressed-tensors kv_cache_scheme whatever was asked (Attention.__init__). An explicit
+    dtype wins otherwise, as in the engines."""
+    decl = m.kv_cache_dtype_declared
+    if decl is None:
+        return fmt
+    name = "vLLM" if engine == "vllm" else "SGLang"
+    if engine in decl.forced_in and fmt.name not in ("auto", decl.dtype):
+        notes.append(f"{name} stores an {decl.dtype} KV cache for this checkpoint whatever --kv-cache-dtype says "
+                     f"({decl.source}; model_executor/layers/attention/attention.py): {fmt.name} planned as "
+                     f"{decl.dtype}")
+        return kv_format(decl.dtype)
+    if fmt.name != "auto":
+        return fmt
+    if engine not in decl.engines:
+        notes.append(f"auto: the checkpoint's KV-cache declaration ({decl.source}) is not one {name} reads, so it "
+                     f"stores the model dtype")
+        return fmt
+    notes.append(f"auto: the checkpoint declares an fp8 KV cache ({decl.source}), so {name} stores "
+                 f"{decl.dtype}; --kv-cache-dtype bfloat16 keeps a 16-bit cache")
+    return kv_format(decl.dtype)
+
+
 def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
     m, g, fmt = common["model"], common["gpu"], common["kv"]
     version = args.engine_version or (prof.engine_version if prof is not None else None)
@@ -455,6 +485,9 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     defaults = serve_defaults(common["total_bytes"], g, rules, m.max_position_embeddings, entrypoint)
     batched = int(args.max_num_batched_tokens) if args.max_num_batched_tokens is not None else None
     seqs = int(args.max_num_seqs) if args.max_num_seqs is not None else None
+    seqs_final, batched_final = seqs or defaults.max_num_seqs, batched or defaults.max_num_batched_tokens
+    _scheduler_rules(seqs_final, batched_final, common["max_model_len"] or m.max_position_embeddings, notes,
+                     seqs is not None, batched is not None)
     d = Deployment(
         **common, engine_version=rules.version, gpu_memory_utilization=float(util), block_size=block,
         block_size_given=args.block_size is not None,
@@ -469,6 +502,23 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     if prof is not None:
         d = _with_profile(d, prof)
     return d
+
+
+def _scheduler_rules(seqs: int, batched: int, max_model_len, notes: list[str], seqs_given: bool,
+                     batched_given: bool) -> None:
+    """vLLM's SchedulerConfig checks at start (vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len,
+    called from __post_init__), in its words. Its refusal of max_num_batched_tokens < max_model_len applies only
+    with chunked prefill off, which kvplan does not plan (vLLM turns it on for every generative model)."""
+    if batched < seqs:
+        defaults = [f"{v} {o}" for o, v, given in (("max_num_batched_tokens", batched, batched_given),
+                                                   ("max_num_seqs", seqs, seqs_given)) if not given]
+        default = f"; {' and '.join(defaults)} is vllm serve's default here" if defaults else ""
+        raise KvplanError(f"vLLM refuses to start: max_num_batched_tokens ({batched}) must be greater than or equal "
+                          f"to max_num_seqs ({seqs}) (SchedulerConfig in vllm/config/scheduler.py{default}); raise "
+                          f"--max-num-batched-tokens to {seqs} or lower --max-num-seqs to {batched}")
+    if isinstance(max_model_len, int) and batched > seqs * max_model_len:
+        notes.append(f"vLLM warns: max_num_batched_tokens ({batched}) exceeds max_num_seqs * max_model_len "
+                     f"({seqs * max_model_len}). This may lead to unexpected behavior.")
 
 
 def _with_profile(d: Deployment, prof) -> Deployment:

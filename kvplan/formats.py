@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 from .errors import KvplanError, did_you_mean
 
@@ -60,6 +60,60 @@ def _data(bits: Optional[int]) -> Component:
     return Component("data", bits)
 
 
+Platform = Literal["cuda", "rocm", "hpu"]
+
+
+@dataclass(frozen=True)
+class Serves:
+    """One engine serving a format on one platform: from `min_cc` up on CUDA (compute capability, e.g. (9, 0)),
+    only on the majors in `cc_majors` where given. `source` names the engine file the fact is read from."""
+
+    engine: Literal["vllm", "sglang"]
+    platform: Platform
+    source: str
+    min_cc: tuple[int, int] = (0, 0)
+    cc_majors: tuple[int, ...] = ()
+
+    def on(self, gpu) -> bool:
+        if gpu is None:
+            return True
+        if _platform(gpu) != self.platform:
+            return False
+        if self.platform != "cuda":
+            return True
+        cc = _cc(gpu)
+        if cc is None:
+            return True
+        return cc >= self.min_cc and (not self.cc_majors or cc[0] in self.cc_majors)
+
+    def where(self) -> str:
+        if self.platform == "hpu":
+            return "Intel Gaudi (HPU)"
+        if self.platform == "rocm":
+            return "ROCm GPUs"
+        if self.cc_majors:
+            return "CUDA GPUs of compute capability " + " or ".join(f"{m}.x" for m in self.cc_majors)
+        if self.min_cc > (0, 0):
+            return f"CUDA GPUs of compute capability {self.min_cc[0]}.{self.min_cc[1]} and later"
+        return "CUDA GPUs"
+
+
+def _platform(gpu) -> str:
+    return "rocm" if getattr(gpu, "vendor", "nvidia") == "amd" else "cuda"
+
+
+def _cc(gpu) -> Optional[tuple[int, int]]:
+    text = getattr(gpu, "compute_capability", None) or ""
+    try:
+        major, minor = text.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
 @dataclass(frozen=True)
 class KVFormat:
     name: str
@@ -67,7 +121,8 @@ class KVFormat:
     description: str
     k: Side
     v: Side
-    engines: tuple[str, ...] = ("vllm",)
+    serves: tuple[Serves, ...] = ()  # every engine and platform that serves it (none: a what-if)
+    what_if: str = ""  # for a format no engine serves: where it comes from ("paper", "custom")
     applies_to: Literal["mha", "mla", "both"] = "both"
     mla: Optional[Side] = None  # explicit layout of the MLA latent; None: derived from the K side (see mla_bytes)
     align: int = 1  # K+V slot rounded up to a multiple of this many bytes
@@ -116,6 +171,31 @@ class KVFormat:
         return self.bytes_per_token_per_kv_head(head_dim, model_bits=model_bits) * 8 / (2 * head_dim)
 
     @property
+    def engines(self) -> tuple[str, ...]:
+        """The engines that serve it anywhere, or where it comes from when none does."""
+        served = tuple(dict.fromkeys(x.engine for x in self.serves))
+        return served or (self.what_if,)
+
+    def served_on(self, engine: str, gpu=None) -> bool:
+        """Whether `engine` serves it on `gpu` (on some GPU, where gpu is None)."""
+        return any(x.engine == engine and x.on(gpu) for x in self.serves)
+
+    def unserved(self, engine: str, gpu=None) -> Optional[str]:
+        """Why `engine` cannot run it on `gpu`, in one sentence; None where it can."""
+        if self.served_on(engine, gpu):
+            return None
+        if not self.serves:
+            return f"what-if: no engine serves {self.name} (a {self.what_if} format)"
+        name = ENGINE_NAMES.get(engine, engine)
+        here = f" on {gpu.name}" if gpu is not None else ""
+        mine = [x.where() for x in self.serves if x.engine == engine]
+        others = [ENGINE_NAMES[x.engine] for x in self.serves if x.engine != engine and x.on(gpu)]
+        why = f"{name} serves {self.name} only on {' and '.join(dict.fromkeys(mine))}" if mine else \
+            f"{name} does not serve {self.name}"
+        alt = f"; {' and '.join(dict.fromkeys(others))} does{here}" if others else ""
+        return f"what-if: {why}{alt}" if mine or others else f"what-if: {why}{here}"
+
+    @property
     def is_model_dtype(self) -> bool:
         return all(c.bits is None for c in self.k + self.v)
 
@@ -143,6 +223,7 @@ def _turboquant(name: str, key_bits: int, value_bits: int, norm_correction: bool
     v: Side = (Component("codes", value_bits), Component("scale_fp16", 16, "vector"), Component("zero_fp16", 16, "vector"))
     return KVFormat(
         name, "turboquant", description, k, v, applies_to="mha", align=2, default_skip="boundary",
+        serves=(Serves("vllm", "cuda", "vllm/v1/attention/backends/turboquant (its own backend, Triton kernels)"),),
         params={"key_bits": key_bits, "value_bits": value_bits, "norm_correction": norm_correction},
     )
 
@@ -158,10 +239,30 @@ def _kivi(bits: int, group: int = 32, residual: int = 128) -> KVFormat:
            Component("zero_fp16", 16, "token_group", group)),
         v=(Component("codes", bits), Component("scale_fp16", 16, "group", group),
            Component("zero_fp16", 16, "group", group)),
-        engines=("paper",), applies_to="mha", residual_tokens=residual,
+        what_if="paper", applies_to="mha", residual_tokens=residual,
         params={"bits": bits, "group": group, "residual": residual},
     )
 
+
+
+# Who serves what, read from the engines' sources (vLLM 0.19's backends' supported_kv_cache_dtypes and
+# supports_compute_capability; the dtypes added after 0.19 from the backend each release names for them; SGLang
+# 0.5's mem_cache/kv_cache_dtype.py configure_kv_cache_dtype, which accepts each of its dtypes without an
+# architecture check).
+_V = "vllm/v1/attention/backends/"
+_SG = "sglang/srt/mem_cache/kv_cache_dtype.py configure_kv_cache_dtype"
+_FLOAT = (Serves("vllm", "cuda", _V + "flash_attn.py, triton_attn.py supported_kv_cache_dtypes"),
+          Serves("vllm", "rocm", _V + "rocm_attn.py supported_kv_cache_dtypes"))
+# fp8: Triton (every capability) and FlashInfer (7.5 to 12.1) take fp8, fp8_e4m3 and fp8_e5m2 (FlashAttention
+# only e4m3, as FA3 on 9.x); ROCm's backend takes all three
+_FP8 = (Serves("vllm", "cuda", _V + "triton_attn.py, flashinfer.py supported_kv_cache_dtypes"),
+        Serves("vllm", "rocm", _V + "rocm_attn.py supported_kv_cache_dtypes"))
+_SGLANG = (Serves("sglang", "cuda", _SG), Serves("sglang", "rocm", _SG))
+# the per-token-head modes run on the Triton backend (supports_compute_capability: every GPU)
+_TRITON = (Serves("vllm", "cuda", _V + "triton_attn.py (the per-token-head modes)"),
+           Serves("vllm", "rocm", _V + "triton_attn.py (the per-token-head modes)"))
+# NVFP4 is written and read with the GPU's FP4 support: Blackwell (compute capability 10.0 and later)
+_FP4 = (10, 0)
 
 _SCALE_PAIR = (Component("scale_fp32", 32, "vector"),)
 
@@ -175,39 +276,46 @@ def _register(*formats: KVFormat) -> None:
 
 _register(
     KVFormat("auto", "float", "the model's dtype (bf16 for most checkpoints)", **_same(_data(None)),
-             engines=("vllm", "sglang")),
-    KVFormat("float16", "float", "fp16", **_same(_data(16)), aliases=("fp16",)),
-    KVFormat("bfloat16", "float", "bf16", **_same(_data(16)), engines=("vllm", "sglang"), aliases=("bf16",)),
+             serves=_FLOAT + _SGLANG),
+    KVFormat("float16", "float", "fp16", **_same(_data(16)), serves=_FLOAT, aliases=("fp16",)),
+    KVFormat("bfloat16", "float", "bf16", **_same(_data(16)), serves=_FLOAT + _SGLANG, aliases=("bf16",)),
     KVFormat("fp8", "fp8", "fp8 e4m3, per-tensor k/v scales held as layer parameters (not in the pool)",
-             **_same(_data(8)), engines=("vllm",)),
-    KVFormat("fp8_e4m3", "fp8", "fp8 e4m3, per-tensor scales", **_same(_data(8)), engines=("vllm", "sglang")),
+             **_same(_data(8)), serves=_FP8 + _SGLANG),  # SGLang's fp8_e4m3 (sglang_rules.SGLANG_DTYPES)
+    KVFormat("fp8_e4m3", "fp8", "fp8 e4m3, per-tensor scales", **_same(_data(8)), serves=_FP8 + _SGLANG),
     KVFormat("fp8_e5m2", "fp8", "fp8 e5m2 (wider range, less precision), per-tensor scales", **_same(_data(8)),
-             engines=("vllm", "sglang")),
-    KVFormat("fp8_inc", "fp8", "fp8 e4m3 for Intel Gaudi (INC)", **_same(_data(8))),
+             serves=_FP8 + _SGLANG),
+    # no CUDA or ROCm backend lists fp8_inc; vllm/config/cache.py: "Intel Gaudi (HPU) supports fp8 (using fp8_inc)"
+    KVFormat("fp8_inc", "fp8", "fp8 e4m3 for Intel Gaudi (INC)", **_same(_data(8)),
+             serves=(Serves("vllm", "hpu", "vllm/config/cache.py CacheConfig.cache_dtype (the Gaudi plugin)"),)),
     KVFormat("fp8_per_token_head", "per_token_head",
              "fp8 e4m3 with one fp32 scale per token per head, inline after the head (Triton backend)",
-             **_same(_data(8), *_SCALE_PAIR)),
+             **_same(_data(8), *_SCALE_PAIR), serves=_TRITON),
     KVFormat("int8_per_token_head", "per_token_head",
              "int8 with one fp32 scale per token per head, inline after the head (Triton backend)",
-             **_same(_data(8), *_SCALE_PAIR)),
+             **_same(_data(8), *_SCALE_PAIR), serves=_TRITON),
     KVFormat("int4_per_token_head", "per_token_head",
              "int4, two per byte, randomized-Hadamard rotated, one fp32 scale per token per head with the 4-bit "
              "zero point in its low mantissa bits",
-             **_same(_data(4), *_SCALE_PAIR)),
+             **_same(_data(4), *_SCALE_PAIR), serves=_TRITON),
     KVFormat("nvfp4", "nvfp4", "e2m1 pairs, one fp8 e4m3 scale per 16 values, fp32 global scale per layer "
              "(FlashInfer backend)", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)), applies_to="mha",
-             engines=("vllm", "sglang")),
+             serves=(Serves("vllm", "cuda", _V + "flashinfer.py (the NVFP4 cache)", _FP4),
+                     Serves("sglang", "cuda", _SG, _FP4))),
     KVFormat("nvfp4_4over6", "nvfp4", "the NVFP4 layout; each block of 16 picks max/6 or max/4 scaling at write "
              "time, whichever reconstructs better", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)),
-             applies_to="mha"),
+             applies_to="mha", serves=(Serves("vllm", "cuda", _V + "flashinfer.py (the NVFP4 cache)", _FP4),)),
     KVFormat("fp8_ds_mla", "mla", "DeepSeek MLA latent: 512 fp8 no-RoPE values, 4 fp32 scales (one per 128), "
              "64 bf16 RoPE values", k=(), v=(), applies_to="mla",
              mla=(Component("nope_fp8", 8, over="nope"), Component("scale_fp32", 32, "group", 128, over="nope"),
-                  Component("rope_bf16", 16, over="rope"))),
+                  Component("rope_bf16", 16, over="rope")),
+             serves=(Serves("vllm", "cuda", _V + "mla/flashmla_sparse.py supports_compute_capability (9.x, 10.x)",
+                            cc_majors=(9, 10)),)),
     KVFormat("nvfp4_ds_mla", "mla", "DeepSeek MLA latent: 512 e2m1 no-RoPE values with an fp8 scale per 16, "
              "64 fp8 RoPE values", k=(), v=(), applies_to="mla",
              mla=(Component("nope_e2m1", 4, over="nope"), Component("scale_e4m3", 8, "group", 16, over="nope"),
-                  Component("rope_fp8", 8, over="rope"))),
+                  Component("rope_fp8", 8, over="rope")),
+             serves=(Serves("vllm", "cuda", _V + "mla/flashmla_sparse.py (the NVFP4 latent: FP4, 10.x)",
+                            cc_majors=(10,)),)),
     _turboquant("turboquant_k8v4", 8, 4, False, "TurboQuant: fp8 keys, 4-bit uniform values (fp16 scale+zero)"),
     _turboquant("turboquant_4bit_nc", 4, 4, True,
                 "TurboQuant: Hadamard-rotated 4-bit Lloyd-Max keys with fp16 norm (norm-corrected), 4-bit values"),
@@ -216,9 +324,11 @@ _register(
     _turboquant("turboquant_3bit_nc", 3, 3, True,
                 "TurboQuant: rotated 3-bit Lloyd-Max keys with fp16 norm (norm-corrected), 3-bit values"),
     KVFormat("mxfp8", "mx", "SGLang: fp8 e4m3 with one e8m0 scale byte per 32 values",
-             **_same(_data(8), Component("scale_e8m0", 8, "group", 32)), engines=("sglang",), applies_to="mha"),
+             **_same(_data(8), Component("scale_e8m0", 8, "group", 32)), serves=(Serves("sglang", "cuda", _SG),),
+             applies_to="mha"),
     KVFormat("fp4_mx_block16", "mx", "SGLang: e2m1 pairs with one scale byte per 16 values",
-             **_same(_data(4), Component("scale_e8m0", 8, "group", 16)), engines=("sglang",), applies_to="mha"),
+             **_same(_data(4), Component("scale_e8m0", 8, "group", 16)),
+             serves=(Serves("sglang", "cuda", _SG, _FP4),), applies_to="mha"),
     _kivi(2),
     _kivi(4),
 )
@@ -302,7 +412,7 @@ def custom_format(spec: str) -> KVFormat:
     return KVFormat(
         canonical, "custom", f"custom: K {k_bits}-bit by {k_axis}, V {v_bits}-bit by {v_axis}, group {group or 'none'}, "
         f"scale {meta_bits[0][1]}, zero {meta_bits[1][1]}" + (f", {residual}-token residual" if residual else ""),
-        side(k_bits, k_axis), side(v_bits, v_axis), engines=("custom",), applies_to="mha", residual_tokens=residual,
+        side(k_bits, k_axis), side(v_bits, v_axis), what_if="custom", applies_to="mha", residual_tokens=residual,
     )
 
 
@@ -329,8 +439,11 @@ def kv_format(name: str) -> KVFormat:
     )
 
 
-def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "auto") -> list[KVFormat]:
-    """Formats named on the command line: repeated options, comma-separated lists, or 'all'."""
+def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "auto",
+                 served: Optional[Callable[[KVFormat], bool]] = None) -> list[KVFormat]:
+    """Formats named on the command line: repeated options, comma-separated lists, or 'all' (the catalog formats
+    `served` keeps: those the engine serves on the GPU; every one without it). A format named is kept whatever
+    serves it: planning it is a what-if, marked as one."""
     names: list[str] = []
     for v in values or [default]:
         # custom formats contain commas of their own: split only on commas that start a new dtype
@@ -338,7 +451,7 @@ def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "aut
         names += [p.strip() for p in parts if p.strip()]
     out: list[KVFormat] = []
     for n in names:
-        fmts = list(CATALOG.values()) if n.lower() == "all" else [kv_format(n)]
+        fmts = [f for f in CATALOG.values() if served is None or served(f)] if n.lower() == "all" else [kv_format(n)]
         for f in fmts:
             if f not in out:
                 out.append(f)
@@ -347,5 +460,8 @@ def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "aut
 
 def comparison_dtypes(model) -> list[str]:
     """The KV dtypes a comparison shows by default: the model's own and its fp8 cache (fp8_ds_mla for MLA, the
-    only fp8 layout vLLM's MLA backends store)."""
+    only fp8 layout vLLM's MLA backends store). A checkpoint that declares an fp8 KV cache stores fp8 under auto:
+    its comparison is with a 16-bit cache."""
+    if getattr(model, "kv_cache_dtype_declared", None) is not None:
+        return ["auto", "bfloat16"]
     return ["auto", "fp8_ds_mla" if model.is_mla else "fp8"]

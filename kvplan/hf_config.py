@@ -362,6 +362,53 @@ _MODELOPT_FORMATS = {"FP8": "fp8", "NVFP4": "nvfp4", "W4A16_NVFP4": "nvfp4", "FP
                      "FP8_BLOCK": "fp8_block128"}
 
 
+def declared_kv_cache(q: dict, method: str) -> Optional[dict]:
+    """The KV cache a quantized checkpoint declares, as each engine reads it for `--kv-cache-dtype auto` (None where
+    it declares none, or none an engine reads). `q` is the quantization config (hf_quant_config.json's
+    "quantization" section, or config.json's quantization_config); `method` its quant_method.
+
+    vLLM: vllm/utils/torch_utils.py get_kv_cache_quant_algo_string (called by resolve_kv_cache_dtype_string from
+    EngineArgs.create_engine_config) reads a ModelOpt config's kv_cache_scheme, else its kv_cache_quant_algo: a
+    string "fp8" (any case) is fp8_e4m3 (MODELOPT_TO_VLLM_KV_CACHE_DTYPE_MAP), a dict is fp8 only when static
+    (dynamic false), 8 bits and of type float; anything else stays auto. For compressed-tensors,
+    model_executor/layers/attention/attention.py Attention.__init__ sets the cache dtype to fp8 whenever the
+    config has a kv_cache_scheme, whatever --kv-cache-dtype says.
+    SGLang: mem_cache/kv_cache_dtype.py configure_kv_cache_dtype takes fp8_e4m3 when the quantization config's
+    kv_cache_quant_algo is "FP8": ModelOpt's (layers/quantization/modelopt_quant.py from_config: a kv_cache_scheme
+    dict of type float and 8 bits, else kv_cache_quant_algo) or compressed-tensors' (compressed_tensors.py
+    kv_cache_quant_algo: a static, symmetric, per-tensor 8-bit float kv_cache_scheme)."""
+    scheme, algo = q.get("kv_cache_scheme"), q.get("kv_cache_quant_algo")
+    if method == "compressed-tensors":
+        if not isinstance(scheme, dict):
+            return None
+        sglang = (scheme.get("type") == "float" and scheme.get("num_bits") == 8 and scheme.get("strategy") == "tensor"
+                  and scheme.get("symmetric", True) and not scheme.get("dynamic", False))
+        return {"dtype": "fp8", "source": f"kv_cache_scheme {_scheme_text(scheme)} (compressed-tensors)",
+                "engines": ("vllm", "sglang") if sglang else ("vllm",), "forced_in": ("vllm",)}
+    if method != "modelopt":
+        return None
+    declared = scheme or algo
+    if isinstance(declared, dict):
+        vllm = declared.get("dynamic") is False and declared.get("num_bits") == 8 and declared.get("type") == "float"
+    else:
+        vllm = isinstance(declared, str) and declared.lower() == "fp8"
+    if isinstance(scheme, dict):
+        sglang = scheme.get("type") == "float" and scheme.get("num_bits") == 8
+    else:
+        sglang = isinstance(algo, str) and algo.upper() == "FP8"
+    engines = tuple(e for e, reads in (("vllm", vllm), ("sglang", sglang)) if reads)
+    if not engines:
+        return None
+    key = "kv_cache_scheme" if scheme else "kv_cache_quant_algo"
+    return {"dtype": "fp8_e4m3", "source": f"{key} {_scheme_text(declared)}", "engines": engines}
+
+
+def _scheme_text(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in value.items()) + "}"
+    return str(value)
+
+
 def _modelopt_mixed(q: "_Fields", path: Path | str) -> dict:
     """A ModelOpt MIXED_PRECISION checkpoint: quantized_layers names each linear layer's algorithm, which vLLM
     (ModelOptMixedPrecisionConfig) loads layer by layer; a layer it does not name stays in the model dtype. kvplan
@@ -936,6 +983,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             method = "modelopt"
         block = q.items("weight_block_size", _is_int, "a list of whole numbers such as [128, 128]")
         bits = q.integer("bits", minimum=1)
+        declared = declared_kv_cache(q.data, method)
+        if declared:
+            out["kv_cache_dtype_declared"] = declared
         if method == "compressed-tensors":
             out["weight_dtype"] = compressed_tensors_format(q, path)
             scope = _ignored_scope(q.items("ignore", lambda x: isinstance(x, str), "a list of module names") or [])

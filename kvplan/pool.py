@@ -541,8 +541,6 @@ def capacity_of(d) -> CapacityResult:
         b = plan.binding.layers_range
         notes.append(f"pipeline stages of {', '.join(str(len(st.layers_range)) for st in plan.stages)} layers; the "
                      f"stage with layers {b.start}-{b.stop - 1} holds the fewest blocks and sets the pool")
-    if "vllm" not in fmt.engines:
-        notes.append(f"{fmt.name} is not a vLLM cache dtype; planned with vLLM's rules as a what-if")
     if any(lay.kind == "chunked" for lay in layers):
         notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
     nk = plan.non_kv.to_dict()

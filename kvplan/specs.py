@@ -211,6 +211,17 @@ class VisionSpec(_Frozen):
     keeps_hidden_states: bool = Field(False, description="features from several layers: every hidden state kept")
 
 
+class KVCacheDeclared(_Frozen):
+    """The KV-cache quantization a checkpoint declares (ModelOpt's kv_cache_quant_algo or kv_cache_scheme, an
+    llm-compressor kv_cache_scheme): the cache dtype an engine takes for `--kv-cache-dtype auto`."""
+
+    dtype: str = Field(description="the KV format the engines store (a `kvplan formats` name)")
+    source: str = Field(description="where the checkpoint says so, e.g. hf_quant_config.json kv_cache_quant_algo FP8")
+    engines: tuple[Literal["vllm", "sglang"], ...] = Field(description="the engines that read this declaration")
+    forced_in: tuple[Literal["vllm", "sglang"], ...] = Field(
+        (), description="engines that store it whatever --kv-cache-dtype says (vLLM for a compressed-tensors scheme)")
+
+
 class ModelSpec(_Frozen):
     name: str
     aliases: tuple[str, ...] = ()
@@ -300,6 +311,8 @@ class ModelSpec(_Frozen):
     notes: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     origin: Optional[str] = Field(None, description="how this spec was found, when it stands in for the one named")
+    kv_cache_dtype_declared: Optional[KVCacheDeclared] = Field(
+        None, description="the KV-cache quantization the checkpoint declares (what `auto` resolves to)")
     vllm_until: Optional[str] = Field(None, description="the last vLLM release that serves this architecture, where "
                                       "a later one removed it")
 
@@ -638,7 +651,13 @@ def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
                 q = read_json(quant, "file", "pass the hf_quant_config.json ModelOpt wrote beside the config")
                 q = q.get("quantization", q) if isinstance(q, dict) else q
                 cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **q} if isinstance(q, dict) else q}
+                declared_in = "hf_quant_config.json"
+            else:
+                declared_in = "config.json quantization_config"
             fields = model_from_hf_config(cfg, path)
+            if fields.get("kv_cache_dtype_declared"):
+                decl = fields["kv_cache_dtype_declared"]
+                fields["kv_cache_dtype_declared"] = {**decl, "source": f"{declared_in} {decl['source']}"}
             held = checkpoint_tensors(path.parent)
             if held:
                 fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]
