@@ -614,7 +614,15 @@ def _resolve(kind: Literal["models", "hardware"], name: str):
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.endswith((".yaml", ".yml", ".json")) or os.sep in name or name.startswith(".")
+    """A file name, or a name that is a file or a snapshot folder here: what exists on disk wins over a catalog
+    entry of the same name (a snapshot folder named Llama-3.1-8B is that folder's model)."""
+    if name.endswith((".yaml", ".yml", ".json")) or os.sep in name or name.startswith("."):
+        return True
+    try:
+        path = Path(name)
+        return path.is_file() or (path / "config.json").is_file()
+    except (OSError, ValueError):  # a name no file system can hold (NUL, too long)
+        return False
 
 
 def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
@@ -644,7 +652,21 @@ def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
                 fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]
             return _build(ModelSpec, fields, path)
         return _build(ModelSpec, read_yaml(path, "file", hint), path)
-    return _resolve("models", name_or_path)
+    try:
+        return _resolve("models", name_or_path)
+    except KvplanError:
+        if _is_dir(name_or_path):
+            raise KvplanError(f"unknown model '{name_or_path}': the folder {name_or_path} holds no config.json; pass a "
+                              "snapshot folder (config.json inside), a config.json or a YAML spec, or name a catalog "
+                              "model (`kvplan models` lists them)") from None
+        raise
+
+
+def _is_dir(name: str) -> bool:
+    try:
+        return Path(name).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def checkpoint_elements(folder: Path) -> Optional[int]:

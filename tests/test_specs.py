@@ -144,3 +144,33 @@ def test_alias_lookup_builds_only_the_entry_named():
         assert specs._load_catalog_file.cache_info().currsize == 1
     finally:
         specs._load_catalog_file.cache_clear()
+
+
+def test_a_folder_or_file_on_disk_wins_over_the_catalog(cli, fixtures, tmp_path, monkeypatch):
+    """A snapshot folder named like a catalog model is that folder's model, and a bare relative name works as ./name
+    does: what exists on disk is what the user pointed at."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    cfg = json.loads((fixtures / "llama3-8b.config.json").read_text())
+    cfg["num_hidden_layers"] = 16
+    for folder in ("Llama-3.1-8B", "snap"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text(json.dumps(cfg))
+    # K and V x 16 layers x 8 KV heads x head_dim 128 x 2 bytes (bf16) = 65,536 B/token; the catalog's
+    # Llama-3.1-8B has 32 layers: 131,072
+    per_token = 2 * 16 * cfg["num_key_value_heads"] * 128 * 2
+    assert per_token == 65_536
+    for name in ("Llama-3.1-8B", "snap", "./snap"):
+        r = cli("crossover", name, "--json")
+        assert r.code == 0, r.err
+        assert json.loads(r.out)["kv_bytes_per_token"] == per_token, name
+    (tmp_path / "spec").write_text((fixtures / "tiny-model.yaml").read_text())  # a YAML spec without its suffix
+    assert cli("crossover", "spec", "--json").code == 0
+    # a folder without a config.json is no model: said so, and the catalog name still works beside such a folder
+    (tmp_path / "adir").mkdir()
+    r = cli("crossover", "adir")
+    assert r.code == 2 and r.err.startswith("kvplan: error: unknown model 'adir': the folder adir holds no "
+                                            "config.json; pass a snapshot folder") and "\n" == r.err[-1]
+    (tmp_path / "llama3-8b").mkdir()
+    assert json.loads(cli("crossover", "llama3-8b", "--json").out)["kv_bytes_per_token"] == 131_072
