@@ -356,11 +356,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     elif mlen is not None:
         _positive("max_model_len", mlen, integer=True)
         mlen = int(mlen)
-        if mlen > m.max_position_embeddings and m.attention_layers:  # nothing positional limits a state-space model
-            raise KvplanError(
-                f"--max-model-len {mlen} exceeds {m.name}'s max_position_embeddings {m.max_position_embeddings}; "
-                f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer "
-                f"context)")
+        refused = max_len_refusal(m, mlen, engine)
+        if refused:
+            raise KvplanError(refused)
     if mlen == "auto" and engine == "sglang":
         raise KvplanError("--max-model-len auto is vLLM's; SGLang takes a context length (or its model's)")
 
@@ -578,3 +576,11 @@ def deployments(args: DeploymentArgs, dtypes, *, needs_memory: bool = False) -> 
     args = replace(args, profile=_load_profile(args.profile))
     return [resolve(replace(args, kv_cache_dtype=f), needs_memory=needs_memory) for f in dtypes]
 
+
+def max_len_refusal(m, mlen: int, engine: str = "vllm") -> Optional[str]:
+    """Why the engine refuses a max_model_len beyond the model's own (None when it takes it); nothing positional
+    limits a state-space model."""
+    if mlen <= m.max_position_embeddings or not m.attention_layers:
+        return None
+    return (f"--max-model-len {mlen} exceeds {m.name}'s max_position_embeddings {m.max_position_embeddings}; "
+            f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer context)")
