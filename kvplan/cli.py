@@ -144,26 +144,39 @@ def _show(as_json: bool, data, table: str, *args) -> None:
         getattr(render, table)(*args)
 
 
+MAX_SIZE = 2**53  # the largest token count or batch: beyond it float64 arithmetic no longer holds whole numbers
+
+
 def _sizes(values: Optional[List[str]], option: str) -> list[int]:
     """Token counts from the command line: 131072, 128k (x1024), 2m (x1024^2), comma-separated or repeated; each a
-    whole number (1.5k is 1,536; 1.5 is refused)."""
+    whole number (1.5k is 1,536; 1.5 is refused), read exactly, at most 2**53; exponent notation (1e6) is refused."""
+    import re
+    from fractions import Fraction
+
     from .errors import KvplanError
 
     out: list[int] = []
     for v in values or []:
         for part in filter(None, (p.strip().lower() for p in v.split(","))):
-            mult = {"k": 1024, "m": 1024**2}.get(part[-1], 1)
-            digits = part[:-1] if mult > 1 else part
-            try:
-                x = float(digits) * mult
-            except ValueError:
-                raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k") from None
-            if x != x or x in (float("inf"), float("-inf")) or not x.is_integer():
+            m = re.fullmatch(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([km]?)", part)
+            if m is None:
+                e = re.fullmatch(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)e[+-]?[0-9]{1,4})([km]?)", part)
+                if e:
+                    x = Fraction(e.group(1)) * {"k": 1024, "m": 1024**2, "": 1}[e.group(2)]
+                    digits = (f"write the digits ({int(x)})" if x.denominator == 1 and 1 <= x <= MAX_SIZE else
+                              f"write a whole number from 1 to 2**53 ({MAX_SIZE:,})")
+                    raise KvplanError(f"{option} '{part}': exponent notation is not taken; {digits} or use k or m "
+                                      f"(128k, 2m)")
+                raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k")
+            x = Fraction(m.group(2)) * {"k": 1024, "m": 1024**2, "": 1}[m.group(3)] * (-1 if m.group(1) == "-" else 1)
+            if x.denominator != 1:
                 raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k")
             if x < 1:
                 raise KvplanError(f"{option} must be at least 1, got {part}")
-            # whole numbers exactly as typed (a float holds only 53 bits: 2**53 + 1 would become 2**53)
-            out.append(int(digits) * mult if digits.isascii() and digits.isdigit() else int(x))
+            if x > MAX_SIZE:
+                raise KvplanError(f"{option} '{part}': at most 2**53 ({MAX_SIZE:,}), the largest whole number "
+                                  f"kvplan's arithmetic holds exactly")
+            out.append(int(x))
     return out
 
 
