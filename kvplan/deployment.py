@@ -276,6 +276,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
             raise KvplanError(f"the profile was measured on {measured_on.name}, not {g.name}: its memory and "
                               f"overheads are that GPU's (drop --gpu, or import a startup log from {g.name})")
         g = measured_on
+    if g is None and args.calibration is not None:  # the GPU the calibration profile was measured on
+        g = _calibration_gpu(args.calibration)
+        notes.append(f"GPU taken from the calibration profile: {g.name}, the GPU it was measured on")
     fmt_arg = args.kv_cache_dtype
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
@@ -569,6 +572,23 @@ def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
         raise KvplanError(f"the calibration profile {path} was measured on {measured}, not {gpu.name}; measure this "
                           f"GPU (`kvplan measure`) or drop --gpu")
     return cal, str(path)
+
+
+def _calibration_gpu(path) -> GPUSpec:
+    """The catalog GPU a calibration profile was measured on (its device name: the catalog's, or nvidia-smi's)."""
+    from .calibration import CalibrationProfile, load_calibration
+    from .specs import load_catalog
+
+    cal = path if isinstance(path, CalibrationProfile) else load_calibration(path)
+    where = "the calibration profile" if isinstance(path, CalibrationProfile) else f"the calibration profile {path}"
+    measured = str(cal.device.get("name") or "")
+    if not measured:
+        raise KvplanError(f"{where} does not name the GPU it was measured on; pass --gpu")
+    for g in load_catalog("hardware"):
+        if measured in (g.name, g.smi_name):
+            return g
+    raise KvplanError(f"{where} was measured on {measured}, a GPU kvplan's catalog does not hold; pass --gpu (a "
+                      f"catalog name or a YAML spec)")
 
 
 def deployments(args: DeploymentArgs, dtypes, *, needs_memory: bool = False) -> list[Deployment]:
