@@ -11,7 +11,7 @@ from .engine import SkipLayers, WeightRead
 from .formats import KVFormat, comparison_dtypes
 from .kv_crossover import CrossoverResult, crossover_of
 from .pool import CapacityResult, PoolPlan, capacity_of, plan_for
-from .specs import GPUSpec, ModelSpec, load_model
+from .specs import GPUSpec, ModelSpec, load_model_as
 from .steady import ThroughputResult, throughput_of
 
 
@@ -67,7 +67,7 @@ def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequ
         >>> [round(x.tpot_ms, 1) for x in r.rows]   # doctest: +SKIP
     """
     if not isinstance(model, ModelSpec):
-        model = load_model(model)
+        model = load_model_as(model, options.get("weight_dtype"))
     args = DeploymentArgs(model=model, gpu=gpu, **options)
     if kv_cache_dtypes is None:
         kv_cache_dtypes = comparison_dtypes(model)

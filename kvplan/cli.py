@@ -271,11 +271,11 @@ def crossover(
     from .deployment import deployments
     from .errors import KvplanError
     from .kv_crossover import crossover_of
-    from .specs import load_model
+    from .specs import load_model_as
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
-    m = load_model(model)
+    m = load_model_as(model, weight_dtype)
     args = _deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype,
                             skip_layers=skip_layers, calibration=calibration)
     ds = deployments(args, _formats_for(m, dtype))
@@ -314,7 +314,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
     from .deployment import deployments
     from .errors import KvplanError
     from .formats import comparison_dtypes
-    from .specs import load_model
+    from .specs import load_model_as
     from .steady import throughput_of
 
     for name, v in (("--isl", isl), ("--osl", osl)):
@@ -323,7 +323,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
                               f"tokens (e.g. {name} 1024)")
     if gpu is None:
         raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
-    m = load_model(model)
+    m = load_model_as(model, deployment.get("weight_dtype"))
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
     ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
     return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
@@ -442,14 +442,14 @@ def capacity(
 
     from .deployment import deployments
     from .formats import parse_dtypes
-    from .specs import load_model
+    from .specs import load_model, load_model_as
 
     args = _deployment_args(model=model, **opts)
     if model is None and profile is None:
         _capacity_listing(args, parse_dtypes(dtype), as_json)
         return
     args = _with_profile(args)
-    m = load_model(model) if model else load_model(args.profile.model)
+    m = load_model_as(model, weight_dtype) if model else load_model(args.profile.model)
     fmts = _formats_for(m, dtype) if dtype else [None]
     ds = deployments(replace(args, model=m), fmts, needs_memory=True)
     if ds[0].engine == "sglang":
@@ -534,9 +534,9 @@ def plot_crossover(
     from .deployment import deployments
     from .errors import KvplanError
     from .plots import crossover_figure
-    from .specs import load_model
+    from .specs import load_model_as
 
-    m = load_model(model)
+    m = load_model_as(model, weight_dtype)
     from .formats import comparison_dtypes
 
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
@@ -613,11 +613,11 @@ def plot_capacity(
     opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json", "output")}
     from .deployment import deployments
     from .plots import capacity_figure
-    from .specs import load_model
+    from .specs import load_model_as
 
     from .formats import comparison_dtypes
 
-    m = load_model(model)
+    m = load_model_as(model, opts.get("weight_dtype"))
     args = _deployment_args(model=m, engine="vllm", **opts)
     ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
     _draw(capacity_figure(ds), output, as_json)
@@ -1057,10 +1057,15 @@ def models_show(
 ) -> None:
     """Show one model spec, with its computed parameter count and, for a snapshot folder or a Hugging Face id, the
     checkpoint's own from its safetensors headers (no weights downloaded), and whether the two agree."""
+    from .errors import KvplanError, UnmodelledWeights
     from .specs import load_model
     from .weights import active_param_count, param_count
 
-    m = load_model(name, checkpoint=True)
+    try:
+        m = load_model(name, checkpoint=True)
+    except UnmodelledWeights as e:
+        raise KvplanError(f"{e.problem}; `models show` shows the checkpoint as it is: capacity, crossover, "
+                          f"throughput and sweep plan it with --weight-dtype") from None
     extra = {"computed_params": param_count(m)}
     table = {}
     if m.checkpoint_params:  # what the safetensors hold, beside the architecture's count

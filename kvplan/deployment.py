@@ -24,7 +24,7 @@ from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .profile import load_profile
 from .sglang_rules import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
-from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model
+from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model, load_model_as
 from .weights import weight_format
 
 GiB = 2**30
@@ -245,7 +245,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         model = prof.model
     if model is None:
         raise KvplanError("no model: name one (a catalog name, a YAML spec or a config.json)")
-    m = model if isinstance(model, ModelSpec) else load_model(model)
+    m = model if isinstance(model, ModelSpec) else load_model_as(model, args.weight_dtype)
     if m.origin:
         notes.append(m.origin)
     if prof is not None and prof.model != m.name:

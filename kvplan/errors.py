@@ -9,6 +9,15 @@ class KvplanError(Exception):
     """
 
 
+class UnmodelledWeights(KvplanError):
+    """A checkpoint's weight quantization kvplan does not model; --weight-dtype plans the weights instead. `problem`
+    says where and what, `what` names the scheme, `formats` suggests weight dtypes."""
+
+    def __init__(self, problem: str, what: str, formats: str = "fp8, int8, int4_g128, mxfp4, nvfp4"):
+        super().__init__(f"{problem}; pass --weight-dtype ({formats}) to plan the weights in that format")
+        self.problem, self.what = problem, what
+
+
 def did_you_mean(name: str, choices: list[str]) -> str:
     """A ' (did you mean X?)' suffix for an unknown name, or '' when nothing is close."""
     import difflib

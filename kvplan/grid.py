@@ -24,7 +24,7 @@ from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .deployment import DeploymentArgs, max_len_refusal
 from .pool import _longest_fitting, length_problem, plan_for, pool_problem, sampler_problem
-from .specs import GPUSpec, ModelSpec, load_gpu, load_model
+from .specs import GPUSpec, ModelSpec, load_gpu, load_model_as
 from .weights import weight_bytes
 
 COLUMNS = (
@@ -63,7 +63,8 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     import numpy as np
     import pandas as pd
 
-    mspecs = _unique_by_name([m if isinstance(m, ModelSpec) else load_model(m) for m in models])
+    mspecs = _unique_by_name([m if isinstance(m, ModelSpec) else load_model_as(m, options.get("weight_dtype"))
+                              for m in models])
     gspecs = _unique_by_name([g if isinstance(g, GPUSpec) else load_gpu(g) for g in gpus])
     fmts = _unique_by_name([d if isinstance(d, KVFormat) else kv_format(d) for d in dtypes])
     for name, values in (("max_model_lens", max_model_lens), ("batches", batches), ("contexts", contexts)):

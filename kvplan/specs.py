@@ -15,7 +15,7 @@ from typing import ClassVar, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import KvplanError, did_you_mean
+from .errors import KvplanError, UnmodelledWeights, did_you_mean
 from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from .hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
 from .memo import per_spec
@@ -625,13 +625,14 @@ def _looks_like_path(name: str) -> bool:
         return False
 
 
-def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
+def load_model(name_or_path: str, checkpoint: bool = False, unquantized: bool = False) -> ModelSpec:
     """A model by catalog name or alias, a path to a YAML spec, a Hugging Face config.json or snapshot folder, or a
     Hugging Face id (org/name: the local Hugging Face cache, else the Hub with the hub extra, else the catalog
     model of that architecture). With `checkpoint`, a Hugging Face id's checkpoint count comes from its safetensors
-    headers on the Hub (or kvplan's cache of them) where its snapshot holds no weights."""
+    headers on the Hub (or kvplan's cache of them) where its snapshot holds no weights. With `unquantized`, a
+    config.json's quantization_config is set aside (the weights' format is given separately: --weight-dtype)."""
     if looks_like_repo_id(name_or_path):
-        return _model_for_repo_id(name_or_path, checkpoint)
+        return _model_for_repo_id(name_or_path, checkpoint, unquantized)
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         hint = "name a catalog model, a YAML spec or a config.json"
@@ -646,6 +647,8 @@ def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
                 q = read_json(quant, "file", "pass the hf_quant_config.json ModelOpt wrote beside the config")
                 q = q.get("quantization", q) if isinstance(q, dict) else q
                 cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **q} if isinstance(q, dict) else q}
+            if unquantized and isinstance(cfg, dict):
+                cfg = _without_quantization(cfg)
             fields = model_from_hf_config(cfg, path)
             held = checkpoint_tensors(path.parent)
             if held:
@@ -667,6 +670,28 @@ def _is_dir(name: str) -> bool:
         return Path(name).is_dir()
     except (OSError, ValueError):
         return False
+
+
+def load_model_as(name_or_path: str, weight_dtype: Optional[str] = None, checkpoint: bool = False) -> ModelSpec:
+    """load_model, where a weight format given (--weight-dtype) stands in for a checkpoint quantization kvplan does
+    not model; the model's origin says so."""
+    try:
+        return load_model(name_or_path, checkpoint)
+    except UnmodelledWeights as e:
+        if weight_dtype is None:
+            raise
+        what = e.what
+    m = load_model(name_or_path, checkpoint, unquantized=True)
+    note = f"the checkpoint's {what} is not modelled: its weights are planned as --weight-dtype {weight_dtype}"
+    return m.model_copy(update={"origin": "; ".join(filter(None, (m.origin, note)))})
+
+
+def _without_quantization(cfg: dict) -> dict:
+    """A config.json without its quantization_config (nor its text_config's)."""
+    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    if isinstance(cfg.get("text_config"), dict):
+        cfg["text_config"] = {k: v for k, v in cfg["text_config"].items() if k != "quantization_config"}
+    return cfg
 
 
 def checkpoint_elements(folder: Path) -> Optional[int]:
@@ -714,11 +739,11 @@ def checkpoint_tensors(folder: Path) -> Optional[dict]:
     return {"elements": total, "dtypes": dict(sorted(dtypes.items()))} if found and total else None
 
 
-def _model_for_repo_id(name: str, checkpoint: bool = False) -> ModelSpec:
+def _model_for_repo_id(name: str, checkpoint: bool = False, unquantized: bool = False) -> ModelSpec:
     repo, revision = split_revision(name)
     try:
         config = fetch_config(repo, revision)
-        spec = load_model(str(config))
+        spec = load_model(str(config), unquantized=unquantized)
     except KvplanError as fetch_error:
         if "catalog" not in str(fetch_error) and "HF_HUB_OFFLINE" not in str(fetch_error):
             raise
