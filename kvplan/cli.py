@@ -311,7 +311,7 @@ TpotOpt = Annotated[Optional[float], typer.Option(
 def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
                 tpot_ms, ttft_ms, percentile: str = "mean", num_prompts: Optional[int] = None, **deployment):
     """The throughput table both `throughput` and `plot throughput` show (kvplan.steady)."""
-    from .deployment import deployments
+    from .deployment import deployments, engine_of
     from .errors import KvplanError
     from .formats import comparison_dtypes
     from .specs import load_model_as
@@ -325,7 +325,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
         raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
     m = load_model_as(model, deployment.get("weight_dtype"))
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
-    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m)), needs_memory=True)
+    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m, engine_of(args))), needs_memory=True)
     return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
                             _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts)
 

@@ -221,12 +221,21 @@ def _skip_value(v) -> Optional[tuple]:
     return parse_skip_layers(str(v))
 
 
+def engine_of(args: DeploymentArgs, prof=None) -> str:
+    """The engine the arguments name: --engine, else the deployment profile's (`prof`, when already read), else
+    vLLM."""
+    if args.engine:
+        return str(args.engine).lower()
+    prof = prof if prof is not None else _load_profile(args.profile)
+    return prof.engine.lower() if prof is not None else "vllm"
+
+
 def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     """Every default decided and every value checked, once. `needs_memory`: the question is the pool's size, so a
     GPU (or a memory total, a pool size or a block count) is required."""
     notes: list[str] = []
     prof = _load_profile(args.profile)
-    engine = (args.engine or (prof.engine if prof is not None else "vllm")).lower()
+    engine = engine_of(args, prof)
     if engine not in ENGINES:
         raise KvplanError(f"--engine {args.engine}: choose vllm or sglang")
     if prof is not None and prof.engine != engine:
