@@ -18,6 +18,15 @@ class UnmodelledWeights(KvplanError):
         self.problem, self.what = problem, what
 
 
+class HubUnavailable(KvplanError):
+    """A Hugging Face id's config.json could not be had from the Hub: no hub extra, HF_HUB_OFFLINE, or the Hub out
+    of reach. `why` says which, for the note of a catalog model planned in its place."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
+
+
 def did_you_mean(name: str, choices: list[str]) -> str:
     """A ' (did you mean X?)' suffix for an unknown name, or '' when nothing is close."""
     import difflib

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import KvplanError, UnmodelledWeights, did_you_mean
+from .errors import HubUnavailable, KvplanError, UnmodelledWeights, did_you_mean
 from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from .hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
 from .memo import per_spec
@@ -743,17 +743,14 @@ def _model_for_repo_id(name: str, checkpoint: bool = False, unquantized: bool = 
     repo, revision = split_revision(name)
     try:
         config = fetch_config(repo, revision)
-        spec = load_model(str(config), unquantized=unquantized)
-    except KvplanError as fetch_error:
-        if "catalog" not in str(fetch_error) and "HF_HUB_OFFLINE" not in str(fetch_error):
-            raise
+    except HubUnavailable as fetch_error:
         try:  # without the Hub: the catalog model of that architecture, when there is one
             spec = catalog_model_for_repo(repo)
         except KvplanError:
             raise fetch_error from None
         return spec.model_copy(update={"origin": f"'{repo}' planned as the catalog's {spec.name} (the same "
-                                                 f"architecture); its own config.json needs the Hugging Face cache "
-                                                 f"or the hub extra"})
+                                                 f"architecture); {fetch_error.why}"})
+    spec = load_model(str(config), unquantized=unquantized)
     if not checkpoint or spec.checkpoint_params:  # a snapshot with its weights already counts them
         return spec
     summary, why = checkpoint_summary(repo, revision, config)
