@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .deployment import Deployment, DeploymentArgs, deployments
+from .deployment import Deployment, DeploymentArgs, deployments, engine_of
 from .engine import SkipLayers, WeightRead
 from .formats import KVFormat, comparison_dtypes
 from .kv_crossover import CrossoverResult, crossover_of
 from .pool import CapacityResult, PoolPlan, capacity_of, plan_for
-from .specs import GPUSpec, ModelSpec, load_model
+from .specs import GPUSpec, ModelSpec, load_model_as
 from .steady import ThroughputResult, throughput_of
 
 
@@ -60,17 +60,17 @@ def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequ
                ttft_ms: Optional[float] = None, percentile: str = "mean", num_prompts: Optional[int] = None,
                request_rate: Optional[float] = None, **options) -> ThroughputResult:
     """The throughput table for a model on a GPU, as `kvplan throughput` prints it: `kv_cache_dtypes` defaults to
-    the model's own and its fp8 cache (fp8_ds_mla on MLA models), `options` are kvplan.deployment.DeploymentArgs
+    the model's own and the engine's fp8 cache (fp8_ds_mla on MLA models under vLLM), `options` are kvplan.deployment.DeploymentArgs
     fields (tp, weight_dtype, engine, calibration, max_num_batched_tokens, ...).
 
         >>> r = throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[16])
         >>> [round(x.tpot_ms, 1) for x in r.rows]   # doctest: +SKIP
     """
     if not isinstance(model, ModelSpec):
-        model = load_model(model)
+        model = load_model_as(model, options.get("weight_dtype"))
     args = DeploymentArgs(model=model, gpu=gpu, **options)
     if kv_cache_dtypes is None:
-        kv_cache_dtypes = comparison_dtypes(model)
+        kv_cache_dtypes = comparison_dtypes(model, engine_of(args))
     ds = deployments(args, list(kv_cache_dtypes), needs_memory=True)
     return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms, percentile, num_prompts,
                          request_rate=request_rate)

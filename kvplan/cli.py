@@ -144,26 +144,39 @@ def _show(as_json: bool, data, table: str, *args) -> None:
         getattr(render, table)(*args)
 
 
+MAX_SIZE = 2**53  # the largest token count or batch: beyond it float64 arithmetic no longer holds whole numbers
+
+
 def _sizes(values: Optional[List[str]], option: str) -> list[int]:
     """Token counts from the command line: 131072, 128k (x1024), 2m (x1024^2), comma-separated or repeated; each a
-    whole number (1.5k is 1,536; 1.5 is refused)."""
+    whole number (1.5k is 1,536; 1.5 is refused), read exactly, at most 2**53; exponent notation (1e6) is refused."""
+    import re
+    from fractions import Fraction
+
     from .errors import KvplanError
 
     out: list[int] = []
     for v in values or []:
         for part in filter(None, (p.strip().lower() for p in v.split(","))):
-            mult = {"k": 1024, "m": 1024**2}.get(part[-1], 1)
-            digits = part[:-1] if mult > 1 else part
-            try:
-                x = float(digits) * mult
-            except ValueError:
-                raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k") from None
-            if x != x or x in (float("inf"), float("-inf")) or not x.is_integer():
+            m = re.fullmatch(r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([km]?)", part)
+            if m is None:
+                e = re.fullmatch(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)e[+-]?[0-9]{1,4})([km]?)", part)
+                if e:
+                    x = Fraction(e.group(1)) * {"k": 1024, "m": 1024**2, "": 1}[e.group(2)]
+                    digits = (f"write the digits ({int(x)})" if x.denominator == 1 and 1 <= x <= MAX_SIZE else
+                              f"write a whole number from 1 to 2**53 ({MAX_SIZE:,})")
+                    raise KvplanError(f"{option} '{part}': exponent notation is not taken; {digits} or use k or m "
+                                      f"(128k, 2m)")
+                raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k")
+            x = Fraction(m.group(2)) * {"k": 1024, "m": 1024**2, "": 1}[m.group(3)] * (-1 if m.group(1) == "-" else 1)
+            if x.denominator != 1:
                 raise KvplanError(f"{option} '{part}': expected a whole number such as 8192 or 128k")
             if x < 1:
                 raise KvplanError(f"{option} must be at least 1, got {part}")
-            # whole numbers exactly as typed (a float holds only 53 bits: 2**53 + 1 would become 2**53)
-            out.append(int(digits) * mult if digits.isascii() and digits.isdigit() else int(x))
+            if x > MAX_SIZE:
+                raise KvplanError(f"{option} '{part}': at most 2**53 ({MAX_SIZE:,}), the largest whole number "
+                                  f"kvplan's arithmetic holds exactly")
+            out.append(int(x))
     return out
 
 
@@ -270,11 +283,11 @@ def crossover(
     from .deployment import deployments
     from .errors import KvplanError
     from .kv_crossover import crossover_of
-    from .specs import load_model
+    from .specs import load_model_as
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
-    m = load_model(model)
+    m = load_model_as(model, weight_dtype)
     args = _deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype,
                             skip_layers=skip_layers, calibration=calibration)
     ds = deployments(args, _formats_for(m, dtype, args=args))
@@ -311,10 +324,10 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
                 tpot_ms, ttft_ms, percentile: str = "mean", num_prompts: Optional[int] = None,
                 request_rate: Optional[float] = None, **deployment):
     """The throughput table both `throughput` and `plot throughput` show (kvplan.steady)."""
-    from .deployment import deployments
+    from .deployment import deployments, engine_of
     from .errors import KvplanError
     from .formats import comparison_dtypes
-    from .specs import load_model
+    from .specs import load_model_as
     from .steady import throughput_of
 
     for name, v in (("--isl", isl), ("--osl", osl)):
@@ -323,9 +336,9 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
                               f"tokens (e.g. {name} 1024)")
     if gpu is None:
         raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
-    m = load_model(model)
+    m = load_model_as(model, deployment.get("weight_dtype"))
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
-    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m), args), needs_memory=True)
+    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m, engine_of(args)), args), needs_memory=True)
     return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
                             _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
                             request_rate=request_rate)
@@ -448,14 +461,14 @@ def capacity(
 
     from .deployment import deployments
     from .formats import parse_dtypes
-    from .specs import load_model
+    from .specs import load_model, load_model_as
 
     args = _deployment_args(model=model, **opts)
     if model is None and profile is None:
         _capacity_listing(args, parse_dtypes(dtype), as_json)
         return
     args = _with_profile(args)
-    m = load_model(model) if model else load_model(args.profile.model)
+    m = load_model_as(model, weight_dtype) if model else load_model(args.profile.model)
     fmts = _formats_for(m, dtype, args=args) if dtype else [None]
     ds = deployments(replace(args, model=m), fmts, needs_memory=True)
     if ds[0].engine == "sglang":
@@ -540,9 +553,9 @@ def plot_crossover(
     from .deployment import deployments
     from .errors import KvplanError
     from .plots import crossover_figure
-    from .specs import load_model
+    from .specs import load_model_as
 
-    m = load_model(model)
+    m = load_model_as(model, weight_dtype)
     from .formats import comparison_dtypes
 
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
@@ -619,11 +632,11 @@ def plot_capacity(
     opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json", "output")}
     from .deployment import deployments
     from .plots import capacity_figure
-    from .specs import load_model
+    from .specs import load_model_as
 
     from .formats import comparison_dtypes
 
-    m = load_model(model)
+    m = load_model_as(model, opts.get("weight_dtype"))
     args = _deployment_args(model=m, engine="vllm", **opts)
     ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m), args), needs_memory=True)
     _draw(capacity_figure(ds), output, as_json)
@@ -1065,10 +1078,15 @@ def models_show(
 ) -> None:
     """Show one model spec, with its computed parameter count and, for a snapshot folder or a Hugging Face id, the
     checkpoint's own from its safetensors headers (no weights downloaded), and whether the two agree."""
+    from .errors import KvplanError, UnmodelledWeights
     from .specs import load_model
     from .weights import active_param_count, param_count
 
-    m = load_model(name, checkpoint=True)
+    try:
+        m = load_model(name, checkpoint=True)
+    except UnmodelledWeights as e:
+        raise KvplanError(f"{e.problem}; `models show` shows the checkpoint as it is: capacity, crossover, "
+                          f"throughput and sweep plan it with --weight-dtype") from None
     extra = {"computed_params": param_count(m)}
     table = {}
     if m.checkpoint_params:  # what the safetensors hold, beside the architecture's count

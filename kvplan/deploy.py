@@ -123,9 +123,12 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
         _check_same_model(m, str(log.config["model"]))
     g = load_gpu(gpu) if gpu else _gpu_named_in(text)
     sha = hashlib.sha256(text.encode()).hexdigest()
-    if log.engine == "sglang":
-        return _import_sglang(log, m, g, Path(source).name, sha)
-    return _import_vllm(log, m, g, Path(source).name, sha)
+    importer = _import_sglang if log.engine == "sglang" else _import_vllm
+    result = importer(log, m, g, Path(source).name, sha)
+    if log.startups > 1:
+        result.notes.insert(0, f"the log holds {log.startups} startups (a restarted server appending to one file); "
+                               f"read the last, from line {log.first_line}")
+    return result
 
 
 def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:

@@ -24,7 +24,7 @@ from .errors import KvplanError
 from .formats import KVFormat, kv_format
 from .profile import load_profile
 from .sglang_rules import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
-from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model
+from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model, load_model_as
 from .weights import weight_format
 
 GiB = 2**30
@@ -221,12 +221,21 @@ def _skip_value(v) -> Optional[tuple]:
     return parse_skip_layers(str(v))
 
 
+def engine_of(args: DeploymentArgs, prof=None) -> str:
+    """The engine the arguments name: --engine, else the deployment profile's (`prof`, when already read), else
+    vLLM."""
+    if args.engine:
+        return str(args.engine).lower()
+    prof = prof if prof is not None else _load_profile(args.profile)
+    return prof.engine.lower() if prof is not None else "vllm"
+
+
 def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     """Every default decided and every value checked, once. `needs_memory`: the question is the pool's size, so a
     GPU (or a memory total, a pool size or a block count) is required."""
     notes: list[str] = []
     prof = _load_profile(args.profile)
-    engine = (args.engine or (prof.engine if prof is not None else "vllm")).lower()
+    engine = engine_of(args, prof)
     if engine not in ENGINES:
         raise KvplanError(f"--engine {args.engine}: choose vllm or sglang")
     if prof is not None and prof.engine != engine:
@@ -245,7 +254,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         model = prof.model
     if model is None:
         raise KvplanError("no model: name one (a catalog name, a YAML spec or a config.json)")
-    m = model if isinstance(model, ModelSpec) else load_model(model)
+    m = model if isinstance(model, ModelSpec) else load_model_as(model, args.weight_dtype)
     if m.origin:
         notes.append(m.origin)
     if prof is not None and prof.model != m.name:
@@ -276,6 +285,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
             raise KvplanError(f"the profile was measured on {measured_on.name}, not {g.name}: its memory and "
                               f"overheads are that GPU's (drop --gpu, or import a startup log from {g.name})")
         g = measured_on
+    if g is None and args.calibration is not None:  # the GPU the calibration profile was measured on
+        g = _calibration_gpu(args.calibration)
+        notes.append(f"GPU taken from the calibration profile: {g.name}, the GPU it was measured on")
     fmt_arg = args.kv_cache_dtype
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
@@ -360,11 +372,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     elif mlen is not None:
         _positive("max_model_len", mlen, integer=True)
         mlen = int(mlen)
-        if mlen > m.max_position_embeddings and m.attention_layers:  # nothing positional limits a state-space model
-            raise KvplanError(
-                f"--max-model-len {mlen} exceeds {m.name}'s max_position_embeddings {m.max_position_embeddings}; "
-                f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer "
-                f"context)")
+        refused = max_len_refusal(m, mlen, engine)
+        if refused:
+            raise KvplanError(refused)
     if mlen == "auto" and engine == "sglang":
         raise KvplanError("--max-model-len auto is vLLM's; SGLang takes a context length (or its model's)")
 
@@ -623,8 +633,33 @@ def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
     return cal, str(path)
 
 
+def _calibration_gpu(path) -> GPUSpec:
+    """The catalog GPU a calibration profile was measured on (its device name: the catalog's, or nvidia-smi's)."""
+    from .calibration import CalibrationProfile, load_calibration
+    from .specs import load_catalog
+
+    cal = path if isinstance(path, CalibrationProfile) else load_calibration(path)
+    where = "the calibration profile" if isinstance(path, CalibrationProfile) else f"the calibration profile {path}"
+    measured = str(cal.device.get("name") or "")
+    if not measured:
+        raise KvplanError(f"{where} does not name the GPU it was measured on; pass --gpu")
+    for g in load_catalog("hardware"):
+        if measured in (g.name, g.smi_name):
+            return g
+    raise KvplanError(f"{where} was measured on {measured}, a GPU kvplan's catalog does not hold; pass --gpu (a "
+                      f"catalog name or a YAML spec)")
+
+
 def deployments(args: DeploymentArgs, dtypes, *, needs_memory: bool = False) -> list[Deployment]:
     """One resolved deployment per KV dtype asked for (a profile file is read once for all of them)."""
     args = replace(args, profile=_load_profile(args.profile))
     return [resolve(replace(args, kv_cache_dtype=f), needs_memory=needs_memory) for f in dtypes]
 
+
+def max_len_refusal(m, mlen: int, engine: str = "vllm") -> Optional[str]:
+    """Why the engine refuses a max_model_len beyond the model's own (None when it takes it); nothing positional
+    limits a state-space model."""
+    if mlen <= m.max_position_embeddings or not m.attention_layers:
+        return None
+    return (f"--max-model-len {mlen} exceeds {m.name}'s max_position_embeddings {m.max_position_embeddings}; "
+            f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer context)")

@@ -9,6 +9,24 @@ class KvplanError(Exception):
     """
 
 
+class UnmodelledWeights(KvplanError):
+    """A checkpoint's weight quantization kvplan does not model; --weight-dtype plans the weights instead. `problem`
+    says where and what, `what` names the scheme, `formats` suggests weight dtypes."""
+
+    def __init__(self, problem: str, what: str, formats: str = "fp8, int8, int4_g128, mxfp4, nvfp4"):
+        super().__init__(f"{problem}; pass --weight-dtype ({formats}) to plan the weights in that format")
+        self.problem, self.what = problem, what
+
+
+class HubUnavailable(KvplanError):
+    """A Hugging Face id's config.json could not be had from the Hub: no hub extra, HF_HUB_OFFLINE, or the Hub out
+    of reach. `why` says which, for the note of a catalog model planned in its place."""
+
+    def __init__(self, message: str, why: str):
+        super().__init__(message)
+        self.why = why
+
+
 def did_you_mean(name: str, choices: list[str]) -> str:
     """A ' (did you mean X?)' suffix for an unknown name, or '' when nothing is close."""
     import difflib

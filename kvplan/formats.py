@@ -458,10 +458,10 @@ def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "aut
     return out
 
 
-def comparison_dtypes(model) -> list[str]:
-    """The KV dtypes a comparison shows by default: the model's own and its fp8 cache (fp8_ds_mla for MLA, the
-    only fp8 layout vLLM's MLA backends store). A checkpoint that declares an fp8 KV cache stores fp8 under auto:
-    its comparison is with a 16-bit cache."""
+def comparison_dtypes(model, engine: str = "vllm") -> list[str]:
+    """The KV dtypes a comparison shows by default: the model's own and the engine's fp8 cache for it (under vLLM
+    fp8_ds_mla for MLA, the only fp8 layout its MLA backends store; SGLang stores an MLA latent as plain fp8). A
+    checkpoint that declares an fp8 KV cache stores fp8 under auto: its comparison is with a 16-bit cache."""
     if getattr(model, "kv_cache_dtype_declared", None) is not None:
         return ["auto", "bfloat16"]
-    return ["auto", "fp8_ds_mla" if model.is_mla else "fp8"]
+    return ["auto", "fp8_ds_mla" if model.is_mla and str(engine).lower() == "vllm" else "fp8"]

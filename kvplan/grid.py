@@ -22,15 +22,15 @@ from .engine import (
 )
 from .errors import KvplanError
 from .formats import KVFormat, kv_format
-from .deployment import DeploymentArgs
-from .pool import plan_for
-from .specs import GPUSpec, ModelSpec, load_gpu, load_model
+from .deployment import DeploymentArgs, max_len_refusal
+from .pool import _longest_fitting, length_problem, plan_for, pool_problem, sampler_problem
+from .specs import GPUSpec, ModelSpec, load_gpu, load_model_as
 from .weights import weight_bytes
 
 COLUMNS = (
     "model", "gpu", "tp", "dtype", "max_model_len", "batch", "context",
     "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token", "num_blocks", "blocks_per_request",
-    "max_concurrency", "kv_tokens", "fits",
+    "max_concurrency", "kv_tokens", "fits", "problem",
     "crossover_tokens", "weight_bytes", "kv_bytes", "step_bytes", "saving", "bound", "crossover_tokens_at_batch",
     "step_ms", "expected_step_ms",
 )
@@ -47,8 +47,9 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     each combination is resolved the way `capacity` resolves it, so every row equals what `capacity` answers.
 
     Combinations that cannot run (a TP that does not split the heads, a dtype for the other attention layout) are
-    left out and listed in `df.attrs["skipped"]`. A configuration whose weights or sequences do not fit stays in,
-    with `fits` False.
+    left out and listed in `df.attrs["skipped"]`. A configuration vLLM would refuse (weights that leave no pool, a
+    max_model_len beyond the model's or the pool's) stays in, with `fits` False and `problem` saying why in
+    `capacity`'s words (empty where it fits).
 
     >>> import kvplan
     >>> df = kvplan.sweep(["llama3-8b", "qwen3-8b"], ["h100", "h200"], dtypes=["auto", "fp8"],
@@ -62,7 +63,8 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     import numpy as np
     import pandas as pd
 
-    mspecs = _unique_by_name([m if isinstance(m, ModelSpec) else load_model(m) for m in models])
+    mspecs = _unique_by_name([m if isinstance(m, ModelSpec) else load_model_as(m, options.get("weight_dtype"))
+                              for m in models])
     gspecs = _unique_by_name([g if isinstance(g, GPUSpec) else load_gpu(g) for g in gpus])
     fmts = _unique_by_name([d if isinstance(d, KVFormat) else kv_format(d) for d in dtypes])
     for name, values in (("max_model_lens", max_model_lens), ("batches", batches), ("contexts", contexts)):
@@ -83,6 +85,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
 
     skipped: list[str] = []
     profiles: dict[str, str] = {}
+    problems: dict[str, int] = {}  # why a row does not fit -> its code in the `problem` column
     base_fmt = kv_format(baseline)
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
@@ -133,8 +136,11 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
         const["num_blocks"].append(plan.num_blocks)
         const["crossover_tokens"].append(curve.solve(w1))
         per_len["max_model_len"].append(lens)
-        for key in ("blocks_per_request", "max_concurrency", "kv_tokens", "fits"):
+        for key in ("blocks_per_request", "max_concurrency", "kv_tokens"):
             per_len[key].append(cap[key])
+        codes = _problem_codes(d, plan, lens, cap, problems)
+        per_len["problem"].append(codes)
+        per_len["fits"].append(codes < 0)
         per_bc["batch"].append(grid_b)
         per_bc["context"].append(grid_c)
         for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
@@ -158,6 +164,8 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
                                      (n_cfg, n_len, n_bc)).reshape(-1)
         if c in categories:
             frame[c] = pd.Categorical.from_codes(values, categories=categories[c])
+        elif c == "problem":  # code -1: the row fits, an empty cell
+            frame[c] = pd.Categorical.from_codes(values, categories=list(problems))
         elif c == "bound":
             frame[c] = pd.Categorical.from_codes(values, categories=["weights", "kv"])
         else:
@@ -172,12 +180,12 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
 # The columns by how they vary: one value per configuration, one per max_model_len, one per (batch, context)
 _CONST = ("model", "gpu", "dtype", "tp", "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token",
           "num_blocks", "crossover_tokens")
-_PER_LEN = ("max_model_len", "blocks_per_request", "max_concurrency", "kv_tokens", "fits")
+_PER_LEN = ("max_model_len", "blocks_per_request", "max_concurrency", "kv_tokens", "fits", "problem")
 _PER_BC = ("batch", "context", "weight_bytes", "kv_bytes", "step_bytes", "saving", "bound", "crossover_tokens_at_batch",
            "step_ms", "expected_step_ms")
 # counts (and bytes) are whole numbers, `fits` a yes/no, the categories their codes; every other column is a real
 # number
-_DTYPES = {"model": "int32", "gpu": "int32", "dtype": "int32", "bound": "int8", "fits": "bool",
+_DTYPES = {"model": "int32", "gpu": "int32", "dtype": "int32", "problem": "int32", "bound": "int8", "fits": "bool",
            **{c: "int64" for c in ("tp", "max_model_len", "batch", "context", "weight_bytes_held",
                                    "available_kv_bytes", "num_blocks", "blocks_per_request", "kv_tokens")}}
 
@@ -189,6 +197,34 @@ def _stack(parts: list, n_cfg: int, width: int, dtype):
     if not parts:
         return np.empty((0, width), dtype=dtype)
     return np.asarray(np.stack(parts), dtype=dtype).reshape(n_cfg, width)
+
+
+def _problem_codes(d, plan, lens, cap: dict, problems: dict):
+    """Per max_model_len, the code of why vLLM refuses the row (capacity's problem, collected in `problems`), -1
+    where it runs. One message per configuration, or per length that does not fit: never one per row."""
+    import numpy as np
+
+    def code(message: str) -> int:
+        return problems.setdefault(message, len(problems))
+
+    codes = np.full(lens.size, -1, dtype=np.int32)
+    for i in np.flatnonzero(lens > d.model.max_position_embeddings):  # refused before any memory is planned
+        refused = max_len_refusal(d.model, int(lens[i]))
+        if refused:
+            codes[i] = code(refused)
+    whole = pool_problem(d, plan)
+    if whole is not None:
+        codes[codes < 0] = code(whole)
+        return codes
+    for i in np.flatnonzero(~np.asarray(cap["fits"], dtype=bool) & (codes < 0)):
+        mlen = int(lens[i])
+        longest = _longest_fitting(plan.blocks_per_request, plan.num_blocks - 1, mlen)
+        codes[i] = code(length_problem(plan, mlen, int(cap["blocks_per_request"][i]), longest))
+    if (codes < 0).any():
+        sampler, _ = sampler_problem(d, plan)
+        if sampler is not None:
+            codes[codes < 0] = code(sampler)
+    return codes
 
 
 def _expected_ms(d, batches, contexts, profiles: dict):

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .errors import KvplanError
+from .errors import KvplanError, UnmodelledWeights
 from .files import type_name
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -164,10 +164,10 @@ def compressed_tensors_format(q: "_Fields", path: Path | str) -> str:
         else:
             fmt = None
         if fmt is None:
-            raise KvplanError(
-                f"{path}: quantization_config.config_groups.{name}: compressed-tensors weights of type {kind}, "
-                f"{bits} bits, strategy {strategy}" + (f", group size {size}" if size else "") + " are not modelled; "
-                "use the unquantized config and pass --weight-dtype (fp8, int8, int4_g128, mxfp4, nvfp4)")
+            what = (f"compressed-tensors weights of type {kind}, {bits} bits, strategy {strategy}"
+                    + (f", group size {size}" if size else ""))
+            raise UnmodelledWeights(f"{path}: quantization_config.config_groups.{name}: {what} are not modelled",
+                                    what)
         schemes.add(fmt)
     if not schemes:
         raise KvplanError(f"{path}: quantization_config.config_groups holds no weights scheme")
@@ -422,8 +422,8 @@ def _modelopt_mixed(q: "_Fields", path: Path | str) -> dict:
         entry = layers.section(name)
         algo = ((entry.text("quant_algo") if entry is not None else None) or "").upper()
         if algo not in _MODELOPT_FORMATS:
-            raise KvplanError(f"{path}: {q.prefix}quantized_layers.{name}: ModelOpt quant_algo '{algo or '?'}' is "
-                              f"not modelled; pass --weight-dtype")
+            raise UnmodelledWeights(f"{path}: {q.prefix}quantized_layers.{name}: ModelOpt quant_algo '{algo or '?'}' "
+                                    f"is not modelled", f"ModelOpt quant_algo '{algo or '?'}'", "fp8, nvfp4, mxfp4, ...")
         role = ("lm_head" if name.endswith("lm_head") else
                 "mlp" if any(k in name for k in (".mlp", "expert", "feed_forward")) else
                 "attention" if any(k in name for k in ("attn", "mixer", "attention")) else None)
@@ -996,8 +996,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             if algo == "MIXED_PRECISION":
                 out.update(_modelopt_mixed(q, path))
             elif algo not in _MODELOPT_FORMATS:
-                raise KvplanError(f"{path}: ModelOpt quant_algo '{algo or '?'}' is not modelled; use the unquantized "
-                                  f"config and pass --weight-dtype (fp8, nvfp4, ...)")
+                raise UnmodelledWeights(f"{path}: ModelOpt quant_algo '{algo or '?'}' is not modelled",
+                                        f"ModelOpt quant_algo '{algo or '?'}'", "fp8, nvfp4, ...")
             else:
                 out["weight_dtype"] = _MODELOPT_FORMATS[algo]
             # hf_quant_config.json names them exclude_modules, a config.json's quantization_config ignore
@@ -1010,8 +1010,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             raw = q.data.get("group_size", 128)
             group = -1 if raw == -1 else (q.integer("group_size") if q.has("group_size") else 128)  # -1: per channel
             if bits != 4 or group == 0:
-                raise KvplanError(f"{path}: {method.upper()} with {bits} bits"
-                                  + (" and no groups" if group == 0 else "") + " is not modelled; pass --weight-dtype")
+                what = f"{method.upper()} with {bits} bits" + (" and no groups" if group == 0 else "")
+                raise UnmodelledWeights(f"{path}: {what} is not modelled", what, "int4_g128, int8, ...")
             # Marlin keeps AWQ's zero points; a symmetric GPTQ checkpoint's are dropped at load
             sym = method == "gptq" and q.flag("sym") is not False
             out["weight_dtype"] = (f"int4_g{group}" if group and group > 0 else "int4_channel") + ("_sym" if sym else "")
@@ -1027,10 +1027,8 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         elif method == "mxfp4":
             out["weight_dtype"], out["weight_scope"] = "mxfp4", "experts"
         else:
-            raise KvplanError(
-                f"{path}: quantization_config.quant_method '{method}' is not modelled; "
-                "use the unquantized config and pass --weight-dtype (fp8, int8, int4_g128, mxfp4, nvfp4)"
-            )
+            raise UnmodelledWeights(f"{path}: quantization_config.quant_method '{method}' is not modelled",
+                                    f"quant_method '{method}'")
 
     # Attention layout
     pattern = None

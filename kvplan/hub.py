@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .errors import KvplanError
+from .errors import HubUnavailable, KvplanError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(?:@[\w./-]+)?")
 
@@ -87,12 +87,19 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
-        raise KvplanError(f"'{repo}' is not in the catalog nor in the local Hugging Face cache; install the hub extra "
-                          f"(pip install 'kvplan[hub]') to fetch its config.json, or pass a config.json or a "
-                          f"snapshot folder") from None
+        raise HubUnavailable(f"'{repo}' is not in the catalog nor in the local Hugging Face cache; install the hub "
+                             f"extra (pip install 'kvplan[hub]') to fetch its config.json, or pass a config.json or a "
+                             f"snapshot folder", "its own config.json needs the Hugging Face cache or the hub extra") \
+            from None
     if _offline():
-        raise KvplanError(f"'{repo}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download it "
-                          f"once online (or unset HF_HUB_OFFLINE)")
+        raise HubUnavailable(f"'{repo}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download "
+                             f"it once online (or unset HF_HUB_OFFLINE)",
+                             "HF_HUB_OFFLINE is set and its own config.json is not in the Hugging Face cache")
+    unreachable = _unreachable()
+    if unreachable:
+        raise HubUnavailable(f"cannot reach the Hub for '{repo}' ({unreachable}); check the network or HF_ENDPOINT, "
+                             f"or pass a local config.json",
+                             f"the Hub cannot be reached ({unreachable}) for its own config.json")
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
@@ -102,9 +109,10 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     try:
         path = Path(hf_hub_download(repo, "config.json", revision=revision))
     except LocalEntryNotFoundError as e:  # the Hub could not be reached (a subclass of EntryNotFoundError)
-        reason = " ".join(str(e).split())[:160]
-        raise KvplanError(f"cannot reach the Hub for '{repo}' ({reason}); check the network or HF_ENDPOINT, or pass "
-                          f"a local config.json") from None
+        reason = _reason(e)
+        raise HubUnavailable(f"cannot reach the Hub for '{repo}' ({reason}); check the network or HF_ENDPOINT, or "
+                             f"pass a local config.json", f"the Hub cannot be reached ({reason}) for its own "
+                             f"config.json") from None
     except GatedRepoError:
         raise KvplanError(f"'{repo}' is gated: accept its terms on the Hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:
@@ -114,7 +122,7 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     except EntryNotFoundError:
         raise KvplanError(f"'{repo}'{at} has no config.json: kvplan reads a transformers config") from None
     except (HfHubHTTPError, OSError) as e:
-        reason = " ".join(str(e).split())[:160]
+        reason = _reason(e)
         raise KvplanError(f"cannot fetch '{repo}' config.json from the Hub ({reason}); check the network or "
                           f"HF_ENDPOINT, or pass a local config.json") from None
     try:  # ModelOpt checkpoints describe their scheme beside the config
@@ -122,6 +130,44 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     except Exception:  # noqa: BLE001 - most repos have none
         pass
     return path
+
+
+HUB_PROBE_SECONDS = 3.0  # how long the Hub's address may take to answer before it counts as out of reach
+
+
+def _unreachable() -> Optional[str]:
+    """Why the Hub (HF_ENDPOINT) cannot be reached, or None where a TCP connection to it opens within
+    HUB_PROBE_SECONDS: huggingface_hub itself retries an unreachable Hub for many seconds before it gives up."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    url = urlsplit(constants.ENDPOINT)
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    outcome: list = []
+
+    def probe() -> None:  # name resolution has no timeout of its own: the probe runs beside a bounded wait
+        try:
+            socket.create_connection((host, port), timeout=HUB_PROBE_SECONDS).close()
+            outcome.append(None)
+        except OSError as e:
+            outcome.append(f"{host}:{port}: {e.strerror or e}")
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(HUB_PROBE_SECONDS + 0.5)
+    return outcome[0] if outcome else f"{host}:{port} did not answer within {HUB_PROBE_SECONDS:g} s"
+
+
+def _reason(e: BaseException, limit: int = 160) -> str:
+    """An exception's message on one line, shortened at a word (never cut mid-word)."""
+    text = " ".join(str(e).split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit + 1].rsplit(" ", 1)[0].rstrip(" ,;:")  # the character past the limit: a space ends a word
+    return cut + "..."
 
 
 def _cached_revision(cache: Path, repo: str, revision: str) -> Optional[Path]:
@@ -158,6 +204,9 @@ def checkpoint_summary(repo: str, revision: Optional[str], config: Path) -> tupl
     if _offline():
         return None, ("HF_HUB_OFFLINE is set and its safetensors headers were not read before; run this once "
                       "online")
+    unreachable = _unreachable()
+    if unreachable:
+        return None, f"the Hub cannot be reached ({unreachable}) to read its safetensors headers"
     _quiet()
     try:
         meta = HfApi().get_safetensors_metadata(repo, revision=commit)
@@ -173,7 +222,7 @@ def checkpoint_summary(repo: str, revision: Optional[str], config: Path) -> tupl
             return None, f"'{repo}' was not found on the Hub to read its safetensors headers (private? set HF_TOKEN)"
         if "RevisionNotFoundError" in kinds:
             return None, f"'{repo}' has no revision '{commit}' on the Hub"
-        reason = " ".join(str(e).split())[:160]
+        reason = _reason(e)
         if "SafetensorsParsingError" in kinds:
             return None, f"its safetensors headers cannot be read ({reason})"
         return None, f"cannot read its safetensors headers from the Hub ({reason})"

@@ -148,6 +148,17 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
     if longer:
         notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
                      f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
+    over = _beyond_memory(points, wb.total, d.total_bytes if gpu is not None else 0)
+    memory = f"{d.total_bytes / 1e9:,.1f} GB ({d.total_bytes / 2**30:,.1f} GiB) the {gpu.name} holds" if gpu else ""
+    if over and wb.total > d.total_bytes:
+        notes.append(f"the weights held ({wb.total / 1e9:,.1f} GB per rank) alone exceed the {memory}: no vLLM pool "
+                     f"holds any operating point at TP {tp}; their step times are a what-if")
+    elif over:
+        p = over[0]
+        more = f" (and {len(over) - 1} more of the operating points)" if len(over) > 1 else ""
+        notes.append(f"batch {p.batch:,} x context {p.context:,}{more}: the KV cache a step reads "
+                     f"({p.kv_bytes / 1e9:,.1f} GB per rank) and the weights held ({wb.total / 1e9:,.1f} GB) exceed the "
+                     f"{memory}: no vLLM pool holds it; its step times are a what-if")
     breakeven = {}
     sm = _step_models(d, fmt, base_fmt)
     if sm is not None:
@@ -159,6 +170,11 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
             for b in sorted({1, *batches}):
                 breakeven[str(b)] = breakeven_context(mine, base, b, model.max_position_embeddings)
         notes.append(f"expected step ms: {mine.profile.name}")
+        reach = mine.fitted_tokens
+        past = [p for p in points if reach and p.batch > reach]
+        if past:
+            notes.append(f"batch {max(p.batch for p in past):,} is beyond the {reach:,} tokens a step that the step "
+                         f"model's kernel timings reach: its expected ms extrapolate the fits")
         if d.calibration is not None:
             key = {"float": "bfloat16", "fp8": "fp8"}.get(mine.attn_family)
             if key and f"attention {key}" not in mine.profile.measured:
@@ -183,6 +199,14 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
         breakeven_context=breakeven,
     )
+
+
+def _beyond_memory(points: Sequence[OperatingPoint], weights_held: int, memory: int) -> list[OperatingPoint]:
+    """The operating points whose KV read and the weights held exceed the GPU's memory (none where it is unknown),
+    smallest KV first."""
+    if not memory:
+        return []
+    return sorted((p for p in points if p.kv_bytes + weights_held > memory), key=lambda p: p.kv_bytes)
 
 
 def _step_models(d, fmt: KVFormat, base_fmt: KVFormat):

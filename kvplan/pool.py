@@ -452,55 +452,15 @@ def capacity_of(d) -> CapacityResult:
         mlen = model.max_position_embeddings if d.max_model_len is None else int(d.max_model_len)
     fig = plan.per_length(mlen)
     per_request, num_blocks, groups = fig["blocks_per_request"], plan.num_blocks, plan.groups
-    problem = longest = None
-    if d.kv_cache_memory_bytes is not None and d.total_bytes and plan.weights + plan.available > d.total_bytes:
-        problem = (
-            f"--kv-cache-memory {plan.available / GiB:.2f} GiB and {model.name}'s weights "
-            f"({plan.weights / GiB:.2f} GiB per rank) exceed the GPU's {d.total_bytes / GiB:.2f} GiB; vLLM would "
-            f"run out of memory allocating the pool (lower --kv-cache-memory)"
-        )
-    elif (d.free_memory_bytes is not None and d.kv_cache_memory_bytes is None
-          and (seen := _free_after_context(d)) < plan.requested):
-        fits_util = math.floor(max(0, seen) / d.total_bytes * 100) / 100
-        problem = (
-            f"vLLM refuses to start: {d.free_memory_bytes / GiB:.2f} GiB free, {seen / GiB:.2f} GiB once its CUDA "
-            f"{'context and communicators exist' if d.tp > 1 else 'context exists'}, is less than the "
-            f"{plan.requested / GiB:.2f} GiB --gpu-memory-utilization {d.gpu_memory_utilization:g} asks for (of "
-            f"{d.total_bytes / GiB:.2f} GiB); "
-            + (f"--gpu-memory-utilization {fits_util:.2f} fits, or " if fits_util > 0 else "")
-            + "free the memory another process holds"
-        )
-    elif plan.available <= 0 and not plan.overridden:
-        problem = (
-            f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the "
-            f"{(plan.non_kv.total - plan.non_kv.weights) / GiB:.2f} GiB beyond them exceed the "
-            f"{plan.requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or raise "
-            f"--gpu-memory-utilization"
-        )
-    elif not fig["fits"]:
+    problem, longest = pool_problem(d, plan), None
+    if problem is None and not fig["fits"]:
         longest = _longest_fitting(plan.blocks_per_request, num_blocks - 1, mlen)
-        fix = f"the longest that fits is {longest:,} tokens" if longest else "not even one block fits"
-        problem = (
-            f"the {plan.available / GiB:.2f} GiB pool holds not one sequence of --max-model-len {mlen:,} "
-            f"({per_request:,} blocks needed, {max(0, num_blocks - 1):,} usable); {fix}: lower --max-model-len, "
-            f"raise --tp, or quantize the KV cache"
-        )
+        problem = length_problem(plan, mlen, per_request, longest)
     notes = list(d.notes)
-    if problem is None and plan.non_kv.source == "model" and not plan.overridden and d.kv_cache_memory_bytes is None:
-        free, need = sampler_warmup(model, d.gpu, plan.non_kv, total_bytes=plan.total, requested=plan.requested,
-                                    tp=d.tp, version=d.rules,
-                                    kv_tensor_bytes=plan.available // max(1, groups.group_size))
-        fix = "lower --max-num-seqs or --gpu-memory-utilization"
-        if free < need:
-            problem = (f"vLLM would run out of memory warming up the sampler with {plan.non_kv.max_num_seqs:,} dummy "
-                       f"requests: it needs {need / GiB:.2f} GiB and {free / GiB:.2f} GiB are left after the KV "
-                       f"cache and CUDA graphs; {fix}")
-        elif free - need < FRAGMENTATION_SEEN:
-            notes.append(f"sampler warm-up at risk: {free / GiB:.2f} GiB are left after the KV cache and CUDA graphs "
-                         f"for its {need / GiB:.2f} GiB ({plan.non_kv.max_num_seqs:,} dummy requests), a margin "
-                         f"of {(free - need) / GiB:.2f} GiB, less than the {FRAGMENTATION_SEEN / GiB:.1f} GiB the "
-                         f"profile run's allocator fragments (up to 0.95 GiB in vLLM 0.19's runs) and the CUDA-graph "
-                         f"capture's spread (0.2 GiB) can take; {fix} for a margin")
+    if problem is None:
+        problem, risk = sampler_problem(d, plan)
+        if risk:
+            notes.append(risk)
     if auto and mlen < model.max_position_embeddings:
         notes.append(f"Auto-fit max_model_len: reduced from {model.max_position_embeddings:,} to {mlen:,}, the "
                      f"longest one sequence of which the pool holds (vLLM's --max-model-len -1)")
@@ -564,6 +524,70 @@ def capacity_of(d) -> CapacityResult:
         log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
         deployment=d.to_dict(),
     )
+
+
+def pool_problem(d, plan: PoolPlan) -> Optional[str]:
+    """Why vLLM does not start with this pool whatever the max_model_len (None when it does): a --kv-cache-memory
+    beyond the GPU, too little free memory for the utilization, or weights that leave no budget."""
+    model = d.model
+    if d.kv_cache_memory_bytes is not None and d.total_bytes and plan.weights + plan.available > d.total_bytes:
+        return (
+            f"--kv-cache-memory {plan.available / GiB:.2f} GiB and {model.name}'s weights "
+            f"({plan.weights / GiB:.2f} GiB per rank) exceed the GPU's {d.total_bytes / GiB:.2f} GiB; vLLM would "
+            f"run out of memory allocating the pool (lower --kv-cache-memory)"
+        )
+    if (d.free_memory_bytes is not None and d.kv_cache_memory_bytes is None
+            and (seen := _free_after_context(d)) < plan.requested):
+        fits_util = math.floor(max(0, seen) / d.total_bytes * 100) / 100
+        return (
+            f"vLLM refuses to start: {d.free_memory_bytes / GiB:.2f} GiB free, {seen / GiB:.2f} GiB once its CUDA "
+            f"{'context and communicators exist' if d.tp > 1 else 'context exists'}, is less than the "
+            f"{plan.requested / GiB:.2f} GiB --gpu-memory-utilization {d.gpu_memory_utilization:g} asks for (of "
+            f"{d.total_bytes / GiB:.2f} GiB); "
+            + (f"--gpu-memory-utilization {fits_util:.2f} fits, or " if fits_util > 0 else "")
+            + "free the memory another process holds"
+        )
+    if plan.available <= 0 and not plan.overridden:
+        return (
+            f"{model.name}'s weights ({plan.weights / GiB:.2f} GiB per rank) and the "
+            f"{(plan.non_kv.total - plan.non_kv.weights) / GiB:.2f} GiB beyond them exceed the "
+            f"{plan.requested / GiB:.2f} GiB budget; raise --tp, use a smaller --weight-dtype, or raise "
+            f"--gpu-memory-utilization"
+        )
+    return None
+
+
+def length_problem(plan: PoolPlan, mlen: int, per_request: int, longest: Optional[int]) -> str:
+    """Why a pool that vLLM allocates does not serve one sequence of `mlen` (per_request blocks each; `longest`:
+    the longest length that fits, None when not even one block does)."""
+    fix = f"the longest that fits is {longest:,} tokens" if longest else "not even one block fits"
+    return (
+        f"the {plan.available / GiB:.2f} GiB pool holds not one sequence of --max-model-len {mlen:,} "
+        f"({per_request:,} blocks needed, {max(0, plan.num_blocks - 1):,} usable); {fix}: lower --max-model-len, "
+        f"raise --tp, or quantize the KV cache"
+    )
+
+
+def sampler_problem(d, plan: PoolPlan) -> tuple[Optional[str], Optional[str]]:
+    """vLLM's sampler warm-up after the pool is allocated: (why it runs out of memory, or None; the note when its
+    margin is thin, or None)."""
+    if plan.non_kv.source != "model" or plan.overridden or d.kv_cache_memory_bytes is not None:
+        return None, None
+    free, need = sampler_warmup(d.model, d.gpu, plan.non_kv, total_bytes=plan.total, requested=plan.requested,
+                                tp=d.tp, version=d.rules,
+                                kv_tensor_bytes=plan.available // max(1, plan.groups.group_size))
+    fix = "lower --max-num-seqs or --gpu-memory-utilization"
+    if free < need:
+        return (f"vLLM would run out of memory warming up the sampler with {plan.non_kv.max_num_seqs:,} dummy "
+                f"requests: it needs {need / GiB:.2f} GiB and {free / GiB:.2f} GiB are left after the KV "
+                f"cache and CUDA graphs; {fix}"), None
+    if free - need < FRAGMENTATION_SEEN:
+        return None, (f"sampler warm-up at risk: {free / GiB:.2f} GiB are left after the KV cache and CUDA graphs "
+                      f"for its {need / GiB:.2f} GiB ({plan.non_kv.max_num_seqs:,} dummy requests), a margin "
+                      f"of {(free - need) / GiB:.2f} GiB, less than the {FRAGMENTATION_SEEN / GiB:.1f} GiB the "
+                      f"profile run's allocator fragments (up to 0.95 GiB in vLLM 0.19's runs) and the CUDA-graph "
+                      f"capture's spread (0.2 GiB) can take; {fix} for a margin")
+    return None, None
 
 
 def _longest_fitting(bpr, usable_blocks: int, upper: int) -> Optional[int]:

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import KvplanError, did_you_mean
+from .errors import HubUnavailable, KvplanError, UnmodelledWeights, did_you_mean
 from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from .hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
 from .memo import per_spec
@@ -627,16 +627,25 @@ def _resolve(kind: Literal["models", "hardware"], name: str):
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.endswith((".yaml", ".yml", ".json")) or os.sep in name or name.startswith(".")
+    """A file name, or a name that is a file or a snapshot folder here: what exists on disk wins over a catalog
+    entry of the same name (a snapshot folder named Llama-3.1-8B is that folder's model)."""
+    if name.endswith((".yaml", ".yml", ".json")) or os.sep in name or name.startswith("."):
+        return True
+    try:
+        path = Path(name)
+        return path.is_file() or (path / "config.json").is_file()
+    except (OSError, ValueError):  # a name no file system can hold (NUL, too long)
+        return False
 
 
-def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
+def load_model(name_or_path: str, checkpoint: bool = False, unquantized: bool = False) -> ModelSpec:
     """A model by catalog name or alias, a path to a YAML spec, a Hugging Face config.json or snapshot folder, or a
     Hugging Face id (org/name: the local Hugging Face cache, else the Hub with the hub extra, else the catalog
     model of that architecture). With `checkpoint`, a Hugging Face id's checkpoint count comes from its safetensors
-    headers on the Hub (or kvplan's cache of them) where its snapshot holds no weights."""
+    headers on the Hub (or kvplan's cache of them) where its snapshot holds no weights. With `unquantized`, a
+    config.json's quantization_config is set aside (the weights' format is given separately: --weight-dtype)."""
     if looks_like_repo_id(name_or_path):
-        return _model_for_repo_id(name_or_path, checkpoint)
+        return _model_for_repo_id(name_or_path, checkpoint, unquantized)
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         hint = "name a catalog model, a YAML spec or a config.json"
@@ -654,6 +663,8 @@ def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
                 declared_in = "hf_quant_config.json"
             else:
                 declared_in = "config.json quantization_config"
+            if unquantized and isinstance(cfg, dict):
+                cfg = _without_quantization(cfg)
             fields = model_from_hf_config(cfg, path)
             if fields.get("kv_cache_dtype_declared"):
                 decl = fields["kv_cache_dtype_declared"]
@@ -663,7 +674,43 @@ def load_model(name_or_path: str, checkpoint: bool = False) -> ModelSpec:
                 fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]
             return _build(ModelSpec, fields, path)
         return _build(ModelSpec, read_yaml(path, "file", hint), path)
-    return _resolve("models", name_or_path)
+    try:
+        return _resolve("models", name_or_path)
+    except KvplanError:
+        if _is_dir(name_or_path):
+            raise KvplanError(f"unknown model '{name_or_path}': the folder {name_or_path} holds no config.json; pass a "
+                              "snapshot folder (config.json inside), a config.json or a YAML spec, or name a catalog "
+                              "model (`kvplan models` lists them)") from None
+        raise
+
+
+def _is_dir(name: str) -> bool:
+    try:
+        return Path(name).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def load_model_as(name_or_path: str, weight_dtype: Optional[str] = None, checkpoint: bool = False) -> ModelSpec:
+    """load_model, where a weight format given (--weight-dtype) stands in for a checkpoint quantization kvplan does
+    not model; the model's origin says so."""
+    try:
+        return load_model(name_or_path, checkpoint)
+    except UnmodelledWeights as e:
+        if weight_dtype is None:
+            raise
+        what = e.what
+    m = load_model(name_or_path, checkpoint, unquantized=True)
+    note = f"the checkpoint's {what} is not modelled: its weights are planned as --weight-dtype {weight_dtype}"
+    return m.model_copy(update={"origin": "; ".join(filter(None, (m.origin, note)))})
+
+
+def _without_quantization(cfg: dict) -> dict:
+    """A config.json without its quantization_config (nor its text_config's)."""
+    cfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    if isinstance(cfg.get("text_config"), dict):
+        cfg["text_config"] = {k: v for k, v in cfg["text_config"].items() if k != "quantization_config"}
+    return cfg
 
 
 def checkpoint_elements(folder: Path) -> Optional[int]:
@@ -711,21 +758,18 @@ def checkpoint_tensors(folder: Path) -> Optional[dict]:
     return {"elements": total, "dtypes": dict(sorted(dtypes.items()))} if found and total else None
 
 
-def _model_for_repo_id(name: str, checkpoint: bool = False) -> ModelSpec:
+def _model_for_repo_id(name: str, checkpoint: bool = False, unquantized: bool = False) -> ModelSpec:
     repo, revision = split_revision(name)
     try:
         config = fetch_config(repo, revision)
-        spec = load_model(str(config))
-    except KvplanError as fetch_error:
-        if "catalog" not in str(fetch_error) and "HF_HUB_OFFLINE" not in str(fetch_error):
-            raise
+    except HubUnavailable as fetch_error:
         try:  # without the Hub: the catalog model of that architecture, when there is one
             spec = catalog_model_for_repo(repo)
         except KvplanError:
             raise fetch_error from None
         return spec.model_copy(update={"origin": f"'{repo}' planned as the catalog's {spec.name} (the same "
-                                                 f"architecture); its own config.json needs the Hugging Face cache "
-                                                 f"or the hub extra"})
+                                                 f"architecture); {fetch_error.why}"})
+    spec = load_model(str(config), unquantized=unquantized)
     if not checkpoint or spec.checkpoint_params:  # a snapshot with its weights already counts them
         return spec
     summary, why = checkpoint_summary(repo, revision, config)

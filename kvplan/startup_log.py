@@ -64,6 +64,8 @@ class StartupLog:
     config: dict[str, Any] = field(default_factory=dict)
     measured: dict[str, float] = field(default_factory=dict)
     failure: Optional[dict[str, Any]] = None  # the engine's own error, when it stopped: kind, message, figures
+    startups: int = 1  # how many startups the text holds (a restarted server appending to one file)
+    first_line: int = 1  # the line where the startup read begins (the last one)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -283,13 +285,42 @@ def _parse(parser, text: str, source: str) -> StartupLog:
     return log
 
 
+# the line each startup begins with: vLLM's API server announcing its version (the banner's "version X" from
+# 0.19), or, without an API server (the offline LLM class), the engine's initialization; SGLang's server arguments
+_VLLM_STARTS = (r"vLLM API server version \S|\u2588\s+version v?[0-9]", r"Initializing (?:an|a V1) LLM engine")
+_SGLANG_STARTS = (r"server_args=ServerArgs\(|^\S*\s*ServerArgs\(",)
+
+
+def _last_startup(text: str, starts: tuple[str, ...]) -> tuple[str, int, int]:
+    """The last startup in a file a restarted server appended to, how many it holds and the line where the last
+    begins. Each pattern is tried in turn: the first one the text has marks the startups."""
+    for pattern in starts:
+        offsets = [m.start() for m in re.finditer(rf"^.*(?:{pattern})", text, re.MULTILINE)]
+        if offsets:
+            break
+    else:
+        return text, 1, 1
+    if len(offsets) == 1:
+        return text, 1, 1
+    start = offsets[-1]
+    return text[start:], len(offsets), text.count("\n", 0, start) + 1
+
+
+def _parse_last(parser, text: str, source: str, starts: tuple[str, ...]) -> StartupLog:
+    last, count, line = _last_startup(text, starts)
+    log = _parse(parser, last, source)
+    log.startups, log.first_line = count, line
+    return log
+
+
 def parse_startup_log(text: str, source: str = "log") -> StartupLog:
-    """The engine, configuration and measured figures of a vLLM or SGLang startup log."""
+    """The engine, configuration and measured figures of a vLLM or SGLang startup log; of a file holding several
+    startups (a restarted server appending to it), the last."""
     if re.search(r"KV Cache is allocated|max_total_num_tokens=|ServerArgs\(", text):
-        log = _parse(_parse_sglang, text, source)
+        log = _parse_last(_parse_sglang, text, source, _SGLANG_STARTS)
         need = [("max_total_num_tokens", "max_total_num_tokens=N (the scheduler's summary line)")]
     elif re.search(r"KV cache memory|KV cache size|# GPU blocks|vLLM|vllm", text):
-        log = _parse(_parse_vllm, text, source)
+        log = _parse_last(_parse_vllm, text, source, _VLLM_STARTS)
         need = []
         if log.failure is not None:
             return log  # the engine stopped: what it printed before is all there is
@@ -302,6 +333,7 @@ def parse_startup_log(text: str, source: str = "log") -> StartupLog:
         raise KvplanError(f"{source}: not a vLLM or SGLang startup log (none of their KV-cache lines is in it)")
     missing = [what for key, what in need if key not in log.measured]
     if missing:
-        raise KvplanError(f"{source}: the {log.engine} log lacks {'; '.join(missing)}; pass the whole startup log, "
-                          f"from the engine's start to its first request")
+        where = f" (its last startup, from line {log.first_line})" if log.startups > 1 else ""
+        raise KvplanError(f"{source}: the {log.engine} log{where} lacks {'; '.join(missing)}; pass the whole startup "
+                          f"log, from the engine's start to its first request")
     return log

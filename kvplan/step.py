@@ -545,6 +545,13 @@ class StepModel:
 
     # -- the step ------------------------------------------------------------------------------------------------
 
+    @property
+    def fitted_tokens(self) -> Optional[int]:
+        """The most tokens a step that the timings behind its GEMM fits reach (the largest range of m they were
+        fitted over), the fewest over its GEMMs; None where the fits keep no ranges (a measured GEMV fit)."""
+        reach = [max(b["max_tokens"] for b in f.buckets) for f, *_ in self.dense if f.buckets]
+        return min(reach) if reach else None
+
     def step(self, batch, context, prefill_tokens=0.0, prefill_context=0.0, xp=SCALAR) -> StepTime:
         """One step with `batch` decoding sequences of `context` cached tokens each, plus `prefill_tokens` new
         prompt tokens (a chunked-prefill chunk) that attend to `prefill_context` tokens each on average. Numbers, or

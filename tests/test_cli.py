@@ -118,3 +118,31 @@ def test_no_command_shows_the_help_and_one_line(cli):
     r = cli()
     assert r.code == 2 and "Usage" in r.out
     assert r.err == "kvplan: error: no command given: the help above lists them (`kvplan COMMAND --help`)\n"
+
+
+@pytest.mark.parametrize("typed, meant", [("8192", 8192), ("128k", 128 * 1024), ("1.5k", 1536), ("2m", 2 * 1024**2),
+                                          (".5k", 512), (str(2**53), 2**53)])
+def test_token_counts_are_read_exactly(cli, typed, meant):
+    """k is 1,024 and m 1,024^2, as vLLM's own size arguments; the value is the exact product, never a float's."""
+    import json
+
+    r = cli("crossover", "llama3-8b", "-c", typed, "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["operating_points"][0]["context"] == meant
+
+
+@pytest.mark.parametrize("typed, says", [
+    ("1e30", "--context '1e30': exponent notation is not taken; write a whole number from 1 to 2**53 "
+             "(9,007,199,254,740,992) or use k or m (128k, 2m)"),
+    ("1E3", "--context '1e3': exponent notation is not taken; write the digits (1000) or use k or m (128k, 2m)"),
+    ("99999999999999999999999", "--context '99999999999999999999999': at most 2**53 (9,007,199,254,740,992), the "
+                                "largest whole number kvplan's arithmetic holds exactly"),
+    ("1.5", "--context '1.5': expected a whole number such as 8192 or 128k"),
+    ("nan", "--context 'nan': expected a whole number such as 8192 or 128k"),
+])
+def test_token_counts_refuse_exponents_and_sizes_beyond_exact(cli, typed, says):
+    r = cli("crossover", "llama3-8b", "-c", typed)
+    assert (r.code, r.out, r.err) == (2, "", f"kvplan: error: {says}\n")
+    r = cli("crossover", "llama3-8b", "-b", "1e9", "-c", "2k")
+    assert r.err == ("kvplan: error: --batch '1e9': exponent notation is not taken; write the digits (1000000000) or "
+                     "use k or m (128k, 2m)\n")

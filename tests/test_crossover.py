@@ -190,3 +190,49 @@ def test_crossover_all_dtypes_on_mla(cli):
     r = cli("crossover", "deepseek-v3", "--dtype", "all", "--json")
     names = [d["dtype"] for d in json.loads(r.out)]
     assert "fp8_ds_mla" in names and "turboquant_k8v4" not in names
+
+
+def test_operating_points_beyond_the_gpu_and_the_fitted_range_are_noted(l8):
+    """An operating point whose KV cannot sit in the GPU's memory, or a batch beyond the step timings, is priced
+    with a note rather than as if vLLM could run it."""
+    import yaml
+
+    from kvplan.specs import catalog_dir
+
+    h100 = load_gpu("h100")
+    # K and V x 32 layers x 8 KV heads x 128 x 2 bytes = 131,072 B a token; 64 x 131,072 tokens of it is
+    # 1,099.5 GB, beyond the 80 GB H100; 8 x 8,192 tokens (8.6 GB) beside 16.1 GB of weights fit
+    per_token = 2 * 32 * 8 * 128 * 2
+    big = crossover(l8, "auto", gpu=h100, batches=[64], contexts=[131072])
+    assert big.operating_points[0].kv_bytes == 64 * 131072 * per_token
+    assert 64 * 131072 * per_token > h100.memory_total_bytes
+    assert any(n.startswith(f"batch 64 x context 131,072: the KV cache a step reads "
+                            f"({64 * 131072 * per_token / 1e9:,.1f} GB per rank)") and "no vLLM pool holds it" in n
+               for n in big.notes)
+    small = crossover(l8, "auto", gpu=h100, batches=[8], contexts=[8192])
+    assert 8 * 8192 * per_token + small.weight_bytes_held < h100.memory_total_bytes
+    assert not any("no vLLM pool" in n for n in small.notes)
+    assert not any("no vLLM pool" in n for n in crossover(l8, "auto", batches=[64], contexts=[131072]).notes)
+
+    # the bundled H100 GEMM timings reach steps of this many tokens (their largest range of m)
+    bundled = yaml.safe_load((catalog_dir("hardware") / "profiles" / "step-time.yaml").read_text())
+    reach = max(b["max_tokens"] for b in bundled["gpus"]["H100-SXM5-80GB"]["gemm"]["bfloat16"]["buckets"])
+    inside = crossover(l8, "auto", gpu=h100, batches=[reach], contexts=[16])
+    assert not any("beyond the" in n for n in inside.notes)
+    past = crossover(l8, "auto", gpu=h100, batches=[reach + 1], contexts=[16])
+    assert f"batch {reach + 1:,} is beyond the {reach:,} tokens a step that the step model's kernel timings reach: " \
+           "its expected ms extrapolate the fits" in past.notes
+
+
+def test_weights_beyond_the_gpu_are_noted_once(l70):
+    """70B parameters in bf16 (over 140 GB) exceed an 80 GB H100 at TP 1 before any KV: one note says so."""
+    h100 = load_gpu("h100")
+    x = crossover(l70, "auto", gpu=h100, batches=[1, 8], contexts=[1024])
+    assert x.weight_bytes_held > h100.memory_total_bytes
+    said = [n for n in x.notes if "no vLLM pool" in n]
+    assert said == [f"the weights held ({x.weight_bytes_held / 1e9:,.1f} GB per rank) alone exceed the "
+                    f"{h100.memory_total_bytes / 1e9:,.1f} GB ({h100.memory_total_bytes / 2**30:,.1f} GiB) the "
+                    f"H100-SXM5-80GB holds: no vLLM pool holds any operating point at TP 1; their step times are a "
+                    f"what-if"]
+    assert not any("no vLLM pool" in n for n in crossover(l70, "auto", gpu=h100, tp=2, batches=[1],
+                                                          contexts=[1024]).notes)

@@ -299,3 +299,22 @@ def test_profile_supplies_its_layout(cli, vllm_profile, tmp_path):
     assert d["tp"] == 2 and d["non_kv"]["weights_measured"] is True
     d1 = json.loads(cli("capacity", "--profile", str(p), "--tp", "1", "--json").out)
     assert d1["tp"] == 1 and d1["non_kv"]["weights_measured"] is False
+
+
+def test_calibration_without_gpu_plans_the_gpu_it_was_measured_on(cli, tmp_path):
+    """A calibration profile names the GPU it was measured on (nvidia-smi's name for the H100 SXM here): without
+    --gpu that GPU is planned, the same as naming it, rather than the option being dropped."""
+    path = write_calibration(tmp_path / "cal.yaml", 80 * GiB, name="NVIDIA H100 80GB HBM3")
+    alone = json.loads(cli("crossover", "llama3-8b", "-d", "fp8", "--calibration", path, "--json").out)
+    named = json.loads(cli("crossover", "llama3-8b", "-d", "fp8", "--calibration", path, "--gpu", "h100",
+                           "--json").out)
+    assert alone["gpu"] == named["gpu"] == "H100-SXM5-80GB"
+    assert alone["operating_points"] == named["operating_points"]
+    assert alone["operating_points"][0]["calibrated_step_ms"] is not None
+    cap = json.loads(cli("capacity", "llama3-8b", "--calibration", path, "--json").out)
+    assert cap["gpu"] == "H100-SXM5-80GB" and cap["total_bytes"] == 80 * GiB  # the memory the profile measured
+    assert "GPU taken from the calibration profile: H100-SXM5-80GB, the GPU it was measured on" in cap["notes"]
+    unknown = write_calibration(tmp_path / "x.yaml", 80 * GiB, name="Mystery GPU")
+    r = cli("crossover", "llama3-8b", "--calibration", unknown)
+    assert (r.code, r.err) == (2, f"kvplan: error: the calibration profile {unknown} was measured on Mystery GPU, a "
+                                  f"GPU kvplan's catalog does not hold; pass --gpu (a catalog name or a YAML spec)\n")

@@ -880,10 +880,14 @@ def test_regression_sweep_figures_at_a_huge_batch_match_crossover():
 
 
 def test_regression_sizes_keep_every_digit():
-    # 2**53 + 1 went through a float and came back as 2**53
-    code, out, err = run(["crossover", "llama3-8b", "-c", str(2**53 + 1), "--json"])
+    # 2**53 - 1 once went through a float; sizes are read exactly, up to 2**53, the largest whole number float64
+    # arithmetic holds exactly (2**53 + 1 would come back as 2**53), and refused beyond it
+    code, out, err = run(["crossover", "llama3-8b", "-c", str(2**53 - 1), "--json"])
     assert code == 0, err
-    assert json.loads(out)["operating_points"][0]["context"] == 2**53 + 1
+    assert json.loads(out)["operating_points"][0]["context"] == 2**53 - 1
+    code, out, err = run(["crossover", "llama3-8b", "-c", str(2**53 + 1)])
+    assert code == 2 and err == (f"kvplan: error: --context '{2**53 + 1}': at most 2**53 (9,007,199,254,740,992), "
+                                 f"the largest whole number kvplan's arithmetic holds exactly\n")
 
 
 FUZZ_TESTS = {"capacity", "crossover", "sweep", "plot capacity", "plot crossover", "formats", "measure",

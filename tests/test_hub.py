@@ -310,3 +310,31 @@ def test_hub_checkpoint_with_token(hub, tmp_path):
     mine = [s for s in FakeHub.seen if "/acme/tiny-llama-private/" in s[1]]
     assert any(s[1].endswith(".safetensors") for s in mine)
     assert all(s[3] == "Bearer hf_test_token" for s in mine)
+
+
+def test_unreachable_hub_fails_fast_and_catalog_ids_still_plan(tmp_path):
+    """Nothing listens on 127.0.0.1:9: the Hub is out of reach at once. A catalog architecture is planned from the
+    catalog, as without the hub extra, with a note; any other id fails in one whole line, without the retries
+    huggingface_hub would spend on it."""
+    import time
+
+    env = dict(HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_CACHE=str(tmp_path / "empty"), HF_HUB_OFFLINE="0")
+    start = time.monotonic()
+    code, out, err = _kvplan(["capacity", "Qwen/Qwen3-8B", "--gpu", "h100", "--json"], **env)
+    assert code == 0, err
+    r = json.loads(out)
+    # the catalog's Qwen3-8B: 36 layers x 8 KV heads x 128 x 2 (K, V) x 2 B = 147,456 B per token
+    assert r["kv_bytes_per_token"] == 36 * 8 * 128 * 2 * 2
+    assert any(n.startswith("'Qwen/Qwen3-8B' planned as the catalog's Qwen3-8B (the same architecture); the Hub "
+                            "cannot be reached (127.0.0.1:9: ") for n in r["notes"])
+    code, out, err = _kvplan(["capacity", "acme/Qwen3-14B-copy", "--gpu", "h100"], **env)
+    assert code == 2 and err.startswith("kvplan: error: cannot reach the Hub for 'acme/Qwen3-14B-copy' (127.0.0.1:9: ")
+    assert err.endswith("); check the network or HF_ENDPOINT, or pass a local config.json\n")
+    assert time.monotonic() - start < 20  # two runs, each well under huggingface_hub's own retries (24 s)
+
+
+def test_long_reasons_are_shortened_at_a_word():
+    from kvplan.hub import _reason
+
+    said = _reason(ValueError("Please check your connection and try again " * 10), limit=60)
+    assert said == "Please check your connection and try again Please check your..."

@@ -234,3 +234,45 @@ def test_entrypoint_from_the_log():
                               "0.20.1", "INFO 03-02 10:00:00 [llm.py:347] Supported tasks: ['generate']")
     assert parse_startup_log(offline).config["entrypoint"] == "llm"
     assert import_log(offline, "offline.log").config["entrypoint"] == "llm"
+
+
+@pytest.mark.parametrize("first,last", [(LOGS[1], LOGS[0]), (LOGS[0], LOGS[1]), (LOGS[3], LOGS[3])])
+def test_restarted_server_reads_the_last_startup(cli, fixtures, tmp_path, first, last):
+    """A server restarted with `tee -a` (or `docker logs` of a restarted container) leaves two startups in one file.
+    The server running now is the last one, so a vLLM or SGLang user asks about it: kvplan reads only the last
+    startup, whole, and says so, rather than the first run's configuration beside the second run's figures."""
+    earlier, later = text(fixtures, first), text(fixtures, last)
+    both = earlier + later
+    alone = parse_startup_log(later)
+    log = parse_startup_log(both)
+    assert (log.version, log.config, log.measured) == (alone.version, alone.config, alone.measured)
+    # the last startup begins at its API server's version line (SGLang: its server_args line), which in the later
+    # file comes after the lines before it; line numbers count from 1
+    marker = "server_args=" if "sglang" in last else "API server version"
+    before = next(i for i, line in enumerate(later.splitlines()) if marker in line)
+    assert log.startups == 2 and log.first_line == len(earlier.splitlines()) + before + 1
+    path = tmp_path / "two.log"
+    path.write_text(both)
+    gpu = () if "sglang" in last else ("--gpu", "h100")
+    r = cli("log", str(path), *gpu, "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["notes"][0] == (f"the log holds 2 startups (a restarted server appending to one file); read the "
+                                f"last, from line {log.first_line}")
+    one = tmp_path / "one.log"
+    one.write_text(later)
+    alone_data = json.loads(cli("log", str(one), *gpu, "--json").out)
+    assert data["figures"] == alone_data["figures"] and data["config"] == alone_data["config"]
+
+
+def test_restart_that_never_measured_names_the_last_startup(cli, fixtures, tmp_path):
+    """The last startup cut short (the server is still starting) is not completed from the earlier run's figures."""
+    earlier = text(fixtures, LOGS[0])
+    cut = "\n".join(line for line in earlier.splitlines() if "KV cache" not in line and "concurrency" not in line)
+    path = tmp_path / "restart.log"
+    path.write_text(earlier + cut + "\n")
+    r = cli("log", str(path), "--gpu", "h100")
+    assert r.code == 2 and "Traceback" not in r.err
+    first = len(earlier.splitlines()) + next(i for i, line in enumerate(cut.splitlines())
+                                             if "API server version" in line) + 1
+    assert f"log (its last startup, from line {first}) lacks" in r.err

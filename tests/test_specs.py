@@ -144,3 +144,62 @@ def test_alias_lookup_builds_only_the_entry_named():
         assert specs._load_catalog_file.cache_info().currsize == 1
     finally:
         specs._load_catalog_file.cache_clear()
+
+
+def test_a_folder_or_file_on_disk_wins_over_the_catalog(cli, fixtures, tmp_path, monkeypatch):
+    """A snapshot folder named like a catalog model is that folder's model, and a bare relative name works as ./name
+    does: what exists on disk is what the user pointed at."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    cfg = json.loads((fixtures / "llama3-8b.config.json").read_text())
+    cfg["num_hidden_layers"] = 16
+    for folder in ("Llama-3.1-8B", "snap"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text(json.dumps(cfg))
+    # K and V x 16 layers x 8 KV heads x head_dim 128 x 2 bytes (bf16) = 65,536 B/token; the catalog's
+    # Llama-3.1-8B has 32 layers: 131,072
+    per_token = 2 * 16 * cfg["num_key_value_heads"] * 128 * 2
+    assert per_token == 65_536
+    for name in ("Llama-3.1-8B", "snap", "./snap"):
+        r = cli("crossover", name, "--json")
+        assert r.code == 0, r.err
+        assert json.loads(r.out)["kv_bytes_per_token"] == per_token, name
+    (tmp_path / "spec").write_text((fixtures / "tiny-model.yaml").read_text())  # a YAML spec without its suffix
+    assert cli("crossover", "spec", "--json").code == 0
+    # a folder without a config.json is no model: said so, and the catalog name still works beside such a folder
+    (tmp_path / "adir").mkdir()
+    r = cli("crossover", "adir")
+    assert r.code == 2 and r.err.startswith("kvplan: error: unknown model 'adir': the folder adir holds no "
+                                            "config.json; pass a snapshot folder") and "\n" == r.err[-1]
+    (tmp_path / "llama3-8b").mkdir()
+    assert json.loads(cli("crossover", "llama3-8b", "--json").out)["kv_bytes_per_token"] == 131_072
+
+
+def test_weight_dtype_stands_in_for_an_unmodelled_checkpoint_quantization(cli, fixtures, tmp_path):
+    """The error advises --weight-dtype; given, it plans the weights in that format: the same figures as the
+    unquantized config with the same --weight-dtype, and a note saying the checkpoint's own scheme was set aside."""
+    cfg = json.loads((fixtures / "llama3-8b.config.json").read_text())
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps(cfg))
+    cfg["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "MXFP8"}
+    quant = tmp_path / "quant.json"
+    quant.write_text(json.dumps(cfg))
+    r = cli("capacity", str(quant), "--gpu", "h100", "--max-model-len", "8k")
+    assert r.code == 2 and r.err == (f"kvplan: error: {quant}: ModelOpt quant_algo 'MXFP8' is not modelled; pass "
+                                     f"--weight-dtype (fp8, nvfp4, ...) to plan the weights in that format\n")
+    given = json.loads(cli("capacity", str(quant), "--gpu", "h100", "--max-model-len", "8k", "--weight-dtype",
+                           "fp8", "--json").out)
+    same = json.loads(cli("capacity", str(plain), "--gpu", "h100", "--max-model-len", "8k", "--weight-dtype", "fp8",
+                          "--json").out)
+    assert given["weight_bytes"] == same["weight_bytes"] and given["num_blocks"] == same["num_blocks"]
+    assert given["weight_dtype"] == "fp8"
+    assert ("the checkpoint's ModelOpt quant_algo 'MXFP8' is not modelled: its weights are planned as --weight-dtype "
+            "fp8") in given["notes"]
+    x = cli("crossover", str(quant), "--weight-dtype", "fp8", "--json")
+    assert x.code == 0 and json.loads(x.out)["weight_bytes_held"] == json.loads(
+        cli("crossover", str(plain), "--weight-dtype", "fp8", "--json").out)["weight_bytes_held"]
+    # models show has no --weight-dtype: its message says where the option is taken
+    r = cli("models", "show", str(quant))
+    assert r.code == 2 and "`models show` shows the checkpoint as it is: capacity, crossover, throughput and sweep " \
+                           "plan it with --weight-dtype" in r.err

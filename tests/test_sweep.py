@@ -111,3 +111,37 @@ def test_sweep_cli_columns(cli):
     assert r.code == 0 and r.out.splitlines()[0] == "model,dtype,max_concurrency"
     r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "--columns", "model,concurrency")
     assert r.code == 2 and "did you mean max_concurrency" in r.err
+
+
+def test_rows_vllm_refuses_say_why_in_capacitys_words(cli):
+    """A row capacity refuses carries capacity's reason in `problem` (empty where the row fits), and `fits` is
+    False exactly there."""
+    from kvplan.errors import KvplanError
+
+    df = sweep(["llama3-8b", "llama-3.1-70b", "llama-3.1-8b"], ["h100"], max_model_lens=[4096, 131072, 1 << 20],
+               gpu_memory_utilization=0.3)
+    by = {(str(r.model), int(r.max_model_len)): r for r in df.itertuples()}
+    for (name, mlen), row in by.items():
+        key = {"Llama-3-8B": "llama3-8b", "Llama-3.1-70B": "llama-3.1-70b", "Llama-3.1-8B": "llama-3.1-8b"}[name]
+        try:
+            c = capacity(load_model(key), load_gpu("h100"), "auto", max_model_len=mlen, gpu_memory_utilization=0.3)
+            said = c.problem
+        except KvplanError as e:  # refused before any pool is planned
+            said = str(e)
+        assert (None if pd.isna(row.problem) else row.problem) == said, (name, mlen)
+        assert bool(row.fits) == (said is None)
+    # Llama-3-8B's positions stop at 8,192: vLLM refuses 131,072 and 1,048,576 outright
+    assert by[("Llama-3-8B", 131072)].problem.startswith("--max-model-len 131072 exceeds Llama-3-8B's "
+                                                          "max_position_embeddings 8192; vLLM refuses it")
+    # 70B parameters in bf16 (over 130 GiB) cannot sit in 30% of 80 GiB: no pool at any length
+    assert by[("Llama-3.1-70B", 4096)].available_kv_bytes < 0
+    assert "weights" in by[("Llama-3.1-70B", 4096)].problem and "exceed" in by[("Llama-3.1-70B", 4096)].problem
+    # one 131,072-token sequence needs 131,072 / 16 = 8,192 blocks of 16 tokens; 30% of the H100 holds fewer
+    short = by[("Llama-3.1-8B", 131072)]
+    assert short.blocks_per_request == 131072 // 16 and "(8,192 blocks needed" in short.problem
+    assert pd.isna(by[("Llama-3.1-8B", 4096)].problem) and by[("Llama-3.1-8B", 4096)].fits
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", "--max-model-len", "1M,8k", "--columns",
+            "max_model_len,fits,problem")
+    assert r.out.splitlines()[1:] == [
+        "1048576,False,\"--max-model-len 1048576 exceeds Llama-3-8B's max_position_embeddings 8192; vLLM refuses it "
+        "(lower it, or use a spec with a longer context)\"", "8192,True,"]

@@ -608,3 +608,32 @@ def test_throughput_open_loop_at_a_request_rate(cli):
     assert open_loop["ttft_ms"] < closed["ttft_ms"] and open_loop["tpot_ms"] < closed["tpot_ms"]
     r = cli(*base, "--request-rate", "0")
     assert r.code == 2 and "--request-rate must be a positive" in r.err
+
+
+@pytest.mark.parametrize("command", [["throughput"], ["plot", "throughput"]])
+def test_sglang_default_dtypes_on_an_mla_model_are_sglangs(cli, command):
+    """Without -d, the comparison is the model's own cache and the engine's fp8: fp8_ds_mla is vLLM's MLA layout,
+    and SGLang stores DeepSeek's latent as plain fp8 (its --kv-cache-dtype fp8_e4m3)."""
+    import json
+
+    from kvplan.sglang_rules import SGLANG_DTYPES
+
+    assert "fp8" in SGLANG_DTYPES and "fp8_ds_mla" not in SGLANG_DTYPES
+    r = cli(*command, "deepseek-v3", "--gpu", "h200", "--tp", "8", "--isl", "1k", "--osl", "1k", "--engine", "sglang",
+            "-n", "16", "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    if command == ["throughput"]:
+        assert {row["kv_cache_dtype"] for row in data["rows"]} == {"auto", "fp8"}
+    else:  # the figure's lines, one per dtype
+        assert [s["label"] for s in data["series"]] == ["auto", "fp8"]
+    vllm = json.loads(cli("throughput", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--isl", "1k", "--osl", "1k",
+                          "-n", "16", "--json").out)
+    assert {row["kv_cache_dtype"] for row in vllm["rows"]} == {"auto", "fp8_ds_mla"}
+
+
+def test_api_throughput_default_dtypes_follow_the_engine():
+    import kvplan
+
+    r = kvplan.throughput("deepseek-v3", "h200", isl=1024, osl=1024, concurrency=[16], tp=8, engine="sglang")
+    assert {row.kv_cache_dtype for row in r.rows} == {"auto", "fp8"}
