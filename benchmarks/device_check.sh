@@ -81,7 +81,7 @@ wheels_alone() {
 
 imports() {
     python3 -c "
-import torch, triton, typer, pydantic, yaml, rich, kvplan.cli
+import torch, triton, typer, pydantic, yaml, rich, kvplan.app.cli
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)
 print('typer', typer.__version__, 'pydantic', pydantic.VERSION, 'pyyaml', yaml.__version__)
 print('gpu', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none visible to torch')"

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from kvplan.step import SPLIT_FIELDS, Fit, attention_call_seconds, gemm_call_seconds
+from kvplan.sizing.step_time import SPLIT_FIELDS, Fit, attention_call_seconds, gemm_call_seconds
 
 MB = 2**20
 # silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes, SMs):

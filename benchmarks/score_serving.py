@@ -11,7 +11,7 @@ the mean TTFT and TPOT measured. HF_CONFIGS holds the models' config.json files,
 `<org>--<name>/config.json`.
 
 Each row kvplan can express is predicted in-process by the path `kvplan throughput --json` takes (a DeploymentArgs
-resolved per KV dtype with needs_memory=True, then kvplan.steady.throughput_of at the row's concurrency), so a
+resolved per KV dtype with needs_memory=True, then kvplan.plan.throughput.throughput_of at the row's concurrency), so a
 row's figures equal that command's `tpot_ms` and `ttft_ms`. Error = predicted / measured - 1. Rows kvplan cannot
 express are counted per reason, never dropped silently. With --json, every scored row (its inputs, the measured
 and predicted figures and the errors), every skipped one with its reason, and the summary go to OUT, written
@@ -68,9 +68,9 @@ from typing import Optional
 from kvplan.deployment import DeploymentArgs, deployments
 from kvplan.errors import KvplanError
 from kvplan.files import atomic_write_text
-from kvplan.formats import parse_dtypes
-from kvplan.specs import load_gpu, load_model
-from kvplan.steady import throughput_of
+from kvplan.plan.throughput import throughput_of
+from kvplan.specs.catalog import load_gpu, load_model
+from kvplan.specs.kv_formats import parse_dtypes
 
 # the benchmark client's requests: aiperf --num-requests 20 x the concurrency (AIConfigurator's bench_run.sh.j2),
 # one closed loop whose clients start at once. Its --warmup-request-count 2 x the concurrency is not simulated: run
@@ -78,12 +78,12 @@ from kvplan.steady import throughput_of
 # error from 51% to 63% on these runs, so the measured phase is taken to start afresh
 PROMPTS_PER_CLIENT = 20
 WARMUP_PER_CLIENT = 0
-from kvplan.step import bundled_profile
-from kvplan.weights import weight_format
+from kvplan.sizing.step_time import bundled_profile
+from kvplan.sizing.weights import weight_format
 
 SYSTEMS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200"}
 ENGINES = ("vllm", "sglang")
-# AIConfigurator's quant modes -> kvplan weight formats (kvplan.weights.WEIGHT_FORMATS)
+# AIConfigurator's quant modes -> kvplan weight formats (kvplan.sizing.weights.WEIGHT_FORMATS)
 QUANT_MODES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block128", "nvfp4": "nvfp4",
                "int4_wo": "int4_g128"}
 # a precision's published checkpoints, tried before the base model's own: (organisation or None for any, suffix)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from fit_step_profiles import ACT_BYTES, DECODE_TOKENS, GEMM_BUCKETS, GPUS, MB, WEIGHT_BYTES
 
 

@@ -44,7 +44,7 @@ FLOOR = [sys.executable, _APP, "crossover", "llama3-8b", "--dtype", "fp8"]
 
 def kvplan_cmd() -> list[str]:
     exe = shutil.which("kvplan")
-    prefix = [exe] if exe else [sys.executable, "-m", "kvplan.cli"]
+    prefix = [exe] if exe else [sys.executable, "-m", "kvplan.app.cli"]
     return prefix + ["crossover", "llama3-8b", "--dtype", "fp8"]
 
 

@@ -120,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
         if r.returncode:
             print(f"the wheels in {wheels} do not install alone (pip exit {r.returncode})")
             return 1
-        checks = [("imports", [str(py), "-c", "import typer, rich, pydantic, yaml, kvplan.cli, kvplan.measure_run, "
-                               "kvplan.calibration, kvplan.render, kvplan.engine, kvplan.weights"]),
+        checks = [("imports", [str(py), "-c", "import typer, rich, pydantic, yaml, kvplan.app.cli, kvplan.measure.run, "
+                               "kvplan.specs.calibration, kvplan.app.render, kvplan.sizing.kv_cache, "
+                               "kvplan.sizing.weights"]),
                   ("measure --dry-run", [str(py), "-m", "kvplan", "measure", "--dry-run", "--quick"])]
         if args.without_torch:
             checks.append(("measure without torch", [str(py), "-m", "kvplan", "measure", "--quick"]))

@@ -1,7 +1,7 @@
 """kvplan's GPU kernels, installed as `kvplan.kernels` (they need torch and triton: `pip install 'kvplan[gpu]'`).
 
 One module per kernel family, each with its launcher and a plain torch reference beside it:
-  layouts               where each byte of a cache slot sits, computed from the format catalog (kvplan.formats)
+  layouts               where each byte of a cache slot sits, computed from the format catalog (kvplan.specs.kv_formats)
   common                what the decode kernels share: slot addressing, the online-softmax step, packed codes,
                         and the split of each context over several programs with the kernel that folds the splits
   paged_attention       paged decode attention (GQA, ragged lengths) over bf16, fp16, fp8 e4m3/e5m2 with per-tensor

@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from kvplan.calibration import MB, FamilyFit, MeasurePlan, fit_family
 from kvplan.errors import error_line
+from kvplan.specs.calibration import MB, FamilyFit, MeasurePlan, fit_family
 
 HEAD_DIM, KV_HEADS, HEADS, BLOCK = 128, 8, 32, 16
 
@@ -406,7 +406,7 @@ def validate_step(model, fmt_name: str, batch: int, context: int, layers: int, d
     (dense matrices, and the MoE experts one token touches) and the paged decode attention of `batch` sequences
     of `context` tokens in `fmt_name`, replayed as one CUDA graph where it can be captured (as the engines run
     their decode steps). Returns the measured median seconds and the bytes read."""
-    from kvplan.weights import model_tensors
+    from kvplan.sizing.weights import model_tensors
 
     from .gemv import gemv, quantize_fp8_weights
     from .layouts import slot_layout

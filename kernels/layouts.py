@@ -1,4 +1,5 @@
-"""Where each byte of a cache slot sits, computed from the format catalog (kvplan.formats), so that what a kernel
+"""Where each byte of a cache slot sits, computed from the format catalog (kvplan.specs.kv_formats), so that what a
+kernel
 reads and what the planner counts are one description.
 
 A slot is one token of one KV head: the K side's components in catalog order, then the V side's. The paged cache
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvplan.formats import KVFormat, kv_format
+from kvplan.specs.kv_formats import KVFormat, kv_format
 
 # formats the paged decode kernel reads, and its mode number for each
 KERNEL_MODES = {"bfloat16": 0, "auto": 0, "float16": 5, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 2,

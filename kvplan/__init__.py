@@ -29,15 +29,16 @@ if not _os.path.isdir(_os.path.join(_pkg, "kernels")) and _os.path.isdir(_os.pat
     __path__.append(_os.path.dirname(_pkg))  # noqa: F821 - a package's own __path__
 
 _EXPORTS = {
-    "crossover": "api", "CrossoverResult": "kv_crossover", "OperatingPoint": "kv_crossover",
-    "capacity": "api", "CapacityResult": "pool",
-    "sweep": "grid",
-    "throughput": "api", "ThroughputResult": "steady", "ThroughputRow": "steady",
-    "step_model": "step", "StepModel": "step",
-    "gate": "gates", "GateReport": "gates",
-    "kv_format": "formats", "KVFormat": "formats", "KV_FORMATS": "formats",
-    "ModelSpec": "specs", "GPUSpec": "specs", "load_model": "specs", "load_gpu": "specs",
-    "param_count": "weights", "weight_bytes": "weights",
+    "crossover": "api", "CrossoverResult": "plan.crossover", "OperatingPoint": "plan.crossover",
+    "capacity": "api", "CapacityResult": "plan.vllm_pool",
+    "sweep": "plan.sweep",
+    "throughput": "api", "ThroughputResult": "plan.throughput", "ThroughputRow": "plan.throughput",
+    "step_model": "sizing.step_time", "StepModel": "sizing.step_time",
+    "gate": "app.gates", "GateReport": "app.gates",
+    "kv_format": "specs.kv_formats", "KVFormat": "specs.kv_formats", "KV_FORMATS": "specs.kv_formats",
+    "ModelSpec": "specs.catalog", "GPUSpec": "specs.catalog", "load_model": "specs.catalog",
+    "load_gpu": "specs.catalog",
+    "param_count": "sizing.weights", "weight_bytes": "sizing.weights",
 }
 __all__ = sorted(_EXPORTS)
 

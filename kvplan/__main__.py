@@ -1,5 +1,5 @@
 """`python -m kvplan` runs the command line."""
 
-from .cli import entry
+from kvplan.app.cli import entry
 
 entry()

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .deployment import Deployment, DeploymentArgs, deployments, engine_of
-from .engine import SkipLayers, WeightRead
-from .formats import KVFormat, comparison_dtypes
-from .kv_crossover import CrossoverResult, crossover_of
-from .pool import CapacityResult, PoolPlan, capacity_of, plan_for
-from .specs import GPUSpec, ModelSpec, load_model_as
-from .steady import ThroughputResult, throughput_of
+from kvplan.deployment import Deployment, DeploymentArgs, deployments, engine_of
+from kvplan.plan.crossover import CrossoverResult, crossover_of
+from kvplan.plan.throughput import ThroughputResult, throughput_of
+from kvplan.plan.vllm_pool import CapacityResult, PoolPlan, capacity_of, plan_for
+from kvplan.sizing.kv_cache import SkipLayers, WeightRead
+from kvplan.specs.catalog import GPUSpec, ModelSpec, load_model_as
+from kvplan.specs.kv_formats import KVFormat, comparison_dtypes
 
 
 def crossover(model, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtype: Optional[str] = None,
@@ -43,7 +43,8 @@ def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None 
     A configuration that does not fit comes back with `fits=False` and `problem` set, so a listing over many models
     can show it; raise on it where a single answer was asked for.
 
-    With a deployment `profile` (kvplan.profile), the total memory, the engine version and the measured weights and
+    With a deployment `profile` (kvplan.specs.profile), the total memory, the engine version and the measured weights
+    and
     overheads of that deployment stand in for the model of them."""
     return capacity_of(_deployment(model, gpu, dtype, options))
 
@@ -60,7 +61,8 @@ def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequ
                ttft_ms: Optional[float] = None, percentile: str = "mean", num_prompts: Optional[int] = None,
                request_rate: Optional[float] = None, **options) -> ThroughputResult:
     """The throughput table for a model on a GPU, as `kvplan throughput` prints it: `kv_cache_dtypes` defaults to
-    the model's own and the engine's fp8 cache (fp8_ds_mla on MLA models under vLLM), `options` are kvplan.deployment.DeploymentArgs
+    the model's own and the engine's fp8 cache (fp8_ds_mla on MLA models under vLLM), `options` are
+    kvplan.deployment.DeploymentArgs
     fields (tp, weight_dtype, engine, calibration, max_num_batched_tokens, ...).
 
         >>> r = throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[16])

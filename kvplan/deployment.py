@@ -18,14 +18,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Optional, Union
 
-from .engine import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
-from .engines import backend_block_size, serve_defaults, version_key, vllm_rules
-from .errors import KvplanError
-from .formats import KVFormat, kv_format
-from .profile import load_profile
-from .sglang_rules import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
-from .specs import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model, load_model_as
-from .weights import weight_format
+from kvplan.errors import KvplanError
+from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
+from kvplan.rules.vllm import backend_block_size, serve_defaults, version_key, vllm_rules
+from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
+from kvplan.sizing.weights import weight_format
+from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model, load_model_as
+from kvplan.specs.kv_formats import KVFormat, kv_format
+from kvplan.specs.profile import load_profile
 
 GiB = 2**30
 ENGINES = ("vllm", "sglang")
@@ -81,8 +81,8 @@ class DeploymentArgs:
     activation_gib: Optional[float] = None
     non_torch_gib: Optional[float] = None
     cudagraph_gib: Optional[float] = None
-    profile: Any = None  # a path, or a kvplan.profile.DeploymentProfile
-    calibration: Any = None  # a path, or a kvplan.calibration.CalibrationProfile
+    profile: Any = None  # a path, or a kvplan.specs.profile.DeploymentProfile
+    calibration: Any = None  # a path, or a kvplan.specs.calibration.CalibrationProfile
 
     def given(self) -> list[str]:
         """The fields the user set (anything but None and the neutral values)."""
@@ -615,7 +615,7 @@ def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
     measured on another GPU than --gpu is refused."""
     if path is None and gpu is None:
         return None, ""
-    from .calibration import CalibrationProfile, find_calibration, load_calibration
+    from kvplan.specs.calibration import CalibrationProfile, find_calibration, load_calibration
 
     if isinstance(path, CalibrationProfile):
         return path, "a calibration profile"
@@ -635,8 +635,8 @@ def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
 
 def _calibration_gpu(path) -> GPUSpec:
     """The catalog GPU a calibration profile was measured on (its device name: the catalog's, or nvidia-smi's)."""
-    from .calibration import CalibrationProfile, load_calibration
-    from .specs import load_catalog
+    from kvplan.specs.calibration import CalibrationProfile, load_calibration
+    from kvplan.specs.catalog import load_catalog
 
     cal = path if isinstance(path, CalibrationProfile) else load_calibration(path)
     where = "the calibration profile" if isinstance(path, CalibrationProfile) else f"the calibration profile {path}"

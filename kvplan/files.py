@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import KvplanError
+from kvplan.errors import KvplanError
 
 FRAME_FORMATS = {".csv": "csv", ".parquet": "parquet", ".json": "json", ".md": "markdown", ".markdown": "markdown"}
 

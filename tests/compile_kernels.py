@@ -67,7 +67,7 @@ def capture() -> list[dict]:
     import torch
     from kvplan.kernels.bench import workload
 
-    from kvplan.calibration import FAMILIES
+    from kvplan.specs.calibration import FAMILIES
 
     launches: dict[str, dict] = {}
 

@@ -32,7 +32,7 @@ class Run:
 @pytest.fixture
 def cli(monkeypatch):
     """Run the kvplan CLI in-process; returns exit code, stdout and stderr."""
-    from kvplan.cli import main
+    from kvplan.app.cli import main
 
     def run(*args: str) -> Run:
         monkeypatch.setenv("COLUMNS", "200")

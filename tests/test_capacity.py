@@ -5,11 +5,11 @@ import json
 import pytest
 
 from kvplan.api import capacity
-from kvplan.engine import kv_layers
 from kvplan.errors import KvplanError
-from kvplan.formats import kv_format
-from kvplan.pool import kv_cache_groups
-from kvplan.specs import load_gpu, load_model
+from kvplan.plan.vllm_pool import kv_cache_groups
+from kvplan.sizing.kv_cache import kv_layers
+from kvplan.specs.catalog import load_gpu, load_model
+from kvplan.specs.kv_formats import kv_format
 
 GiB = 2**30
 H100 = load_gpu("h100")

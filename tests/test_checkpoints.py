@@ -8,7 +8,7 @@ import pytest
 
 from kvplan import capacity, load_gpu, load_model
 from kvplan.errors import KvplanError
-from kvplan.weights import param_count, weight_bytes, weight_format
+from kvplan.sizing.weights import param_count, weight_bytes, weight_format
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 GiB = 2**30
@@ -135,7 +135,7 @@ def test_free_memory_below_the_request():
 
 def test_sglang_result_has_the_shared_keys():
     from kvplan.deployment import DeploymentArgs
-    from kvplan.sglang import sglang_capacity
+    from kvplan.plan.sglang_pool import sglang_capacity
 
     r = sglang_capacity(DeploymentArgs(model="llama-3.1-8b", gpu="h100", engine="sglang", page_size=16)
                         .resolve(needs_memory=True))
@@ -191,7 +191,7 @@ def test_language_model_only():
     # granite-vision without its tower: the weights drop by the tower and projector (412,984,944 + 13,637,632
     # parameters in bf16 = 0.79 GiB) and the profile run no longer holds the 8,289 image embeddings
     from kvplan.deployment import DeploymentArgs
-    from kvplan.pool import capacity_of
+    from kvplan.plan.vllm_pool import capacity_of
 
     path = str(CONFIGS / "ibm-granite--granite-vision-3.3-2b.config.json")
     kw = dict(model=path, gpu="h100", gpu_memory_gib=79.19, gpu_memory_utilization=0.95, max_model_len=8192,
@@ -247,8 +247,8 @@ def test_deepseek_sparse_attention():
     # 7,168 -> 64). Its cache per token per layer: the bf16 latent (512 + 64) x 2 = 1,152 B and the indexer's fp8
     # key with a 4-byte scale per 128, 132 B (vLLM's DeepseekV32IndexerCache): 61 x 1,284 = 78,324 B a token on
     # every rank. A step reads every indexer key but only the index_topk = 2,048 best tokens of the latent.
-    from kvplan.engine import kv_bytes_per_token, kv_layers, kv_read_bytes
-    from kvplan.formats import kv_format
+    from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers, kv_read_bytes
+    from kvplan.specs.kv_formats import kv_format
 
     path = Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "deepseek-ai--DeepSeek-V3.2_config.json"
     m = load_model(str(path))

@@ -86,7 +86,7 @@ def test_planning_imports_no_torch_triton_pandas():
     import subprocess
     import sys
 
-    code = ("import sys, kvplan.cli as c; c.main(['crossover','llama3-8b','--dtype','fp8']); "
+    code = ("import sys, kvplan.app.cli as c; c.main(['crossover','llama3-8b','--dtype','fp8']); "
             "c.main(['capacity','llama3-8b','--gpu','h100']); "
             "bad = [m for m in ('torch', 'triton', 'pandas', 'numpy') if m in sys.modules]; "
             "sys.stderr.write(repr(bad))")

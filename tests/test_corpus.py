@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kvplan.engine import kv_bytes_per_token, kv_layers
 from kvplan.errors import KvplanError
-from kvplan.formats import kv_format
-from kvplan.specs import load_model
-from kvplan.weights import param_count
+from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers
+from kvplan.sizing.weights import param_count
+from kvplan.specs.catalog import load_model
+from kvplan.specs.kv_formats import kv_format
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "hf-corpus"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())

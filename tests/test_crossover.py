@@ -5,9 +5,9 @@ import json
 import pytest
 
 from kvplan.api import crossover
-from kvplan.engine import kv_bytes_per_token, kv_layers, kv_read_bytes
-from kvplan.formats import kv_format
-from kvplan.specs import load_gpu, load_model
+from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers, kv_read_bytes
+from kvplan.specs.catalog import load_gpu, load_model
+from kvplan.specs.kv_formats import kv_format
 
 W_8B = 8_030_261_248 * 2        # 1.606e10 bytes of bf16 weights
 KV_8B = 2 * 32 * 8 * 128 * 2    # 131,072 B per token = 128 KiB
@@ -197,7 +197,7 @@ def test_operating_points_beyond_the_gpu_and_the_fitted_range_are_noted(l8):
     with a note rather than as if vLLM could run it."""
     import yaml
 
-    from kvplan.specs import catalog_dir
+    from kvplan.specs.catalog import catalog_dir
 
     h100 = load_gpu("h100")
     # K and V x 32 layers x 8 KV heads x 128 x 2 bytes = 131,072 B a token; 64 x 131,072 tokens of it is

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from kvplan.specs import load_gpu, load_model
+from kvplan.specs.catalog import load_gpu, load_model
 
 GiB = 2**30
 LOG = "tests/fixtures/logs/vllm-v1-0.33-llama31-8b-h100.log"
@@ -179,7 +179,7 @@ def test_profile_rebases_on_another_batch_size(cli, vllm_profile):
 
 def test_library_applies_the_profile_like_the_cli(cli, vllm_profile):
     import kvplan
-    from kvplan.profile import load_profile
+    from kvplan.specs.profile import load_profile
 
     prof = load_profile(vllm_profile)
     lib = kvplan.capacity(load_model(prof.model), profile=prof)
@@ -199,7 +199,7 @@ def test_sglang_profile_at_another_tp_models_the_weights(cli, sglang_profile):
 
 
 def test_cached_calibration_memory_is_credited(cli, tmp_path, monkeypatch):
-    from kvplan.calibration import cache_dir, profile_name
+    from kvplan.specs.calibration import cache_dir, profile_name
 
     folder = cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -245,7 +245,7 @@ def test_library_cli_gate_and_sweep_agree(cli, tmp_path):
     """The same deployment gives byte-identical JSON from the library, the CLI and a gate, and the same figures
     in a sweep row."""
     import kvplan
-    from kvplan.render import _whole_numbers
+    from kvplan.app.render import _whole_numbers
 
     argv = ["capacity", "qwen3-8b", "--gpu", "h200", "--tp", "2", "-d", "fp8", "--max-model-len", "16384",
             "--gpu-memory-utilization", "0.85", "--max-num-seqs", "128", "--json"]

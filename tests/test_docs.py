@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 import kvplan
-from kvplan.cli import main
+from kvplan.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("module", ["kvplan", "kvplan.grid", "kvplan.gates"])
+@pytest.mark.parametrize("module", ["kvplan", "kvplan.plan.sweep", "kvplan.app.gates"])
 def test_docstring_examples(module):
     failures, tried = doctest.testmod(importlib.import_module(module), verbose=False)
     assert tried >= 2 and failures == 0

@@ -3,7 +3,7 @@ Each rule is listed with the engine source it comes from."""
 
 import pytest
 
-from kvplan.cli import main
+from kvplan.app.cli import main
 from kvplan.deployment import DeploymentArgs
 from kvplan.errors import KvplanError
 

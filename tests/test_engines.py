@@ -4,8 +4,8 @@ log lines as vLLM prints them (worked examples from vLLM's own code paths)."""
 import pytest
 
 from kvplan import capacity, load_gpu, load_model
-from kvplan.engines import vllm_rules
 from kvplan.errors import KvplanError
+from kvplan.rules.vllm import vllm_rules
 
 GiB = 2**30
 GPT_OSS_POOL = 110_136 * 576 * 1024 / GiB  # 110,136 blocks of 18 layers x 32 KiB
@@ -84,7 +84,7 @@ def test_pipeline_stages_take_the_fewest_blocks():
     # DeepSeek-V3's 61 layers over 4 stages: 15, 15, 16, 15 (vLLM gives the remainder to the stage before last).
     # Each stage's rank budgets its own weights; vLLM takes the fewest blocks over ranks.
     from kvplan.api import pool_plan
-    from kvplan.weights import weight_bytes
+    from kvplan.sizing.weights import weight_bytes
 
     m, h200 = load_model("deepseek-v3"), load_gpu("h200")
     plan = pool_plan(m, h200, "fp8_ds_mla", tp=8, pp=4, activation_gib=6)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from kvplan.api import capacity
-from kvplan.engine import check_tp, kv_bytes_per_token, kv_layers, state_bytes
 from kvplan.errors import KvplanError
-from kvplan.formats import kv_format
-from kvplan.specs import load_gpu, load_model
-from kvplan.weights import param_count, weight_bytes
+from kvplan.sizing.kv_cache import check_tp, kv_bytes_per_token, kv_layers, state_bytes
+from kvplan.sizing.weights import param_count, weight_bytes
+from kvplan.specs.catalog import load_gpu, load_model
+from kvplan.specs.kv_formats import kv_format
 
 CORPUS = Path(__file__).resolve().parent / "fixtures" / "hf-corpus"
 EXPECTED = json.loads((CORPUS / "expected.json").read_text())
@@ -231,7 +231,7 @@ def test_modelopt_mixed_precision():
     # delta nets' projections; what it does not name (embedding, router, b/a projections, vision tower) stays bf16
     assert (m.weight_dtype, m.weight_scope, m.attention_weight_dtype, m.lm_head_weight_dtype) == \
         ("nvfp4", "mlp", "fp8", "nvfp4")
-    from kvplan.weights import WEIGHT_FORMATS, model_tensors, tensor_bytes_per_rank
+    from kvplan.sizing.weights import WEIGHT_FORMATS, model_tensors, tensor_bytes_per_rank
     nvfp4, fp8 = WEIGHT_FORMATS["nvfp4"], WEIGHT_FORMATS["fp8"]
     by_name = {t.name: t for t in model_tensors(m)}
     expected = {
@@ -297,7 +297,7 @@ def test_kimi_k3():
 
 
 def test_zamba2_pipeline_stages_build_the_shared_blocks():
-    from kvplan.weights import pipeline_stages
+    from kvplan.sizing.weights import pipeline_stages
     m = load_model(str(CORPUS / ZAMBA2))
     one = weight_bytes(m).total
     stages = [weight_bytes(m, stage=rng).total for rng in pipeline_stages(m.num_layers, 2)]

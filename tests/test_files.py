@@ -212,7 +212,7 @@ def test_malformed_config_json(cli, tmp_path, field, body):
 
 
 def _spec(name: str, **changes) -> str:
-    from kvplan.specs import catalog_dir
+    from kvplan.specs.catalog import catalog_dir
 
     data = yaml.safe_load((catalog_dir("models" if name.startswith("llama") else "hardware") / name).read_text())
     data.update(changes)

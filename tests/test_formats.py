@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.formats import CATALOG, VLLM_CACHE_DTYPES, kv_format
+from kvplan.specs.kv_formats import CATALOG, VLLM_CACHE_DTYPES, kv_format
 
 
 @pytest.mark.parametrize("name, expected", [

@@ -27,7 +27,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 from hypothesis import strategies as st
 
-from kvplan.cli import main
+from kvplan.app.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -69,7 +69,7 @@ def _alarm(signum, frame):
 
 
 def run(argv: list[str]) -> tuple[int, str, str]:
-    """Call kvplan.cli.main in-process; fail the case on an escaped exception, a hang or a Python warning."""
+    """Call kvplan.app.cli.main in-process; fail the case on an escaped exception, a hang or a Python warning."""
     argv = [str(a) for a in argv]
     out, err = io.StringIO(), io.StringIO()
     timed = hasattr(signal, "setitimer")  # not on Windows
@@ -255,7 +255,7 @@ def _options(path: tuple[str, ...]) -> list[tuple[str, bool, str]]:
     declaration."""
     import typer
 
-    from kvplan.cli import app
+    from kvplan.app.cli import app
 
     cmd = typer.main.get_command(app)
     for p in path:

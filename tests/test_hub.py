@@ -334,7 +334,7 @@ def test_unreachable_hub_fails_fast_and_catalog_ids_still_plan(tmp_path):
 
 
 def test_long_reasons_are_shortened_at_a_word():
-    from kvplan.hub import _reason
+    from kvplan.specs.hub import _reason
 
     said = _reason(ValueError("Please check your connection and try again " * 10), limit=60)
     assert said == "Please check your connection and try again Please check your..."

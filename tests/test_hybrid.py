@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from kvplan import capacity, crossover, load_gpu, load_model
-from kvplan.engine import state_bytes
 from kvplan.errors import KvplanError
-from kvplan.weights import param_count
+from kvplan.sizing.kv_cache import state_bytes
+from kvplan.sizing.weights import param_count
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 NANO = str(CONFIGS / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.config.json")
@@ -141,7 +141,7 @@ def test_mamba_ssm_cache_dtype_option():
     # --mamba-ssm-cache-dtype float16 halves Nemotron-3-Nano's SSM state (its config says float32):
     # 23 x (36,864 + 64 x 64 x 128 x 2 B) = 24,965,120 B a sequence
     from kvplan.deployment import DeploymentArgs
-    from kvplan.pool import capacity_of
+    from kvplan.plan.vllm_pool import capacity_of
 
     d = DeploymentArgs(model=NANO, gpu="b200", mamba_ssm_cache_dtype="float16").resolve(needs_memory=True)
     assert capacity_of(d).state_bytes_per_sequence == 23 * (36_864 + 1_048_576)

@@ -3,7 +3,8 @@
 Every import is read from the source (ast), wherever it stands: at module level, inside a function, under
 `if TYPE_CHECKING:`, in the forms `import kvplan.x`, `from kvplan.x import y`, `from .x import y`, `from . import x`,
 `from kvplan.kernels.x import y`, and importlib.import_module() of a constant name or of f"{__package__}.x".
-Nodes are module names: kvplan's without the package prefix (`specs`, `deployment`), the kernels as `kernels.bench`
+Nodes are module names: kvplan's without the package prefix (`specs.catalog`, `deployment`), the kernels as
+`kernels.bench`
 (installed they are kvplan.kernels; a checkout keeps them beside the package), the package itself as `kvplan`.
 
 kvplan/__init__.py is the package's facade: it imports nothing when loaded, and its `_EXPORTS` table names the module
@@ -33,23 +34,27 @@ FACADE = "kvplan"
 # imports down, or its user up) means deleting it here.
 KNOWN_CYCLE_EDGES: set = set()  # none left: kvplan/ and kernels/ import in one direction
 
-# Bottom to top: a module may import from its own group and the groups below it, never from one above. The order is
-# the code's (a topological order of the graph without KNOWN_CYCLE_EDGES), grouped by what the modules are for.
+# Bottom to top: a module may import from its own group and the groups below it, never from one above. Each folder of
+# kvplan/ is one group, so "may I import this?" is answered by the folder order alone; a module added to a folder
+# takes its place. The modules at the top of kvplan/ are named one by one.
+def _folder(name: str) -> set:
+    """Every module of kvplan/<name>/ (of kernels/ for 'kernels'), the folder's package included."""
+    base = ROOT / "kernels" if name == "kernels" else ROOT / "kvplan" / name
+    return {name} | {f"{name}.{p.stem}" for p in base.glob("*.py") if p.stem != "__init__"}
+
+
 LAYERS = [
-    ("base", {"errors", "xp", "plain", "files", "memo", "search"}),
-    ("inputs", {"formats", "hf_config", "calibration", "hub", "specs", "profile"}),  # the catalogs, config.json, profiles
-    ("rules", {"engines", "sglang_rules"}),  # what each engine version does
-    ("sizing", {"weights", "nonkv"}),  # weights and the memory beside the KV pool
-    ("kernels", {"kernels", "kernels.common", "kernels.layouts", "kernels.gemv", "kernels.stream",
-                 "kernels.paged_attention", "kernels.int4_attention", "kernels.nvfp4_attention",
-                 "kernels.turboquant_attention", "kernels.kivi_attention", "kernels.bench", "kernels.probe"}),
-    ("step", {"engine", "step", "sglang"}),  # the bytes and time of a step, the crossover, SGLang's pool rules
+    ("base", {"errors", "xp", "files", "memo", "search"}),  # imports nothing else of kvplan
+    ("specs", _folder("specs")),  # the inputs: specs and catalogs, KV formats, config.json and the Hub, profiles
+    ("rules", _folder("rules")),  # what each engine release does
+    ("sizing", _folder("sizing")),  # what a model costs one rank: tensors, caches, memory, step time
+    ("kernels", _folder("kernels")),  # the GPU kernels and their timing harness (installed as kvplan.kernels)
     ("deployment", {"deployment"}),  # one deployment's options resolved
-    ("questions", {"pool", "kv_crossover", "steady", "serving", "grid"}),  # capacity, crossover, throughput (the
-    # simulated benchmark), sweep
+    ("plan", _folder("plan")),  # the questions: capacity, crossover, throughput and its simulation, sweep
     ("api", {"api"}),  # the library's keyword functions, each building the deployment value
-    ("commands", {"deploy", "startup_log", "gates", "plots", "render", "measure_run"}),
-    ("cli", {"cli", "__main__"}),
+    ("measure", _folder("measure")),  # measuring this GPU
+    ("app", _folder("app")),  # the command line, tables, plots, gates, startup-log import
+    ("main", {"__main__"}),
     ("facade", {FACADE}),
 ]
 
@@ -258,14 +263,14 @@ def test_facade_exports_name_modules():
 def test_the_reader_sees_every_form():
     """Spot checks of the reader itself, one per import form, on today's code."""
     for edge, place in (
-        (("steady", "pool"), "kvplan/steady.py"),  # from .pool import, inside a function
-        (("measure_run", "kernels.bench"), "kvplan/measure_run.py"),  # from kvplan.kernels.bench import
-        (("kernels.layouts", "formats"), "kernels/layouts.py"),  # from kvplan.formats import, module level
+        (("plan.throughput", "plan.vllm_pool"), "kvplan/plan/throughput.py"),  # inside a function
+        (("measure.run", "kernels.bench"), "kvplan/measure/run.py"),  # from kvplan.kernels.bench import
+        (("kernels.layouts", "specs.kv_formats"), "kernels/layouts.py"),  # from kvplan.specs... import, at module level
         (("kernels.bench", "kernels.stream"), "kernels/bench.py"),  # from .stream import, in kernels/
         (("kernels.probe", "kernels.common"), "kernels/probe.py"),  # from . import common
         (("kernels.bench", "kernels.kivi_attention"), "kernels/bench.py"),  # import_module(f"{__package__}.x")
-        (("__main__", "cli"), "kvplan/__main__.py"),
+        (("__main__", "app.cli"), "kvplan/__main__.py"),
     ):
         # (the file, not the line: an edit above an import moves it)
         assert any(p.split(":")[0] == place for p in GRAPH.get(edge, ())), (edge, place, GRAPH.get(edge))
-    assert ("cli", FACADE) not in GRAPH  # `from . import __version__`: the facade's own name
+    assert ("app.cli", FACADE) not in GRAPH  # `from . import __version__`: the facade's own name

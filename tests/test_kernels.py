@@ -20,7 +20,7 @@ from kvplan.kernels.paged_attention import (  # noqa: E402
 )
 from kvplan.kernels.stream import copy_probe, read_probe, read_probe_reference  # noqa: E402
 
-from kvplan.formats import kv_format  # noqa: E402
+from kvplan.specs.kv_formats import kv_format  # noqa: E402
 
 FORMATS = ["bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head"]
 

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvplan.deployment import DeploymentArgs
-from kvplan.hf_config import declared_kv_cache
-
-from kvplan.specs import load_model
+from kvplan.specs.catalog import load_model
+from kvplan.specs.hf_config import declared_kv_cache
 
 HERE = Path(__file__).parent / "fixtures" / "kv-declared"
 LLAMA_FP8 = HERE / "nvidia--Llama-3.1-70B-Instruct-FP8.config.json"  # ModelOpt: hf_quant_config.json beside it
@@ -91,7 +90,7 @@ def test_compressed_tensors_scheme_is_fp8_in_vllm_whatever_asked(tmp_path):
 
 
 def test_cli_capacity_on_a_modelopt_folder(tmp_path, capsys):
-    from kvplan.cli import main
+    from kvplan.app.cli import main
 
     (tmp_path / "config.json").write_text(LLAMA_FP8.read_text())
     (tmp_path / "hf_quant_config.json").write_text(

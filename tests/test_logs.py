@@ -6,13 +6,13 @@ import json
 import pytest
 
 from kvplan import capacity, load_gpu, load_model
-from kvplan.deploy import import_log
+from kvplan.app.log_import import import_log
+from kvplan.app.startup_log import parse_startup_log
 from kvplan.errors import KvplanError
-from kvplan.profile import load_profile, save_profile
-from kvplan.sglang import sglang_pool
-from kvplan.sglang_rules import default_mem_fraction_static
-from kvplan.specs import model_for_repo
-from kvplan.startup_log import parse_startup_log
+from kvplan.plan.sglang_pool import sglang_pool
+from kvplan.rules.sglang import default_mem_fraction_static
+from kvplan.specs.catalog import model_for_repo
+from kvplan.specs.profile import load_profile, save_profile
 
 LOGS = ["vllm-v1-0.33-llama31-8b-h100.log", "vllm-v1-0.10-llama31-8b-h100.log", "vllm-v0-0.6-llama3-8b-h100.log",
         "sglang-0.5-llama31-8b-h100.log"]
@@ -182,7 +182,7 @@ def test_v0_memory_profiling_results_line():
 
 
 def test_gpu_from_memory_alone():
-    from kvplan.specs import gpu_by_memory
+    from kvplan.specs.catalog import gpu_by_memory
 
     assert gpu_by_memory(int(79.19 * 2**30)).name == "H100-SXM5-80GB"
     assert gpu_by_memory(int(139.7 * 2**30)).name == "H200-SXM-141GB"
@@ -219,7 +219,7 @@ def test_log_with_kv_cache_memory_bytes():
 
 
 def test_human_bytes():
-    from kvplan.deploy import human_bytes
+    from kvplan.app.log_import import human_bytes
 
     assert human_bytes("4G") == 4 * 2**30 and human_bytes("4g") == 4 * 10**9 and human_bytes(1024) == 1024
     assert human_bytes("512M") == 512 * 2**20

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvplan.calibration import (
+from kvplan.specs.calibration import (
     FAMILIES,
     MB,
     CalibrationProfile,
@@ -110,7 +110,7 @@ def test_profile_round_trip(tmp_path):
 def test_pipeline_on_cpu(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("triton")  # under the interpreter: conftest chose it before triton was imported
-    from kvplan.measure_run import run_measure
+    from kvplan.measure.run import run_measure
 
     out = tmp_path / "cpu.yaml"
     # three sizes: a CPU shared with other work can time two sizes out of order, which the fit rightly refuses
@@ -157,7 +157,7 @@ def test_calibrated_step_times(cli, tmp_path):
     # blend with the streaming
     import yaml
 
-    from kvplan.step import HOST_GAP_S, SAMPLER_KERNELS, SMALL_KERNELS_PER_LAYER
+    from kvplan.sizing.step_time import HOST_GAP_S, SAMPLER_KERNELS, SMALL_KERNELS_PER_LAYER
 
     B = 3.35e12
     a = yaml.safe_load((Path(__file__).parent.parent / "hardware" / "profiles" / "step-time.yaml").read_text())[
@@ -194,7 +194,7 @@ def test_calibration_found_in_the_cache(cli, tmp_path, monkeypatch):
 def test_validate_on_cpu(fixtures, tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from kvplan.measure_run import run_validate
+    from kvplan.measure.run import run_validate
 
     cal = _profile(tmp_path, name="cpu (Triton interpreter)")
     r = run_validate(str(fixtures / "tiny-model.yaml"), "auto", batch=2, context=64, layers=2, device_name="cpu",

@@ -2,9 +2,19 @@
 bf16, TP 1, H100 SXM, `vllm serve` defaults: 8,192 batched tokens, 1,024 sequences, vocab 128,256)."""
 
 from kvplan import load_gpu, load_model
-from kvplan.nonkv import (LIBRARY_NON_TORCH, TORCH_NCCL_COMMUNICATOR, _capture_sizes, _forward_peak,
-                          fa3_split_accumulators, non_kv_memory, per_graph_bytes, piece_kernels, pre_snapshot_bytes,
-                          serve_defaults, transport)
+from kvplan.sizing.vllm_memory import (
+    LIBRARY_NON_TORCH,
+    TORCH_NCCL_COMMUNICATOR,
+    _capture_sizes,
+    _forward_peak,
+    fa3_split_accumulators,
+    non_kv_memory,
+    per_graph_bytes,
+    piece_kernels,
+    pre_snapshot_bytes,
+    serve_defaults,
+    transport,
+)
 
 MiB, GiB = 2**20, 2**30
 H100 = load_gpu("h100")
@@ -202,7 +212,7 @@ def test_mxfp4_experts_on_hopper():
     # 32 x 1,472 x 2,880 - 32 x 1,440 x 2,880 = 2,949,120; the swizzled scales beside the checkpoint's, rows padded
     # to 256: 32 x 5,888 x 90 + 32 x 3,072 x 90 = 25,804,800; biases in float32: 32 x (5,760 + 2,880) x 2 = 552,960.
     # 35,205,120 B a layer, 844,922,880 in all: 12.83 + 0.79 = 13.62 GiB against the 13.64 vLLM 0.19 loads
-    from kvplan.nonkv import mxfp4_hopper_repack
+    from kvplan.sizing.vllm_memory import mxfp4_hopper_repack
 
     m = load_model("gpt-oss-20b")
     assert mxfp4_hopper_repack(m, 1) == 24 * 35_205_120
@@ -217,7 +227,7 @@ def test_mxfp4_experts_on_hopper():
 
 
 def test_caching_allocator_blocks():
-    from kvplan.weights import allocated_bytes
+    from kvplan.sizing.weights import allocated_bytes
 
     # 9 MiB opens a 20 MiB segment and splits (11 MiB left over); a second 9 MiB takes 9 of those 11 and splits
     # again (2 MiB left); a 9.5 MiB pair leaves 1 MiB, too little to split, so the second holds 10.5 MiB
@@ -232,8 +242,8 @@ def test_caching_allocator_blocks():
 
 
 def test_hopper_swizzle_keeps_one_result():
-    from kvplan.nonkv import _swizzle_scale, _swizzle_value
-    from kvplan.weights import CachingAllocator
+    from kvplan.sizing.vllm_memory import _swizzle_scale, _swizzle_value
+    from kvplan.sizing.weights import CachingAllocator
 
     # gpt-oss-20b's w13 at TP 1: 32 experts x 1,440 bytes (2,880 fp4 inputs) padded to 1,472 x 5,760 outputs =
     # 271,319,040 B (258.75 MiB); every temporary of that size opens a 260 MiB segment (1.25 MiB split off), and

@@ -10,7 +10,7 @@ from contextlib import redirect_stderr, redirect_stdout
 import pytest
 import typer
 
-from kvplan.cli import app, main
+from kvplan.app.cli import app, main
 
 LOG = "tests/fixtures/logs/vllm-v1-0.33-llama31-8b-h100.log"
 
@@ -161,8 +161,8 @@ def test_every_deployment_field_is_one_flag_and_one_gate_key():
     key for each, and nothing else."""
     from dataclasses import fields
 
+    from kvplan.app.gates import Options
     from kvplan.deployment import DeploymentArgs, flag
-    from kvplan.gates import Options
 
     names = [f.name for f in fields(DeploymentArgs) if f.name != "model"]
     flags = set(_options("capacity")) - {"--json"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import kvplan
-from kvplan.cli import main
+from kvplan.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GATES = str(ROOT / "examples" / "gates.yaml")

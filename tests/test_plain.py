@@ -1,4 +1,5 @@
-"""Output to a pipe or a file is drawn without rich (kvplan.plain) and must be what rich itself prints there, character
+"""Output to a pipe or a file is drawn without rich (kvplan.app.text_table) and must be what rich itself prints there,
+character
 for character: every table and line of every command, at several widths, against rich run on the same output."""
 
 import io
@@ -6,9 +7,9 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-import kvplan.plain
-from kvplan.cli import main
-from kvplan.plain import wrap
+import kvplan.app.text_table
+from kvplan.app.cli import main
+from kvplan.app.text_table import wrap
 
 COMMANDS = [
     "crossover llama3-8b --dtype fp8",
@@ -32,7 +33,7 @@ COMMANDS = [
 
 def _run(argv, monkeypatch, width, plain):
     monkeypatch.setenv("COLUMNS", str(width))
-    monkeypatch.setattr(kvplan.plain, "plain_output", lambda: plain)
+    monkeypatch.setattr(kvplan.app.text_table, "plain_output", lambda: plain)
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         code = main(argv)

@@ -4,9 +4,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kvplan.formats import kv_format
-from kvplan.plots import capacity_figure, crossover_figure, text_chart
-from kvplan.specs import load_gpu, load_model
+from kvplan.app.plots import capacity_figure, crossover_figure, text_chart
+from kvplan.specs.catalog import load_gpu, load_model
+from kvplan.specs.kv_formats import kv_format
 
 MODELS = ["llama3-8b", "gemma-3-27b", "deepseek-v3", "qwen3-30b-a3b"]  # dense, sliding-window, MLA, MoE
 
@@ -43,7 +43,6 @@ def test_png_svg_and_text(cli, tmp_path, name):
 
 def test_capacity_figure_follows_capacity():
     from kvplan import capacity
-
     from kvplan.deployment import DeploymentArgs
 
     m, g = load_model("llama3-8b"), load_gpu("h100")

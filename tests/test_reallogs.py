@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from kvplan.cli import main
-from kvplan.deploy import import_log
-from kvplan.hub import find_config
-from kvplan.specs import model_for_repo
-from kvplan.startup_log import parse_startup_log
-from kvplan.weights import allocator_rounding
+from kvplan.app.cli import main
+from kvplan.app.log_import import import_log
+from kvplan.app.startup_log import parse_startup_log
+from kvplan.sizing.weights import allocator_rounding
+from kvplan.specs.catalog import model_for_repo
+from kvplan.specs.hub import find_config
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 LOGS = FIX / "logs" / "vllm-0.19-h100"
@@ -176,7 +176,7 @@ def test_mxfp4_conversion_fragments(tp, log_gib):
     # gpt-oss-20b's OOM message: "X GiB is reserved by PyTorch but unallocated", with no free block as large as
     # the 393 MiB of bf16 logits it then asked for; the replayed conversion leaves 1.93 and 1.39 GiB, in blocks of at
     # most 129 and 67 MiB
-    from kvplan.nonkv import mxfp4_hopper_load
+    from kvplan.sizing.vllm_memory import mxfp4_hopper_load
 
     _, frag, largest = mxfp4_hopper_load(model_for_repo("openai/gpt-oss-20b", [CONFIGS]), tp)
     assert abs(frag / 2**30 - log_gib) < 0.25

@@ -3,10 +3,10 @@ citing its engine source), used where `-d all` is expanded and by the verdicts."
 
 import pytest
 
-from kvplan.cli import _formats_for
+from kvplan.app.cli import _formats_for
 from kvplan.deployment import DeploymentArgs
-from kvplan.formats import CATALOG
-from kvplan.specs import load_gpu, load_model
+from kvplan.specs.catalog import load_gpu, load_model
+from kvplan.specs.kv_formats import CATALOG
 
 GPUS = ["a100-sxm-80gb", "h100", "b200", "mi300x"]
 
@@ -59,7 +59,7 @@ def test_sglang_only_formats():
 
 def test_throughput_verdict_never_names_a_what_if():
     from kvplan.deployment import deployments
-    from kvplan.steady import throughput_of
+    from kvplan.plan.throughput import throughput_of
 
     m = load_model("qwen3-32b")
     args = DeploymentArgs(model=m, gpu="h200")

@@ -1,4 +1,4 @@
-"""The simulated serving benchmark (kvplan.serving): the scheduler's steps worked by hand, the benchmark's figures
+"""The simulated serving benchmark (kvplan.plan.serving): the scheduler's steps worked by hand, the benchmark's figures
 by their definitions, and concurrency 1 against the step model."""
 
 import math
@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-import kvplan.serving as serving
+import kvplan.plan.serving as serving
 from kvplan.deployment import DeploymentArgs
-from kvplan.serving import EngineLimits, Stats, simulate
-from kvplan.steady import _price, engine_limits
-from kvplan.step import step_model
+from kvplan.plan.serving import EngineLimits, Stats, simulate
+from kvplan.plan.throughput import _price, engine_limits
+from kvplan.sizing.step_time import step_model
 
 
 def blocks16(n):

@@ -6,8 +6,8 @@ import shutil
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.specs import load_gpu, load_model
-from kvplan.weights import param_count
+from kvplan.sizing.weights import param_count
+from kvplan.specs.catalog import load_gpu, load_model
 
 
 @pytest.mark.parametrize("name, full", [
@@ -67,7 +67,7 @@ def test_hf_config_json(fixtures, fixture, name, expected):
 
 
 def test_yaml_path_roundtrip(tmp_path):
-    from kvplan.specs import catalog_dir
+    from kvplan.specs.catalog import catalog_dir
 
     p = tmp_path / "mine.yaml"
     shutil.copy(catalog_dir("models") / "llama-3-8b.yaml", p)
@@ -82,7 +82,7 @@ def test_malformed_yaml_names_file_and_line(tmp_path):
 
 
 def test_wrong_field_names_field(tmp_path):
-    from kvplan.specs import catalog_dir
+    from kvplan.specs.catalog import catalog_dir
 
     text = (catalog_dir("models") / "llama-3-8b.yaml").read_text()
     p = tmp_path / "typo.yaml"
@@ -114,8 +114,8 @@ def test_missing_file():
 
 def test_catalog_parse_cache(tmp_path, monkeypatch):
     """A catalog file's parse is taken from the cache only for the very text it came from."""
-    from kvplan import specs
     from kvplan.files import read_yaml
+    from kvplan.specs import catalog as specs
 
     src = specs.catalog_dir("models") / "llama-3-8b.yaml"
     monkeypatch.setenv("KVPLAN_MODELS_DIR", str(tmp_path / "models"))
@@ -136,7 +136,7 @@ def test_catalog_parse_cache(tmp_path, monkeypatch):
 
 
 def test_alias_lookup_builds_only_the_entry_named():
-    from kvplan import specs
+    from kvplan.specs import catalog as specs
 
     specs._load_catalog_file.cache_clear()
     try:

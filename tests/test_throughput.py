@@ -12,9 +12,17 @@ import pytest
 import yaml
 
 from kvplan.deployment import DeploymentArgs
-from kvplan.step import (SPLIT_FIELDS, Fit, attention_call_seconds, attention_fit, bundled_profile, gemm_call_seconds,
-                         step_model, with_calibration)
-from kvplan.specs import load_gpu
+from kvplan.sizing.step_time import (
+    SPLIT_FIELDS,
+    Fit,
+    attention_call_seconds,
+    attention_fit,
+    bundled_profile,
+    gemm_call_seconds,
+    step_model,
+    with_calibration,
+)
+from kvplan.specs.catalog import load_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 FITS = yaml.safe_load((ROOT / "hardware" / "profiles" / "step-time.yaml").read_text())["gpus"]
@@ -305,7 +313,7 @@ def test_breakeven_context_between_the_two(cli):
 def test_breakeven_is_where_a_dtype_stays_faster():
     from types import SimpleNamespace
 
-    from kvplan.kv_crossover import breakeven_context
+    from kvplan.plan.crossover import breakeven_context
 
     def model(f):  # a step model whose step time is f(context)
         return SimpleNamespace(step=lambda batch, c: SimpleNamespace(total_s=f(c)))
@@ -389,7 +397,7 @@ def test_throughput_imports_no_torch_triton_pandas():
     import subprocess
     import sys
 
-    code = ("import sys, kvplan.cli as c; c.main(['throughput','llama-3.1-8b','--gpu','h100','--isl','1k','--osl',"
+    code = ("import sys, kvplan.app.cli as c; c.main(['throughput','llama-3.1-8b','--gpu','h100','--isl','1k','--osl',"
             "'1k']); bad = [m for m in ('torch', 'triton', 'pandas') if m in sys.modules]; sys.stderr.write(repr(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "[]", r.stderr
@@ -616,7 +624,7 @@ def test_sglang_default_dtypes_on_an_mla_model_are_sglangs(cli, command):
     and SGLang stores DeepSeek's latent as plain fp8 (its --kv-cache-dtype fp8_e4m3)."""
     import json
 
-    from kvplan.sglang_rules import SGLANG_DTYPES
+    from kvplan.rules.sglang import SGLANG_DTYPES
 
     assert "fp8" in SGLANG_DTYPES and "fp8_ds_mla" not in SGLANG_DTYPES
     r = cli(*command, "deepseek-v3", "--gpu", "h200", "--tp", "8", "--isl", "1k", "--osl", "1k", "--engine", "sglang",

@@ -11,8 +11,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
 
-from kvplan.calibration import DECODE_FORMATS, MB  # noqa: E402
 from kvplan.kernels import bench  # noqa: E402
+
+from kvplan.specs.calibration import DECODE_FORMATS, MB  # noqa: E402
 
 
 class _HostWork:

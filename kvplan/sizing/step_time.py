@@ -36,14 +36,20 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Optional
 
-from .engine import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
-from .errors import KvplanError
-from .formats import kv_format
-from .memo import per_spec
-from .specs import GPUSpec, ModelSpec, _catalog_data, catalog_dir
-from .weights import (DTYPE_BYTES, _own_format, _quantized, format_and_scope, model_tensors,
-                      tensor_bytes_per_rank)
-from .xp import SCALAR
+from kvplan.errors import KvplanError
+from kvplan.memo import per_spec
+from kvplan.sizing.kv_cache import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
+from kvplan.sizing.weights import (
+    DTYPE_BYTES,
+    _own_format,
+    _quantized,
+    format_and_scope,
+    model_tensors,
+    tensor_bytes_per_rank,
+)
+from kvplan.specs.catalog import GPUSpec, ModelSpec, _catalog_data, catalog_dir
+from kvplan.specs.kv_formats import kv_format
+from kvplan.xp import SCALAR
 
 SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul
 SAMPLER_KERNELS = 8  # logits copy, temperature, top-k/top-p, softmax, sampling, argmax (vLLM v1 Sampler)

@@ -26,12 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
 
-from .errors import KvplanError
-from .formats import KVFormat, kv_format, whole
-from .memo import per_spec
-from .specs import ATTENTION_KINDS, GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, model_tensors, padded_vocab
-from .xp import SCALAR
+from kvplan.errors import KvplanError
+from kvplan.memo import per_spec
+from kvplan.sizing.weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, model_tensors, padded_vocab
+from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
+from kvplan.specs.kv_formats import KVFormat, kv_format, whole
+from kvplan.xp import SCALAR
 
 GiB = 2**30
 WeightRead = Literal["streamed", "all"]

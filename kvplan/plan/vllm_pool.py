@@ -7,7 +7,10 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal, Optional, Sequence
 
-from .engine import (
+from kvplan.errors import KvplanError
+from kvplan.memo import per_spec
+from kvplan.rules.vllm import VllmRules
+from kvplan.sizing.kv_cache import (
     GiB,
     LayerKV,
     kv_bytes_per_token,
@@ -15,14 +18,19 @@ from .engine import (
     kv_layers,
     skipped_indices,
 )
-from .engines import VllmRules
-from .errors import KvplanError
-from .formats import KVFormat
-from .memo import per_spec
-from .nonkv import FRAGMENTATION_SEEN, NonKVMemory, flat_allowance, non_kv_memory, pre_snapshot_bytes, sampler_warmup
-from .specs import GPUSpec, ModelSpec
-from .weights import pipeline_stages, weight_bytes
-from .xp import SCALAR
+from kvplan.sizing.vllm_memory import (
+    FRAGMENTATION_SEEN,
+    NonKVMemory,
+    flat_allowance,
+    non_kv_memory,
+    pre_snapshot_bytes,
+    sampler_warmup,
+)
+from kvplan.sizing.weights import pipeline_stages, weight_bytes
+from kvplan.specs.catalog import GPUSpec, ModelSpec
+from kvplan.specs.kv_formats import KVFormat
+from kvplan.xp import SCALAR
+
 
 @dataclass(frozen=True)
 class _LayerSpec:
@@ -370,7 +378,8 @@ def _base_overhead(base) -> int:
 def plan_for(d) -> PoolPlan:
     """The pool of a resolved vLLM Deployment.
 
-    The non-KV memory is vLLM's, part by part (kvplan.nonkv); --non-torch-gib and --cudagraph-gib replace those
+    The non-KV memory is vLLM's, part by part (kvplan.sizing.vllm_memory); --non-torch-gib and --cudagraph-gib replace
+    those
     parts and --activation-gib the activation peak. --activation-gib alone is one flat allowance for everything
     beyond the weights, as in the back-of-envelope budget (6.0 GiB). A deployment profile's measured weights and
     overhead replace the model: measured weights when the layout is the one measured, modelled weights otherwise,

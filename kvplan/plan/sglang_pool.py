@@ -9,16 +9,15 @@ with one padding page). SGLang's defaults and accepted dtypes are in sglang_rule
 from __future__ import annotations
 
 import math
-
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .engine import check_tp
-from .errors import KvplanError
-from .formats import KVFormat, kv_format
-from .sglang_rules import CONTEXT_GIB, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO, default_mem_fraction_static
-from .specs import GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, weight_bytes
+from kvplan.errors import KvplanError
+from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO, default_mem_fraction_static
+from kvplan.sizing.kv_cache import check_tp
+from kvplan.sizing.weights import DTYPE_BYTES, weight_bytes
+from kvplan.specs.catalog import GPUSpec, ModelSpec
+from kvplan.specs.kv_formats import KVFormat, kv_format
 
 GiB = 2**30
 
@@ -77,7 +76,7 @@ class SglangPool:
     engine: str = "sglang"
     deployment: dict = field(default_factory=dict)
 
-    # the quantities every engine's result names alike (kvplan.pool.CapacityResult's keys)
+    # the quantities every engine's result names alike (kvplan.plan.vllm_pool.CapacityResult's keys)
     @property
     def available_kv_bytes(self) -> int:
         return self.available_bytes

@@ -10,7 +10,10 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
-from .engine import (
+from kvplan.deployment import DeploymentArgs, max_len_refusal
+from kvplan.errors import KvplanError
+from kvplan.plan.vllm_pool import _longest_fitting, length_problem, plan_for, pool_problem, sampler_problem
+from kvplan.sizing.kv_cache import (
     SkipLayers,
     WeightRead,
     crossover_at_batch,
@@ -20,12 +23,9 @@ from .engine import (
     params_read_per_token,
     step_figures,
 )
-from .errors import KvplanError
-from .formats import KVFormat, kv_format
-from .deployment import DeploymentArgs, max_len_refusal
-from .pool import _longest_fitting, length_problem, plan_for, pool_problem, sampler_problem
-from .specs import GPUSpec, ModelSpec, load_gpu, load_model_as
-from .weights import weight_bytes
+from kvplan.sizing.weights import weight_bytes
+from kvplan.specs.catalog import GPUSpec, ModelSpec, load_gpu, load_model_as
+from kvplan.specs.kv_formats import KVFormat, kv_format
 
 COLUMNS = (
     "model", "gpu", "tp", "dtype", "max_model_len", "batch", "context",
@@ -232,7 +232,7 @@ def _expected_ms(d, batches, contexts, profiles: dict):
     profile each GPU's times come from."""
     import numpy as np
 
-    from .step import has_profile, step_model
+    from kvplan.sizing.step_time import has_profile, step_model
 
     if not has_profile(d):
         return np.full(len(batches), np.nan)

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from .errors import KvplanError
+from kvplan.errors import KvplanError
 
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 

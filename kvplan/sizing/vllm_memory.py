@@ -1,10 +1,10 @@
 """What vLLM subtracts from ceil(total x gpu_memory_utilization) before the KV cache gets the rest, in closed form
 from what its startup actually executes (a pure function, no I/O). What differs between releases (the runner that
 profiles, the sampler passes, where cuBLAS's workspace lands, whether the CUDA-graph estimate is subtracted) is a
-field of the version's rules in kvplan.engines:
+field of the version's rules in kvplan.rules.vllm:
 
   weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches, in the torch
-              caching allocator's blocks (kvplan.weights.allocated_bytes: what memory_allocated counts)
+              caching allocator's blocks (kvplan.sizing.weights.allocated_bytes: what memory_allocated counts)
   activation  the peak of the profile run: one forward over max_num_batched_tokens (the widest layer's live
               tensors, the MoE workspace) and the dummy sampler over min(max_num_seqs, tokens) rows x vocab (on top
               of the MoE workspace, which the workspace manager keeps)
@@ -34,10 +34,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from .engines import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
-from .memo import per_spec
-from .specs import GPUSpec, ModelSpec
-from .weights import DTYPE_BYTES, allocator_rounding, padded_vocab
+from kvplan.memo import per_spec
+from kvplan.rules.vllm import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
+from kvplan.sizing.weights import DTYPE_BYTES, allocator_rounding, padded_vocab
+from kvplan.specs.catalog import GPUSpec, ModelSpec
 
 MiB = 2**20
 GiB = 2**30
@@ -318,7 +318,7 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
                   pp: int = 1, enforce_eager: bool = False, weight_dtype: Optional[str] = None,
                   stage: Optional[range] = None) -> NonKVMemory:
     """vLLM's non-KV memory on one rank, part by part (see the module docstring). `weight_dtype` and `stage` say
-    which tensors `weights` counts (as kvplan.weights.weight_bytes takes them), for the allocator's blocks."""
+    which tensors `weights` counts (as kvplan.sizing.weights.weight_bytes takes them), for the allocator's blocks."""
     rules = _rules(version)
     d = serve_defaults(total_bytes, gpu, rules, max_model_len)
     T = max_num_batched_tokens or d.max_num_batched_tokens
@@ -509,12 +509,13 @@ def mxfp4_hopper_load(m: ModelSpec, tp: int, rotary: int = 0) -> tuple[int, int,
     quantization/utils/mxfp4_utils.py _swizzle_mxfp4) through temporaries as large as the experts, and the
     checkpoint-layout experts are freed only after; later layers' results and temporaries land in those freed
     segments, and the segments they leave partly used survive the empty_cache() of DeviceMemoryProfiler. Replayed
-    through kvplan.weights.CachingAllocator in construction order (gpt_oss.py: the embedding; per layer the sinks, qkv
+    through kvplan.sizing.weights.CachingAllocator in construction order (gpt_oss.py: the embedding; per layer the
+    sinks, qkv
     and o projections, the router, w13, its scales, w2, its scales and the biases (Mxfp4MoEMethod.create_weights),
     the norms; the final norm and the LM head), then the conversion layer by layer. Returns zeros for other models."""
     if m.weight_dtype != "mxfp4" or m.moe is None or "moe" not in m.mlp_kinds:
         return 0, 0, 0
-    from .weights import CachingAllocator
+    from kvplan.sizing.weights import CachingAllocator
 
     b, H, E = DTYPE_BYTES[m.dtype], m.hidden_size, m.moe.num_experts
     Ir = _round_up(m.moe.expert_intermediate_size // tp, 64)  # mxfp4_round_up_hidden_size_and_intermediate_size

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .errors import KvplanError
+from kvplan.errors import KvplanError
 
 SCHEMA = "kvplan-calibration/1"
 MB = 2**20
@@ -168,7 +168,7 @@ class CalibrationProfile:
 def save_calibration(profile: CalibrationProfile, path: str | Path) -> None:
     import yaml
 
-    from .files import atomic_write_text
+    from kvplan.files import atomic_write_text
 
     atomic_write_text(path, "# kvplan calibration profile: measured by `kvplan measure`\n"
                       + yaml.safe_dump(profile.to_dict(), sort_keys=False))
@@ -176,7 +176,7 @@ def save_calibration(profile: CalibrationProfile, path: str | Path) -> None:
 
 def load_calibration(path: str | Path) -> CalibrationProfile:
     """A profile `kvplan measure` wrote; anything missing or of the wrong type is one line naming the field."""
-    from .files import check_finite, read_yaml, type_name
+    from kvplan.files import check_finite, read_yaml, type_name
 
     d = read_yaml(path, "calibration profile", "`kvplan measure` writes one")
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:

@@ -24,7 +24,7 @@ _exit = {"status": 0}
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from kvplan import __version__
 
         typer.echo(f"kvplan {__version__}")
         raise typer.Exit()
@@ -136,7 +136,7 @@ OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="a .png
 
 def _show(as_json: bool, data, table: str, *args) -> None:
     """Print `data` as JSON, or call the named table renderer with `args`."""
-    from . import render
+    from kvplan.app import render
 
     if as_json:
         render.print_json(data)
@@ -153,7 +153,7 @@ def _sizes(values: Optional[List[str]], option: str) -> list[int]:
     import re
     from fractions import Fraction
 
-    from .errors import KvplanError
+    from kvplan.errors import KvplanError
 
     out: list[int] = []
     for v in values or []:
@@ -182,7 +182,7 @@ def _sizes(values: Optional[List[str]], option: str) -> list[int]:
 
 def _one_size(value: str, option: str) -> int:
     """One token count or batch size (an operating point): 8192 or 8k, not a list."""
-    from .errors import KvplanError
+    from kvplan.errors import KvplanError
 
     sizes = _sizes([value], option)
     if len(sizes) != 1:
@@ -192,7 +192,7 @@ def _one_size(value: str, option: str) -> int:
 
 def _model_len(value: Optional[str]) -> Optional[int | str]:
     """--max-model-len: a token count (32768, 32k), or auto / -1 for the longest that fits."""
-    from .errors import KvplanError
+    from kvplan.errors import KvplanError
 
     if value is None:
         return None
@@ -210,12 +210,12 @@ def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]
     """The KV formats asked for. 'all' means the formats the engine serves on the GPU of `args` (the deployment
     asked for; any GPU where it names none). With several, formats for the other attention layout (MLA or heads)
     are left out; a single one that does not apply is an error, raised where it is used."""
-    from .errors import KvplanError
-    from .formats import parse_dtypes
+    from kvplan.errors import KvplanError
+    from kvplan.specs.kv_formats import parse_dtypes
 
     served = None
     if args is not None:
-        from .specs import load_gpu
+        from kvplan.specs.catalog import load_gpu
 
         prof = args.profile if not isinstance(args.profile, str) else None
         engine = (args.engine or getattr(prof, "engine", None) or "vllm").lower()
@@ -236,7 +236,7 @@ def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]
 def _deployment_args(**given):
     """The deployment the command line describes (kvplan.deployment.DeploymentArgs): every command builds it the
     same way, from the options it declares."""
-    from .deployment import DeploymentArgs
+    from kvplan.deployment import DeploymentArgs
 
     if "max_model_len" in given:
         given["max_model_len"] = _model_len(given["max_model_len"])
@@ -249,7 +249,7 @@ def _deployment_args(**given):
 
 def _unfit(results) -> None:
     """Dtypes whose pool does not hold the configuration: one line, exit 2 (after the tables, when others fit)."""
-    from .errors import KvplanError
+    from kvplan.errors import KvplanError
 
     bad = [r for r in results if not r.fits]
     if not bad:
@@ -280,10 +280,10 @@ def crossover(
 ) -> None:
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
     weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
-    from .deployment import deployments
-    from .errors import KvplanError
-    from .kv_crossover import crossover_of
-    from .specs import load_model_as
+    from kvplan.deployment import deployments
+    from kvplan.errors import KvplanError
+    from kvplan.plan.crossover import crossover_of
+    from kvplan.specs.catalog import load_model_as
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
@@ -305,7 +305,7 @@ def crossover(
         # the table shows the pile being compared against as well
         from dataclasses import replace
 
-        from .formats import kv_format
+        from kvplan.specs.kv_formats import kv_format
 
         results.insert(0, run(replace(ds[0], kv=kv_format(baseline), skip=None)))
     _show(as_json, data, "crossover_tables", results, m, ds[0].gpu)
@@ -323,12 +323,12 @@ TpotOpt = Annotated[Optional[float], typer.Option(
 def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
                 tpot_ms, ttft_ms, percentile: str = "mean", num_prompts: Optional[int] = None,
                 request_rate: Optional[float] = None, **deployment):
-    """The throughput table both `throughput` and `plot throughput` show (kvplan.steady)."""
-    from .deployment import deployments, engine_of
-    from .errors import KvplanError
-    from .formats import comparison_dtypes
-    from .specs import load_model_as
-    from .steady import throughput_of
+    """The throughput table both `throughput` and `plot throughput` show (kvplan.plan.throughput)."""
+    from kvplan.deployment import deployments, engine_of
+    from kvplan.errors import KvplanError
+    from kvplan.plan.throughput import throughput_of
+    from kvplan.specs.catalog import load_model_as
+    from kvplan.specs.kv_formats import comparison_dtypes
 
     for name, v in (("--isl", isl), ("--osl", osl)):
         if v is None:
@@ -350,7 +350,7 @@ def _with_profile(args):
         return args
     from dataclasses import replace
 
-    from .profile import load_profile
+    from kvplan.specs.profile import load_profile
 
     return replace(args, profile=load_profile(args.profile))
 
@@ -459,9 +459,9 @@ def capacity(
     opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json")}
     from dataclasses import replace
 
-    from .deployment import deployments
-    from .formats import parse_dtypes
-    from .specs import load_model, load_model_as
+    from kvplan.deployment import deployments
+    from kvplan.specs.catalog import load_model, load_model_as
+    from kvplan.specs.kv_formats import parse_dtypes
 
     args = _deployment_args(model=model, **opts)
     if model is None and profile is None:
@@ -472,12 +472,12 @@ def capacity(
     fmts = _formats_for(m, dtype, args=args) if dtype else [None]
     ds = deployments(replace(args, model=m), fmts, needs_memory=True)
     if ds[0].engine == "sglang":
-        from .sglang import sglang_capacity
+        from kvplan.plan.sglang_pool import sglang_capacity
 
         results = [sglang_capacity(d) for d in ds]
         table = "sglang_table"
     else:
-        from .pool import capacity_of
+        from kvplan.plan.vllm_pool import capacity_of
 
         results = [capacity_of(d) for d in ds]
         table = "capacity_table"
@@ -492,9 +492,9 @@ def capacity(
 def _capacity_listing(args, fmts, as_json: bool) -> None:
     from dataclasses import replace
 
-    from .errors import KvplanError
-    from .pool import capacity_of
-    from .specs import catalog_entries
+    from kvplan.errors import KvplanError
+    from kvplan.plan.vllm_pool import capacity_of
+    from kvplan.specs.catalog import catalog_entries
 
     if len(fmts) != 1:
         raise KvplanError("without MODEL, capacity lists every model for one --kv-cache-dtype; pick one")
@@ -521,13 +521,13 @@ def _capacity_listing(args, fmts, as_json: bool) -> None:
 
 
 def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
-    from .plots import figure_data, save, text_chart
+    from kvplan.app.plots import figure_data, save, text_chart
 
     if output:
         save(fig, output)
         print(f"wrote {output}", file=sys.stderr)
     if as_json:
-        from .render import print_json
+        from kvplan.app.render import print_json
 
         print_json(figure_data(fig))
     elif not output:
@@ -550,13 +550,13 @@ def plot_crossover(
 ) -> None:
     """KV bytes per step against resident tokens for each dtype, the flat weight line, and the crossover N* of
     each dtype marked; an operating point if given."""
-    from .deployment import deployments
-    from .errors import KvplanError
-    from .plots import crossover_figure
-    from .specs import load_model_as
+    from kvplan.app.plots import crossover_figure
+    from kvplan.deployment import deployments
+    from kvplan.errors import KvplanError
+    from kvplan.specs.catalog import load_model_as
 
     m = load_model_as(model, weight_dtype)
-    from .formats import comparison_dtypes
+    from kvplan.specs.kv_formats import comparison_dtypes
 
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
                                       skip_layers=skip_layers),
@@ -590,7 +590,7 @@ def plot_throughput(
 ) -> None:
     """Output tokens/s per GPU against TPOT for each KV dtype, one point per concurrency (its Pareto curve), the
     TPOT limit drawn and each dtype's best concurrency under it marked."""
-    from .plots import throughput_figure
+    from kvplan.app.plots import throughput_figure
 
     _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, None, tp=tp, weight_dtype=weight_dtype,
                        engine=engine, calibration=calibration)
@@ -630,11 +630,10 @@ def plot_capacity(
     """Sequences the KV pool holds against max_model_len, one curve per dtype (vLLM's rules, the same plan as
     `capacity`)."""
     opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json", "output")}
-    from .deployment import deployments
-    from .plots import capacity_figure
-    from .specs import load_model_as
-
-    from .formats import comparison_dtypes
+    from kvplan.app.plots import capacity_figure
+    from kvplan.deployment import deployments
+    from kvplan.specs.catalog import load_model_as
+    from kvplan.specs.kv_formats import comparison_dtypes
 
     m = load_model_as(model, opts.get("weight_dtype"))
     args = _deployment_args(model=m, engine="vllm", **opts)
@@ -685,11 +684,11 @@ def sweep(
 ) -> None:
     """A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context: one row per combination, with
     the capacity and crossover figures of each, written as CSV, Parquet, JSON or Markdown."""
-    from .engine import parse_skip_layers
-    from .errors import KvplanError, did_you_mean
-    from .files import frame_format, write_frame
-    from .formats import parse_dtypes
-    from .grid import sweep as run
+    from kvplan.errors import KvplanError, did_you_mean
+    from kvplan.files import frame_format, write_frame
+    from kvplan.plan.sweep import sweep as run
+    from kvplan.sizing.kv_cache import parse_skip_layers
+    from kvplan.specs.kv_formats import parse_dtypes
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
@@ -744,9 +743,7 @@ def gate(
     2 when the file is malformed. Under GitHub Actions, also a step summary and error annotations."""
     import os
 
-    from .errors import KvplanError
-    from .files import atomic_write_text
-    from .gates import (
+    from kvplan.app.gates import (
         compare_baseline,
         failure_lines,
         junit_xml,
@@ -754,12 +751,14 @@ def gate(
         markdown_summary,
         run_gates,
     )
+    from kvplan.errors import KvplanError
+    from kvplan.files import atomic_write_text
 
     if max_regression is not None and not baseline:
         raise KvplanError("--max-regression sets how much worse than --baseline a figure may get; add --baseline")
     report = run_gates(load_gates(file), file)
     if baseline:
-        from .files import read_json
+        from kvplan.files import read_json
 
         before = read_json(baseline, "--baseline", "`kvplan gate FILE --json > baseline.json` makes one")
         if not isinstance(before, dict) or not isinstance(before.get("gates"), list):
@@ -807,9 +806,9 @@ def log_import(
     """Read startup logs: the configuration each ran and every figure it measured, kvplan's prediction for the same
     configuration beside each with the error, and (--save-profile) a deployment profile for what-if runs. A log that
     ends in the engine's error is checked against kvplan's refusal of the same configuration."""
-    from .deploy import import_log, log_summary
-    from .errors import KvplanError
-    from .profile import save_profile as write_profile
+    from kvplan.app.log_import import import_log, log_summary
+    from kvplan.errors import KvplanError
+    from kvplan.specs.profile import save_profile as write_profile
 
     if save_profile and len(files) > 1:
         raise KvplanError("--save-profile keeps one log's figures: give one log")
@@ -889,9 +888,9 @@ def measure(
     """Measure this GPU: streaming probes, weight GEMVs and the paged decode kernel of every KV format over sizes
     from 8 MB up, with L2 flushed between samples; fit t = t0 + bytes / (eta x peak bandwidth) per kernel family
     and write a calibration profile that `crossover --calibration` (and the cache) use."""
-    from .calibration import MB, measure_plan
-    from .errors import KvplanError
-    from .specs import load_gpu
+    from kvplan.errors import KvplanError
+    from kvplan.specs.calibration import MB, measure_plan
+    from kvplan.specs.catalog import load_gpu
 
     validate_only = {"--kv-cache-dtype": dtype, "--batch": batch, "--context": context, "--layers": layers,
                      "--calibration": calibration}
@@ -922,7 +921,7 @@ def measure(
         if budget is not None and not 0 < budget < float("inf"):
             raise KvplanError(f"--budget {budget:g}: give a positive number of seconds")
     if output is not None:  # refused now, not after minutes on the GPU
-        from .files import check_writable
+        from kvplan.files import check_writable
 
         check_writable(output)
     if dry_run:
@@ -935,7 +934,7 @@ def measure(
             _show(True, {"gpu": spec.name, **asdict(plan), "total_bytes": plan.total_bytes,
                          "expected_seconds": plan.expected_seconds()}, "")
             return
-        from .render import measure_plan_table
+        from kvplan.app.render import measure_plan_table
 
         measure_plan_table(plan, spec)
         return
@@ -953,7 +952,7 @@ def measure(
         raise KvplanError("kvplan measure needs torch and triton: pip install 'kvplan[gpu]' (--dry-run works "
                           "without them)") from None
     if probe:
-        from .measure_run import run_probe
+        from kvplan.measure.run import run_probe
 
         path, found = run_probe(output, budget)
         if as_json:
@@ -972,18 +971,18 @@ def measure(
         print(f"wrote the probe's findings {path}", file=sys.stderr)
         return
     if validate is not None:
-        from .measure_run import run_validate
+        from kvplan.measure.run import run_validate
 
         result = run_validate(validate, dtype or "auto", batch, ctx[0], layers, device, calibration)
         if as_json:
             _show(True, result, "")
             return
-        from .render import validate_table
+        from kvplan.app.render import validate_table
 
         validate_table(result)
         return
-    from .measure_run import run_measure
-    from .render import calibration_table, console
+    from kvplan.app.render import calibration_table, console
+    from kvplan.measure.run import run_measure
 
     path, profile = run_measure(quick=quick, output=output, device_name=device, console=console())
     calibration_table(profile)
@@ -1001,8 +1000,8 @@ def formats(
 ) -> None:
     """The KV-cache format catalog: bytes per token per KV head (K+V, every scale and pad included), honest bits
     per element, the MLA latent size, and the layers each keeps in the model dtype by default."""
-    from .errors import KvplanError
-    from .formats import CATALOG
+    from kvplan.errors import KvplanError
+    from kvplan.specs.kv_formats import CATALOG
 
     if head_dim < 1 or kv_lora_rank < 1 or rope_dim < 0:
         raise KvplanError("--head-dim and --kv-lora-rank must be positive, --qk-rope-head-dim not negative")
@@ -1028,9 +1027,9 @@ def formats(
 
 
 def _model_row(key: str, m) -> dict:
-    from .engine import kv_bytes_per_token, kv_layers
-    from .formats import kv_format
-    from .weights import param_count
+    from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers
+    from kvplan.sizing.weights import param_count
+    from kvplan.specs.kv_formats import kv_format
 
     kinds = m.layer_kinds
     if m.is_mla:
@@ -1064,7 +1063,7 @@ def models_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"
     """List the bundled models."""
     if ctx.invoked_subcommand:
         return
-    from .specs import catalog_entries
+    from kvplan.specs.catalog import catalog_entries
 
     rows = [_model_row(k, m) for k, m in catalog_entries("models")]
     _show(as_json, rows, "models_table", rows)
@@ -1078,9 +1077,9 @@ def models_show(
 ) -> None:
     """Show one model spec, with its computed parameter count and, for a snapshot folder or a Hugging Face id, the
     checkpoint's own from its safetensors headers (no weights downloaded), and whether the two agree."""
-    from .errors import KvplanError, UnmodelledWeights
-    from .specs import load_model
-    from .weights import active_param_count, param_count
+    from kvplan.errors import KvplanError, UnmodelledWeights
+    from kvplan.sizing.weights import active_param_count, param_count
+    from kvplan.specs.catalog import load_model
 
     try:
         m = load_model(name, checkpoint=True)
@@ -1115,7 +1114,7 @@ def gpus_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
     """List the bundled GPUs."""
     if ctx.invoked_subcommand:
         return
-    from .specs import catalog_entries
+    from kvplan.specs.catalog import catalog_entries
 
     gpus = catalog_entries("hardware")
     data = [{"key": k, **g.model_dump(), "memory_total_gib": g.memory_total_gib} for k, g in gpus]
@@ -1128,7 +1127,7 @@ def gpus_show(
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Show one GPU spec."""
-    from .specs import load_gpu
+    from kvplan.specs.catalog import load_gpu
 
     g = load_gpu(name)
     extra = {"memory_total_gib (used)": f"{g.memory_total_gib:.2f} ({g.memory_source})"}
@@ -1152,7 +1151,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     closed pipe (`kvplan ... | head`) ends quietly, with the status the command had."""
     import errno
 
-    from .errors import KvplanError
+    from kvplan.errors import KvplanError
 
     command = _command_for(sys.argv[1:] if argv is None else argv)
     _join_wrapped_lines(command)

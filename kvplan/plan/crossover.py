@@ -1,6 +1,7 @@
-"""The crossover question: where one KV dtype's KV read overtakes the weight read (N*, kvplan.engine's byte
+"""The crossover question: where one KV dtype's KV read overtakes the weight read (N*, kvplan.sizing.kv_cache's byte
 model), the step bytes and roofline time at operating points against a baseline dtype, and, where a step-time
-profile prices the GPU (kvplan.step), the expected step and the context from which the dtype's step is the faster
+profile prices the GPU (kvplan.sizing.step_time), the expected step and the context from which the dtype's step is the
+faster
 (break-even). Takes a resolved kvplan.deployment.Deployment."""
 
 from __future__ import annotations
@@ -8,7 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional, Sequence
 
-from .engine import (
+from kvplan.errors import KvplanError
+from kvplan.search import last_true
+from kvplan.sizing.kv_cache import (
     LayerKV,
     WeightRead,
     _ranges,
@@ -21,12 +24,10 @@ from .engine import (
     step_figures,
     weight_read_bytes,
 )
-from .errors import KvplanError
-from .formats import KVFormat, kv_format
-from .search import last_true
-from .specs import GPUSpec, ModelSpec
-from .step import has_profile, step_model
-from .weights import DTYPE_BYTES, WeightBytes, weight_bytes
+from kvplan.sizing.step_time import has_profile, step_model
+from kvplan.sizing.weights import DTYPE_BYTES, WeightBytes, weight_bytes
+from kvplan.specs.catalog import GPUSpec, ModelSpec
+from kvplan.specs.kv_formats import KVFormat, kv_format
 
 
 @dataclass(frozen=True)

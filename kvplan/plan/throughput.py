@@ -2,9 +2,10 @@
 closed loop of `concurrency` clients, each sending a request of `isl` prompt tokens and `osl` output tokens as soon as
 the last one finished (`vllm bench serve --max-concurrency C --num-prompts N`, every client starting at once).
 
-The figures come from kvplan.serving's step-by-step simulation of the engine's scheduler (vLLM V1's chunked prefill
+The figures come from kvplan.plan.serving's step-by-step simulation of the engine's scheduler (vLLM V1's chunked prefill
 and block allocation, with recompute preemption; SGLang's prefill and decode batches and token pool), every step
-priced by kvplan.step for exactly its batch. TPOT, TTFT, ITL and latency are the benchmark's per-request figures
+priced by kvplan.sizing.step_time for exactly its batch. TPOT, TTFT, ITL and latency are the benchmark's per-request
+figures
 (mean, median, p90, p99); output tokens/s are over the benchmark's duration, per GPU divided by TP x PP. A
 concurrency the KV pool cannot hold at once still runs, as in the engine: requests wait for blocks (or are
 preempted and recomputed), TTFT grows, and the row is marked kv_limited with how many ran at once.
@@ -17,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
-from .errors import KvplanError
+from kvplan.errors import KvplanError
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,11 @@ def pool_limit(d, isl: int, osl: int) -> int:
     """Requests of isl + osl tokens the deployment's KV pool holds at once (and its engine admits)."""
     length = isl + osl
     if d.engine == "sglang":
-        from .sglang import sglang_capacity
+        from kvplan.plan.sglang_pool import sglang_capacity
 
         r = sglang_capacity(d)
         return int(min(r.max_total_num_tokens // length, r.max_running_requests))
-    from .pool import plan_for
+    from kvplan.plan.vllm_pool import plan_for
 
     plan = plan_for(d)
     conc = plan.per_length(length)["max_concurrency"]
@@ -111,7 +112,7 @@ def _no_room(d, length: int) -> str:
     """Why the pool holds no request of `length` tokens: the capacity problem (weights that do not fit, ...)."""
     why = None
     if d.engine == "vllm":
-        from .pool import capacity_of
+        from kvplan.plan.vllm_pool import capacity_of
 
         r = capacity_of(replace(d, max_model_len=length))
         why = r.problem
@@ -120,21 +121,21 @@ def _no_room(d, length: int) -> str:
 
 
 def engine_limits(d, isl: int, osl: int):
-    """What the deployment's scheduler works within (kvplan.serving.EngineLimits): vLLM's token budget,
+    """What the deployment's scheduler works within (kvplan.plan.serving.EngineLimits): vLLM's token budget,
     max_num_seqs and usable blocks (the pool `capacity` plans, its null block left out); SGLang's
     chunked_prefill_size, max_running_requests and token pool."""
     import numpy as np
 
-    from .serving import EngineLimits
+    from kvplan.plan.serving import EngineLimits
 
     if d.engine == "sglang":
-        from .sglang import sglang_capacity
-        from .sglang_rules import default_chunked_prefill_size
+        from kvplan.plan.sglang_pool import sglang_capacity
+        from kvplan.rules.sglang import default_chunked_prefill_size
 
         r = sglang_capacity(d)
         return EngineLimits("sglang", default_chunked_prefill_size(d.gpu, d.tp), int(r.max_running_requests), int(r.max_total_num_tokens),
                             lambda n: n)
-    from .pool import plan_for
+    from kvplan.plan.vllm_pool import plan_for
 
     plan = plan_for(d)
     return EngineLimits("vllm", int(d.max_num_batched_tokens), int(d.max_num_seqs), int(plan.num_blocks) - 1,
@@ -150,7 +151,7 @@ def _price(sm, pp: int):
 
 
 def _row(sm, d, c: int, work, limit: int, gpus: int, limits=None, step_cache: Optional[dict] = None) -> ThroughputRow:
-    """The benchmark of `work` (kvplan.serving.Workload) with at most c requests in flight, simulated."""
+    """The benchmark of `work` (kvplan.plan.serving.Workload) with at most c requests in flight, simulated."""
     isl, osl = work.isl, work.osl
     limits = limits or engine_limits(d, isl, osl)
     res = work.run(_price(sm, d.pp), limits, c, step_cache)
@@ -196,13 +197,12 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
                   num_prompts: Optional[int] = None, warmup: int = 0,
                   request_rate: Optional[float] = None) -> ThroughputResult:
     """The throughput table of resolved deployments that differ only in their KV dtype: each concurrency's benchmark
-    simulated (kvplan.serving), `percentile` (mean, p50, p90, p99) naming the figure the limits hold; `warmup`
+    simulated (kvplan.plan.serving), `percentile` (mean, p50, p90, p99) naming the figure the limits hold; `warmup`
     requests run before the `num_prompts` measured ones; with `request_rate`, requests arrive as a Poisson process
     at that rate, the concurrency capping those in flight (vllm bench serve --request-rate with --max-concurrency)."""
-    from .serving import VLLM_BENCH_NUM_PROMPTS, Workload
-
-    from .kv_crossover import roofline_step_ms
-    from .step import step_model
+    from kvplan.plan.crossover import roofline_step_ms
+    from kvplan.plan.serving import VLLM_BENCH_NUM_PROMPTS, Workload
+    from kvplan.sizing.step_time import step_model
 
     if isl < 1 or osl < 1:
         raise KvplanError(f"--isl and --osl must be at least 1 (got {isl} and {osl})")

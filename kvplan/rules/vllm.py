@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
-from .errors import KvplanError
+from kvplan.errors import KvplanError
 
 if TYPE_CHECKING:
-    from .specs import GPUSpec
+    from kvplan.specs.catalog import GPUSpec
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class VllmRules:
     # 0.20's SlidingWindowSpec has no nvfp4 branch: sliding layers cost (head + head_v) bytes, like fp8
     sliding_nvfp4_packed: bool
     cache_dtypes_missing: frozenset[str]
-    # --- what the profile run executes and which measured term each allocation lands in (kvplan.nonkv) ---
+    # --- what the profile run executes and which measured term each allocation lands in (kvplan.sizing.vllm_memory) ---
     # the model runner that profiles: the classic V1 runner, or MRV2 (the default for text decoders from 0.30)
     runner: Literal["v1", "mrv2"] = "v1"
     # MRV2 in 0.33 runs the dummy sampler a second time with every sampling feature on (fp32 logits, top-k mask,

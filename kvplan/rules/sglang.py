@@ -8,7 +8,7 @@ the largest decode graph batch), srt/model_executor/pool_configurator.py (the hy
 
 from __future__ import annotations
 
-from .specs import GPUSpec, ModelSpec
+from kvplan.specs.catalog import GPUSpec, ModelSpec
 
 SGLANG_VERSION = "0.5"  # the release whose rules these are
 CONTEXT_GIB = 0.5  # CUDA context and NCCL before SGLang's baseline (not a source constant; a log pins it)

@@ -1,5 +1,6 @@
 """Startup logs against kvplan's prediction: the configuration each ran, every figure it measured beside kvplan's
-figure for the same configuration, and the deployment profile (kvplan.profile) of the overheads it measured, kept so
+figure for the same configuration, and the deployment profile (kvplan.specs.profile) of the overheads it measured, kept
+so
 that later "what if" questions (another KV dtype, max_model_len or utilization) start from them."""
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .deployment import DeploymentArgs
-from .engines import version_key, vllm_rules
-from .errors import KvplanError
-from .nonkv import pre_snapshot_bytes
-from .pool import capacity_of
-from .profile import DeploymentProfile
-from .sglang import sglang_pool
-from .specs import (
+from kvplan.app.startup_log import StartupLog, parse_startup_log
+from kvplan.deployment import DeploymentArgs
+from kvplan.errors import KvplanError
+from kvplan.plan.sglang_pool import sglang_pool
+from kvplan.plan.vllm_pool import capacity_of
+from kvplan.rules.vllm import version_key, vllm_rules
+from kvplan.sizing.vllm_memory import pre_snapshot_bytes
+from kvplan.specs.catalog import (
     GPUSpec,
     ModelSpec,
     gpu_by_memory,
@@ -28,7 +29,7 @@ from .specs import (
     load_model,
     model_for_repo,
 )
-from .startup_log import StartupLog, parse_startup_log
+from kvplan.specs.profile import DeploymentProfile
 
 GiB = 2**30
 

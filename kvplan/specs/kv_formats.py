@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Literal, Optional
 
-from .errors import KvplanError, did_you_mean
+from kvplan.errors import KvplanError, did_you_mean
 
 Per = Literal["element", "group", "vector", "token_group"]
 Over = Literal["all", "nope", "rope"]

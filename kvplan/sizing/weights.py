@@ -12,9 +12,9 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
-from .errors import KvplanError, did_you_mean
-from .memo import per_spec
-from .specs import ModelSpec
+from kvplan.errors import KvplanError, did_you_mean
+from kvplan.memo import per_spec
+from kvplan.specs.catalog import ModelSpec
 
 Shard = Literal["col", "row", "rep", "kv", "vocab"]
 Part = Literal["embed", "lm_head", "attention", "state", "mlp", "expert", "shared_expert", "router", "norm", "extra"]

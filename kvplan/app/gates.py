@@ -30,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import KvplanError, did_you_mean
+from kvplan.errors import KvplanError, did_you_mean
 
 GiB = 2**30
 
@@ -131,7 +131,7 @@ class Options(_Strict):
 
     def deployment_args(self):
         """The deployment this gate describes (kvplan.deployment.DeploymentArgs)."""
-        from .deployment import DeploymentArgs
+        from kvplan.deployment import DeploymentArgs
 
         fields = self.model_dump(exclude={"require", "name", "weight_read", "baseline", "dtype", "kv_cache_dtype",
                                           "kv_cache_memory"})
@@ -185,7 +185,7 @@ def _error_line(path: str, e: ValidationError, where: str, fields: list[str]) ->
 
 def load_gates(source: str | Path | dict) -> list[Gate]:
     """The gates of a file (or an already parsed mapping), each with the defaults applied."""
-    from .files import check_finite, read_yaml, type_name
+    from kvplan.files import check_finite, read_yaml, type_name
 
     path = "gates" if isinstance(source, dict) else str(source)
     if isinstance(source, dict):
@@ -262,13 +262,13 @@ REQUIREMENTS: dict[str, Requirement] = {r.key: r for r in [
 
 
 def _tpot(d, lim) -> float:
-    from .steady import throughput_of
+    from kvplan.plan.throughput import throughput_of
 
     return throughput_of([d], lim.isl, lim.osl, [lim.concurrency]).rows[0].tpot_ms
 
 
 def _best_per_gpu(d, lim) -> float:
-    from .steady import throughput_of
+    from kvplan.plan.throughput import throughput_of
 
     best = throughput_of([d], lim.isl, lim.osl, None, lim.tpot_ms, lim.ttft_ms).best[d.kv.name]
     return best.output_tokens_per_s_per_gpu if best is not None else 0.0
@@ -319,8 +319,8 @@ class GateReport:
 
 
 def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
-    from .kv_crossover import crossover_of
-    from .pool import capacity_of
+    from kvplan.plan.crossover import crossover_of
+    from kvplan.plan.vllm_pool import capacity_of
 
     results = []
     for g in gates:
@@ -352,7 +352,7 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
                 at = f"{limit.isl}/{limit.osl}" + (f" at {limit.concurrency}" if isinstance(limit, TpotMs) else "")
             note = cap.problem if (req.needs == "capacity" and cap is not None and not cap.fits) else None
             if req.needs == "throughput":  # which step times the figure rests on
-                from .step import profile_for
+                from kvplan.sizing.step_time import profile_for
 
                 note = f"step times: {profile_for(d).name}"
             checks.append(Check(key, req.figure, measured, required, req.kind, ok, at, note))
@@ -385,7 +385,7 @@ def gate(source: str | Path | dict) -> GateReport:
 
 def compare_baseline(report: GateReport, baseline: dict, max_regression_pct: float) -> list[dict]:
     """Figures that got worse than an earlier `--json` report by more than `max_regression_pct` percent."""
-    from .files import type_name
+    from kvplan.files import type_name
 
     old = {}
     for i, g in enumerate(baseline.get("gates", [])):

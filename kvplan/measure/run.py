@@ -7,7 +7,8 @@ import os
 import sys
 from typing import Optional
 
-from .calibration import (
+from kvplan.errors import KvplanError
+from kvplan.specs.calibration import (
     FAMILIES,
     MB,
     CalibrationProfile,
@@ -16,12 +17,11 @@ from .calibration import (
     profile_name,
     save_calibration,
 )
-from .errors import KvplanError
 
 
 def _catalog_peak(name: str) -> tuple[Optional[float], Optional[float]]:
     """Datasheet bandwidth and L2 of the catalog GPU whose nvidia-smi name matches the device's."""
-    from .specs import load_catalog
+    from kvplan.specs.catalog import load_catalog
 
     for g in load_catalog("hardware"):
         if g.smi_name and g.smi_name.lower() == name.lower():
@@ -100,10 +100,10 @@ def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, contex
     same bytes beside it."""
     import torch
 
-    from .calibration import find_calibration, load_calibration
-    from .engine import _DECODE_FAMILY
-    from .formats import kv_format
-    from .specs import load_model
+    from kvplan.sizing.kv_cache import _DECODE_FAMILY
+    from kvplan.specs.calibration import find_calibration, load_calibration
+    from kvplan.specs.catalog import load_model
+    from kvplan.specs.kv_formats import kv_format
 
     if device_name == "cuda" and not torch.cuda.is_available():
         raise KvplanError("kvplan measure --validate needs a CUDA GPU, and torch sees none")
@@ -119,7 +119,7 @@ def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, contex
     info = device_info(device)
     if layers is None:
         if device.type == "cuda":  # as many layers as fit in 40% of the free memory
-            from .weights import weight_bytes
+            from kvplan.sizing.weights import weight_bytes
 
             per_layer = weight_bytes(m).total / m.num_layers
             layers = max(1, min(m.num_layers, int(0.4 * info["memory_free_bytes"] // per_layer)))
@@ -160,7 +160,7 @@ def run_probe(output: Optional[str] = None, budget_s: Optional[float] = None,
 
     import torch
 
-    from .files import atomic_write_text
+    from kvplan.files import atomic_write_text
 
     if not torch.cuda.is_available():
         raise KvplanError("kvplan measure --probe needs a CUDA GPU, and torch sees none")

@@ -15,10 +15,10 @@ from typing import ClassVar, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import HubUnavailable, KvplanError, UnmodelledWeights, did_you_mean
-from .files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
-from .hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
-from .memo import per_spec
+from kvplan.errors import HubUnavailable, KvplanError, UnmodelledWeights, did_you_mean
+from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
+from kvplan.memo import per_spec
+from kvplan.specs.hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
 
 LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
 MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
@@ -480,7 +480,7 @@ class GPUSpec(_Frozen):
 
 
 def _package_root() -> Path:
-    return Path(__file__).resolve().parent
+    return Path(__file__).resolve().parent.parent
 
 
 def catalog_dir(kind: Literal["models", "hardware"]) -> Path:
@@ -557,7 +557,7 @@ def _catalog_data(path: Path):
     import marshal
     import sys
 
-    from .files import read_text
+    from kvplan.files import read_text
 
     tag = (_CATALOG_CACHE_VERSION, tuple(sys.version_info[:2]))
     text = read_text(path, "YAML file")
@@ -652,7 +652,7 @@ def load_model(name_or_path: str, checkpoint: bool = False, unquantized: bool = 
         if path.is_dir() and (path / "config.json").is_file():  # a local snapshot
             path = path / "config.json"
         if path.suffix == ".json":
-            from .hf_config import model_from_hf_config
+            from kvplan.specs.hf_config import model_from_hf_config
 
             cfg = read_json(path, "file", hint)
             quant = _modelopt_file(path)

@@ -9,7 +9,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import KvplanError
+from kvplan.errors import KvplanError
 
 PROFILE_SCHEMA = "kvplan-deployment-profile/1"
 
@@ -46,7 +46,7 @@ class DeploymentProfile(BaseModel):
 def save_profile(profile: DeploymentProfile, path: str | Path) -> None:
     import yaml
 
-    from .files import atomic_write_text
+    from kvplan.files import atomic_write_text
 
     data = profile.model_dump(by_alias=True, exclude_none=True)
     atomic_write_text(path, "# kvplan deployment profile: the overheads one startup measured; `kvplan capacity "
@@ -54,8 +54,8 @@ def save_profile(profile: DeploymentProfile, path: str | Path) -> None:
 
 
 def load_profile(path: str | Path) -> DeploymentProfile:
-    from .errors import did_you_mean
-    from .files import check_finite, read_yaml, type_name
+    from kvplan.errors import did_you_mean
+    from kvplan.files import check_finite, read_yaml, type_name
 
     data = read_yaml(path, "deployment profile", f"`kvplan log STARTUP.log --save-profile {path}` makes one")
     if not isinstance(data, dict):

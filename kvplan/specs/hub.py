@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .errors import HubUnavailable, KvplanError
+from kvplan.errors import HubUnavailable, KvplanError
 
 REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(?:@[\w./-]+)?")
 
@@ -101,8 +101,14 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
                              f"or pass a local config.json",
                              f"the Hub cannot be reached ({unreachable}) for its own config.json")
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     _quiet()
     at = f" at revision {revision}" if revision else ""
@@ -247,7 +253,7 @@ def checkpoint_summary(repo: str, revision: Optional[str], config: Path) -> tupl
 def _summary_file(repo: str, commit: str) -> Path:
     """Where kvplan keeps a repo's safetensors header summary: its cache directory (KVPLAN_CACHE_DIR, else
     XDG_CACHE_HOME/kvplan or ~/.cache/kvplan), hub/<org>--<name>/<commit>.json."""
-    from .calibration import cache_dir
+    from kvplan.specs.calibration import cache_dir
 
     safe = lambda s: re.sub(r"[^\w.-]", "-", s.replace("/", "--"))  # noqa: E731
     return cache_dir().parent / "hub" / safe(repo.lower()) / f"{safe(commit)}.json"

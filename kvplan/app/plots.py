@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .engine import (
+from kvplan.errors import KvplanError
+from kvplan.sizing.kv_cache import (
     SkipLayers,
     WeightRead,
     _solve_crossover,
@@ -17,10 +18,9 @@ from .engine import (
     kv_read_bytes,
     weight_read_bytes,
 )
-from .errors import KvplanError
-from .formats import KVFormat
-from .specs import ModelSpec
-from .weights import weight_bytes
+from kvplan.sizing.weights import weight_bytes
+from kvplan.specs.catalog import ModelSpec
+from kvplan.specs.kv_formats import KVFormat
 
 
 @dataclass
@@ -95,7 +95,7 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
 def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = None) -> Figure:
     """Sequences the pool holds against max_model_len, one curve per resolved Deployment (kvplan.deployment), by
     vLLM's concurrency: the same plan `capacity` computes."""
-    from .pool import plan_for
+    from kvplan.plan.vllm_pool import plan_for
 
     d0 = deployments[0]
     model, gpu = d0.model, d0.gpu
@@ -128,7 +128,7 @@ def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = No
 
 def throughput_figure(result) -> Figure:
     """Output tokens/s per GPU against TPOT, one curve per KV dtype (a point per concurrency: the Pareto front of
-    that dtype), from a kvplan.steady.ThroughputResult; the TPOT limit as a vertical line, each dtype's best
+    that dtype), from a kvplan.plan.throughput.ThroughputResult; the TPOT limit as a vertical line, each dtype's best
     concurrency marked."""
     series = []
     for name in dict.fromkeys(r.kv_cache_dtype for r in result.rows):
@@ -165,8 +165,8 @@ def save(fig: Figure, path: str) -> None:
     """Draw with matplotlib and write PNG or SVG atomically."""
     from pathlib import Path
 
-    from .errors import KvplanError
-    from .files import atomic_write
+    from kvplan.errors import KvplanError
+    from kvplan.files import atomic_write
 
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in ("png", "svg"):

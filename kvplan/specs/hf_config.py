@@ -7,12 +7,11 @@ where an object belongs) is one error line naming the file and the field.
 from __future__ import annotations
 
 import os
-
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from .errors import KvplanError, UnmodelledWeights
-from .files import type_name
+from kvplan.errors import KvplanError, UnmodelledWeights
+from kvplan.files import type_name
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
 

@@ -16,9 +16,9 @@ GiB = 2**30
 
 
 def Table(**kwargs) -> _RichTable:  # noqa: N802 - one look for every table
-    from .plain import PlainTable, plain_output
+    from kvplan.app.text_table import PlainTable, plain_output
 
-    if plain_output():  # a pipe or a file: drawn without importing rich (kvplan.plain), the same characters
+    if plain_output():  # a pipe or a file: drawn without importing rich (kvplan.app.text_table), the same characters
         return PlainTable(**kwargs)  # type: ignore[return-value]
     from rich import box
     from rich.table import Table as _RichTable
@@ -29,7 +29,7 @@ def Table(**kwargs) -> _RichTable:  # noqa: N802 - one look for every table
 
 
 def console() -> Console:
-    from .plain import PlainConsole, plain_output
+    from kvplan.app.text_table import PlainConsole, plain_output
 
     if plain_output():
         return PlainConsole()  # type: ignore[return-value]
@@ -47,7 +47,7 @@ def print_table(con: Console, table: _RichTable) -> None:
     up their width first; when even the narrowest such layout does not fit, the table prints at the width it needs
     (a line longer than the terminal is better than a lost digit).
     """
-    from .plain import PlainTable
+    from kvplan.app.text_table import PlainTable
 
     if isinstance(table, PlainTable):
         lines = table.render(con.width)
@@ -247,7 +247,7 @@ def _dname(dtype: str, model) -> str:
 def _layer_list(xs: Sequence[int]) -> str:
     if not xs:
         return "-"
-    from .engine import _ranges
+    from kvplan.sizing.kv_cache import _ranges
 
     return _ranges(xs)
 
@@ -444,7 +444,7 @@ def _fmt_value(v) -> str:
 
 
 def gate_table(report) -> None:
-    from .gates import _fmt
+    from kvplan.app.gates import _fmt
 
     con = console()
     t = Table(title="Capacity gates", title_justify="left")
@@ -522,7 +522,7 @@ def sglang_table(results, model, gpu) -> None:
 
 
 def measure_plan_table(plan, gpu) -> None:
-    from .calibration import MB
+    from kvplan.specs.calibration import MB
 
     con = console()
     t = Table(title=f"kvplan measure plan for {gpu.name} ({gpu.peak_bandwidth_tbps} TB/s peak, L2 flushed with "

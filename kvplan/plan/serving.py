@@ -55,7 +55,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Literal, Optional
 
-from .search import last_true
+from kvplan.search import last_true
 
 Policy = Literal["vllm", "sglang"]
 PERCENTILES = (50, 90, 99)
