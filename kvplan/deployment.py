@@ -23,11 +23,11 @@ from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, defa
 from kvplan.rules.vllm import backend_block_size, serve_defaults, version_key, vllm_rules
 from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
 from kvplan.sizing.weights import weight_format
-from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model, load_model_as
+from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model_as
 from kvplan.specs.kv_formats import KVFormat, kv_format
 from kvplan.specs.profile import load_profile
+from kvplan.units import GiB
 
-GiB = 2**30
 ENGINES = ("vllm", "sglang")
 ENTRYPOINTS = ("serve", "llm")
 # vLLM takes a block size its attention backends support: FlashAttention and Triton take multiples of 16

@@ -113,10 +113,17 @@ def test_pipeline_on_cpu(tmp_path):
     from kvplan.measure.run import run_measure
 
     out = tmp_path / "cpu.yaml"
-    # three sizes: a CPU shared with other work can time two sizes out of order, which the fit rightly refuses
-    run_measure(quick=True, output=str(out), device_name="cpu", sizes=[64 * 1024, 256 * 1024, 1024 * 1024], samples=2,
-                warmup=1,
-                families=("stream_read", "stream_copy", "gemv_bf16", "decode_bfloat16", "decode_int4_per_token_head"))
+    # three sizes: a CPU shared with other work can time sizes out of order, which the fit rightly refuses ("the
+    # times do not grow with the bytes"); on a CPU that busy the whole measurement is taken once more
+    for attempt in (1, 2):
+        try:
+            run_measure(quick=True, output=str(out), device_name="cpu", sizes=[64 * 1024, 256 * 1024, 1024 * 1024],
+                        samples=2, warmup=1, families=("stream_read", "stream_copy", "gemv_bf16", "decode_bfloat16",
+                                                       "decode_int4_per_token_head"))
+            break
+        except KvplanError as e:
+            if attempt == 2 or "do not grow with the bytes" not in str(e):
+                raise
     prof = load_calibration(out)
     assert set(prof.families) == {"stream_read", "stream_copy", "gemv_bf16", "decode_bfloat16",
                                   "decode_int4_per_token_head"}

@@ -31,8 +31,7 @@ from pydantic import (
 )
 
 from kvplan.errors import KvplanError, did_you_mean
-
-GiB = 2**30
+from kvplan.units import GiB
 
 
 class _Strict(BaseModel):

@@ -30,8 +30,7 @@ from kvplan.specs.catalog import (
     model_for_repo,
 )
 from kvplan.specs.profile import DeploymentProfile
-
-GiB = 2**30
+from kvplan.units import GiB
 
 
 @dataclass

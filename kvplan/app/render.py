@@ -8,11 +8,12 @@ import sys
 from dataclasses import asdict, is_dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
+from kvplan.units import GiB
+
 if TYPE_CHECKING:  # rich is imported where a table is drawn, so --json output never loads it
     from rich.console import Console
     from rich.table import Table as _RichTable
 
-GiB = 2**30
 
 
 def Table(**kwargs) -> _RichTable:  # noqa: N802 - one look for every table

@@ -28,6 +28,7 @@ from kvplan.sizing.step_time import has_profile, step_model
 from kvplan.sizing.weights import DTYPE_BYTES, WeightBytes, weight_bytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
+from kvplan.units import GiB
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
                      f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
     over = _beyond_memory(points, wb.total, d.total_bytes if gpu is not None else 0)
-    memory = f"{d.total_bytes / 1e9:,.1f} GB ({d.total_bytes / 2**30:,.1f} GiB) the {gpu.name} holds" if gpu else ""
+    memory = f"{d.total_bytes / 1e9:,.1f} GB ({d.total_bytes / GiB:,.1f} GiB) the {gpu.name} holds" if gpu else ""
     if over and wb.total > d.total_bytes:
         notes.append(f"the weights held ({wb.total / 1e9:,.1f} GB per rank) alone exceed the {memory}: no vLLM pool "
                      f"holds any operating point at TP {tp}; their step times are a what-if")

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable, Literal, Optional
 
 from kvplan.search import last_true

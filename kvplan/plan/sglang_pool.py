@@ -18,8 +18,7 @@ from kvplan.sizing.kv_cache import check_tp
 from kvplan.sizing.weights import DTYPE_BYTES, weight_bytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
-
-GiB = 2**30
+from kvplan.units import GiB
 
 
 def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[float, float, int, int]:

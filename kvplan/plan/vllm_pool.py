@@ -11,7 +11,6 @@ from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
 from kvplan.rules.vllm import VllmRules
 from kvplan.sizing.kv_cache import (
-    GiB,
     LayerKV,
     kv_bytes_per_token,
     kv_heads_per_rank,
@@ -29,6 +28,7 @@ from kvplan.sizing.vllm_memory import (
 from kvplan.sizing.weights import pipeline_stages, weight_bytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat
+from kvplan.units import GiB
 from kvplan.xp import SCALAR
 
 

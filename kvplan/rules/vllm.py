@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 from kvplan.errors import KvplanError
+from kvplan.units import GiB
 
 if TYPE_CHECKING:
     from kvplan.specs.catalog import GPUSpec
@@ -71,7 +72,7 @@ class VllmRules:
     def log_lines(self, available_bytes: int, kv_tokens: int, max_model_len: int, concurrency: float) -> list[str]:
         """The startup lines vLLM prints for this pool, digit for digit (gpu_worker.py's "Available KV cache memory",
         formatted as round(GiB, 2); kv_cache_utils' KV cache size and concurrency)."""
-        avail = f"Available KV cache memory: {round(available_bytes / 2**30, 2)} GiB"
+        avail = f"Available KV cache memory: {round(available_bytes / GiB, 2)} GiB"
         size = f"GPU KV cache size: {kv_tokens:,} tokens"
         conc = f"Maximum concurrency for {max_model_len:,} tokens per request: {concurrency:.2f}x"
         return [avail] + ([f"{size}, {conc}"] if self.one_log_line else [size, conc])
@@ -147,7 +148,7 @@ def serve_defaults(total_bytes: int, gpu: Optional[GPUSpec], version: str | Vllm
         raise KvplanError(f"--entrypoint '{entrypoint}': choose serve (vllm serve, the API server) or llm (the "
                           f"offline LLM class)")
     rules = version if isinstance(version, VllmRules) else vllm_rules(version)
-    gib = total_bytes / 2**30
+    gib = total_bytes / GiB
     is_a100 = bool(gpu and "A100" in gpu.name.upper())
     llm = entrypoint == "llm"
     if gib >= 160:

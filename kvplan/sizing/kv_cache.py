@@ -33,7 +33,6 @@ from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format, whole
 from kvplan.xp import SCALAR
 
-GiB = 2**30
 WeightRead = Literal["streamed", "all"]
 
 

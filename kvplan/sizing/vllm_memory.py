@@ -38,9 +38,8 @@ from kvplan.memo import per_spec
 from kvplan.rules.vllm import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
 from kvplan.sizing.weights import DTYPE_BYTES, allocator_rounding, padded_vocab
 from kvplan.specs.catalog import GPUSpec, ModelSpec
+from kvplan.units import GiB, MiB
 
-MiB = 2**20
-GiB = 2**30
 # models whose rotary cos/sin cache vLLM keeps in float32 (get_rope(..., dtype=torch.float32) in gpt_oss.py,
 # minimax_text_01.py, bailing_moe_linear.py)
 _FP32_ROTARY = ("gpt_oss", "minimax_text_01", "bailing_moe_linear")

@@ -19,6 +19,7 @@ from kvplan.errors import HubUnavailable, KvplanError, UnmodelledWeights, did_yo
 from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from kvplan.memo import per_spec
 from kvplan.specs.hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
+from kvplan.units import GiB
 
 LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
 MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
@@ -452,7 +453,7 @@ class GPUSpec(_Frozen):
     @property
     def memory_total_bytes(self) -> int:
         """Total device memory as vLLM sees it (cudaMemGetInfo), the base of gpu_memory_utilization."""
-        return int(round(self.memory_total_gib * 2**30))
+        return int(round(self.memory_total_gib * GiB))
 
     @property
     def memory_total_gib(self) -> float:

@@ -1,0 +1,5 @@
+"""Units of memory, one definition each: GiB and MiB are what CUDA, torch and the engines' logs mean by "GiB" and
+"MiB" (and what vLLM's logs print as GiB); GB is 10^9 bytes, as GPU datasheets count."""
+
+MiB = 2**20
+GiB = 2**30
