@@ -110,6 +110,7 @@ def test_profile_round_trip(tmp_path):
 def test_pipeline_on_cpu(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("triton")  # under the interpreter: conftest chose it before triton was imported
+    from kvplan.errors import KvplanError
     from kvplan.measure.run import run_measure
 
     out = tmp_path / "cpu.yaml"
