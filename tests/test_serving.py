@@ -144,3 +144,31 @@ def test_warmup_requests_are_left_out_of_the_figures():
     assert r.num_prompts == 4 and len(r.per_request) == 4
     assert min(s for s, _, _ in r.per_request) > 0  # the first wave (sent at t = 0) was the warm-up
     assert r.output_tokens_per_s == pytest.approx(4 * 4 / r.duration_s)
+
+
+def test_sglang_runs_prefill_batches_and_decode_batches_apart():
+    # SGLang: a step is a prefill batch (waiting prompts, FCFS, up to chunked_prefill_size tokens, a longer prompt
+    # continued in the next prefill batch) or, when no prompt can be admitted, a decode batch of every running request.
+    # 2 clients, 1,500-token prompts, 3 output tokens, chunked_prefill_size 1,024:
+    # step 1: prefill r0 [0, 1024)                      b=0, p=1,024  10 + 10.24 = 20.24 ms
+    # step 2: prefill r0 [1024, 1500), r1 [0, 548)      b=0, p=1,024  20.24 ms; r0's first token at 40.48 ms
+    # step 3: prefill r1 [548, 1500)                    b=0, p=952    10 + 9.52 = 19.52 ms; r1's first at 60.00 ms
+    # step 4: decode r0, r1                             b=2           12 ms (72.00)
+    # step 5: decode r0, r1                             b=2           12 ms (84.00): both have their 3 tokens
+    lim = EngineLimits("sglang", token_budget=1024, max_seqs=64, blocks=1_000_000, blocks_for=lambda n: n)
+    r = simulate(linear_price, lim, isl=1500, osl=3, concurrency=2, num_prompts=2)
+    first = sorted(f for _, f, _ in r.per_request)
+    done = sorted(d for _, _, d in r.per_request)
+    assert first == pytest.approx([0.04048, 0.06000], abs=1e-12)
+    assert done == pytest.approx([0.084, 0.084], abs=1e-12)
+
+
+def test_sglang_admits_what_its_token_pool_holds_with_the_expected_output():
+    # a pool of 5,000 tokens: a 1,500-token prompt with 1,000 output tokens reserves 1,500 + 0.7 x 1,000 = 2,200
+    # tokens at admission (new_token_ratio 0.7), so two are admitted (4,400) and the third waits
+    lim = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=5_000, blocks_for=lambda n: n)
+    r = simulate(linear_price, lim, isl=1500, osl=1000, concurrency=3, num_prompts=3)
+    assert r.max_running == 2 and r.capped_by == "kv pool"
+    assert sorted(s for s, _, _ in r.per_request) == [0.0, 0.0, 0.0]
+    third = max(r.per_request, key=lambda x: x[1])
+    assert third[1] > min(d for _, _, d in r.per_request)  # its first token after one of the two finished
