@@ -894,6 +894,9 @@ def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
 
 
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
+    """A config.json read into ModelSpec fields, in named steps: the wrapper and the families with readers of their
+    own, the core sizes, the dtypes, then _read_quantization, _read_attention_layout, MLA and DeepSeek-V4, _read_moe,
+    _read_biases_and_norms and the vision tower."""
     if not isinstance(cfg, dict):
         raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
     top = _Fields(cfg, path)
@@ -972,7 +975,47 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         out.setdefault("notes", []).extend(downcast)
     out["weight_dtype"] = out["dtype"]
 
-    # Quantized checkpoints
+    _read_quantization(top, c, layers, out, path)
+
+    window = c.integer("sliding_window")
+    _read_attention_layout(c, family, layers, kv_heads, head_dim, window, lightning, nas, out, path)
+
+    # MLA
+    if c.integer("kv_lora_rank"):
+        out["mla"] = {k: c.integer(k) for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                                                "qk_nope_head_dim", "v_head_dim")}
+        if c.flag("mla_use_output_gate"):
+            out["mla"]["output_gate"] = True
+        if c.integer("index_n_heads"):
+            out["mla"].update({k: c.need(k) for k in ("index_n_heads", "index_head_dim", "index_topk")})
+            indexed = _indexed_layers(c, layers, path)
+            if not all(indexed):
+                out["indexed"] = indexed
+        out["head_dim"] = None
+
+    if c.data.get("compress_ratios") is not None:
+        out.update(_deepseek_v4(c, top, layers, out, path))
+
+    _read_moe(c, family, layers, intermediate, out, path)
+
+    _read_biases_and_norms(c, family, hidden, tied, falcon, out)
+    if c is not top:  # a multimodal wrapper: the vision tower and projector are held beside the language model
+        sharded, rep, notes, encoder = vision_params(top, hidden)
+        if encoder:
+            out["vision"] = encoder
+        if sharded:
+            out["extra_params"] = sharded
+        if rep:
+            out["replicated_params"] = rep
+        if notes:
+            out.setdefault("notes", []).extend(notes)
+    if family == "phi3" and window:
+        out.setdefault("notes", []).append("Phi-3 config sets a sliding window; engines differ on honouring it")
+    return out
+
+
+def _read_quantization(top: _Fields, c: _Fields, layers: int, out: dict, path) -> None:
+    """A quantized checkpoint's weight format, the layers it leaves unquantized and its declared KV cache."""
     q = top.section("quantization_config")
     if not (q and q.data):
         q = c.section("quantization_config")
@@ -1029,9 +1072,11 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             raise UnmodelledWeights(f"{path}: quantization_config.quant_method '{method}' is not modelled",
                                     f"quant_method '{method}'")
 
-    # Attention layout
+
+def _read_attention_layout(c: _Fields, family: str, layers: int, kv_heads: int, head_dim: int, window,
+                           lightning: dict, nas: dict, out: dict, path) -> None:
+    """Which layers slide, chunk or attend fully (and the hybrids' and NAS models' own layers)."""
     pattern = None
-    window = c.integer("sliding_window")
     layer_types = c.items("layer_types", lambda t: isinstance(t, str),
                           'a list of attention types such as ["sliding_attention", "full_attention"]')
     if family in _HYBRIDS_READ:
@@ -1071,23 +1116,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
             att["chunk_size"] = c.integer("attention_chunk_size")
         out["attention"] = att
 
-    # MLA
-    if c.integer("kv_lora_rank"):
-        out["mla"] = {k: c.integer(k) for k in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
-                                                "qk_nope_head_dim", "v_head_dim")}
-        if c.flag("mla_use_output_gate"):
-            out["mla"]["output_gate"] = True
-        if c.integer("index_n_heads"):
-            out["mla"].update({k: c.need(k) for k in ("index_n_heads", "index_head_dim", "index_topk")})
-            indexed = _indexed_layers(c, layers, path)
-            if not all(indexed):
-                out["indexed"] = indexed
-        out["head_dim"] = None
 
-    if c.data.get("compress_ratios") is not None:
-        out.update(_deepseek_v4(c, top, layers, out, path))
-
-    # MoE
+def _read_moe(c: _Fields, family: str, layers: int, intermediate: int, out: dict, path) -> None:
+    """The routed and shared experts and the layers that hold them."""
     experts = c.integer("num_local_experts") or c.integer("n_routed_experts") or c.integer("num_experts")
     if experts:
         moe: dict[str, Any] = {
@@ -1128,7 +1159,9 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         if step and step > 1:  # Llama 4 Maverick: MoE every step-th layer, dense MLPs between
             out["mlps"] = tuple("moe" if (i + 1) % step == 0 else "dense" for i in range(layers))
 
-    # Biases and norms the architecture carries
+
+def _read_biases_and_norms(c: _Fields, family: str, hidden: int, tied, falcon: bool, out: dict) -> None:
+    """The biases and norms the architecture carries, and the older layouts as their modelling code builds them."""
     attention_bias = bool(c.flag("attention_bias"))
     out["qkv_bias"] = attention_bias or family in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl") or bool(
         c.flag("qkv_bias"))
@@ -1166,16 +1199,3 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
         out.update(qk_norm=False, qk_norm_full=True)
     if family == "gpt_oss":
         out["attention_sinks"] = True
-    if c is not top:  # a multimodal wrapper: the vision tower and projector are held beside the language model
-        sharded, rep, notes, encoder = vision_params(top, hidden)
-        if encoder:
-            out["vision"] = encoder
-        if sharded:
-            out["extra_params"] = sharded
-        if rep:
-            out["replicated_params"] = rep
-        if notes:
-            out.setdefault("notes", []).extend(notes)
-    if family == "phi3" and window:
-        out.setdefault("notes", []).append("Phi-3 config sets a sliding window; engines differ on honouring it")
-    return out
