@@ -165,7 +165,11 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     step's seconds. A closed loop with `concurrency`, an open loop at `request_rate` (or both: arrivals at the rate,
     at most `concurrency` in flight, as vllm bench serve does with both options). `step_cache` keeps the priced
     steps for the next run with the same `price`. `warmup` requests are sent first and left out of the figures
-    (a client's warm-up: the measured requests then start with the clients out of step, as they run)."""
+    (a client's warm-up: the measured requests then start with the clients out of step, as they run).
+
+    The loop over the steps stays one function, its state in local variables (a benchmark is thousands of steps,
+    and throughput's default sweep is held to a second); each policy's schedule is a function of its own
+    (_schedule_vllm, _schedule_sglang), and so are the figures (_result)."""
     import numpy as np
 
     if isl < 1 or osl < 1 or num_prompts < 1:
@@ -248,89 +252,14 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             send_due(t)
             continue
         # -- the step's schedule ------------------------------------------------------------------------------------
-        sched: dict[int, int] = {}
-        budget = limits.token_budget
-        preempted = False
         if limits.policy == "sglang":
-            prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget)
-            if cap:
-                capped.add(cap)
-            if prefill:
-                for r, k in prefill:
-                    sched[r] = k
-                    if r not in running:
-                        running.append(r)
-                        waiting.remove(r)
-            else:
-                for r in running:
-                    if computed[r] >= prompt_len[r]:
-                        sched[r] = 1
+            sched_r, sched_k = _schedule_sglang(running, waiting, prompt_len, computed, outputs, osl, limits, capped)
+            preempted = False
         else:
-            # the running requests in order, each up to what the budget leaves: at once where the free blocks hold
-            # every request's next tokens, else one by one, preempting (below)
-            ra = np.fromiter(running, dtype=np.int64, count=len(running))
-            n_run = len(running)
-            held_run, computed_run = held[ra], computed[ra]
-            pending = prompt_len[ra] - computed_run
-            demand = np.where(pending > 0, pending, 1)
-            if int(demand.sum()) <= budget:  # the budget holds every one's tokens
-                ks_run = demand
-                on = np.ones(n_run, dtype=bool)
-                need_run = table[computed_run + demand] - held_run
-            else:
-                ks_run = np.minimum(np.maximum(budget - (np.cumsum(demand) - demand), 0), demand)
-                on = ks_run > 0
-                need_run = np.where(on, table[computed_run + ks_run] - held_run, 0)
-            need_total = int(need_run.sum())
-            if need_total > free:
-                # vLLM walks the running requests in order; one whose blocks are not free preempts the newest
-                # (from the end) until they are, or preempts itself when it is the newest left. With A_i the
-                # blocks the first i+1 need and F_v what is free once the v newest are preempted, request i needs
-                # v_i = min{v: F_v >= A_i} victims and is scheduled while v_i leaves it standing (i < n - v_i)
-                freed = np.concatenate([[free], free + np.cumsum(held_run[::-1])])
-                victims = np.searchsorted(freed, np.cumsum(need_run), side="left")
-                standing = np.arange(n_run) < n_run - victims
-                stop = int(np.argmin(standing)) if not standing.all() else n_run
-                v = n_run - stop if stop < n_run else int(victims[on].max(initial=0))
-                for victim in reversed(running[n_run - v:]):  # the newest first, so the oldest ends up in front
-                    waiting.appendleft(victim)
-                out = ra[n_run - v:]
-                free += int(held[out].sum())
-                held[out] = 0
-                computed[out] = 0
-                prompt_len[out] = isl + outputs[out]
-                del running[n_run - v:]
-                preemptions += v
-                preempted = v > 0
-                keep = np.arange(n_run) < n_run - v
-                on &= keep
-                need_run = np.where(keep, need_run, 0)
-                ks_run = np.where(keep, ks_run, 0)
-                need_total = int(need_run.sum())
-            sched_r, sched_k = [ra[on]], [ks_run[on]]
-            held[ra] += need_run
-            free -= need_total
-            budget -= int(ks_run.sum())
-            while not preempted and waiting and budget > 0:
-                if len(running) >= limits.max_seqs:
-                    capped.add("max_num_seqs")
-                    break
-                r = waiting[0]
-                k = min(int(prompt_len[r] - computed[r]), budget)
-                need = int(table[computed[r] + k]) - held[r]
-                if need > free:
-                    capped.add("kv pool")
-                    break
-                waiting.popleft()
-                running.append(r)
-                sched_r.append(np.array([r]))
-                sched_k.append(np.array([k]))
-                free -= need
-                held[r] += need
-                budget -= k
-        if limits.policy == "sglang":
-            sched_r = [np.fromiter(sched, dtype=np.int64, count=len(sched))]
-            sched_k = [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))]
+            sched_r, sched_k, free, lost = _schedule_vllm(running, waiting, prompt_len, computed, outputs, held, free,
+                                                          limits, table, isl, capped)
+            preemptions += lost
+            preempted = lost > 0
         rs = np.concatenate(sched_r) if len(sched_r) > 1 else sched_r[0]
         ks = np.concatenate(sched_k) if len(sched_k) > 1 else sched_k[0]
         if not rs.size:  # nothing can run (a request larger than the pool): it never will
@@ -401,6 +330,106 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
 
     return _result(n, C, isl, osl, sent, first, done_at, finished_order, itl_v, itl_w, steps, preemptions,
                    busy_area, max_running, capped, gen_stats, warmup)
+
+
+def _schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs, held, free: int,
+                   limits: EngineLimits, table, isl: int, capped: set):
+    """One step of vLLM V1's scheduler (see the module's docstring): the running requests' tokens, preempting the
+    newest where the blocks run out, then waiting requests FCFS. Updates the requests' blocks, the running list and
+    the waiting queue in place; returns (the scheduled requests, their tokens), the blocks left free and the count
+    preempted."""
+    import numpy as np
+
+    budget = limits.token_budget
+    preemptions = 0
+    preempted = False
+    # the running requests in order, each up to what the budget leaves: at once where the free blocks hold
+    # every request's next tokens, else one by one, preempting (below)
+    ra = np.fromiter(running, dtype=np.int64, count=len(running))
+    n_run = len(running)
+    held_run, computed_run = held[ra], computed[ra]
+    pending = prompt_len[ra] - computed_run
+    demand = np.where(pending > 0, pending, 1)
+    if int(demand.sum()) <= budget:  # the budget holds every one's tokens
+        ks_run = demand
+        on = np.ones(n_run, dtype=bool)
+        need_run = table[computed_run + demand] - held_run
+    else:
+        ks_run = np.minimum(np.maximum(budget - (np.cumsum(demand) - demand), 0), demand)
+        on = ks_run > 0
+        need_run = np.where(on, table[computed_run + ks_run] - held_run, 0)
+    need_total = int(need_run.sum())
+    if need_total > free:
+        # vLLM walks the running requests in order; one whose blocks are not free preempts the newest
+        # (from the end) until they are, or preempts itself when it is the newest left. With A_i the
+        # blocks the first i+1 need and F_v what is free once the v newest are preempted, request i needs
+        # v_i = min{v: F_v >= A_i} victims and is scheduled while v_i leaves it standing (i < n - v_i)
+        freed = np.concatenate([[free], free + np.cumsum(held_run[::-1])])
+        victims = np.searchsorted(freed, np.cumsum(need_run), side="left")
+        standing = np.arange(n_run) < n_run - victims
+        stop = int(np.argmin(standing)) if not standing.all() else n_run
+        v = n_run - stop if stop < n_run else int(victims[on].max(initial=0))
+        for victim in reversed(running[n_run - v:]):  # the newest first, so the oldest ends up in front
+            waiting.appendleft(victim)
+        out = ra[n_run - v:]
+        free += int(held[out].sum())
+        held[out] = 0
+        computed[out] = 0
+        prompt_len[out] = isl + outputs[out]
+        del running[n_run - v:]
+        preemptions += v
+        preempted = v > 0
+        keep = np.arange(n_run) < n_run - v
+        on &= keep
+        need_run = np.where(keep, need_run, 0)
+        ks_run = np.where(keep, ks_run, 0)
+        need_total = int(need_run.sum())
+    sched_r, sched_k = [ra[on]], [ks_run[on]]
+    held[ra] += need_run
+    free -= need_total
+    budget -= int(ks_run.sum())
+    while not preempted and waiting and budget > 0:
+        if len(running) >= limits.max_seqs:
+            capped.add("max_num_seqs")
+            break
+        r = waiting[0]
+        k = min(int(prompt_len[r] - computed[r]), budget)
+        need = int(table[computed[r] + k]) - held[r]
+        if need > free:
+            capped.add("kv pool")
+            break
+        waiting.popleft()
+        running.append(r)
+        sched_r.append(np.array([r]))
+        sched_k.append(np.array([k]))
+        free -= need
+        held[r] += need
+        budget -= k
+    return sched_r, sched_k, free, preemptions
+
+
+def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs, osl: int,
+                     limits: EngineLimits, capped: set):
+    """One step of SGLang's scheduler (see the module's docstring): a prefill batch where one can be admitted, else a
+    decode batch of every running request. Returns (the scheduled requests, their tokens)."""
+    import numpy as np
+
+    sched: dict[int, int] = {}
+    prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, limits.token_budget)
+    if cap:
+        capped.add(cap)
+    if prefill:
+        for r, k in prefill:
+            sched[r] = k
+            if r not in running:
+                running.append(r)
+                waiting.remove(r)
+    else:
+        for r in running:
+            if computed[r] >= prompt_len[r]:
+                sched[r] = 1
+    return ([np.fromiter(sched, dtype=np.int64, count=len(sched))],
+            [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))])
 
 
 def _steps_with_blocks(blocks_for, tokens, held, free: int, k: int) -> int:
