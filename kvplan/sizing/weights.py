@@ -295,83 +295,94 @@ def _compressed_attention(m: ModelSpec) -> list[Tensor]:
 
 
 @per_spec
-def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
-    """Every parameter tensor of the model (main model only: no MTP/draft layers)."""
+def _mla_attention(m: ModelSpec, L: int) -> list[Tensor]:
+    """An MLA layer's projections and norms (and a lightning indexer's, whole on every rank), L layers."""
     h = m.hidden_size
-    L = len(m.attention_layers)  # the attention tensors' count: every layer but a hybrid's state and MLP-only ones
-    ts: list[Tensor] = [Tensor("embed_tokens", m.vocab_size, h, 1, "vocab", "embed", False)]
-    if m.state_layers:
-        ts += _state_mixer(m, len(m.state_layers))
-
-    # Attention
-    if m.mla:
-        a = m.mla
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        if a.q_lora_rank:
-            ts += _linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
-            ts.append(Tensor("attn.q_a_layernorm", a.q_lora_rank, 1, L, "rep", "norm", False))
-            ts += _linear("attn.q_b_proj", m.num_heads * qk, a.q_lora_rank, L, "col", "attention")
-        else:
-            ts += _linear("attn.q_proj", m.num_heads * qk, h, L, "col", "attention")
-        ts += _linear("attn.kv_a_proj_with_mqa", a.latent_dim, h, L, "rep", "attention")
-        ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
-        ts += _linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
-        ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
-        if a.output_gate:
-            ts += _linear("attn.g_proj", m.num_heads * a.v_head_dim, h, L, "col", "attention")
-        if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
-            dq = a.q_lora_rank or h
-            indexed = m.indexer_layers
-            n, at = len(indexed), (indexed if len(indexed) < L else ())
-            ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, n, "rep", "attention", layers=at)
-            ts += _linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
-            ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
-            ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
-    elif m.compressed:
-        ts += _compressed_attention(m)
+    ts: list[Tensor] = []
+    a = m.mla
+    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    if a.q_lora_rank:
+        ts += _linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
+        ts.append(Tensor("attn.q_a_layernorm", a.q_lora_rank, 1, L, "rep", "norm", False))
+        ts += _linear("attn.q_b_proj", m.num_heads * qk, a.q_lora_rank, L, "col", "attention")
     else:
-        # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
-        shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
-        shared = m.shared_attention
-        h_in = shared.input_size if shared else h
-        for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
-            assert d is not None
-            n = len(layers) or L
-            if shared:  # the layers share `blocks` copies of the weights
-                n, layers = min(n, shared.blocks), ()
-            start = len(ts)
-            ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
-                          "attention", bias=m.qkv_bias, layers=layers)
-            for name in ("k_proj", "v_proj"):
-                ts += _linear(f"attn.{name}", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
-                              layers=layers, loaded_copy=v_from_k and name == "v_proj")
-            ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
-            if shared:
-                ts[start:] = [replace(t, shared=True) for t in ts[start:]]
-            if m.qk_norm_full:  # across all heads: split with them
-                ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, n, "col", "norm", False, layers=layers))
-                ts.append(Tensor("attn.k_norm", kv * d, 1, n, "kv", "norm", False, kv, layers=layers))
-            elif m.qk_norm:
-                ts.append(Tensor("attn.q_norm", d, 1, n, "rep", "norm", False, layers=layers))
-                ts.append(Tensor("attn.k_norm", d, 1, n, "rep", "norm", False, layers=layers))
-    if m.attention_sinks:
-        ts.append(Tensor("attn.sinks", m.num_heads, 1, L, "col", "attention", False))
-    shared = m.shared_attention
-    if shared and L:
-        # each layer's own: the projection of the shared block's output (whole on every rank) and the LoRA adapters
-        ts += _linear("shared.projection", h, h, L, "rep", "attention")
-        if shared.adapter_rank:
-            r = shared.adapter_rank
-            ts += _linear("shared.gate_up_adapter.A", r, h, L, "col", "mlp")
-            ts += _linear("shared.gate_up_adapter.B", 2 * m.intermediate_size, r, L, "col", "mlp")
-            if shared.attention_adapters:
-                ts += _linear("shared.qkv_adapters.A", r, shared.input_size, 3 * L, "col", "attention")
-                ts += _linear("shared.qkv_adapters.B", shared.input_size, r, 3 * L, "col", "attention")
-        # the shared blocks' norms: before attention (input_size wide) and before the MLP
-        ts.append(Tensor("shared.norms", shared.input_size + h, 1, min(L, shared.blocks), "rep", "norm", False,
-                         shared=True))
+        ts += _linear("attn.q_proj", m.num_heads * qk, h, L, "col", "attention")
+    ts += _linear("attn.kv_a_proj_with_mqa", a.latent_dim, h, L, "rep", "attention")
+    ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
+    ts += _linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
+    ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
+    if a.output_gate:
+        ts += _linear("attn.g_proj", m.num_heads * a.v_head_dim, h, L, "col", "attention")
+    if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
+        dq = a.q_lora_rank or h
+        indexed = m.indexer_layers
+        n, at = len(indexed), (indexed if len(indexed) < L else ())
+        ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, n, "rep", "attention", layers=at)
+        ts += _linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
+        ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
+        ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
+    return ts
 
-    # MLP / MoE
+
+def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
+    """Attention by query and KV heads: one record per shape of layer (KV heads, head size, V loaded from K),
+    the shared blocks' copies where the layers share them."""
+    h = m.hidden_size
+    ts: list[Tensor] = []
+    # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
+    shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
+    shared = m.shared_attention
+    h_in = shared.input_size if shared else h
+    for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
+        assert d is not None
+        n = len(layers) or L
+        if shared:  # the layers share `blocks` copies of the weights
+            n, layers = min(n, shared.blocks), ()
+        start = len(ts)
+        ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
+                      "attention", bias=m.qkv_bias, layers=layers)
+        for name in ("k_proj", "v_proj"):
+            ts += _linear(f"attn.{name}", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
+                          layers=layers, loaded_copy=v_from_k and name == "v_proj")
+        ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
+        if shared:
+            ts[start:] = [replace(t, shared=True) for t in ts[start:]]
+        if m.qk_norm_full:  # across all heads: split with them
+            ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, n, "col", "norm", False, layers=layers))
+            ts.append(Tensor("attn.k_norm", kv * d, 1, n, "kv", "norm", False, kv, layers=layers))
+        elif m.qk_norm:
+            ts.append(Tensor("attn.q_norm", d, 1, n, "rep", "norm", False, layers=layers))
+            ts.append(Tensor("attn.k_norm", d, 1, n, "rep", "norm", False, layers=layers))
+    return ts
+
+
+def _shared_block_tensors(m: ModelSpec, L: int) -> list[Tensor]:
+    """What the layers keep of a shared attention block (Zamba2): each layer's projection and adapters, the
+    shared blocks' norms."""
+    h = m.hidden_size
+    shared = m.shared_attention
+    ts: list[Tensor] = []
+    if not (shared and L):
+        return ts
+    # each layer's own: the projection of the shared block's output (whole on every rank) and the LoRA adapters
+    ts += _linear("shared.projection", h, h, L, "rep", "attention")
+    if shared.adapter_rank:
+        r = shared.adapter_rank
+        ts += _linear("shared.gate_up_adapter.A", r, h, L, "col", "mlp")
+        ts += _linear("shared.gate_up_adapter.B", 2 * m.intermediate_size, r, L, "col", "mlp")
+        if shared.attention_adapters:
+            ts += _linear("shared.qkv_adapters.A", r, shared.input_size, 3 * L, "col", "attention")
+            ts += _linear("shared.qkv_adapters.B", shared.input_size, r, 3 * L, "col", "attention")
+    # the shared blocks' norms: before attention (input_size wide) and before the MLP
+    ts.append(Tensor("shared.norms", shared.input_size + h, 1, min(L, shared.blocks), "rep", "norm", False,
+                     shared=True))
+    return ts
+
+
+def _mlp_tensors(m: ModelSpec) -> list[Tensor]:
+    """The dense MLPs by width, and the MoE layers' router, experts, shared experts and latent projections."""
+    h = m.hidden_size
+    ts: list[Tensor] = []
     moe = m.moe
     mlps = m.mlp_kinds
     dense = tuple(i for i, k in enumerate(mlps) if k == "dense")
@@ -400,6 +411,29 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
             ts.append(Tensor("moe.shared_expert_gate", 1, h, n, "rep", "router", True))
         if moe.router_scales:
             ts.append(Tensor("moe.router_scales", h + e, 1, n, "rep", "router", False))
+    return ts
+
+
+def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
+    """Every parameter tensor of the model (main model only: no MTP/draft layers)."""
+    h = m.hidden_size
+    L = len(m.attention_layers)  # the attention tensors' count: every layer but a hybrid's state and MLP-only ones
+    ts: list[Tensor] = [Tensor("embed_tokens", m.vocab_size, h, 1, "vocab", "embed", False)]
+    if m.state_layers:
+        ts += _state_mixer(m, len(m.state_layers))
+
+    # Attention
+    if m.mla:
+        ts += _mla_attention(m, L)
+    elif m.compressed:
+        ts += _compressed_attention(m)
+    else:
+        ts += _head_attention(m, L)
+    if m.attention_sinks:
+        ts.append(Tensor("attn.sinks", m.num_heads, 1, L, "col", "attention", False))
+    ts += _shared_block_tensors(m, L)
+
+    ts += _mlp_tensors(m)
 
     # Norms
     per_norm = h * (2 if m.norm_bias else 1)
