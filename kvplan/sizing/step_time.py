@@ -384,6 +384,61 @@ TOKEN_BLOCK = 256  # token counts StepModel.step_seconds prices at once
 L2_STEEPNESS = 12  # how sharply a replayed cache stops fitting in L2 past l2_bytes (benchmarks/fit_step_profiles.py)
 
 
+def _gemm_calls(m: ModelSpec, weight_dtype, tp: int, profile: StepProfile, estimated_out: list):
+    """The GEMMs one step runs on a rank, as vLLM fuses them (q, k and v one call, gate and up one): (the dense
+    calls, the experts' calls, the experts' format), each call (fit, matrix bytes, n, k, count, activation bytes).
+    The weight formats priced without a measured fit are added to `estimated_out`."""
+    fmt, scope = format_and_scope(m, weight_dtype)
+    mixed = weight_dtype is None  # a checkpoint's own mixed formats (quantized LM head, FP8 attention, ...)
+    dense, experts = [], []
+    merged: dict = {}
+    expert_format = None
+    for t in model_tensors(m):
+        lm_head = t.part == "lm_head" or (t.part == "embed" and m.tie_word_embeddings)  # a tied head: the table
+        if not (t.is_matrix or lm_head) or (t.part in ("embed", "extra") and not lm_head):
+            continue
+        n, k = t.shape_per_rank(tp)
+        own = _own_format(m, t) if mixed else None
+        held = own.name if own else fmt.name if _quantized(m, t, scope) else m.dtype
+        fit, estimated = gemm_fit(profile, held)
+        if estimated and f"{held} GEMMs" not in estimated_out:
+            estimated_out.append(f"{held} GEMMs")
+        act = 1.0 if _gemm_key(held)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
+        mb = tensor_bytes_per_rank(m, replace(t, count=1), tp, fmt, scope, mixed)  # what weight_bytes holds
+        if t.part == "expert":
+            expert_format = held
+        # vLLM runs q, k and v as one GEMM (QKVParallelLinear), and gate and up as one (MergedColumnParallel)
+        leaf = t.name.rsplit(".", 1)[-1]
+        group = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
+                 "up_proj": "gate_up"}.get(leaf, leaf)
+        key = (t.name.rsplit(".", 1)[0], group, k, 1 if lm_head else t.count, t.part)
+        if key in merged:
+            f0, mb0, n0, k0, c0, a0 = merged[key]
+            merged[key] = (f0, mb0 + mb, n0 + n, k0, c0, a0)
+        else:
+            merged[key] = (fit, float(mb), n, k, key[3], act)
+    for key, row in merged.items():
+        (experts if key[4] == "expert" else dense).append(row)
+    return dense, experts, expert_format
+
+
+def _layer_classes(layers) -> tuple:
+    """The cache layers grouped as the step prices them: one layer of each attention shape, each layer's shape in
+    layer order, and the layers a prompt's tokens attend through by (window, tokens per entry, count)."""
+    shapes: dict = {}
+    order = []
+    for lay in layers:
+        key = (lay.kind, lay.format, lay.window, lay.bytes_per_token, lay.entry_bytes, lay.entry_tokens,
+               lay.residual_tokens, lay.residual_extra_bytes_per_token, lay.fixed_bytes)
+        order.append(shapes.setdefault(key, (len(shapes), lay))[0])
+    # the layers a prompt's tokens attend through, by window and tokens per stored entry: (window, entry, count)
+    classes: dict = {}
+    for lay in layers:
+        if lay.kind != "state" and lay.format not in ("indexer", "compressor"):
+            classes[(lay.window, lay.entry_tokens)] = classes.get((lay.window, lay.entry_tokens), 0) + 1
+    return [lay for _, lay in shapes.values()], order, tuple((w, e, c) for (w, e), c in classes.items())
+
+
 class StepModel:
     """Prices the steps of one deployment: built once (the tensor list, the layer caches), then asked for any batch,
     context and prefill chunk."""
@@ -395,39 +450,9 @@ class StepModel:
         self.model = m
         tp = d.tp
         self.tp = tp
-        fmt, scope = format_and_scope(m, d.weight_dtype)
-        mixed = d.weight_dtype is None  # a checkpoint's own mixed formats (quantized LM head, FP8 attention, ...)
         self.estimated: list[str] = []
-        self.dense = []  # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind
-        self.experts = []
-        merged: dict = {}
-        expert_format = None
-        for t in model_tensors(m):
-            lm_head = t.part == "lm_head" or (t.part == "embed" and m.tie_word_embeddings)  # a tied head: the table
-            if not (t.is_matrix or lm_head) or (t.part in ("embed", "extra") and not lm_head):
-                continue
-            n, k = t.shape_per_rank(tp)
-            own = _own_format(m, t) if mixed else None
-            held = own.name if own else fmt.name if _quantized(m, t, scope) else m.dtype
-            fit, estimated = gemm_fit(profile, held)
-            if estimated and f"{held} GEMMs" not in self.estimated:
-                self.estimated.append(f"{held} GEMMs")
-            act = 1.0 if _gemm_key(held)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
-            mb = tensor_bytes_per_rank(m, replace(t, count=1), tp, fmt, scope, mixed)  # what weight_bytes holds
-            if t.part == "expert":
-                expert_format = held
-            # vLLM runs q, k and v as one GEMM (QKVParallelLinear), and gate and up as one (MergedColumnParallel)
-            leaf = t.name.rsplit(".", 1)[-1]
-            group = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
-                     "up_proj": "gate_up"}.get(leaf, leaf)
-            key = (t.name.rsplit(".", 1)[0], group, k, 1 if lm_head else t.count, t.part)
-            if key in merged:
-                f0, mb0, n0, k0, c0, a0 = merged[key]
-                merged[key] = (f0, mb0 + mb, n0 + n, k0, c0, a0)
-            else:
-                merged[key] = (fit, float(mb), n, k, key[3], act)
-        for key, row in merged.items():
-            (self.experts if key[4] == "expert" else self.dense).append(row)
+        # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind, and the experts' format
+        self.dense, self.experts, expert_format = _gemm_calls(m, d.weight_dtype, tp, profile, self.estimated)
         self.moe_fit = None
         if self.experts and m.moe:
             key = _gemm_key(expert_format)[0]
@@ -436,21 +461,7 @@ class StepModel:
                 self.estimated.append(f"{expert_format} MoE")
         dfit, _ = gemm_fit(profile, "bf16")
         self.layers = kv_layers(m, d.kv, tp, d.skip)
-        # the cache layers by what their attention costs: one layer of each shape, and each layer's shape in order
-        shapes: dict = {}
-        order = []
-        for lay in self.layers:
-            key = (lay.kind, lay.format, lay.window, lay.bytes_per_token, lay.entry_bytes, lay.entry_tokens,
-                   lay.residual_tokens, lay.residual_extra_bytes_per_token, lay.fixed_bytes)
-            order.append(shapes.setdefault(key, (len(shapes), lay))[0])
-        self._attention_shapes = [lay for _, lay in shapes.values()]
-        self._attention_order = order
-        # the layers a prompt's tokens attend through, by window and tokens per stored entry: (window, entry, count)
-        classes: dict = {}
-        for lay in self.layers:
-            if lay.kind != "state" and lay.format not in ("indexer", "compressor"):
-                classes[(lay.window, lay.entry_tokens)] = classes.get((lay.window, lay.entry_tokens), 0) + 1
-        self._prefill_classes = tuple((w, e, c) for (w, e), c in classes.items())
+        self._attention_shapes, self._attention_order, self._prefill_classes = _layer_classes(self.layers)
         fam = d.kv.family
         self.attn_family = "float" if d.kv.is_model_dtype or d.kv.name in ("bfloat16", "float16") else fam
         if m.compressed is not None:  # DeepSeek-V4: one fp8_ds_mla cache whatever the dtype named, read as it is
