@@ -150,41 +150,9 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
     if longer:
         notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
                      f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
-    over = _beyond_memory(points, wb.total, d.total_bytes if gpu is not None else 0)
-    memory = f"{d.total_bytes / 1e9:,.1f} GB ({d.total_bytes / GiB:,.1f} GiB) the {gpu.name} holds" if gpu else ""
-    if over and wb.total > d.total_bytes:
-        notes.append(f"the weights held ({wb.total / 1e9:,.1f} GB per rank) alone exceed the {memory}: no vLLM pool "
-                     f"holds any operating point at TP {tp}; their step times are a what-if")
-    elif over:
-        p = over[0]
-        more = f" (and {len(over) - 1} more of the operating points)" if len(over) > 1 else ""
-        notes.append(f"batch {p.batch:,} x context {p.context:,}{more}: the KV cache a step reads "
-                     f"({p.kv_bytes / 1e9:,.1f} GB per rank) and the weights held ({wb.total / 1e9:,.1f} GB) exceed the "
-                     f"{memory}: no vLLM pool holds it; its step times are a what-if")
-    breakeven = {}
-    sm = _step_models(d, fmt, base_fmt)
-    if sm is not None:
-        from dataclasses import replace as _replace
-
-        mine, base = sm
-        points = [_replace(p, calibrated_step_ms=mine.step(p.batch, p.context).total_s * 1e3) for p in points]
-        if fmt.name != base_fmt.name:
-            for b in sorted({1, *batches}):
-                breakeven[str(b)] = breakeven_context(mine, base, b, model.max_position_embeddings)
-        notes.append(f"expected step ms: {mine.profile.name}")
-        reach = mine.fitted_tokens
-        past = [p for p in points if reach and p.batch > reach]
-        if past:
-            notes.append(f"batch {max(p.batch for p in past):,} is beyond the {reach:,} tokens a step that the step "
-                         f"model's kernel timings reach: its expected ms extrapolate the fits")
-        if d.calibration is not None:
-            key = {"float": "bfloat16", "fp8": "fp8"}.get(mine.attn_family)
-            if key and f"attention {key}" not in mine.profile.measured:
-                notes.append(f"the calibration profile has no {fmt.name} decode measurement: the bundled fit "
-                             f"prices its attention")
-        est = [e for e in mine.estimated]
-        if est:
-            notes.append("estimated (no measured fit): " + ", ".join(est))
+    notes += _memory_notes(points, wb.total, d)
+    points, breakeven, expected = _expected_steps(d, fmt, base_fmt, points, batches)
+    notes += expected
     skipped = skipped_indices(layers, fmt)
     nstar_all = nstar
     if skipped and fmt.name != "auto":
@@ -201,6 +169,55 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
         breakeven_context=breakeven,
     )
+
+
+def _memory_notes(points: Sequence[OperatingPoint], weights_held: int, d) -> list[str]:
+    """Where the weights, or an operating point's KV read with them, exceed the GPU's memory: what-ifs, said so."""
+    gpu, tp = d.gpu, d.tp
+    notes: list[str] = []
+    over = _beyond_memory(points, weights_held, d.total_bytes if gpu is not None else 0)
+    memory = f"{d.total_bytes / 1e9:,.1f} GB ({d.total_bytes / GiB:,.1f} GiB) the {gpu.name} holds" if gpu else ""
+    if over and weights_held > d.total_bytes:
+        notes.append(f"the weights held ({weights_held / 1e9:,.1f} GB per rank) alone exceed the {memory}: no vLLM pool "
+                     f"holds any operating point at TP {tp}; their step times are a what-if")
+    elif over:
+        p = over[0]
+        more = f" (and {len(over) - 1} more of the operating points)" if len(over) > 1 else ""
+        notes.append(f"batch {p.batch:,} x context {p.context:,}{more}: the KV cache a step reads "
+                     f"({p.kv_bytes / 1e9:,.1f} GB per rank) and the weights held ({weights_held / 1e9:,.1f} GB) exceed the "
+                     f"{memory}: no vLLM pool holds it; its step times are a what-if")
+    return notes
+
+
+def _expected_steps(d, fmt: KVFormat, base_fmt: KVFormat, points: list, batches: Sequence[int]):
+    """The step model's time at each operating point, the break-even context by batch and their notes, where a
+    profile prices the GPU: (points, breakeven, notes)."""
+    notes: list[str] = []
+    breakeven = {}
+    sm = _step_models(d, fmt, base_fmt)
+    if sm is not None:
+        from dataclasses import replace as _replace
+
+        mine, base = sm
+        points = [_replace(p, calibrated_step_ms=mine.step(p.batch, p.context).total_s * 1e3) for p in points]
+        if fmt.name != base_fmt.name:
+            for b in sorted({1, *batches}):
+                breakeven[str(b)] = breakeven_context(mine, base, b, d.model.max_position_embeddings)
+        notes.append(f"expected step ms: {mine.profile.name}")
+        reach = mine.fitted_tokens
+        past = [p for p in points if reach and p.batch > reach]
+        if past:
+            notes.append(f"batch {max(p.batch for p in past):,} is beyond the {reach:,} tokens a step that the step "
+                         f"model's kernel timings reach: its expected ms extrapolate the fits")
+        if d.calibration is not None:
+            key = {"float": "bfloat16", "fp8": "fp8"}.get(mine.attn_family)
+            if key and f"attention {key}" not in mine.profile.measured:
+                notes.append(f"the calibration profile has no {fmt.name} decode measurement: the bundled fit "
+                             f"prices its attention")
+        est = [e for e in mine.estimated]
+        if est:
+            notes.append("estimated (no measured fit): " + ", ".join(est))
+    return points, breakeven, notes
 
 
 def _beyond_memory(points: Sequence[OperatingPoint], weights_held: int, memory: int) -> list[OperatingPoint]:
