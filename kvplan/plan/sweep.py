@@ -67,21 +67,11 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
                               for m in models])
     gspecs = _unique_by_name([g if isinstance(g, GPUSpec) else load_gpu(g) for g in gpus])
     fmts = _unique_by_name([d if isinstance(d, KVFormat) else kv_format(d) for d in dtypes])
-    for name, values in (("max_model_lens", max_model_lens), ("batches", batches), ("contexts", contexts)):
-        too_big = [v for v in values if isinstance(v, (int, float)) and v > _MAX_AXIS]
-        if too_big:  # beyond it, the 64-bit arithmetic of the grid is no longer exact
-            raise KvplanError(f"sweep: {name} must be at most 2**53 ({_MAX_AXIS:,}), got {too_big[0]:,}")
-    lens = np.asarray(max_model_lens, dtype=np.int64)
-    bs = np.asarray(batches, dtype=np.int64)
-    cs = np.asarray(contexts, dtype=np.int64)
-    for name, arr in (("max_model_lens", lens), ("batches", bs), ("contexts", cs)):
-        if arr.ndim != 1 or arr.size == 0 or (arr < 1).any():
-            raise KvplanError(f"sweep: {name} must be a non-empty list of positive integers")
+    lens, bs, cs = _axes(max_model_lens, batches, contexts)
     # the numeric grid, max_model_len slowest and context fastest
     n_len, n_bc = lens.size, bs.size * cs.size
     grid_b = np.repeat(bs, cs.size)  # over (batch, context)
     grid_c = np.tile(cs, bs.size)
-    rows_per_config = n_len * n_bc
 
     skipped: list[str] = []
     profiles: dict[str, str] = {}
@@ -149,27 +139,8 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
         per_bc["expected_step_ms"].append(_expected_ms(d, grid_bf, grid_cf, profiles))
         per_bc["crossover_tokens_at_batch"].append(np.repeat([np.nan if x is None else x for x in nstar_b], cs.size))
 
-    n_cfg = len(const["model"])
-    frame: dict = {}
     categories = {"model": [m.name for m in mspecs], "gpu": [g.name for g in gspecs], "dtype": [f.name for f in fmts]}
-    for c in COLUMNS:
-        dtype = _DTYPES.get(c, np.float64)
-        if c in const:  # one value per configuration, repeated over its rows
-            values = np.repeat(np.array([np.nan if x is None else x for x in const[c]], dtype=np.float64
-                                        if c == "crossover_tokens" else dtype), rows_per_config)
-        elif c in per_len:  # over max_model_len (slower than batch and context)
-            values = np.repeat(_stack(per_len[c], n_cfg, n_len, dtype).ravel(), n_bc)
-        else:  # over (batch, context), the same for every max_model_len
-            values = np.broadcast_to(_stack(per_bc[c], n_cfg, n_bc, dtype)[:, None, :],
-                                     (n_cfg, n_len, n_bc)).reshape(-1)
-        if c in categories:
-            frame[c] = pd.Categorical.from_codes(values, categories=categories[c])
-        elif c == "problem":  # code -1: the row fits, an empty cell
-            frame[c] = pd.Categorical.from_codes(values, categories=list(problems))
-        elif c == "bound":
-            frame[c] = pd.Categorical.from_codes(values, categories=["weights", "kv"])
-        else:
-            frame[c] = values
+    frame = _frame(const, per_len, per_bc, categories, problems, n_len, n_bc)
     df = pd.DataFrame(frame, copy=False)
     df.attrs["skipped"] = skipped
     df.attrs["weight_read"] = weight_read
@@ -225,6 +196,55 @@ def _problem_codes(d, plan, lens, cap: dict, problems: dict):
         if sampler is not None:
             codes[codes < 0] = code(sampler)
     return codes
+
+
+def _axes(max_model_lens, batches, contexts):
+    """The numeric axes as int64 arrays, each checked: non-empty, positive, whole numbers float64 holds exactly."""
+    import numpy as np
+
+    for name, values in (("max_model_lens", max_model_lens), ("batches", batches), ("contexts", contexts)):
+        too_big = [v for v in values if isinstance(v, (int, float)) and v > _MAX_AXIS]
+        if too_big:  # beyond it, the 64-bit arithmetic of the grid is no longer exact
+            raise KvplanError(f"sweep: {name} must be at most 2**53 ({_MAX_AXIS:,}), got {too_big[0]:,}")
+    lens = np.asarray(max_model_lens, dtype=np.int64)
+    bs = np.asarray(batches, dtype=np.int64)
+    cs = np.asarray(contexts, dtype=np.int64)
+    for name, arr in (("max_model_lens", lens), ("batches", bs), ("contexts", cs)):
+        if arr.ndim != 1 or arr.size == 0 or (arr < 1).any():
+            raise KvplanError(f"sweep: {name} must be a non-empty list of positive integers")
+    return lens, bs, cs
+
+
+def _frame(const: dict, per_len: dict, per_bc: dict, categories: dict, problems: dict, n_len: int,
+           n_bc: int) -> dict:
+    """The sweep's columns, each built once from the configurations' figures: a constant per configuration repeated
+    over its rows, a figure per max_model_len repeated over (batch, context), a figure per (batch, context) the same
+    for every max_model_len."""
+    import numpy as np
+    import pandas as pd
+
+    rows_per_config = n_len * n_bc
+    n_cfg = len(const["model"])
+    frame: dict = {}
+    for c in COLUMNS:
+        dtype = _DTYPES.get(c, np.float64)
+        if c in const:  # one value per configuration, repeated over its rows
+            values = np.repeat(np.array([np.nan if x is None else x for x in const[c]], dtype=np.float64
+                                        if c == "crossover_tokens" else dtype), rows_per_config)
+        elif c in per_len:  # over max_model_len (slower than batch and context)
+            values = np.repeat(_stack(per_len[c], n_cfg, n_len, dtype).ravel(), n_bc)
+        else:  # over (batch, context), the same for every max_model_len
+            values = np.broadcast_to(_stack(per_bc[c], n_cfg, n_bc, dtype)[:, None, :],
+                                     (n_cfg, n_len, n_bc)).reshape(-1)
+        if c in categories:
+            frame[c] = pd.Categorical.from_codes(values, categories=categories[c])
+        elif c == "problem":  # code -1: the row fits, an empty cell
+            frame[c] = pd.Categorical.from_codes(values, categories=list(problems))
+        elif c == "bound":
+            frame[c] = pd.Categorical.from_codes(values, categories=["weights", "kv"])
+        else:
+            frame[c] = values
+    return frame
 
 
 def _expected_ms(d, batches, contexts, profiles: dict):
