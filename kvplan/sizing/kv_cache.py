@@ -28,7 +28,14 @@ from typing import Literal, Optional, Sequence
 
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
-from kvplan.sizing.weights import DTYPE_BYTES, VOCAB_PADDING, WeightBytes, model_tensors, padded_vocab
+from kvplan.sizing.weights import (
+    DTYPE_BYTES,
+    VOCAB_PADDING,
+    WeightBytes,
+    gemm_family,
+    model_tensors,
+    padded_vocab,
+)
 from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format, whole
 from kvplan.xp import SCALAR
@@ -460,7 +467,9 @@ def crossover_at_batch(layers: Sequence[LayerKV] | CrossoverCurve, weight_read: 
 
 
 def _peak_flops(gpu: GPUSpec, weight_dtype: str) -> float:
-    key = "fp8" if weight_dtype.startswith("fp8") and gpu.fp8_support and "fp8" in gpu.dense_tflops else "bf16"
+    """The dense tensor-core rate the weights' GEMMs run at (their family: gemm_family)."""
+    eight_bit = gemm_family(weight_dtype)[0] in ("fp8", "fp8_block")
+    key = "fp8" if eight_bit and gpu.fp8_support and "fp8" in gpu.dense_tflops else "bf16"
     return gpu.dense_tflops.get(key, 0.0) * 1e12
 
 

@@ -44,6 +44,7 @@ from kvplan.sizing.weights import (
     _own_format,
     _quantized,
     format_and_scope,
+    gemm_family,
     model_tensors,
     tensor_bytes_per_rank,
 )
@@ -190,23 +191,10 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
 # Which fit a format or a weight dtype takes
 
 
-def _gemm_key(weight_dtype: str) -> tuple[str, str]:
-    """The GEMM family of a weight dtype, and the family it falls back to when a profile lacks it."""
-    w = weight_dtype.lower()
-    if w in ("bf16", "fp16", "fp32", "bfloat16", "float16"):
-        return "bfloat16", "bfloat16"
-    if w == "fp8_block128":
-        return "fp8_block", "fp8"
-    if w.startswith("fp8") or w.startswith("int8"):
-        return "fp8", "bfloat16"
-    if w in ("nvfp4", "mxfp4"):
-        return "nvfp4", "int4_wo"
-    return "int4_wo", "bfloat16"  # int4 (AWQ, GPTQ, W4A16), NF4
-
 
 def gemm_fit(profile: StepProfile, weight_dtype: str) -> tuple[Fit, bool]:
     """(fit, estimated)."""
-    key, fallback = _gemm_key(weight_dtype)
+    key, fallback = gemm_family(weight_dtype)
     if key in profile.gemm:
         return profile.gemm[key], False
     for k in (fallback, "bfloat16"):
@@ -403,7 +391,7 @@ def _gemm_calls(m: ModelSpec, weight_dtype, tp: int, profile: StepProfile, estim
         fit, estimated = gemm_fit(profile, held)
         if estimated and f"{held} GEMMs" not in estimated_out:
             estimated_out.append(f"{held} GEMMs")
-        act = 1.0 if _gemm_key(held)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
+        act = 1.0 if gemm_family(held)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
         mb = tensor_bytes_per_rank(m, replace(t, count=1), tp, fmt, scope, mixed)  # what weight_bytes holds
         if t.part == "expert":
             expert_format = held
@@ -455,7 +443,7 @@ class StepModel:
         self.dense, self.experts, expert_format = _gemm_calls(m, d.weight_dtype, tp, profile, self.estimated)
         self.moe_fit = None
         if self.experts and m.moe:
-            key = _gemm_key(expert_format)[0]
+            key = gemm_family(expert_format)[0]
             self.moe_fit = profile.moe.get(key) or profile.moe.get("bfloat16")
             if key not in profile.moe:
                 self.estimated.append(f"{expert_format} MoE")

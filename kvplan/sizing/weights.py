@@ -533,6 +533,22 @@ class WeightBytes:
         return self.total - self.embed - self.experts - self.extra
 
 
+def gemm_family(weight_dtype: str) -> tuple[str, str]:
+    """The GEMM kernel family a weight dtype runs on, and the family it falls back to where a profile lacks it: the
+    one owner of that fact for the step model's fits and the roofline's compute peak. 8-bit integers (W8A8) run on
+    the 8-bit tensor cores, at fp8's rate where the GPU has it."""
+    w = weight_dtype.lower()
+    if w in ("bf16", "fp16", "fp32", "bfloat16", "float16"):
+        return "bfloat16", "bfloat16"
+    if w == "fp8_block128":
+        return "fp8_block", "fp8"
+    if w.startswith("fp8") or w.startswith("int8"):
+        return "fp8", "bfloat16"
+    if w in ("nvfp4", "mxfp4"):
+        return "nvfp4", "int4_wo"
+    return "int4_wo", "bfloat16"  # int4 (AWQ, GPTQ, W4A16), NF4
+
+
 def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
     """How many of `t`'s tensors a pipeline stage holding layers `stage` has (vLLM: the embedding on the first
     stage, the final norm and LM head on the last)."""
