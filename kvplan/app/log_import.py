@@ -29,6 +29,7 @@ from kvplan.specs.catalog import (
     load_model,
     model_for_repo,
 )
+from kvplan.specs.hf_config import int4_format
 from kvplan.specs.profile import DeploymentProfile
 from kvplan.units import GiB
 
@@ -74,9 +75,9 @@ class LogImport:
                 "failure_predicted": self.failure_predicted, "notes": self.notes}
 
 
-_WEIGHT_DTYPES = {"fp8": "fp8", "fbgemm_fp8": "fp8_channel", "awq": "int4_g128", "gptq": "int4_g128",
-                  "awq_marlin": "int4_g128", "gptq_marlin": "int4_g128", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4",
-                  "modelopt": "fp8"}
+# the log names the method, not its groups: 128, the common one, as a config without group_size means
+_WEIGHT_DTYPES = {"fp8": "fp8", "fbgemm_fp8": "fp8_channel", "mxfp4": "mxfp4", "modelopt_fp4": "nvfp4",
+                  "modelopt": "fp8", **{m: int4_format(m) for m in ("awq", "gptq", "awq_marlin", "gptq_marlin")}}
 # compressed-tensors checkpoints say what they hold in their names (llm-compressor's naming)
 _COMPRESSED_TENSORS = [(r"nvfp4|fp4", "nvfp4"), (r"fp8", "fp8_channel"), (r"w4a16|int4", "int4_g128"),
                        (r"w8a8|w8a16|int8", "int8")]

@@ -1014,6 +1014,14 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     return out
 
 
+def int4_format(method: str, group: int = 128, sym=None) -> str:
+    """The weight format of a 4-bit AWQ or GPTQ checkpoint (groups of `group` input channels, -1 one per channel).
+    Marlin keeps AWQ's zero points; a symmetric GPTQ checkpoint's are dropped at load, and GPTQ is symmetric unless
+    its config says sym: false (GPTQConfig's default)."""
+    sym = method.startswith("gptq") and sym is not False
+    return (f"int4_g{group}" if group and group > 0 else "int4_channel") + ("_sym" if sym else "")
+
+
 def _read_quantization(top: _Fields, c: _Fields, layers: int, out: dict, path) -> None:
     """A quantized checkpoint's weight format, the layers it leaves unquantized and its declared KV cache."""
     q = top.section("quantization_config")
@@ -1054,9 +1062,7 @@ def _read_quantization(top: _Fields, c: _Fields, layers: int, out: dict, path) -
             if bits != 4 or group == 0:
                 what = f"{method.upper()} with {bits} bits" + (" and no groups" if group == 0 else "")
                 raise UnmodelledWeights(f"{path}: {what} is not modelled", what, "int4_g128, int8, ...")
-            # Marlin keeps AWQ's zero points; a symmetric GPTQ checkpoint's are dropped at load
-            sym = method == "gptq" and q.flag("sym") is not False
-            out["weight_dtype"] = (f"int4_g{group}" if group and group > 0 else "int4_channel") + ("_sym" if sym else "")
+            out["weight_dtype"] = int4_format(method, group, q.flag("sym"))
         elif method == "bitsandbytes":
             if q.flag("load_in_4bit"):
                 out["weight_dtype"] = "nf4_double" if q.flag("bnb_4bit_use_double_quant") else "nf4"
