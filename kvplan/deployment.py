@@ -297,7 +297,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
         fmt = kv_format("fp8_ds_mla")
         notes.append("fp8 on a sparse-attention MLA model is vLLM's fp8_ds_mla: 656 B per token per layer")
-    unserved = fmt.unserved(engine, g)
+    unserved = fmt.unserved(engine, g, args.engine_version)
     if unserved:  # planned when named, as a what-if (the verdicts leave it out)
         notes.append(f"{unserved}; planned with {'vLLM' if engine == 'vllm' else 'SGLang'}'s rules as if it did")
 
@@ -561,6 +561,11 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if fmt.name not in SGLANG_DTYPES:
         raise KvplanError(f"SGLang has no KV cache dtype '{fmt.name}'; it takes "
                           f"{', '.join(sorted(set(SGLANG_DTYPES)))}")
+    ended = fmt.refused_from("sglang", args.engine_version)
+    if ended is not None:  # a dtype a later release refuses at start (its catalog entry's Serves.until)
+        raise KvplanError(f"SGLang after {ended.until} refuses --kv-cache-dtype {fmt.name} at start (deprecated; "
+                          f"mem_cache/kv_cache_dtype.py configure_kv_cache_dtype): use -d {ended.replaced_by} (the "
+                          f"same bytes), or plan SGLang {ended.until} with --engine-version {ended.until}")
     f = args.mem_fraction_static
     if f is None and prof is not None:
         f = prof.mem_fraction_static

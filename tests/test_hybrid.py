@@ -77,6 +77,42 @@ def test_qwen35_pool_by_hand():
     assert r.max_concurrency == pytest.approx(2_978 / 35)
 
 
+@pytest.mark.parametrize("version, pages", [("0.25", 1), ("0.26", 2), ("0.27", 2), ("0.28", 2), ("0.29", 2),
+                                            ("0.30", 2), ("0.31", 2), ("0.32", 2), ("0.33", 3)])
+def test_qwen35_state_pages_per_release(version, pages):
+    # A gated-delta-net request holds `pages` state pages per state group (MambaSpec.max_memory_usage_bytes): one
+    # through 0.25 (prefix caching off for hybrids, mamba_cache_mode "none"); two from 0.26 ("align": the running
+    # state and the next block's), as a 0.29 log needs; three in 0.33, where FlashInfer's GDN prefill (on B200 with
+    # 128-wide key heads) adds a prefill checkpoint. The pool is the same 2,978 blocks (test_qwen35_pool_by_hand);
+    # a request takes cdiv(32,768, 1,056) = 32 attention blocks + 3 state groups x pages:
+    #   1 page: 35 blocks, 2,978 / 35 = 85.086 sequences, int(85.0857 x 32,768) = 2,788,088 tokens
+    #   2 pages: 38 blocks, 2,978 / 38 = 78.368, int(78.3684 x 32,768) = 2,567,976
+    #   3 pages: 41 blocks, 2,978 / 41 = 72.634, int(72.6341 x 32,768) = 2,380,075
+    r = _pool(QWEN35, version)
+    blocks = 32 + 3 * pages
+    tokens = {1: 2_788_088, 2: 2_567_976, 3: 2_380_075}[pages]
+    assert (r.num_blocks, r.blocks_per_request, r.kv_tokens) == (2_978, blocks, tokens)
+    assert r.max_concurrency == pytest.approx(2_978 / blocks)
+
+
+def test_state_pages_by_gpu_and_mixer():
+    from kvplan.rules.vllm import vllm_rules
+
+    # 0.33's checkpoint page for a gated delta net follows FlashInfer's GDN prefill: Hopper always, Blackwell with
+    # 128-wide key heads; an A100 runs Triton's prefill and keeps two pages
+    v33 = vllm_rules("0.33")
+    assert (v33.state_pages("gdn", False, "9.0", 64), v33.state_pages("gdn", False, "10.0", 128)) == (3, 3)
+    assert (v33.state_pages("gdn", False, "10.0", 64), v33.state_pages("gdn", False, "8.0", 128)) == (2, 2)
+    r = capacity(QWEN35, load_gpu("a100-sxm-80gb"), kv_cache_memory_gib=60, max_model_len=32768,
+                 engine_version="0.33")
+    assert r.blocks_per_request == 32 + 3 * 2
+    # Mamba-2 layers keep a checkpoint from 0.32 (mamba_mixer2.py), gated delta nets not until 0.33
+    assert (vllm_rules("0.31").state_pages("mamba2", False), vllm_rules("0.32").state_pages("mamba2", False)) == (2, 3)
+    assert vllm_rules("0.32").state_pages("gdn", False, "9.0", 128) == 2
+    # attention-free models never cache prefixes: one page in every release
+    assert {vllm_rules(v).state_pages("mamba2", True) for v in ("0.19", "0.26", "0.33")} == {1}
+
+
 def test_nemotron_ssm_dtype_default_by_version(tmp_path):
     # without mamba_ssm_cache_dtype in the config, vLLM 0.19 keeps Nemotron-H's SSM state in float16 and 0.33 in
     # float32: 64 x 64 x 128 x 2 B = 1,048,576 against 2,097,152

@@ -67,3 +67,29 @@ def test_throughput_verdict_never_names_a_what_if():
     r = throughput_of(ds, 2048, 512, [8, 32], 30.0, None)
     assert r.winner == "fp8"
     assert any("kivi2: what-if: no engine serves kivi2" in n and "left out of the verdict" in n for n in r.notes)
+
+
+def test_sglang_fp4_e2m1_served_up_to_0_5_15_and_refused_after():
+    """SGLang 0.5.15 stores fp4_e2m1 in memory_pool.py MHATokenToKVPoolFP4; from 0.5.16 configure_kv_cache_dtype
+    refuses it as deprecated (server_args still lists it in 0.5.20). Llama-3-8B (32 layers, 8 KV heads of 128):
+    per layer and side 8 x 128 / 2 = 512 B of e2m1 pairs + 8 x 128 / 16 = 64 scale bytes = 576; K and V over 32
+    layers: 2 x 576 x 32 = 36,864 B per token, fp4_mx_block16's bytes."""
+    from kvplan.errors import KvplanError
+    from kvplan.plan.sglang_pool import cell_bytes
+
+    f, b200 = CATALOG["fp4_e2m1"], load_gpu("b200")
+    assert f.bytes_per_token_per_kv_head(128) == 144 == CATALOG["fp4_mx_block16"].bytes_per_token_per_kv_head(128)
+    assert f.served_on("sglang", b200, "0.5.15") and not f.served_on("sglang", b200, "0.5.16")
+    assert not f.served_on("sglang", b200)  # the newest release, whose rules kvplan plans with by default
+    assert not f.served_on("sglang", load_gpu("h200"), "0.5.15")  # FP4: Blackwell
+    m = load_model("llama3-8b")
+    assert cell_bytes(m, f, 1)[0] == 36_864
+    d = DeploymentArgs(model=m, gpu="b200", engine="sglang", kv_cache_dtype="fp4_e2m1", engine_version="0.5.15")
+    assert not any(n.startswith("what-if:") for n in d.resolve().notes)
+    for version in (None, "0.5.16", "0.5.20"):
+        with pytest.raises(KvplanError, match="refuses --kv-cache-dtype fp4_e2m1 at start.*-d fp4_mx_block16"):
+            DeploymentArgs(model=m, gpu="b200", engine="sglang", kv_cache_dtype="fp4_e2m1",
+                           engine_version=version).resolve()
+    # DeepSeek-V3's latent (512 + 64) in MLATokenToKVPoolFP4: 576 / 2 + 576 / 16 = 324 B per layer
+    assert cell_bytes(load_model("deepseek-v3"), f, 8)[0] == 324 * 61
+    assert f.unserved("vllm", b200) == "what-if: vLLM does not serve fp4_e2m1; SGLang up to 0.5.15 does on B200"

@@ -153,7 +153,7 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
                    "fp8_e4m3": "torch.float8_e4m3fn", "fp8": "torch.float8_e4m3fn", "mxfp8": "torch.float8_e4m3fn",
                    "fp8_e5m2": "torch.float8_e5m2", "nvfp4": "torch.float4_e2m1fn_x2",
-                   "fp4_mx_block16": "torch.float4_e2m1fn_x2"}.get(storage, storage)
+                   "fp4_mx_block16": "torch.float4_e2m1fn_x2", "fp4_e2m1": "torch.float4_e2m1fn_x2"}.get(storage, storage)
     lines = [f"KV Cache is allocated. dtype: {torch_dtype}, #tokens: {tokens}, "
              + (f"KV size: {2 * k_size:.2f} GB" if model.mla else f"K size: {k_size:.2f} GB, V size: {k_size:.2f} GB"),
              f"max_total_num_tokens={tokens}, max_running_requests={max_running_requests}, context_len={ctx}"]

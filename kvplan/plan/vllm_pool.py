@@ -41,7 +41,7 @@ class _LayerSpec:
     window: Optional[int]
     tokens_per_block: int
     page_bytes: int
-    state_blocks: int = 1  # a state layer's pages per request (1, or 3 when prefix caching aligns them)
+    state_blocks: int = 1  # a state layer's pages per request (VllmRules.state_pages: 1, 2 or 3)
 
 
 def _blocks_per_request(spec: _LayerSpec, max_model_len, in_flight: int, xp=SCALAR, dcp: int = 1):
@@ -69,6 +69,13 @@ class KVCacheGroups:
     def blocks_per_request(self, max_model_len, in_flight: int, xp=SCALAR, dcp: int = 1):
         # one group: every layer has the same attention type and block, so any layer's count is the group's
         return sum(n * _blocks_per_request(s, max_model_len, in_flight, xp, dcp) for s, n in self.groups)
+
+
+def state_pages(rules, model, gpu) -> int:
+    """The pages a request holds in each of `model`'s state groups under `rules` (VllmRules.state_pages)."""
+    st = model.state
+    return rules.state_pages(st.kind if st else "", not model.attention_layers,
+                             gpu.compute_capability if gpu else None, st.state_size if st else 0)
 
 
 def hybrid_state_groups(layers: Sequence[LayerKV], block_size: int, align: int, state_blocks: int,
@@ -414,8 +421,8 @@ def plan_for(d) -> PoolPlan:
             groups = packed_kv_cache_groups(layers)
         elif any(lay.kind == "state" for lay in layers):
             mlen_now = model.max_position_embeddings if d.max_model_len in (None, "auto") else int(d.max_model_len)
-            groups = hybrid_state_groups(layers, d.block_size, 64 if model.is_mla else 16, rules.hybrid_state_blocks,
-                                         mlen_now)
+            groups = hybrid_state_groups(layers, d.block_size, 64 if model.is_mla else 16,
+                                         state_pages(rules, model, d.gpu), mlen_now)
         else:
             groups = kv_cache_groups(layers, d.block_size, fmt.name, rules.raise_block_for_skip_layers)
         residual = sum(lay.residual_tokens * lay.residual_extra_bytes_per_token for lay in layers)
@@ -483,10 +490,10 @@ def capacity_of(d) -> CapacityResult:
         if model.attention_layers:
             notes.append(f"{held}; vLLM raises the attention block to {plan.block_size:,} tokens so that one page "
                          f"({groups.layer_specs[0].page_bytes:,} B) holds a state page, and a request takes "
-                         f"{plan.rules.hybrid_state_blocks} page(s) per state group")
+                         f"{state_pages(plan.rules, model, plan.gpu)} page(s) per state group")
         else:
             notes.append(f"{held}; with no attention, a block is one sequence's state in every layer and a request "
-                         f"takes {plan.rules.hybrid_state_blocks} of them")
+                         f"takes {state_pages(plan.rules, model, plan.gpu)} of them")
     own = [lay for lay in layers if lay.block_tokens]
     if own:
         growing = [lay for lay in own if lay.kind == "full"]

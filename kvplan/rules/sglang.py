@@ -16,7 +16,8 @@ SWA_FULL_TOKENS_RATIO = 0.8
 
 # kvplan format -> SGLang's --kv-cache-dtype (the formats SGLang accepts)
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp8": "fp8_e4m3",
-                 "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16"}
+                 "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16",
+                 "fp4_e2m1": "fp4_e2m1"}  # fp4_e2m1: up to 0.5.15 (its catalog entry's Serves.until)
 
 
 def default_chunked_prefill_and_decode_bs(gpu_mem_gb: float, tp: int) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """What changed between vLLM versions in how the KV pool is planned and reported: one value per version.
 
-Sources: the vLLM releases 0.19.0, 0.20.0, 0.25.0, 0.28.0, 0.30.0 and 0.33.0 (vllm/v1/core/kv_cache_utils.py and
+Sources: the vLLM releases 0.19.0, 0.20.0, 0.25.0, 0.26.0, 0.28.0, 0.29.0, 0.30.0, 0.32.0 and 0.33.0 (vllm/v1/core/kv_cache_utils.py and
 kv_cache_planning.py, v1/kv_cache_interface.py, platforms/interface.py, config/vllm.py).
 """
 
@@ -59,11 +59,31 @@ class VllmRules:
     # logits all-gather inside the profile run, so it is charged as non-torch memory) before 0.30; eagerly at
     # init_process_group(device_id=...) from 0.30, before the baseline snapshot
     lazy_torch_nccl: bool = False
-    # a hybrid's state pages per request: prefix caching is off for hybrids before 0.30 (one page), on from 0.30 in
-    # "align" mode (the running state, the next and a checkpoint: three)
-    hybrid_state_blocks: int = 3
+    # a state layer's pages per request and group (v1/kv_cache_interface.py MambaSpec.max_memory_usage_bytes): one
+    # in mamba_cache_mode "none", 2 + the layer's prefill-checkpoint pages in "align", the mode
+    # model_executor/models/config.py MambaModelConfig sets when prefix caching is on. Prefix caching is on by
+    # default for hybrid generative models from 0.26 (config/model.py is_prefix_caching_supported: "Hybrid models
+    # do not support prefix caching" through 0.25, "Generative hybrid models support prefix caching" from 0.26),
+    # never for attention-free ones ("Attention free models do not support prefix caching", 0.19 to 0.33)
+    hybrid_prefix_caching: bool = True
+    # the state mixers whose MambaSpec carries num_prefill_checkpoint_blocks = 1 (0 for every other): Mamba-2 from
+    # 0.32 (layers/mamba/mamba_mixer2.py MambaMixer2.get_kv_cache_spec), gated delta nets from 0.33 where FlashInfer's
+    # GDN prefill runs (layers/mamba/gdn/qwen_gdn_linear_attn.py get_kv_cache_spec, gdn_prefill_flashinfer); the
+    # field exists from 0.29 (KDA's flashkda prefill only, which kvplan does not select)
+    checkpoint_state_kinds: frozenset[str] = frozenset({"mamba2", "gdn"})
     # Nemotron-H's SSM state dtype when its config names none: float16 before 0.30 (models/config.py), float32 after
     nemotron_ssm_default: str = "fp32"
+
+    def state_pages(self, kind: str, attention_free: bool, compute_capability: Optional[str] = None,
+                    key_head_dim: int = 0) -> int:
+        """The pages one request holds in each state group: 1 without prefix caching (attention-free models, and
+        hybrids through 0.25), else 2 (the running state and the next block's) plus the layer's prefill checkpoint
+        (MambaSpec.max_memory_usage_bytes in align mode)."""
+        if attention_free or not self.hybrid_prefix_caching:
+            return 1
+        checkpoint = kind in self.checkpoint_state_kinds and (
+            kind != "gdn" or gdn_prefill_flashinfer(compute_capability, key_head_dim))
+        return 2 + int(checkpoint)
 
     def ssm_cache_default(self, model) -> Optional[str]:
         """The SSM state's dtype where the config leaves it to the engine (None: the model dtype)."""
@@ -79,21 +99,34 @@ class VllmRules:
 
 
 _OLD_DTYPES = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
-_LAZY = dict(lazy_torch_nccl=True, hybrid_state_blocks=1, nemotron_ssm_default="fp16")
+_LAZY = dict(lazy_torch_nccl=True, nemotron_ssm_default="fp16", checkpoint_state_kinds=frozenset())
+_NO_HYBRID_PREFIX = dict(hybrid_prefix_caching=False, **_LAZY)
 _MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _OLD_DTYPES,
-              subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, **_LAZY),
-    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES, **_LAZY),
-    VllmRules("0.25", "vLLM 0.25 to 0.27", 1, False, "concurrency", False, True,
+              subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, **_NO_HYBRID_PREFIX),
+    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES, **_NO_HYBRID_PREFIX),
+    VllmRules("0.25", "vLLM 0.25", 1, False, "concurrency", False, True,
+              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_NO_HYBRID_PREFIX),
+    VllmRules("0.26", "vLLM 0.26 and 0.27", 1, False, "concurrency", False, True,
               frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_LAZY),
     VllmRules("0.28", "vLLM 0.28 and 0.29", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"}),
               **_LAZY),
-    VllmRules("0.30", "vLLM 0.30 to 0.32", 2, True, "concurrency", True, True, frozenset(),
-              cublas_workspace="consumed", **_MRV2),
+    VllmRules("0.30", "vLLM 0.30 and 0.31", 2, True, "concurrency", True, True, frozenset(),
+              cublas_workspace="consumed", checkpoint_state_kinds=frozenset(), **_MRV2),
+    VllmRules("0.32", "vLLM 0.32", 2, True, "concurrency", True, True, frozenset(),
+              cublas_workspace="consumed", checkpoint_state_kinds=frozenset({"mamba2"}), **_MRV2),
     VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset(),
               sampler_warmup_pass=True, cublas_workspace="before_snapshot", **_MRV2),
 ]}
+
+
+def gdn_prefill_flashinfer(compute_capability: Optional[str], key_head_dim: int) -> bool:
+    """Whether vLLM 0.33 runs FlashInfer's gated-delta-net prefill, whose layers then keep a prefill checkpoint
+    (layers/mamba/gdn/qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend, "auto"): on Hopper always, on Blackwell
+    (10.x, 12.x) with 128-wide key heads (and a CUDA 13 runtime, which kvplan assumes there); Triton elsewhere."""
+    cc = compute_capability or ""
+    return cc.startswith("9.") or (cc.startswith(("10.", "12.")) and key_head_dim == 128)
 DEFAULT_VLLM = "0.33"
 
 

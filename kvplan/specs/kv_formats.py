@@ -66,13 +66,23 @@ Platform = Literal["cuda", "rocm", "hpu"]
 @dataclass(frozen=True)
 class Serves:
     """One engine serving a format on one platform: from `min_cc` up on CUDA (compute capability, e.g. (9, 0)),
-    only on the majors in `cc_majors` where given. `source` names the engine file the fact is read from."""
+    only on the majors in `cc_majors` where given. `source` names the engine file the fact is read from. `until`:
+    the last release that serves it, where a later one refuses it at start (`replaced_by` names what serves the
+    same bytes there); such an entry serves only a release named as at most `until`."""
 
     engine: Literal["vllm", "sglang"]
     platform: Platform
     source: str
     min_cc: tuple[int, int] = (0, 0)
     cc_majors: tuple[int, ...] = ()
+    until: Optional[str] = None
+    replaced_by: str = ""
+
+    def in_release(self, version: Optional[str]) -> bool:
+        """Whether the release `version` (None: the release whose rules kvplan plans with, the newest) serves it."""
+        if self.until is None:
+            return True
+        return version is not None and release_key(version) <= release_key(self.until)
 
     def on(self, gpu) -> bool:
         if gpu is None:
@@ -96,6 +106,15 @@ class Serves:
         if self.min_cc > (0, 0):
             return f"CUDA GPUs of compute capability {self.min_cc[0]}.{self.min_cc[1]} and later"
         return "CUDA GPUs"
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """'0.5.15' -> (0, 5, 15); a release with fewer parts compares as its .0 (a 'v' prefix is dropped)."""
+    try:
+        parts = tuple(int(p) for p in version.strip().lstrip("v").split(".")[:3])
+    except ValueError:
+        raise KvplanError(f"--engine-version '{version}': give a release such as 0.5.15") from None
+    return parts + (0,) * (3 - len(parts))
 
 
 def _platform(gpu) -> str:
@@ -176,23 +195,39 @@ class KVFormat:
         served = tuple(dict.fromkeys(x.engine for x in self.serves))
         return served or (self.what_if,)
 
-    def served_on(self, engine: str, gpu=None) -> bool:
-        """Whether `engine` serves it on `gpu` (on some GPU, where gpu is None)."""
-        return any(x.engine == engine and x.on(gpu) for x in self.serves)
+    def served_on(self, engine: str, gpu=None, version: Optional[str] = None) -> bool:
+        """Whether `engine` serves it on `gpu` (on some GPU, where gpu is None) in release `version` (None: the
+        newest, whose rules kvplan plans with)."""
+        return any(x.engine == engine and x.on(gpu) and x.in_release(version) for x in self.serves)
 
-    def unserved(self, engine: str, gpu=None) -> Optional[str]:
-        """Why `engine` cannot run it on `gpu`, in one sentence; None where it can."""
-        if self.served_on(engine, gpu):
+    def refused_from(self, engine: str, version: Optional[str] = None) -> Optional[Serves]:
+        """The entry of a format `engine` served up to a release and refuses at start from the next one, where
+        `version` is past it; None otherwise."""
+        ended = [x for x in self.serves if x.engine == engine and x.until is not None]
+        if ended and not any(x.in_release(version) for x in ended) and \
+                not any(x.engine == engine and x.until is None for x in self.serves):
+            return ended[0]
+        return None
+
+    def unserved(self, engine: str, gpu=None, version: Optional[str] = None) -> Optional[str]:
+        """Why `engine` cannot run it on `gpu` (in release `version`), in one sentence; None where it can."""
+        if self.served_on(engine, gpu, version):
             return None
         if not self.serves:
             return f"what-if: no engine serves {self.name} (a {self.what_if} format)"
         name = ENGINE_NAMES.get(engine, engine)
         here = f" on {gpu.name}" if gpu is not None else ""
+        ended = self.refused_from(engine, version)
+        if ended is not None:
+            return (f"what-if: {name} serves {self.name} only up to {ended.until}; later releases refuse it at start"
+                    f" (use {ended.replaced_by}, the same bytes)")
         mine = [x.where() for x in self.serves if x.engine == engine]
         others = [ENGINE_NAMES[x.engine] for x in self.serves if x.engine != engine and x.on(gpu)]
+        ended_others = [f"{ENGINE_NAMES[x.engine]} up to {x.until}" for x in self.serves
+                        if x.engine != engine and x.on(gpu) and x.until is not None]
         why = f"{name} serves {self.name} only on {' and '.join(dict.fromkeys(mine))}" if mine else \
             f"{name} does not serve {self.name}"
-        alt = f"; {' and '.join(dict.fromkeys(others))} does{here}" if others else ""
+        alt = f"; {' and '.join(dict.fromkeys(ended_others or others))} does{here}" if others else ""
         return f"what-if: {why}{alt}" if mine or others else f"what-if: {why}{here}"
 
     @property
@@ -329,6 +364,16 @@ _register(
     KVFormat("fp4_mx_block16", "mx", "SGLang: e2m1 pairs with one scale byte per 16 values",
              **_same(_data(4), Component("scale_e8m0", 8, "group", 16)),
              serves=(Serves("sglang", "cuda", _SG, _FP4),), applies_to="mha"),
+    # SGLang's first FP4 cache (--kv-cache-dtype fp4_e2m1, "only mxfp4" in its help): up to 0.5.15 model_runner.py
+    # configure_kv_cache_dtype stores torch.float4_e2m1fn_x2 in mem_cache/memory_pool.py MHATokenToKVPoolFP4
+    # (_create_buffers: K and V each [tokens, heads, head_dim // 2] uint8 and a scale buffer [tokens, heads x
+    # head_dim // 16] uint8) or MLATokenToKVPoolFP4 (the latent: kv_cache_dim // 2 + kv_cache_dim // 16); from 0.5.16
+    # mem_cache/kv_cache_dtype.py configure_kv_cache_dtype refuses it ("deprecated. Use
+    # --kv-cache-dtype=fp4_mx_block16"), though server_args still lists it among the choices (0.5.20)
+    KVFormat("fp4_e2m1", "mx", "SGLang up to 0.5.15: e2m1 pairs with one scale byte per 16 values (the layout "
+             "fp4_mx_block16 took over in 0.5.16)", **_same(_data(4), Component("scale_e8m0", 8, "group", 16)),
+             serves=(Serves("sglang", "cuda", "sglang 0.5.15 srt/mem_cache/memory_pool.py MHATokenToKVPoolFP4, "
+                            "MLATokenToKVPoolFP4", _FP4, until="0.5.15", replaced_by="fp4_mx_block16"),)),
     _kivi(2),
     _kivi(4),
 )
