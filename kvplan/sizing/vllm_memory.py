@@ -358,13 +358,43 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     if rules.cublas_workspace == "consumed":
         persistent += cublas  # the main stream's workspace, after the snapshot in 0.30
 
+    non_torch = _non_torch(rules, gpu, fam, tp, T * H * b, pp, enforce_eager, parts)
+
+    estimate, capture, splits, n_pw, n_full = _cudagraph_memory(m, gpu, tp, b, fam, rules, T, R_max, cublas,
+                                                                enforce_eager)
+    cudagraph = estimate if rules.subtracts_cudagraphs else 0
+    parts.update(rotary_cache=rotary, capture_sizes=n_pw, full_graphs=n_full, sampler_rows=R,
+                 cudagraph_estimate=estimate, cudagraph_capture=capture, fa3_split_accumulators=splits,
+                 cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
+                 cublas_workspace=rules.cublas_workspace)
+    repack = mxfp4_hopper_repack(m, tp) if fam == "sm90" else 0
+    # the caching allocator's blocks beyond the parameters' bytes: vLLM's "Model loading took" is
+    # torch.cuda.memory_allocated's growth over the load (worker/gpu_model_runner.py load_model, DeviceMemoryProfiler)
+    blocks = allocator_rounding(m, tp, weight_dtype, stage)
+    fragments = largest_fragment = 0
+    if repack and pp == 1 and weight_dtype is None:
+        # the MXFP4 experts converted on Hopper: the blocks are those of the converted layout, and what the conversion
+        # leaves reserved but unallocated is outside the budget (vLLM counts allocated bytes) but not free for what
+        # runs after the KV cache either
+        held, fragments, largest_fragment = mxfp4_hopper_load(m, tp, rotary)
+        blocks = held - (weights + rotary + repack)
+    parts.update(mxfp4_repack=repack, allocator_rounding=blocks, load_fragmentation=fragments,
+                 load_fragment_largest=largest_fragment)
+    return NonKVMemory(weights + rotary + repack + blocks, activation, persistent, non_torch, cudagraph, T, R_max,
+                       "model", parts)
+
+
+def _non_torch(rules: VllmRules, gpu: Optional[GPUSpec], fam, tp: int, batch_bytes: int, pp: int,
+               enforce_eager: bool, parts: dict) -> int:
+    """The memory outside torch's allocator on one rank: the libraries', torch's NCCL communicator and FlashInfer's
+    all-reduce workspace (`batch_bytes`: one batch's hidden states). Its parts are added to `parts`."""
     # FlashInfer's all-reduce workspace, made inside the profile run: by the compiled AR+RMSNorm fusion pass
     # (capped at one batch's hidden states; before 0.30 only with a single pipeline stage), or by the standalone
     # FlashInfer all-reduce (0.30+), uncapped, when nothing is compiled
     fusion = not enforce_eager and (rules.flashinfer_allreduce_standalone or pp == 1)
     link = transport(gpu)
     if fusion:
-        fi_workspace = flashinfer_allreduce_workspace(fam, tp, T * H * b, link)
+        fi_workspace = flashinfer_allreduce_workspace(fam, tp, batch_bytes, link)
     elif rules.flashinfer_allreduce_standalone:
         fi_workspace = flashinfer_allreduce_workspace(fam, tp, kind=link)
     else:
@@ -376,6 +406,13 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     parts.update(library_non_torch=LIBRARY_NON_TORCH, torch_nccl_communicator=torch_nccl,
                  flashinfer_allreduce_workspace=fi_workspace, transport=link)
 
+    return non_torch
+
+
+def _cudagraph_memory(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, b: int, fam, rules: VllmRules, T: int,
+                      R_max: int, cublas: int, enforce_eager: bool) -> tuple:
+    """What vLLM's CUDA graphs take on one rank: (the estimate its budget subtracts, what the capture holds, FA3's
+    split accumulators, the piecewise and the full graph counts); nothing with enforce_eager."""
     estimate = capture = splits = 0
     n_pw = n_full = 0
     if not enforce_eager:
@@ -414,26 +451,7 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
             # warm-up, inside the estimate's first sample
             estimate += FLASHINFER_ATTENTION_WORKSPACE
             capture += FLASHINFER_ATTENTION_WORKSPACE
-    cudagraph = estimate if rules.subtracts_cudagraphs else 0
-    parts.update(rotary_cache=rotary, capture_sizes=n_pw, full_graphs=n_full, sampler_rows=R,
-                 cudagraph_estimate=estimate, cudagraph_capture=capture, fa3_split_accumulators=splits,
-                 cudagraph_subtracted=rules.subtracts_cudagraphs and not enforce_eager,
-                 cublas_workspace=rules.cublas_workspace)
-    repack = mxfp4_hopper_repack(m, tp) if fam == "sm90" else 0
-    # the caching allocator's blocks beyond the parameters' bytes: vLLM's "Model loading took" is
-    # torch.cuda.memory_allocated's growth over the load (worker/gpu_model_runner.py load_model, DeviceMemoryProfiler)
-    blocks = allocator_rounding(m, tp, weight_dtype, stage)
-    fragments = largest_fragment = 0
-    if repack and pp == 1 and weight_dtype is None:
-        # the MXFP4 experts converted on Hopper: the blocks are those of the converted layout, and what the conversion
-        # leaves reserved but unallocated is outside the budget (vLLM counts allocated bytes) but not free for what
-        # runs after the KV cache either
-        held, fragments, largest_fragment = mxfp4_hopper_load(m, tp, rotary)
-        blocks = held - (weights + rotary + repack)
-    parts.update(mxfp4_repack=repack, allocator_rounding=blocks, load_fragmentation=fragments,
-                 load_fragment_largest=largest_fragment)
-    return NonKVMemory(weights + rotary + repack + blocks, activation, persistent, non_torch, cudagraph, T, R_max,
-                       "model", parts)
+    return estimate, capture, splits, n_pw, n_full
 
 
 def mxfp4_hopper_repack(m: ModelSpec, tp: int) -> int:
