@@ -483,6 +483,36 @@ def capacity_of(d) -> CapacityResult:
     fmt, layers = plan.fmt, plan.layers
     skipped = skipped_indices(layers, fmt)
     state = [lay for lay in layers if lay.kind == "state"]
+    notes += _layout_notes(d, plan, skipped)
+    nk = plan.non_kv.to_dict()
+    nk["weights_measured"] = bool(d.measured is not None and d.measured.weights is not None)
+    return CapacityResult(
+        model=model.name, gpu=d.gpu.name if d.gpu else None, dtype=fmt.name, tp=d.tp, weight_dtype=plan.weight_dtype,
+        total_bytes=plan.total, memory_source=plan.memory_source,
+        gpu_memory_utilization=plan.gpu_memory_utilization,
+        requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.non_kv.activation,
+        available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
+        page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,
+        block_size=plan.block_size, num_kv_cache_groups=groups.num_groups, padding_layers=groups.padding_layers,
+        num_blocks=num_blocks, token_slots=num_blocks * plan.block_size, kv_tokens=fig["kv_tokens"],
+        max_model_len=mlen, blocks_per_request=per_request, max_concurrency=fig["max_concurrency"],
+        max_num_batched_tokens=plan.max_num_batched_tokens, fits=problem is None, problem=problem,
+        longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
+        engine="vllm", engine_version=plan.rules.version, pp=d.pp, dcp=d.dcp,
+        stage_layers=[[st.layers_range.start, st.layers_range.stop] for st in plan.stages],
+        state_layers=len(state), state_bytes_per_sequence=sum(lay.fixed_bytes for lay in state),
+        non_kv=nk,
+        log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
+        deployment=d.to_dict(),
+    )
+
+
+def _layout_notes(d, plan: PoolPlan, skipped: list[int]) -> list[str]:
+    """What the pool's layout does that a reader of its figures should know: state layers and their pages, caches of
+    their own layout, padding layers, a raised block, an overridden block count, pipeline stages, chunked layers."""
+    model, fmt, layers, groups, num_blocks = d.model, plan.fmt, plan.layers, plan.groups, plan.num_blocks
+    notes: list[str] = []
+    state = [lay for lay in layers if lay.kind == "state"]
     if state:
         per_seq = sum(lay.fixed_bytes for lay in state)
         held = (f"{len(state)} state layers hold {state[0].fixed_bytes:,} B each per sequence ({per_seq / 2**20:.1f} "
@@ -519,27 +549,7 @@ def capacity_of(d) -> CapacityResult:
                      f"stage with layers {b.start}-{b.stop - 1} holds the fewest blocks and sets the pool")
     if any(lay.kind == "chunked" for lay in layers):
         notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
-    nk = plan.non_kv.to_dict()
-    nk["weights_measured"] = bool(d.measured is not None and d.measured.weights is not None)
-    return CapacityResult(
-        model=model.name, gpu=d.gpu.name if d.gpu else None, dtype=fmt.name, tp=d.tp, weight_dtype=plan.weight_dtype,
-        total_bytes=plan.total, memory_source=plan.memory_source,
-        gpu_memory_utilization=plan.gpu_memory_utilization,
-        requested_bytes=plan.requested, weight_bytes=plan.weights, activation_bytes=plan.non_kv.activation,
-        available_kv_bytes=plan.available, kv_bytes_per_token=kv_bytes_per_token(layers),
-        page_bytes=max(s.page_bytes for s in groups.layer_specs), bytes_per_block=groups.bytes_per_block,
-        block_size=plan.block_size, num_kv_cache_groups=groups.num_groups, padding_layers=groups.padding_layers,
-        num_blocks=num_blocks, token_slots=num_blocks * plan.block_size, kv_tokens=fig["kv_tokens"],
-        max_model_len=mlen, blocks_per_request=per_request, max_concurrency=fig["max_concurrency"],
-        max_num_batched_tokens=plan.max_num_batched_tokens, fits=problem is None, problem=problem,
-        longest_fitting_len=longest, skip_layers=skipped if fmt.name != "auto" else [], notes=notes,
-        engine="vllm", engine_version=plan.rules.version, pp=d.pp, dcp=d.dcp,
-        stage_layers=[[st.layers_range.start, st.layers_range.stop] for st in plan.stages],
-        state_layers=len(state), state_bytes_per_sequence=sum(lay.fixed_bytes for lay in state),
-        non_kv=nk,
-        log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
-        deployment=d.to_dict(),
-    )
+    return notes
 
 
 def pool_problem(d, plan: PoolPlan) -> Optional[str]:
