@@ -40,7 +40,9 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
           dtypes: Sequence[str | KVFormat] = ("auto",), max_model_lens: Sequence[int] = (8192,),
           batches: Sequence[int] = (1,), contexts: Sequence[int] = (8192,),
           weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None, **options):
-    """One row per combination, in the order of the arguments (the last axis varies fastest).
+    """One row per combination, in the order of the arguments (the last axis varies fastest). (One pass over the
+    configurations, each adding its figures to the columns, is this function; the axes' checks and the columns'
+    assembly are _axes and _frame.)
 
     Every other option of a vLLM deployment (kvplan.deployment.DeploymentArgs: gpu_memory_utilization, block_size,
     activation_gib, weight_dtype, pp, dcp, engine_version, max_num_batched_tokens, ...) applies to every row, and

@@ -895,7 +895,8 @@ def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
 
 def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     """A config.json read into ModelSpec fields, in named steps: the wrapper and the families with readers of their
-    own, the core sizes, the dtypes, then _read_quantization, _read_attention_layout, MLA and DeepSeek-V4, _read_moe,
+    own, the core sizes (each field under every name transformers' configurations give it, which is what makes this
+    function long), the dtypes, then _read_quantization, _read_attention_layout, MLA and DeepSeek-V4, _read_moe,
     _read_biases_and_norms and the vision tower."""
     if not isinstance(cfg, dict):
         raise KvplanError(f"{path}: expected a JSON object (a Hugging Face config.json), found {type_name(cfg)}")
