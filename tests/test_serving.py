@@ -172,3 +172,23 @@ def test_sglang_admits_what_its_token_pool_holds_with_the_expected_output():
     assert sorted(s for s, _, _ in r.per_request) == [0.0, 0.0, 0.0]
     third = max(r.per_request, key=lambda x: x[1])
     assert third[1] > min(d for _, _, d in r.per_request)  # its first token after one of the two finished
+
+
+def test_a_request_sent_while_a_step_runs_waits_for_the_scheduled_one():
+    # 2 clients, 100-token prompts, 2 output tokens, 150 tokens a step, 3 requests:
+    # step 0: r0 its 100, r1 50 of its 100           b=0, p=150  11.5 ms (t 11.5): r0's first token
+    # step 1: r0 decodes, r1 its last 50             b=1, p=50   11.5 ms (t 23.0): r0 done, r1's first token;
+    #         client 0 sends r2 at 23.0 while r1 runs: it arrives during step 2
+    # without a delay r2 joins step 2: b=1, p=100, 12 ms: its first token at 35.0, TTFT 12 ms;
+    # with async scheduling (admit_delay 2) step 3 was planned before it arrived, and step 2 runs r1 alone
+    # (11 ms, t 34.0, r1 done); the engine is then idle and takes r2 at once: step 3, p=100, 11 ms, first token at
+    # 45.0: TTFT 22 ms
+    def run(delay):
+        lim = EngineLimits("vllm", token_budget=150, max_seqs=8, blocks=10_000, blocks_for=blocks16, admit_delay=delay)
+        r = simulate(linear_price, lim, isl=100, osl=2, concurrency=2, num_prompts=3)
+        return max(r.per_request, key=lambda x: x[0])  # r2: the last sent
+
+    sent, first, _ = run(0)
+    assert (sent, first - sent) == pytest.approx((0.023, 0.012), abs=1e-12)
+    sent, first, _ = run(2)
+    assert (sent, first - sent) == pytest.approx((0.023, 0.022), abs=1e-12)

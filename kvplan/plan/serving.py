@@ -15,9 +15,14 @@ The scheduler (vLLM V1, vllm/v1/core/sched/scheduler.py `Scheduler.schedule`), a
   tokens it had generated computed again when it is readmitted), and is itself preempted when it is the newest;
   no request is admitted in a step that preempted;
 - the step that computes a prompt's last token samples the first output token (TTFT ends there); every later step
-  gives each decoding request one token; a request ends after its output length (the benchmark's ignore_eos).
-Left out: prefix caching (every prompt computed in full), speculative decoding, the async scheduler's one-step
-overlap, priorities, long_prefill_token_threshold (0, the default, leaves it off), encoder inputs.
+  gives each decoding request one token; a request ends after its output length (the benchmark's ignore_eos);
+- when a request can first be scheduled (EngineLimits.admit_delay): one sent to an idle engine at once; one sent
+  while a step runs arrives during the next step (a closed loop's client answers the last token it streamed) and
+  waits for the step after it, or, with async scheduling (vLLM's default: the scheduler plans the next step while
+  the GPU runs this one, VllmConfig.__post_init__), for the step after that. An open loop's arrival counts from the
+  step it arrived in.
+Left out: prefix caching (every prompt computed in full), speculative decoding, priorities,
+long_prefill_token_threshold (0, the default, leaves it off), encoder inputs.
 
 SGLang (python/sglang/srt/managers/scheduler.py `get_next_batch_to_run`, schedule_policy.py `PrefillAdder`), as
 modelled: a step is either a prefill batch or a decode batch. Whenever requests wait and the token pool and
@@ -75,6 +80,8 @@ class EngineLimits:
     max_seqs: int  # vLLM max_num_seqs; SGLang max_running_requests
     blocks: int  # usable KV blocks (vLLM's, less its null block) or pool tokens (SGLang)
     blocks_for: Callable  # tokens held (a numpy array) -> blocks needed (numpy array)
+    # steps a request sent while the engine runs waits beyond the running step before it can be scheduled
+    admit_delay: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     first = np.full(n, math.nan)
     done_at = np.full(n, math.nan)
     finished_order: list[int] = []
+    eligible = np.zeros(n, dtype=np.int64)  # the first step a request can be scheduled in
 
     waiting: deque[int] = deque()
     running: list[int] = []
@@ -211,9 +219,13 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
 
     def send_due(now: float) -> None:
         nonlocal next_send, in_flight
+        busy = bool(running or waiting)
         while next_send < n and in_flight < C and release[next_send] <= now + 1e-12:
             r = next_send
             sent[r] = max(now, release[r]) if request_rate else now
+            # a request sent while the engine runs arrives during its next step (a closed loop's client answers
+            # the last token) or arrived during the step just run (an open loop's)
+            eligible[r] = steps + (limits.admit_delay - (1 if request_rate else 0) if busy else 0)
             waiting.append(r)
             next_send += 1
             in_flight += 1
@@ -251,13 +263,15 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             t = max(t, release[next_send])
             send_due(t)
             continue
+        if not running and waiting:  # an idle engine takes what arrives at once
+            eligible[list(waiting)] = np.minimum(eligible[list(waiting)], steps)
         # -- the step's schedule ------------------------------------------------------------------------------------
         if limits.policy == "sglang":
             sched_r, sched_k = _schedule_sglang(running, waiting, prompt_len, computed, outputs, osl, limits, capped)
             preempted = False
         else:
             sched_r, sched_k, free, lost = _schedule_vllm(running, waiting, prompt_len, computed, outputs, held, free,
-                                                          limits, table, isl, capped)
+                                                          limits, table, isl, capped, eligible, steps)
             preemptions += lost
             preempted = lost > 0
         rs = np.concatenate(sched_r) if len(sched_r) > 1 else sched_r[0]
@@ -280,6 +294,9 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             if next_send < n and in_flight < C:  # an open loop's next arrival
                 est = cost(b, ctx, 0, 0.0)
                 k_steps = max(1, min(k_steps, int((release[next_send] - t) / est)))
+            if waiting and eligible[waiting[0]] > steps:  # the stretch ends where the queue's front (a preempted
+                # request, or the earliest to arrive) can be scheduled; one refused for blocks waits for a finish
+                k_steps = max(1, min(k_steps, int(eligible[waiting[0]]) - steps))
             if limits.policy == "vllm":
                 k_steps = _steps_with_blocks(blocks_for, computed[dec], held[dec], free, k_steps)
         if k_steps > 1:
@@ -333,7 +350,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
 
 
 def _schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs, held, free: int,
-                   limits: EngineLimits, table, isl: int, capped: set):
+                   limits: EngineLimits, table, isl: int, capped: set, eligible=None, step: int = 0):
     """One step of vLLM V1's scheduler (see the module's docstring): the running requests' tokens, preempting the
     newest where the blocks run out, then waiting requests FCFS. Updates the requests' blocks, the running list and
     the waiting queue in place; returns (the scheduled requests, their tokens), the blocks left free and the count
@@ -393,6 +410,8 @@ def _schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs,
             capped.add("max_num_seqs")
             break
         r = waiting[0]
+        if eligible is not None and eligible[r] > step:  # not arrived yet, as the scheduler sees it
+            break
         k = min(int(prompt_len[r] - computed[r]), budget)
         need = int(table[computed[r] + k]) - held[r]
         if need > free:

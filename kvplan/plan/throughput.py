@@ -138,8 +138,10 @@ def engine_limits(d, isl: int, osl: int):
     from kvplan.plan.vllm_pool import plan_for
 
     plan = plan_for(d)
+    # a request sent while a step runs arrives during the next one (its client answering the last token) and waits
+    # for the step after it, or the one after that with async scheduling
     return EngineLimits("vllm", int(d.max_num_batched_tokens), int(d.max_num_seqs), int(plan.num_blocks) - 1,
-                        lambda n: plan.blocks_per_request(n, np))
+                        lambda n: plan.blocks_per_request(n, np), admit_delay=2 if d.rules.async_scheduling else 1)
 
 
 def _price(sm, pp: int):

@@ -32,6 +32,10 @@ class VllmRules:
     # 0.20's SlidingWindowSpec has no nvfp4 branch: sliding layers cost (head + head_v) bytes, like fp8
     sliding_nvfp4_packed: bool
     cache_dtypes_missing: frozenset[str]
+    # the scheduler runs one step ahead of the GPU (async scheduling: on unless speculative decoding or the executor
+    # rules it out, VllmConfig.__post_init__ in vllm/config/vllm.py, 0.19 and later), so a request that arrives
+    # while a step runs misses the step already scheduled and starts in the one after it
+    async_scheduling: bool = True
     # --- what the profile run executes and which measured term each allocation lands in (kvplan.sizing.vllm_memory) ---
     # the model runner that profiles: the classic V1 runner, or MRV2 (the default for text decoders from 0.30)
     runner: Literal["v1", "mrv2"] = "v1"
