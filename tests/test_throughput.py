@@ -358,10 +358,23 @@ def test_throughput_per_gpu_divides_by_tp(cli):
     assert x["output_tokens_per_s_per_gpu"] == pytest.approx(x["output_tokens_per_s"] / 4)
 
 
+def test_default_concurrencies_stay_within_each_dtypes_pool(cli):
+    # without -n: powers of two up to what each dtype's pool holds, its own limit, and the other's where it is below
+    d = json.loads(cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "8k", "--osl", "1k", "--json").out)
+    by = {}
+    for x in d["rows"]:
+        by.setdefault(x["kv_cache_dtype"], []).append(x["concurrency"])
+    lim = {x["kv_cache_dtype"]: x["pool_limit"] for x in d["rows"]}
+    for dt, cs in by.items():
+        expect = {2**i for i in range(10) if 2**i <= lim[dt]} | {v for v in lim.values() if v <= lim[dt]}
+        assert cs == sorted(expect), dt
+
+
 def test_throughput_runs_concurrency_beyond_the_pool(cli):
     # 8k + 1k tokens a request: the bf16 pool holds 48 at once, fp8 twice as many; more clients still run, as in
     # the engine: the rest wait for blocks (or are preempted), TTFT grows, and the row says how many ran at once
-    d = json.loads(cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "8k", "--osl", "1k", "--json").out)
+    d = json.loads(cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "8k", "--osl", "1k", "-n", "32,64,97,128",
+                       "--json").out)
     lim = {x["kv_cache_dtype"]: x["pool_limit"] for x in d["rows"]}
     assert 1.9 < lim["fp8"] / lim["auto"] < 2.1  # fp8 holds twice the tokens of bf16 per byte
     rows = {(x["kv_cache_dtype"], x["concurrency"]): x for x in d["rows"]}

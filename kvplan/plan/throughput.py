@@ -236,11 +236,8 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         cs = sorted(set(int(c) for c in concurrency))
         if cs[0] < 1:
             raise KvplanError(f"--concurrency must be at least 1 (got {cs[0]})")
-    else:
-        top = max(limits)
-        cs = [2**i for i in range(0, int(math.log2(top)) + 1)]
-        cs += [lim for lim in limits if lim >= 1 and lim not in cs]
-        cs = sorted(set(cs))
+    else:  # per dtype: powers of two up to what its pool holds at once, that limit, and the others' within it
+        cs = None
 
     rows, best, runs = [], {}, {}
     for d, sm, lim in zip(ds, models, limits):
@@ -249,8 +246,9 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         def roofline(b, ctx, d=d):
             return roofline_step_ms(d, b, ctx)
         run = runs[d.kv.name] = _Runs(sm, d, work, lim, gpus, roofline)
+        shown = cs or sorted({2**i for i in range(0, int(math.log2(lim)) + 1)} | {x for x in limits if 1 <= x <= lim})
         mine = [replace(run.at(c, shown=True), meets_limits=_meets(run.at(c), tpot_ms, ttft_ms, percentile))
-                for c in cs]
+                for c in shown]
         rows += mine
         best[d.kv.name] = _best(run, mine, lim, tpot_ms, ttft_ms, percentile)
 
