@@ -327,6 +327,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
     from kvplan.deployment import deployments, engine_of
     from kvplan.errors import KvplanError
     from kvplan.plan.throughput import throughput_of
+    from kvplan.rules.vllm import newer_release_note
     from kvplan.specs.catalog import load_model_as
     from kvplan.specs.kv_formats import comparison_dtypes
 
@@ -339,9 +340,13 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
     m = load_model_as(model, deployment.get("weight_dtype"))
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
     ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m, engine_of(args)), args), needs_memory=True)
-    return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
-                            _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
-                            request_rate=request_rate)
+    r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
+                      _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
+                      request_rate=request_rate)
+    version_note = newer_release_note(args.engine_version or getattr(args.profile, "engine_version", None))
+    if version_note and engine_of(args) == "vllm":  # the one deployment note the throughput table needs
+        r.notes.insert(0, version_note)
+    return m, r
 
 
 def _with_profile(args):
@@ -687,6 +692,7 @@ def sweep(
     from kvplan.errors import KvplanError, did_you_mean
     from kvplan.files import frame_format, write_frame
     from kvplan.plan.sweep import sweep as run
+    from kvplan.rules.vllm import newer_release_note
     from kvplan.sizing.kv_cache import parse_skip_layers
     from kvplan.specs.kv_formats import parse_dtypes
 
@@ -724,6 +730,9 @@ def sweep(
         print(f"wrote {len(df):,} rows to {output}", file=sys.stderr)
     for why in df.attrs["skipped"]:
         print(f"left out: {why}", file=sys.stderr)
+    version_note = newer_release_note(engine_version)
+    if version_note:
+        print(f"note: {version_note}", file=sys.stderr)
     if "expected_step_ms" in df.columns:
         for gpu_name, prof in df.attrs.get("step_profiles", {}).items():
             print(f"expected_step_ms on {gpu_name}: {prof}", file=sys.stderr)
