@@ -276,3 +276,34 @@ def test_restart_that_never_measured_names_the_last_startup(cli, fixtures, tmp_p
     first = len(earlier.splitlines()) + next(i for i, line in enumerate(cut.splitlines())
                                              if "API server version" in line) + 1
     assert f"log (its last startup, from line {first}) lacks" in r.err
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("missing", "no such folder"),
+    ("file", "is a file, not a folder"),
+    ("empty", "holds no config.json files"),
+])
+def test_log_configs_that_hold_no_configs_are_refused(tmp_path, kind, expected):
+    # a mistyped --configs would otherwise surface later as "not in the catalog", or not at all
+    from tests.test_options import LOG, _run
+
+    folder = tmp_path / "configs"
+    if kind == "file":
+        folder.write_text("a: 1\n")
+    elif kind == "empty":
+        folder.mkdir()
+    code, out, err = _run(["log", LOG, "--gpu", "h100", "--configs", str(folder)])
+    assert code == 2 and out == ""
+    assert err.startswith(f"kvplan: error: --configs {folder}") and expected in err and err.count("\n") == 1
+
+
+def test_log_configs_in_a_hugging_face_cache_layout_are_read(tmp_path):
+    from tests.test_options import LOG, _run
+
+    snap = tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    code, _, err = _run(["log", LOG, "--gpu", "h100", "--configs", str(tmp_path)])
+    assert code == 2 and "holds no config.json" in err
+    (snap / "config.json").write_text("{}")  # found in the cache layout: read (and refused for what it holds)
+    code, _, err = _run(["log", LOG, "--gpu", "h100", "--configs", str(tmp_path)])
+    assert "holds no config.json" not in err

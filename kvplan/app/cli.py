@@ -796,6 +796,25 @@ def gate(
         raise typer.Exit(1)
 
 
+def _check_config_folder(folder: str) -> None:
+    """A --configs folder exists and holds at least one config.json in a layout the log's model is looked up in."""
+    from pathlib import Path
+
+    from kvplan.errors import KvplanError
+
+    p = Path(folder)
+    if not p.exists():
+        raise KvplanError(f"--configs {folder}: no such folder; give the folder that holds the config.json files")
+    if not p.is_dir():
+        raise KvplanError(f"--configs {folder} is a file, not a folder: give the folder that holds it, or pass a "
+                          f"config.json as --model")
+    held = (any(p.glob("*config.json")) or any(p.glob("*/config.json"))
+            or any(p.glob("models--*/snapshots/*/config.json")))
+    if not held:
+        raise KvplanError(f"--configs {folder} holds no config.json files (<org>--<name>.config.json, "
+                          f"<org>--<name>/config.json or a Hugging Face cache's models--<org>--<name>)")
+
+
 @app.command("log")
 def log_import(
     files: List[str] = typer.Argument(..., help="vLLM (V0 or V1) or SGLang startup logs, or - for stdin"),
@@ -821,6 +840,8 @@ def log_import(
 
     if save_profile and len(files) > 1:
         raise KvplanError("--save-profile keeps one log's figures: give one log")
+    for folder in configs or ():
+        _check_config_folder(folder)
     if files.count("-") > 1:
         raise KvplanError("stdin (-) can be read once")
     results = []
