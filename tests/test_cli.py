@@ -82,6 +82,14 @@ def test_models_show(cli):
     assert r.code == 0 and "139.8" in r.out
 
 
+@pytest.mark.parametrize("group, name", [("models", "llama3-8b"), ("gpus", "h100")])
+def test_group_json_applies_to_show(cli, group, name):
+    # `kvplan models --json show NAME` is `kvplan models show NAME --json`
+    before, after = cli(group, "--json", "show", name), cli(group, "show", name, "--json")
+    assert before.code == after.code == 0
+    assert json.loads(before.out) == json.loads(after.out) and before.out == after.out
+
+
 def test_planning_imports_no_torch_triton_pandas():
     import subprocess
     import sys

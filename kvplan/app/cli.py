@@ -1099,8 +1099,14 @@ def models_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"
     _show(as_json, rows, "models_table", rows)
 
 
+def _group_json(ctx: typer.Context) -> bool:
+    """`kvplan models --json show NAME`: the group's --json applies to its show as well."""
+    return bool(ctx.parent is not None and ctx.parent.params.get("as_json"))
+
+
 @models_app.command("show")
 def models_show(
+    ctx: typer.Context,
     name: str = typer.Argument(..., help="catalog name, Hugging Face id (org/name or org/name@revision), "
                                           "config.json, snapshot folder or YAML spec"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -1125,7 +1131,7 @@ def models_show(
         table = {"checkpoint_unavailable": None, "checkpoint_params": f"unavailable: {m.checkpoint_unavailable}"}
     if m.moe:
         extra["active_params"] = active_param_count(m)
-    _show(as_json, {**m.model_dump(), **extra}, "spec_detail", m, {**extra, **table})
+    _show(as_json or _group_json(ctx), {**m.model_dump(), **extra}, "spec_detail", m, {**extra, **table})
 
 
 def _checkpoint_agrees(m, computed: int) -> str:
@@ -1153,6 +1159,7 @@ def gpus_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
 
 @gpus_app.command("show")
 def gpus_show(
+    ctx: typer.Context,
     name: str = typer.Argument(..., help="GPU name, alias or YAML spec path"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -1162,7 +1169,7 @@ def gpus_show(
     g = load_gpu(name)
     extra = {"memory_total_gib (used)": f"{g.memory_total_gib:.2f} ({g.memory_source})"}
     data = {**g.model_dump(), "memory_total_gib": g.memory_total_gib, "memory_source": g.memory_source}
-    _show(as_json, data, "spec_detail", g, extra)
+    _show(as_json or _group_json(ctx), data, "spec_detail", g, extra)
 
 
 def _join_wrapped_lines(command) -> None:
