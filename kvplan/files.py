@@ -19,6 +19,7 @@ from typing import Any, Callable
 from kvplan.errors import KvplanError
 
 FRAME_FORMATS = {".csv": "csv", ".parquet": "parquet", ".json": "json", ".md": "markdown", ".markdown": "markdown"}
+_SUFFIX = {fmt: suffix for suffix, fmt in reversed(FRAME_FORMATS.items())}  # markdown: .md
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -206,13 +207,18 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def frame_format(path: str | None, fmt: str | None) -> str:
+    """The format a table is written in: --format's, else the output file's suffix's, else csv. A --format the
+    file's suffix contradicts is refused."""
+    suffix = Path(path).suffix.lower() if path else ""
     if fmt:
         fmt = fmt.lower()
         if fmt not in set(FRAME_FORMATS.values()):
             raise KvplanError(f"--format {fmt}: choose csv, parquet, json or markdown")
+        if suffix in FRAME_FORMATS and FRAME_FORMATS[suffix] != fmt:
+            raise KvplanError(f"{path} names a {FRAME_FORMATS[suffix]} file but {fmt} was asked for (--format or "
+                              f"--json): drop one, or name the file {Path(path).with_suffix(_SUFFIX[fmt])}")
         return fmt
     if path:
-        suffix = Path(path).suffix.lower()
         if suffix not in FRAME_FORMATS:
             raise KvplanError(f"cannot tell the format of {path}: use a .csv, .parquet, .json or .md name, or --format")
         return FRAME_FORMATS[suffix]
