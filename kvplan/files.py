@@ -207,8 +207,11 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def frame_format(path: str | None, fmt: str | None) -> str:
-    """The format a table is written in: --format's, else the output file's suffix's, else csv. A --format the
-    file's suffix contradicts is refused."""
+    """The format a table is written in: --format's, else the output file's suffix's, else csv. A folder, or a
+    --format the file's suffix contradicts, is refused."""
+    if path and Path(path).is_dir():
+        raise KvplanError(f"--output {path} is a folder: give a file name in it, such as "
+                          f"{Path(path) / 'sweep.csv'}")
     suffix = Path(path).suffix.lower() if path else ""
     if fmt:
         fmt = fmt.lower()

@@ -165,3 +165,10 @@ def test_sweep_format_that_agrees_with_the_file_name(cli, tmp_path):
                         (["--format", "csv"], "a.txt")):
         r = cli("sweep", "-m", "llama3-8b", "-g", "h100", *asked, "-o", str(tmp_path / name))
         assert r.code == 0, r.err
+
+
+@pytest.mark.parametrize("fmt", [[], ["--format", "csv"]])
+def test_sweep_output_folder_is_named_as_a_folder(cli, tmp_path, fmt):
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", *fmt, "-o", str(tmp_path))
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert f"--output {tmp_path} is a folder" in r.err and str(tmp_path / "sweep.csv") in r.err
