@@ -217,6 +217,15 @@ def test_snapshot_checkpoint_count(tmp_path, cli):
                         "c": "model-00003-of-00003.safetensors"}}))
     d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
     assert d["checkpoint_params"] is None and "checkpoint_agrees" not in d
+    assert d["checkpoint_unavailable"] == ("model.safetensors.index.json names model-00003-of-00003.safetensors, "
+                                           "which the folder lacks (a partial download?)")
+    # a shard cut short (7 bytes: less than its 8-byte header length): named, not passed over
+    (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"abcdefg")
+    r = cli("models", "show", str(tmp_path))
+    assert r.code == 0 and "unavailable: model-00001-of-00002.safetensors cannot be read as safetensors" in r.out
+    d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
+    assert d["checkpoint_params"] is None and d["checkpoint_unavailable"].startswith("model-00001-of-00002.safetensors")
 
 
 def test_revision(hub, tmp_path):
