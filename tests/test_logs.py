@@ -307,3 +307,22 @@ def test_log_configs_in_a_hugging_face_cache_layout_are_read(tmp_path):
     (snap / "config.json").write_text("{}")  # found in the cache layout: read (and refused for what it holds)
     code, _, err = _run(["log", LOG, "--gpu", "h100", "--configs", str(tmp_path)])
     assert "holds no config.json" not in err
+
+
+def test_gzipped_log_is_read_as_the_log(tmp_path):
+    import gzip
+
+    from tests.test_options import LOG, _run
+
+    packed = tmp_path / "startup.log.gz"
+    packed.write_bytes(gzip.compress(open(LOG, "rb").read()))
+    plain = _run(["log", LOG, "--gpu", "h100", "--json"])
+    code, out, err = _run(["log", str(packed), "--gpu", "h100", "--json"])
+    assert plain[0] == code == 0, err
+    got, want = json.loads(out.replace(str(packed), LOG)), json.loads(plain[1])
+    assert got["profile"].pop("source") == packed.name  # the same figures; the profile names its own file
+    want["profile"].pop("source")
+    assert got == want
+    packed.write_bytes(packed.read_bytes()[:100])  # cut short
+    code, out, err = _run(["log", str(packed), "--gpu", "h100"])
+    assert code == 2 and out == "" and "gzip-compressed but cannot be decompressed" in err and err.count("\n") == 1

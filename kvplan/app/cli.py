@@ -796,6 +796,28 @@ def gate(
         raise typer.Exit(1)
 
 
+def _read_log(file: str) -> str:
+    """A startup log's text; a gzipped one (docker or logrotate archives) is read through gzip."""
+    import gzip
+    import io
+    import zlib
+
+    from kvplan.errors import KvplanError
+
+    try:
+        with open(file, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise KvplanError(f"cannot read {file}: {e.strerror}") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise KvplanError(f"{file} is gzip-compressed but cannot be decompressed ({e}): is it cut short?") from None
+    # as a text-mode read does: universal newlines (CRLF and CR to LF), undecodable bytes replaced
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline=None).read()
+
+
 def _check_config_folder(folder: str) -> None:
     """A --configs folder exists and holds at least one config.json in a layout the log's model is looked up in."""
     from pathlib import Path
@@ -849,11 +871,7 @@ def log_import(
         if file == "-":
             text = sys.stdin.read()
         else:
-            try:
-                with open(file, encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except OSError as e:
-                raise KvplanError(f"cannot read {file}: {e.strerror}") from None
+            text = _read_log(file)
         source = file if file != "-" else "stdin"
         if summary:
             try:
