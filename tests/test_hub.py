@@ -347,3 +347,21 @@ def test_long_reasons_are_shortened_at_a_word():
 
     said = _reason(ValueError("Please check your connection and try again " * 10), limit=60)
     assert said == "Please check your connection and try again Please check your..."
+
+
+def test_uncached_revision_names_the_cached_ones(cli, tmp_path, monkeypatch):
+    # main is cached (refs/main names its snapshot); v2 is not: the revision is what is missing, not the repo
+    repo = tmp_path / "models--acme--Llama-copy"
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "snapshots" / COMMIT / "config.json").write_text(
+        (CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.config.json").read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli("models", "show", "acme/Llama-copy@main").code == 0
+    r = cli("models", "show", "acme/Llama-copy@v2")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "revision v2 of 'acme/Llama-copy' is not in the local Hugging Face cache (main is)" in r.err
+    r = cli("models", "show", "acme/Other@v2")  # nothing of the repo cached: the repo is named as missing
+    assert r.code == 2 and "'acme/Other' is not in the local Hugging Face cache" in r.err
