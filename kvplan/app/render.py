@@ -226,9 +226,15 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
         con.print(f"note: {note}")
     for r in results:
         if r.breakeven_context:
-            where = ", ".join(f"{tokens(c) if c else 'never'} at batch {b}" for b, c in r.breakeven_context.items())
-            con.print(f"{_dname(r.dtype, model)} steps faster than {_dname(r.baseline_dtype, model)} from context "
-                      f"{where} (expected step times; the byte crossover ignores each kernel's fixed costs)")
+            mine, theirs = _dname(r.dtype, model), _dname(r.baseline_dtype, model)
+            faster = ", ".join(f"{tokens(c)} at batch {b}" for b, c in r.breakeven_context.items() if c)
+            never = ", ".join(f"{b}" for b, c in r.breakeven_context.items() if not c)
+            said = [f"{mine} steps faster than {theirs} from context {faster}"] if faster else []
+            if never:
+                said.append(f"{mine} is never faster than {theirs} at batch {never}" if not faster
+                            else f"never at batch {never}")
+            con.print(f"{'; '.join(said)} (expected step times; the byte crossover ignores each kernel's fixed "
+                      f"costs)")
     note = f"saving: step bytes saved against {_dname(r0.baseline_dtype, model)}."
     if timed:
         note += " step ms: roofline max(bytes / peak bandwidth, FLOPs / peak dense compute), the floor."
