@@ -64,3 +64,15 @@ def test_plot_errors(cli):
     assert r.code == 2 and ".png or .svg" in r.err
     r = cli("plot", "crossover", "llama3-8b", "--batch", "4")
     assert r.code == 2 and "--context" in r.err
+
+
+@pytest.mark.parametrize("out", [[], ["-o", "x.png"]])
+def test_plot_capacity_with_nothing_to_draw_exits_2_as_capacity_does(cli, tmp_path, out):
+    # Llama-3.1-405B in bf16 on one H100: the weights alone exceed the budget, so capacity exits 2 with the reason;
+    # the plot gives the same line and writes no file
+    refused = cli("capacity", "llama-3.1-405b", "--gpu", "h100")
+    assert refused.code == 2 and "exceed" in refused.err
+    args = [a if a != "x.png" else str(tmp_path / a) for a in out]
+    r = cli("plot", "capacity", "llama-3.1-405b", "--gpu", "h100", *args)
+    assert r.code == 2 and r.out == "" and r.err == refused.err
+    assert not (tmp_path / "x.png").exists()

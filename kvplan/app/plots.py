@@ -95,18 +95,22 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
 def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = None) -> Figure:
     """Sequences the pool holds against max_model_len, one curve per resolved Deployment (kvplan.deployment), by
     vLLM's concurrency: the same plan `capacity` computes."""
-    from kvplan.plan.vllm_pool import plan_for
+    from kvplan.errors import KvplanError
+    from kvplan.plan.vllm_pool import plan_for, pool_problem
 
     d0 = deployments[0]
     model, gpu = d0.model, d0.gpu
     top = model.max_position_embeddings
     if lengths is None:
         lengths = sorted({int(round(x)) for x in _geomspace(min(1024, top), top, 60)} | {top})
-    series, notes = [], []
+    series, notes, problems = [], [], []
     for d in deployments:
         plan = plan_for(d)
-        if plan.available <= 0 and not plan.overridden:
-            notes.append(f"{d.kv.name}: the weights leave no room for a KV pool")
+        problem = pool_problem(d, plan)
+        if problem is not None or (plan.available <= 0 and not plan.overridden):  # capacity refuses it too
+            short = "the weights leave no room for a KV pool" if plan.available <= 0 else problem
+            notes.append(f"{d.kv.name}: {short}")
+            problems.append(problem or notes[-1])
             continue
         ys, xs = [], []
         for n in lengths:
@@ -119,6 +123,12 @@ def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = No
             same.label += f", {d.kv.name}"
         else:
             series.append(Series(d.kv.name, xs, ys))
+        if not xs:
+            problems.append(f"{d.kv.name}: no max_model_len from {lengths[0]:,} to {lengths[-1]:,} tokens fits one "
+                            f"sequence in the pool")
+    if not any(s.x for s in series):  # nothing to draw: say why, as capacity does
+        raise KvplanError(problems[0] if len(set(problems)) == 1 or len(deployments) == 1
+                          else "; ".join(dict.fromkeys(problems)))
     return Figure(
         title=f"{model.name} on {gpu.name if gpu else 'the given memory'}, TP {d0.tp}: sequences the KV pool holds",
         xlabel="max_model_len (tokens per sequence)", ylabel="max concurrency (sequences)", series=series,
