@@ -211,6 +211,14 @@ def test_snapshot_checkpoint_count(tmp_path, cli):
     d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
     assert d["checkpoint_params"] == 69_824 + 4_096 and d["checkpoint_agrees"].startswith("no: the checkpoint holds +4,096")
 
+    # one tensor fewer than the architecture (down, 64 x 128): the shortfall, not a negative surplus
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                 {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
+                  "n1": (64,), "n2": (64,), "nf": (64,)})
+    d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
+    assert d["checkpoint_params"] == 69_824 - 8_192
+    assert d["checkpoint_agrees"].startswith("no: the checkpoint holds 8,192 fewer elements than the architecture")
+
     # a partial download: the index names a shard the folder lacks, so no count rather than a short one
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors",

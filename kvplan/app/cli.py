@@ -1160,6 +1160,8 @@ def _checkpoint_agrees(m, computed: int) -> str:
         return "yes"
     if m.weight_dtype not in ("bf16", "fp16", "fp32"):
         return f"not comparable: {m.weight_dtype} packs its weights ({diff:+,} elements)"
+    if diff < 0:
+        return f"no: the checkpoint holds {-diff:,} fewer elements than the architecture (missing shards or layers?)"
     return f"no: the checkpoint holds {diff:+,} elements beyond the architecture (extra layers or heads?)"
 
 
