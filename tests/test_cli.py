@@ -154,3 +154,12 @@ def test_token_counts_refuse_exponents_and_sizes_beyond_exact(cli, typed, says):
     r = cli("crossover", "llama3-8b", "-b", "1e9", "-c", "2k")
     assert r.err == ("kvplan: error: --batch '1e9': exponent notation is not taken; write the digits (1000000000) or "
                      "use k or m (128k, 2m)\n")
+
+
+@pytest.mark.parametrize("argv", [["crossover", "llama3-8b"], ["capacity", "llama3-8b", "--gpu", "h100"],
+                                  ["sweep", "-m", "llama3-8b", "-g", "h100"]])
+@pytest.mark.parametrize("empty", ["", " , "])
+def test_empty_dtype_list_is_named_as_empty(cli, argv, empty):
+    r = cli(*argv, "-d", empty)
+    assert r.code == 2 and r.out == "" and r.err.count("\n") == 1
+    assert r.err.startswith("kvplan: error: -d / --dtype is empty")
