@@ -68,6 +68,8 @@ def read_yaml(path: str | Path, what: str = "YAML file", hint: str = "") -> Any:
     try:
         return yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
+        if kind == "JSON":  # the JSON parser's own line and wording
+            return _parse_json(path, text)
         mark = getattr(e, "problem_mark", None)
         if mark is not None:
             where = f" line {mark.line + 1}"
@@ -85,9 +87,13 @@ def read_yaml(path: str | Path, what: str = "YAML file", hint: str = "") -> Any:
 
 def read_json(path: str | Path, what: str = "JSON file", hint: str = "") -> Any:
     """A JSON file, parsed; a syntax error becomes one line naming the file and line."""
+    return _parse_json(path, read_text(path, what, hint))
+
+
+def _parse_json(path: str | Path, text: str) -> Any:
+    """JSON text parsed; a syntax error becomes one line naming the file and the JSON parser's line and problem."""
     import json
 
-    text = read_text(path, what, hint)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

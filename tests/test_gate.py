@@ -137,3 +137,11 @@ gates:
     assert r.code == 2 and r.err.count("\n") == 1
     assert r.err.startswith(f"kvplan: error: {path}: gate 'tput2': require.min_throughput_per_gpu needs step times")
     assert "`calibration: PROFILE.yaml`" in r.err and "--calibration" not in r.err
+
+
+def test_truncated_json_gates_file_reports_the_json_parsers_line(cli, tmp_path):
+    # one line of JSON cut off after a comma: line 1, in the JSON parser's words (as for a model file)
+    path = write(tmp_path, '{"gates": [{"name": "a", ', "trunc.json")
+    r = cli("gate", path)
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert r.err == f"kvplan: error: {path}: line 1: not valid JSON: Expecting property name enclosed in double quotes\n"
