@@ -519,6 +519,13 @@ def _build(cls, data, path):
     try:
         return cls.model_validate(data)
     except ValidationError as e:
+        missing = [".".join(str(p) for p in err["loc"]) for err in e.errors() if err["type"] == "missing"]
+        if cls is ModelSpec and data.get("head_dim") is None and data.get("mla") is None and missing:
+            missing.append("head_dim")  # checked once the fields are read, so its error would come only later
+        if len(missing) > 1 and len(e.errors()) == len(missing) - (missing[-1] == "head_dim"):
+            # only fields missing (a typo, extra and missing, is reported as one): every one at once
+            raise KvplanError(f"{path}: fields {', '.join(repr(m) for m in missing[:-1])} and {missing[-1]!r} are "
+                              f"required") from None
         raise KvplanError(_validation_message(path, e, cls)) from None
 
 
