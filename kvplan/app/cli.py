@@ -993,6 +993,9 @@ def measure(
         ctx = _sizes([context or "4096"], "--context")
         if len(ctx) != 1:
             raise KvplanError("--context: give one length")
+        from kvplan.measure.run import validate_target
+
+        validate_target(validate, dtype or "auto")  # a misspelt model or dtype before torch and the GPU
     try:
         import torch  # noqa: F401
         import triton  # noqa: F401
