@@ -101,3 +101,16 @@ def test_readme_examples_show_current_output(monkeypatch, readme_dir, cmd, shown
         seen.append(got)
     diff = "\n".join(difflib.unified_diff(want, seen[0], "README", "now (100 columns)", lineterm="", n=1))
     pytest.fail(f"README output of `{cmd}` is out of date:\n{diff}")
+
+
+def test_readme_api_capacity_figures():
+    # the README's `c.num_blocks, c.max_concurrency` for Llama-3-8B fp8 on an H100 at 8,192 tokens: blocks of 16
+    # tokens x 65,536 B (32 layers x 8 KV heads x 128 x 2 (K, V) x 1 B) = 1 MiB, so the pool's bytes // 2**20; a
+    # sequence of 8,192 tokens takes 512 blocks
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    blocks, conc = re.search(r"c\.num_blocks, c\.max_concurrency, c\.log_lines +# \((\d+), ([\d.]+)\.\.\.", text).groups()
+    c = kvplan.capacity(kvplan.load_model("llama3-8b"), kvplan.load_gpu("h100"), "fp8", max_model_len=8192)
+    assert c.available_kv_bytes // (16 * 32 * 8 * 128 * 2) == c.num_blocks == int(blocks)
+    assert f"{c.num_blocks / 512:.2f}" == conc
