@@ -114,3 +114,14 @@ def test_readme_api_capacity_figures():
     c = kvplan.capacity(kvplan.load_model("llama3-8b"), kvplan.load_gpu("h100"), "fp8", max_model_len=8192)
     assert c.available_kv_bytes // (16 * 32 * 8 * 128 * 2) == c.num_blocks == int(blocks)
     assert f"{c.num_blocks / 512:.2f}" == conc
+
+
+def test_no_install_advice_names_kvplan_on_the_package_index():
+    # kvplan is installed from a checkout or a wheel; `pip install kvplan` or 'kvplan[plot]' would fetch another
+    # project from the index, so advice names the dependency itself (matplotlib, huggingface_hub, torch triton)
+    import re
+
+    sources = [ROOT / "README.md", *sorted((ROOT / "kvplan").rglob("*.py"))]
+    for path in sources:
+        text = path.read_text()
+        assert not re.search(r"pip install +['\"]?kvplan(\\?\[|\s|$)", text), path

@@ -43,7 +43,7 @@ models_app = typer.Typer(help="The model catalog: `kvplan models` lists it, `kvp
 gpus_app = typer.Typer(help="The GPU catalog: `kvplan gpus` lists it, `kvplan gpus show NAME` shows one.",
                        invoke_without_command=True, no_args_is_help=False)
 plot_app = typer.Typer(help="Draw the diagnosis figures: PNG or SVG with --output (needs matplotlib: pip install "
-                        "'kvplan\\[plot]'), a character chart in the terminal otherwise.", no_args_is_help=True)
+                        "matplotlib), a character chart in the terminal otherwise.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(plot_app, name="plot")
@@ -1000,8 +1000,8 @@ def measure(
         import torch  # noqa: F401
         import triton  # noqa: F401
     except ImportError:
-        raise KvplanError("kvplan measure needs torch and triton: pip install 'kvplan[gpu]' (--dry-run works "
-                          "without them)") from None
+        raise KvplanError("kvplan measure needs torch and triton: pip install torch triton (the gpu extra; "
+                          "--dry-run works without them)") from None
     if probe:
         from kvplan.measure.run import run_probe
 

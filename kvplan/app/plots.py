@@ -187,7 +187,7 @@ def save(fig: Figure, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise KvplanError("drawing PNG or SVG needs matplotlib: pip install 'kvplan[plot]'") from None
+        raise KvplanError("drawing PNG or SVG needs matplotlib: pip install matplotlib (the plot extra)") from None
 
     crowded = len(fig.series) > 4
     f, ax = plt.subplots(figsize=(11 if crowded else 9, 5.5), dpi=120)

@@ -90,8 +90,8 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
         import huggingface_hub  # noqa: F401
     except ImportError:
         missing = other or f"'{repo}' is not in the catalog nor in the local Hugging Face cache"
-        raise HubUnavailable(f"{missing}; install the hub extra (pip install 'kvplan[hub]') to fetch its "
-                             f"config.json, or pass a config.json or a snapshot folder",
+        raise HubUnavailable(f"{missing}; install huggingface_hub (pip install huggingface_hub, the hub extra) to "
+                             f"fetch its config.json, or pass a config.json or a snapshot folder",
                              "its own config.json needs the Hugging Face cache or the hub extra") from None
     if _offline():
         missing = other or f"'{repo}' is not in the local Hugging Face cache"
@@ -226,7 +226,7 @@ def checkpoint_summary(repo: str, revision: Optional[str], config: Path) -> tupl
     try:
         from huggingface_hub import HfApi
     except ImportError:
-        return None, "install the hub extra (pip install 'kvplan[hub]') to read its safetensors headers from the Hub"
+        return None, "install huggingface_hub (pip install huggingface_hub, the hub extra) to read its safetensors headers from the Hub"
     if _offline():
         return None, ("HF_HUB_OFFLINE is set and its safetensors headers were not read before; run this once "
                       "online")
