@@ -163,3 +163,26 @@ def test_empty_dtype_list_is_named_as_empty(cli, argv, empty):
     r = cli(*argv, "-d", empty)
     assert r.code == 2 and r.out == "" and r.err.count("\n") == 1
     assert r.err.startswith("kvplan: error: -d / --dtype is empty")
+
+
+@pytest.mark.parametrize("columns", ["50", "80"])
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "kvplan")
+def test_help_never_cuts_an_option_name(monkeypatch, cmd, columns):
+    # an option name wider than its column continues on the next line: the first column, read down each option's
+    # lines, spells every long option in full, and nothing is cut with "…"
+    import re
+
+    from kvplan.app.cli import _command_for
+    from tests.test_options import _run
+
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = _run([*cmd, "--help"])
+    assert code == 0 and "…" not in out
+    names = "".join(re.findall(r"^│ [ *]?\s*(\S+)", out, re.M))
+    command = _command_for([*cmd, "--help"])
+    for name in cmd:
+        command = command.commands[name] if hasattr(command, "commands") else command
+    for p in getattr(command, "params", []):
+        for opt in [] if getattr(p, "hidden", False) else p.opts:
+            if opt.startswith("--") and opt != "--help":
+                assert opt in names, (opt, columns)

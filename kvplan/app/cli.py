@@ -17,6 +17,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+def _fold_option_names() -> None:
+    """In --help, an option name wider than its column (--kv-cache-dtype-skip-layers at 80 columns) continues on
+    the next line instead of being cut with an ellipsis, so that the whole name can be read and typed."""
+    try:
+        import typer.rich_utils as rich_help
+    except ImportError:  # typer without rich: click's plain help never cuts names
+        return
+    for name in ("highlighter", "negative_highlighter"):
+        shown = getattr(rich_help, name, None)
+        if shown is None or getattr(shown, "folds", False):
+            continue
+
+        class Folding(type(shown)):  # type: ignore[misc]
+            folds = True
+
+            def __call__(self, text):
+                out = super().__call__(text)
+                if hasattr(out, "overflow"):
+                    out.overflow = "fold"
+                return out
+
+        setattr(rich_help, name, Folding())
+
+
 # The exit status of the running command so far: a command that will exit non-zero after printing sets it first,
 # so that output cut short by a closed pipe (`kvplan gate gates.yaml | head -1`) still exits with it.
 _exit = {"status": 0}
@@ -1213,7 +1237,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from kvplan.errors import KvplanError
 
-    command = _command_for(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    command = _command_for(args)
+    if "-h" in args or "--help" in args or not args:
+        _fold_option_names()
     _join_wrapped_lines(command)
     _flags_without_type(command)
     _exit["status"] = 0
