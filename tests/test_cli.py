@@ -186,3 +186,20 @@ def test_help_never_cuts_an_option_name(monkeypatch, cmd, columns):
         for opt in [] if getattr(p, "hidden", False) else p.opts:
             if opt.startswith("--") and opt != "--help":
                 assert opt in names, (opt, columns)
+
+
+def test_help_mentions_the_profile_only_where_there_is_one():
+    # "default: the profile's" is a promise of --profile: a command without it says its own default
+    from kvplan.app.cli import _command_for
+
+    root = _command_for(["--help"])
+    todo = [([], root)]
+    while todo:
+        path, command = todo.pop()
+        if hasattr(command, "commands"):
+            todo += [([*path, n], c) for n, c in command.commands.items()]
+            continue
+        opts = {o for p in command.params for o in p.opts}
+        for p in command.params:
+            if "the profile's" in (getattr(p, "help", None) or ""):
+                assert "--profile" in opts, (path, p.opts)

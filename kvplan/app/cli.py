@@ -87,6 +87,8 @@ PlotDtypesOpt = Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", 
                                                             help=DTYPE_HELP + " (default: auto and fp8)")]
 TpOpt = Annotated[Optional[int], typer.Option("--tp", help="tensor-parallel size (figures are per rank; default: "
                                               "the profile's, or 1)")]
+TpNoProfileOpt = Annotated[Optional[int], typer.Option("--tp", help="tensor-parallel size (figures are per rank; "
+                                                       "default 1)")]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(
     "--weight-dtype", help="store every decoder linear layer in this format (bf16, fp8, int8, int4_g128, mxfp4, "
     "nvfp4, ...); default: the checkpoint's own")]
@@ -111,6 +113,9 @@ DcpOpt = Annotated[Optional[int], typer.Option(
 UtilOpt = Annotated[Optional[float], typer.Option(
     "--gpu-memory-utilization", help="vLLM: fraction of TOTAL memory it may use (default: the profile's, or vLLM's: "
     "0.92 from 0.20 on, 0.9 before)")]
+UtilNoProfileOpt = Annotated[Optional[float], typer.Option(
+    "--gpu-memory-utilization", help="vLLM: fraction of TOTAL memory it may use (default: vLLM's: 0.92 from 0.20 "
+    "on, 0.9 before)")]
 BlockSizeOpt = Annotated[Optional[int], typer.Option(
     "--block-size", help="vLLM: tokens per KV block, a multiple of 16 (default: the attention backend's: 16, or 64 "
     "for MLA on FlashMLA, 128 on CUTLASS MLA)")]
@@ -288,7 +293,7 @@ def _unfit(results) -> None:
 def crossover(
     model: ModelArg,
     dtype: DtypesOpt = None,
-    tp: TpOpt = None,
+    tp: TpNoProfileOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="add roofline step times on this GPU")] = None,
     context: Annotated[Optional[List[str]], typer.Option(
@@ -567,7 +572,7 @@ def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
 def plot_crossover(
     model: ModelArg,
     dtype: PlotDtypesOpt = None,
-    tp: TpOpt = None,
+    tp: TpNoProfileOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     weight_read: WeightReadOpt = "streamed",
     batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="operating point: sequences")] = None,
@@ -610,7 +615,7 @@ def plot_throughput(
     concurrency: ConcurrencyOpt = None,
     dtype: PlotDtypesOpt = None,
     tpot_ms: TpotOpt = None,
-    tp: TpOpt = None,
+    tp: TpNoProfileOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     engine: EngineOpt = None,
     calibration: CalibrationOpt = None,
@@ -691,7 +696,7 @@ def sweep(
                                                "--output's suffix)")] = None,
     columns: Annotated[Optional[str], typer.Option("--columns", help="keep only these columns "
                                                    "(comma-separated)")] = None,
-    gpu_memory_utilization: UtilOpt = None,
+    gpu_memory_utilization: UtilNoProfileOpt = None,
     block_size: BlockSizeOpt = None,
     activation_gib: ActivationOpt = None,
     non_torch_gib: NonTorchOpt = None,
