@@ -250,3 +250,10 @@ def test_breakeven_sentence_says_never_plainly(cli):
     assert found["1"] is None and found["256"]
     assert f"fp8 steps faster than auto (bf16) from context {found['256']:,} at batch 256; never at batch 1" in \
         " ".join(both.out.split())
+
+
+@pytest.mark.parametrize("name, moe", [("llama3-8b", False), ("mistral-7b-v0.1", False), ("qwen3-30b-a3b", True)])
+def test_header_names_experts_only_for_moe_models(cli, name, moe):
+    # a dense model has no experts to touch: its streamed read is everything but the input-embedding table
+    header = " ".join(cli("crossover", name).out.split("weights held")[0].split())
+    assert header.endswith("no input-embedding table, touched experts only" if moe else "no input-embedding table")

@@ -161,7 +161,8 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     con = console()
     r0 = results[0]
     convention = ("every parameter once (--weight-read all)" if r0.weight_read == "all"
-                  else "what a step streams (--weight-read streamed): no input-embedding table, touched experts only")
+                  else "what a step streams (--weight-read streamed): no input-embedding table"
+                  + (", touched experts only" if model.moe else ""))
     title = f"{model.name}  TP {r0.tp}  weights {r0.weight_dtype}"
     con.print(f"[bold]{title}[/bold]  weight read per step: {convention}")
     con.print(f"weights held per rank: {gib(r0.weight_bytes_held)}   read per step at batch 1: "
