@@ -497,3 +497,13 @@ def test_validate_checks_its_inputs_before_the_gpu(cli, argv, says):
     # found here, before a GPU is borrowed: the typo, not "needs a CUDA GPU" (this machine has none)
     r = cli("measure", *argv)
     assert r.code == 2 and says in r.err and "CUDA" not in r.err and r.err.count("\n") == 1
+
+
+def test_quick_help_gives_no_duration_of_its_own(cli):
+    # the expected duration is the one --dry-run computes from the plan; the help points there rather than
+    # quoting a figure that can disagree with it
+    import re
+
+    help_text = " ".join(cli("measure", "--help").out.replace("│", " ").split())
+    assert "--dry-run --quick prints its expected duration" in help_text
+    assert not re.search(r"about [0-9.]+ minutes", help_text)

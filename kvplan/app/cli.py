@@ -928,8 +928,9 @@ def log_import(
 
 @app.command()
 def measure(
-    quick: Annotated[bool, typer.Option("--quick", help="4 sizes up to 1 GB, 10 samples each (about 2 minutes on an "
-                                        "H100); the full sweep goes to 2 GB with 30 samples")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="4 sizes up to 1 GB, 10 samples each (--dry-run --quick "
+                                        "prints its expected duration); the full sweep goes to 2 GB with 30 "
+                                        "samples")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (kernels, sizes, bytes, expected "
                                           "duration) and measure nothing; works without a GPU")] = False,
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to write the calibration profile "
