@@ -197,21 +197,18 @@ def save(fig: Figure, path: str) -> None:
         c, ls = colors[i % len(colors)], styles[(i // len(colors)) % len(styles)]
         label = _wrap(s.label) + (f"  ({s.marker_label})" if s.marker_label else "")
         ax.plot(s.x, s.y, label=label, color=c, linestyle=ls, linewidth=1.8)
-        if s.marker:
+        if s.marker:  # its value is in the legend ("N* ..."): marks of close crossovers would overprint labels
             ax.plot(*s.marker, "o", color=c, markersize=8, markerfacecolor="white", markeredgewidth=2)
-            if not crowded:
-                ax.annotate(s.marker_label, s.marker, textcoords="offset points", xytext=(6, -14), fontsize=8,
-                            color=c)
     if fig.hline:
         ax.axhline(fig.hline[1], color="black", linestyle="--", linewidth=1.2, label=fig.hline[0])
     if fig.vline:
         ax.axvline(fig.vline[1], color="gray", linestyle=":", linewidth=1.2, label=fig.vline[0])
-    for label, x, y in fig.points:
+    for _, x, y in fig.points:
         ax.plot(x, y, "s", color="gray", markersize=5)
-        if not crowded:
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color="dimgray")
     ax.set_xscale("log" if fig.logx else "linear")
     ax.set_yscale("log" if fig.logy else "linear")
+    if fig.points and not crowded:
+        _label_points(ax, fig.points)
     ax.set_xlabel(fig.xlabel)
     ax.set_ylabel(fig.ylabel)
     ax.set_title(fig.title, fontsize=11)
@@ -227,6 +224,26 @@ def save(fig: Figure, path: str) -> None:
         atomic_write(path, lambda tmp: f.savefig(tmp, format=fmt))
     finally:
         plt.close(f)
+
+
+def _label_points(ax, points, gap: float = 0.055) -> None:
+    """Each labelled point's text to the right of it, in a column spread so that no two labels overlap (at least
+    `gap` of the axes' height apart), with a thin leader line from the text to its point."""
+    ax.set_xlim(ax.get_xlim())  # the limits the drawing settled on: the labels must not move them
+    ax.set_ylim(ax.get_ylim())
+    to_axes = ax.transAxes.inverted()
+    placed = sorted(((to_axes.transform(ax.transData.transform((x, y))), label, x, y) for label, x, y in points),
+                    key=lambda p: p[0][1])
+    heights, last = [], -1.0
+    for (_, fy), *_ in placed:
+        last = max(fy, last + gap)
+        heights.append(last)
+    shift = max(0.0, heights[-1] - 0.97) if heights else 0.0  # keep the top label inside the axes
+    for ((fx, _), label, x, y), h in zip(placed, heights, strict=True):
+        ax.annotate(label, (x, y), xycoords="data", xytext=(fx + 0.03, h - shift), textcoords="axes fraction",
+                    fontsize=7, color="dimgray", va="center", zorder=5,
+                    bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
+                    arrowprops=dict(arrowstyle="-", color="gray", linewidth=0.6, shrinkA=0, shrinkB=3))
 
 
 def _wrap(label: str, width: int = 48) -> str:
