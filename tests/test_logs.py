@@ -326,3 +326,13 @@ def test_gzipped_log_is_read_as_the_log(tmp_path):
     packed.write_bytes(packed.read_bytes()[:100])  # cut short
     code, out, err = _run(["log", str(packed), "--gpu", "h100"])
     assert code == 2 and out == "" and "gzip-compressed but cannot be decompressed" in err and err.count("\n") == 1
+
+
+def test_log_header_says_when_the_version_is_not_stated():
+    # the SGLang fixture names no version: one space and a plain "(version not stated)", not "sglang  startup log"
+    from tests.test_options import _run
+
+    code, out, _ = _run(["log", "tests/fixtures/logs/sglang-0.5-llama31-8b-h100.log"])
+    assert code == 0 and out.startswith("sglang (version not stated) startup log: ")
+    code, out, _ = _run(["log", "tests/fixtures/logs/vllm-v1-0.33-llama31-8b-h100.log", "--gpu", "h100"])
+    assert code == 0 and out.startswith("vllm 0.33.0 startup log: ")

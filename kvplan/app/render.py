@@ -477,7 +477,8 @@ def gate_table(report) -> None:
 def log_table(result) -> None:
     con = console()
     cfg = ", ".join(f"{k}={v}" for k, v in result.config.items() if v not in (None, False))
-    con.print(f"[bold]{result.engine} {result.version or ''}[/bold] startup log: {cfg}")
+    version = f" {result.version}" if result.version else " (version not stated)"
+    con.print(f"[bold]{result.engine}{version}[/bold] startup log: {cfg}")
     t = Table(title="Measured by the engine, and kvplan's prediction for the same configuration",
               title_justify="left")
     for col in ["figure", "measured", "kvplan", "error"]:
