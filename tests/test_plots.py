@@ -101,3 +101,20 @@ def test_operating_point_labels_do_not_overlap():
         ["turboquant_4bit_nc: 12.2 GB", "fp8: 17.2 GB", "auto: 34.4 GB"]  # 32 x 8,192 x 65,536 B is 17.2 GB
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     plt.close(f)
+
+
+@pytest.mark.parametrize("columns", [50, 80])
+@pytest.mark.parametrize("argv", [["plot", "crossover", "llama3-8b", "-d", "auto,fp8"],
+                                  ["plot", "capacity", "llama3-8b", "--gpu", "h100"]])
+def test_text_chart_fits_the_terminal(monkeypatch, argv, columns):
+    # the 20 plot rows ("label |" and the plot area) and the axis lines fit in COLUMNS; wide terminals keep the
+    # 72-character plot area
+    from tests.test_options import _run
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = _run(argv)
+    rows = out.splitlines()[1:24]
+    assert code == 0 and all(len(r) <= columns for r in rows), max(map(len, rows))
+    monkeypatch.setenv("COLUMNS", "200")
+    wide = _run(argv)[1].splitlines()[1:21]
+    assert {len(r.split("|", 1)[1]) for r in wide} == {72}

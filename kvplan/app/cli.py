@@ -565,7 +565,9 @@ def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
 
         print_json(figure_data(fig))
     elif not output:
-        sys.stdout.write(text_chart(fig))
+        import shutil
+
+        sys.stdout.write(text_chart(fig, columns=shutil.get_terminal_size().columns))
 
 
 @plot_app.command("crossover")

@@ -252,12 +252,17 @@ def _wrap(label: str, width: int = 48) -> str:
     return "\n".join(textwrap.wrap(label, width)) or label
 
 
-def text_chart(fig: Figure, width: int = 72, height: int = 20) -> str:
-    """The figure as characters: one letter per series, '-' the horizontal line, 'o' each series' mark."""
+def text_chart(fig: Figure, width: int = 72, height: int = 20, columns: Optional[int] = None) -> str:
+    """The figure as characters: one letter per series, '-' the horizontal line, 'o' each series' mark. With
+    `columns` (the terminal's width), the plot area narrows so that the chart fits in it (24 characters at least)."""
     xs = [x for s in fig.series for x in s.x] + ([fig.vline[1]] if fig.vline else [])
     ys = [y for s in fig.series for y in s.y if y > 0] + ([fig.hline[1]] if fig.hline else [])
     if not xs or not ys:
         return fig.title + "\n(nothing to draw)\n"
+    ytop, ybot = _num(max(ys)), _num(min(ys))
+    pad = max(len(ytop), len(ybot))
+    if columns is not None:  # each row is the y label, " |" and the plot area
+        width = max(24, min(width, columns - pad - 2))
     tx = (lambda v: math.log10(v)) if fig.logx else (lambda v: v)
     ty = (lambda v: math.log10(v)) if fig.logy else (lambda v: v)
     x0, x1 = tx(min(xs)), tx(max(xs))
@@ -288,16 +293,20 @@ def text_chart(fig: Figure, width: int = 72, height: int = 20) -> str:
     for s in fig.series:
         if s.marker:
             put(*s.marker, "o")
-    ytop, ybot = _num(max(ys)), _num(min(ys))
-    pad = max(len(ytop), len(ybot))
     lines = [fig.title]
     for r, row in enumerate(grid):
         label = ytop if r == 0 else ybot if r == height - 1 else ""
         lines.append(f"{label:>{pad}} |" + "".join(row))
     lines.append(" " * pad + " +" + "-" * width)
     lines.append(" " * pad + f"  {_num(min(xs))}" + f"{_num(max(xs)):>{width - len(_num(min(xs)))}}")
-    lines.append(" " * pad + f"  x: {fig.xlabel}{' (log)' if fig.logx else ''}; y: {fig.ylabel}"
-                 f"{' (log)' if fig.logy else ''}")
+    axes = [f"x: {fig.xlabel}{' (log)' if fig.logx else ''}", f"y: {fig.ylabel}{' (log)' if fig.logy else ''}"]
+    if columns is not None and pad + 2 + len("; ".join(axes)) > columns:
+        import textwrap
+
+        # one line each where both do not fit in one, wrapped where one alone does not
+        lines += [" " * pad + f"  {ln}" for a in axes for ln in textwrap.wrap(a, max(20, columns - pad - 2))]
+    else:
+        lines.append(" " * pad + "  " + "; ".join(axes))
     for i, s in enumerate(fig.series):
         extra = f"  o {s.marker_label}" if s.marker else (f"  {s.marker_label}" if s.marker_label else "")
         lines.append(f"  {letters[i % 26]}  {s.label}{extra}")
