@@ -125,3 +125,11 @@ def test_no_install_advice_names_kvplan_on_the_package_index():
     for path in sources:
         text = path.read_text()
         assert not re.search(r"pip install +['\"]?kvplan(\\?\[|\s|$)", text), path
+
+
+def test_readme_gates_file_is_the_example_file():
+    # the YAML shown is examples/gates.yaml as it is: the output under it is that file's (its TPOT row included)
+    import re
+
+    shown = re.search(r"\(`examples/gates.yaml`\):\n\n```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert shown and shown.group(1) == (ROOT / "examples" / "gates.yaml").read_text()
