@@ -133,3 +133,20 @@ def test_readme_gates_file_is_the_example_file():
 
     shown = re.search(r"\(`examples/gates.yaml`\):\n\n```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert shown and shown.group(1) == (ROOT / "examples" / "gates.yaml").read_text()
+
+
+def test_readme_gpt_oss_failures_are_the_summarys():
+    # the README's account of the two gpt-oss-20b warm-up failures quotes what `log --summary` says of them
+    import re
+
+    from tests.test_options import _run
+
+    logs = sorted(str(p) for p in (ROOT / "tests/fixtures/logs/vllm-0.19-h100").glob("openai-gpt-oss-20b*.log"))
+    code, out, _ = _run(["log", *logs, "--configs", "tests/fixtures/configs", "--summary"])
+    said = " ".join(out.split())
+    left = re.findall(r"it needs ([0-9.]+) GiB and ([0-9.]+) GiB are left", said)
+    assert code == 0 and len(left) == 2
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    (need, tp1), (_, tp2) = left
+    assert f"kvplan predicts both (at TP 1 the warm-up needs {need} GiB and {tp1} GiB are left" in readme
+    assert f"at TP 2, {tp2} GiB are left)" in readme
