@@ -39,6 +39,7 @@ _EXPORTS = {
     "ModelSpec": "specs.catalog", "GPUSpec": "specs.catalog", "load_model": "specs.catalog",
     "load_gpu": "specs.catalog",
     "param_count": "sizing.weights", "weight_bytes": "sizing.weights",
+    "KvplanError": "errors",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from kvplan.deployment import Deployment, DeploymentArgs, deployments, engine_of
+from kvplan.errors import KvplanError
+from kvplan.files import type_name
 from kvplan.plan.crossover import CrossoverResult, crossover_of
 from kvplan.plan.throughput import ThroughputResult, throughput_of
 from kvplan.plan.vllm_pool import CapacityResult, PoolPlan, capacity_of, plan_for
@@ -23,10 +25,11 @@ def crossover(model, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtyp
 
     `model` is a resolved kvplan.deployment.Deployment, or a model (resolved here with the KV dtype, tp,
     weight_dtype, gpu, skip layers and calibration given)."""
+    batches, contexts = _whole_numbers("batches", batches), _whole_numbers("contexts", contexts)
     if isinstance(model, Deployment):
         d = model
     else:
-        d = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, tp=tp, weight_dtype=weight_dtype,
+        d = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=_one_dtype(dtype), tp=tp, weight_dtype=weight_dtype,
                            kv_cache_dtype_skip_layers=skip, calibration=calibration).resolve()
     return crossover_of(d, batches=batches, contexts=contexts, weight_read=weight_read, baseline=baseline)
 
@@ -78,7 +81,35 @@ def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequ
                          request_rate=request_rate)
 
 
+def _one_dtype(dtype):
+    """The one KV dtype a question takes (a name or a KVFormat); a list is refused with what to do instead."""
+    if dtype is not None and not isinstance(dtype, (str, KVFormat)):
+        raise KvplanError(f"the KV dtype is one name such as 'fp8' (or a KVFormat), not {type_name(dtype)} "
+                          f"{dtype!r}: ask once per dtype, or use kvplan.throughput(kv_cache_dtypes=[...]) or "
+                          f"kvplan.sweep(dtypes=[...]) for several")
+    return dtype
+
+
+def _whole_numbers(name: str, values) -> list[int]:
+    """Batches or contexts: whole numbers of sequences or tokens (the library takes 8192, not the CLI's '8k')."""
+    import operator
+
+    example = "[1, 32]" if name == "batches" else "[8192, 131072]"
+    out = []
+    for v in [values] if isinstance(values, (int, str)) else values:
+        try:
+            n = operator.index(v)
+        except TypeError:
+            n = 0
+        if isinstance(v, bool) or n < 1:
+            raise KvplanError(f"{name} takes whole numbers of at least 1, such as {example}; got {v!r}"
+                              + (" (the library does not read the command line's 8k)" if isinstance(v, str) else ""))
+        out.append(n)
+    return out
+
+
 def _deployment(model, gpu, dtype, options: dict):
+    dtype = _one_dtype(dtype)
     if isinstance(model, Deployment):
         if gpu is not None or options or dtype is not None:
             raise TypeError("a Deployment carries its own options")

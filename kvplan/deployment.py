@@ -20,7 +20,7 @@ from typing import Any, Literal, Optional, Union
 
 from kvplan.errors import KvplanError
 from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
-from kvplan.rules.vllm import backend_block_size, serve_defaults, version_key, vllm_rules
+from kvplan.rules.vllm import backend_block_size, newer_release_note, serve_defaults, version_key, vllm_rules
 from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
 from kvplan.sizing.weights import weight_format
 from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model_as
@@ -468,6 +468,8 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     m, g, fmt = common["model"], common["gpu"], common["kv"]
     version = args.engine_version or (prof.engine_version if prof is not None else None)
     rules = vllm_rules(version)
+    if newer_release_note(version):
+        notes.append(newer_release_note(version))
     if m.vllm_until and version_key(rules.version) > version_key(m.vllm_until):
         raise KvplanError(f"{m.name}: vLLM serves this architecture up to {m.vllm_until} and removed it after; "
                           f"plan it with --engine-version {m.vllm_until} or earlier")

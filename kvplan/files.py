@@ -19,6 +19,7 @@ from typing import Any, Callable
 from kvplan.errors import KvplanError
 
 FRAME_FORMATS = {".csv": "csv", ".parquet": "parquet", ".json": "json", ".md": "markdown", ".markdown": "markdown"}
+_SUFFIX = {fmt: suffix for suffix, fmt in reversed(FRAME_FORMATS.items())}  # markdown: .md
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -67,6 +68,8 @@ def read_yaml(path: str | Path, what: str = "YAML file", hint: str = "") -> Any:
     try:
         return yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
+        if kind == "JSON":  # the JSON parser's own line and wording
+            return _parse_json(path, text)
         mark = getattr(e, "problem_mark", None)
         if mark is not None:
             where = f" line {mark.line + 1}"
@@ -84,9 +87,13 @@ def read_yaml(path: str | Path, what: str = "YAML file", hint: str = "") -> Any:
 
 def read_json(path: str | Path, what: str = "JSON file", hint: str = "") -> Any:
     """A JSON file, parsed; a syntax error becomes one line naming the file and line."""
+    return _parse_json(path, read_text(path, what, hint))
+
+
+def _parse_json(path: str | Path, text: str) -> Any:
+    """JSON text parsed; a syntax error becomes one line naming the file and the JSON parser's line and problem."""
     import json
 
-    text = read_text(path, what, hint)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -206,13 +213,21 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def frame_format(path: str | None, fmt: str | None) -> str:
+    """The format a table is written in: --format's, else the output file's suffix's, else csv. A folder, or a
+    --format the file's suffix contradicts, is refused."""
+    if path and Path(path).is_dir():
+        raise KvplanError(f"--output {path} is a folder: give a file name in it, such as "
+                          f"{Path(path) / 'sweep.csv'}")
+    suffix = Path(path).suffix.lower() if path else ""
     if fmt:
         fmt = fmt.lower()
         if fmt not in set(FRAME_FORMATS.values()):
             raise KvplanError(f"--format {fmt}: choose csv, parquet, json or markdown")
+        if suffix in FRAME_FORMATS and FRAME_FORMATS[suffix] != fmt:
+            raise KvplanError(f"{path} names a {FRAME_FORMATS[suffix]} file but {fmt} was asked for (--format or "
+                              f"--json): drop one, or name the file {Path(path).with_suffix(_SUFFIX[fmt])}")
         return fmt
     if path:
-        suffix = Path(path).suffix.lower()
         if suffix not in FRAME_FORMATS:
             raise KvplanError(f"cannot tell the format of {path}: use a .csv, .parquet, .json or .md name, or --format")
         return FRAME_FORMATS[suffix]

@@ -16,9 +16,9 @@ def test_help(cli, cmd):
 
 
 def test_help_texts_read_as_written(cli):
-    # the install hint keeps its extra (rich markup would eat "[plot]"), and at 200 columns each command's summary
+    # the install hint names the package to install, and at 200 columns each command's summary
     # in the listing is one line: the source's wrapping does not leak into the terminal
-    assert "pip install 'kvplan[plot]'" in cli("plot", "--help").out
+    assert "pip install matplotlib" in cli("plot", "--help").out
     listing = cli("--help").out
     line = next(ln for ln in listing.splitlines() if "│ crossover" in ln)
     assert "weight read, and step bytes" in line
@@ -80,6 +80,14 @@ def test_models_show(cli):
     assert r.code == 0 and "8,030,261,248" in r.out
     r = cli("gpus", "show", "h200")
     assert r.code == 0 and "139.8" in r.out
+
+
+@pytest.mark.parametrize("group, name", [("models", "llama3-8b"), ("gpus", "h100")])
+def test_group_json_applies_to_show(cli, group, name):
+    # `kvplan models --json show NAME` is `kvplan models show NAME --json`
+    before, after = cli(group, "--json", "show", name), cli(group, "show", name, "--json")
+    assert before.code == after.code == 0
+    assert json.loads(before.out) == json.loads(after.out) and before.out == after.out
 
 
 def test_planning_imports_no_torch_triton_pandas():
@@ -146,3 +154,52 @@ def test_token_counts_refuse_exponents_and_sizes_beyond_exact(cli, typed, says):
     r = cli("crossover", "llama3-8b", "-b", "1e9", "-c", "2k")
     assert r.err == ("kvplan: error: --batch '1e9': exponent notation is not taken; write the digits (1000000000) or "
                      "use k or m (128k, 2m)\n")
+
+
+@pytest.mark.parametrize("argv", [["crossover", "llama3-8b"], ["capacity", "llama3-8b", "--gpu", "h100"],
+                                  ["sweep", "-m", "llama3-8b", "-g", "h100"]])
+@pytest.mark.parametrize("empty", ["", " , "])
+def test_empty_dtype_list_is_named_as_empty(cli, argv, empty):
+    r = cli(*argv, "-d", empty)
+    assert r.code == 2 and r.out == "" and r.err.count("\n") == 1
+    assert r.err.startswith("kvplan: error: -d / --dtype is empty")
+
+
+@pytest.mark.parametrize("columns", ["50", "80"])
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c) or "kvplan")
+def test_help_never_cuts_an_option_name(monkeypatch, cmd, columns):
+    # an option name wider than its column continues on the next line: the first column, read down each option's
+    # lines, spells every long option in full, and nothing is cut with "…"
+    import re
+
+    from kvplan.app.cli import _command_for
+    from tests.test_options import _run
+
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = _run([*cmd, "--help"])
+    assert code == 0 and "…" not in out
+    names = "".join(re.findall(r"^│ [ *]?\s*(\S+)", out, re.M))
+    command = _command_for([*cmd, "--help"])
+    for name in cmd:
+        command = command.commands[name] if hasattr(command, "commands") else command
+    for p in getattr(command, "params", []):
+        for opt in [] if getattr(p, "hidden", False) else p.opts:
+            if opt.startswith("--") and opt != "--help":
+                assert opt in names, (opt, columns)
+
+
+def test_help_mentions_the_profile_only_where_there_is_one():
+    # "default: the profile's" is a promise of --profile: a command without it says its own default
+    from kvplan.app.cli import _command_for
+
+    root = _command_for(["--help"])
+    todo = [([], root)]
+    while todo:
+        path, command = todo.pop()
+        if hasattr(command, "commands"):
+            todo += [([*path, n], c) for n, c in command.commands.items()]
+            continue
+        opts = {o for p in command.params for o in p.opts}
+        for p in command.params:
+            if "the profile's" in (getattr(p, "help", None) or ""):
+                assert "--profile" in opts, (path, p.opts)

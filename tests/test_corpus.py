@@ -58,3 +58,12 @@ def test_corpus_coverage():
     for fam in ("llama", "qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron_h", "gptj", "phi", "starcoder2", "cohere",
                 "olmo2", "qwen2_moe", "qwen3_vl", "gemma4", "zamba2", "minimax_m1", "glm_moe_dsa", "llama4", "deepseek_v4"):
         assert any(f == fam or f.startswith(fam) for f in families), fam
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("Qwen--Qwen3-VL-")])
+def test_qwen3_vl_text_models_keep_their_qk_norms(name):
+    # every Qwen3 decoder layer holds a q_norm and a k_norm of head_dim weights, the VL text models too: with them
+    # the count is transformers' own to the element (without them it falls short by layers x 2 x head_dim)
+    m = load_model(str(CORPUS / name))
+    assert m.qk_norm
+    assert param_count(m) == EXPECTED[name]["params"]

@@ -236,3 +236,24 @@ def test_weights_beyond_the_gpu_are_noted_once(l70):
                     f"what-if"]
     assert not any("no vLLM pool" in n for n in crossover(l70, "auto", gpu=h100, tp=2, batches=[1],
                                                           contexts=[1024]).notes)
+
+
+def test_breakeven_sentence_says_never_plainly(cli):
+    # the JSON's breakeven_context maps a batch to the context from which fp8 steps are faster, or null for never
+    r = cli("crossover", "mistral-7b-v0.1", "-d", "fp8", "--gpu", "h100", "--json")
+    assert json.loads(r.out)["breakeven_context"] == {"1": None}
+    r = cli("crossover", "mistral-7b-v0.1", "-d", "fp8", "--gpu", "h100")
+    assert "fp8 is never faster than auto (bf16) at batch 1" in r.out and "from context never" not in r.out
+    both = cli("crossover", "mistral-7b-v0.1", "-d", "fp8", "--gpu", "h100", "-b", "1,256", "-c", "2k,32k,128k")
+    found = json.loads(cli("crossover", "mistral-7b-v0.1", "-d", "fp8", "--gpu", "h100", "-b", "1,256", "-c",
+                           "2k,32k,128k", "--json").out)["breakeven_context"]
+    assert found["1"] is None and found["256"]
+    assert f"fp8 steps faster than auto (bf16) from context {found['256']:,} at batch 256; never at batch 1" in \
+        " ".join(both.out.split())
+
+
+@pytest.mark.parametrize("name, moe", [("llama3-8b", False), ("mistral-7b-v0.1", False), ("qwen3-30b-a3b", True)])
+def test_header_names_experts_only_for_moe_models(cli, name, moe):
+    # a dense model has no experts to touch: its streamed read is everything but the input-embedding table
+    header = " ".join(cli("crossover", name).out.split("weights held")[0].split())
+    assert header.endswith("no input-embedding table, touched experts only" if moe else "no input-embedding table")

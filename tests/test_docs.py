@@ -101,3 +101,52 @@ def test_readme_examples_show_current_output(monkeypatch, readme_dir, cmd, shown
         seen.append(got)
     diff = "\n".join(difflib.unified_diff(want, seen[0], "README", "now (100 columns)", lineterm="", n=1))
     pytest.fail(f"README output of `{cmd}` is out of date:\n{diff}")
+
+
+def test_readme_api_capacity_figures():
+    # the README's `c.num_blocks, c.max_concurrency` for Llama-3-8B fp8 on an H100 at 8,192 tokens: blocks of 16
+    # tokens x 65,536 B (32 layers x 8 KV heads x 128 x 2 (K, V) x 1 B) = 1 MiB, so the pool's bytes // 2**20; a
+    # sequence of 8,192 tokens takes 512 blocks
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    blocks, conc = re.search(r"c\.num_blocks, c\.max_concurrency, c\.log_lines +# \((\d+), ([\d.]+)\.\.\.", text).groups()
+    c = kvplan.capacity(kvplan.load_model("llama3-8b"), kvplan.load_gpu("h100"), "fp8", max_model_len=8192)
+    assert c.available_kv_bytes // (16 * 32 * 8 * 128 * 2) == c.num_blocks == int(blocks)
+    assert f"{c.num_blocks / 512:.2f}" == conc
+
+
+def test_no_install_advice_names_kvplan_on_the_package_index():
+    # kvplan is installed from a checkout or a wheel; `pip install kvplan` or 'kvplan[plot]' would fetch another
+    # project from the index, so advice names the dependency itself (matplotlib, huggingface_hub, torch triton)
+    import re
+
+    sources = [ROOT / "README.md", *sorted((ROOT / "kvplan").rglob("*.py"))]
+    for path in sources:
+        text = path.read_text()
+        assert not re.search(r"pip install +['\"]?kvplan(\\?\[|\s|$)", text), path
+
+
+def test_readme_gates_file_is_the_example_file():
+    # the YAML shown is examples/gates.yaml as it is: the output under it is that file's (its TPOT row included)
+    import re
+
+    shown = re.search(r"\(`examples/gates.yaml`\):\n\n```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert shown and shown.group(1) == (ROOT / "examples" / "gates.yaml").read_text()
+
+
+def test_readme_gpt_oss_failures_are_the_summarys():
+    # the README's account of the two gpt-oss-20b warm-up failures quotes what `log --summary` says of them
+    import re
+
+    from tests.test_options import _run
+
+    logs = sorted(str(p) for p in (ROOT / "tests/fixtures/logs/vllm-0.19-h100").glob("openai-gpt-oss-20b*.log"))
+    code, out, _ = _run(["log", *logs, "--configs", "tests/fixtures/configs", "--summary"])
+    said = " ".join(out.split())
+    left = re.findall(r"it needs ([0-9.]+) GiB and ([0-9.]+) GiB are left", said)
+    assert code == 0 and len(left) == 2
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    (need, tp1), (_, tp2) = left
+    assert f"kvplan predicts both (at TP 1 the warm-up needs {need} GiB and {tp1} GiB are left" in readme
+    assert f"at TP 2, {tp2} GiB are left)" in readme

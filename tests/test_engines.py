@@ -155,3 +155,28 @@ def test_default_utilization_by_version():
     assert old.gpu_memory_utilization == 0.9 and old.requested_bytes == -(-h100.memory_total_bytes * 9 // 10)
     assert capacity(m, h100, max_model_len=8192, engine_version="0.10",
                     gpu_memory_utilization=0.8).gpu_memory_utilization == 0.8
+
+
+@pytest.mark.parametrize("argv", [
+    ["capacity", "llama3-8b", "--gpu", "h100", "--engine-version", "0.99", "--json"],
+    ["throughput", "llama3-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k", "-n", "1", "--engine-version", "0.99",
+     "--json"],
+])
+def test_version_newer_than_catalogued_is_noted(argv):
+    # 0.99 is planned with the newest catalogued rules (0.33), and the output says so; 0.33.2 is 0.33 itself
+    import json
+
+    from tests.test_options import _run
+
+    code, out, _ = _run(argv)
+    note = "vLLM 0.99 is newer than the releases kvplan knows (up to 0.33): planned with 0.33's rules"
+    assert code == 0 and note in json.loads(out)["notes"]
+    code, out, _ = _run([a if a != "0.99" else "0.33.2" for a in argv])
+    assert code == 0 and not any("newer than" in n for n in json.loads(out)["notes"])
+
+
+def test_sweep_notes_a_version_newer_than_catalogued():
+    from tests.test_options import _run
+
+    code, _, err = _run(["sweep", "-m", "llama3-8b", "-g", "h100", "--engine-version", "0.99"])
+    assert code == 0 and "note: vLLM 0.99 is newer than the releases kvplan knows (up to 0.33)" in err

@@ -120,3 +120,28 @@ def test_python_api_report_frame():
         {"name": "a", "model": "llama3-8b", "kv_cache_dtype": "fp8", "require": {"min_kv_tokens": 800000}}]})
     frame = report.to_frame()
     assert report.passed and list(frame["gate"]) == ["a"] and frame["measured"][0] == 849_072
+
+
+def test_gate_on_a_gpu_without_step_times_names_the_gate_and_the_calibration_key(cli, tmp_path):
+    # L4 has no bundled step-time fits: the throughput requirement cannot be priced; the gate and the requirement
+    # are named, and the advice is the gate's own calibration key (gate has no --calibration option)
+    path = write(tmp_path, """
+gates:
+  - name: tput2
+    model: llama3-8b
+    gpu: l4
+    require:
+      min_throughput_per_gpu: {isl: 1024, osl: 128, tokens_per_s: 10}
+""")
+    r = cli("gate", path)
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert r.err.startswith(f"kvplan: error: {path}: gate 'tput2': require.min_throughput_per_gpu needs step times")
+    assert "`calibration: PROFILE.yaml`" in r.err and "--calibration" not in r.err
+
+
+def test_truncated_json_gates_file_reports_the_json_parsers_line(cli, tmp_path):
+    # one line of JSON cut off after a comma: line 1, in the JSON parser's words (as for a model file)
+    path = write(tmp_path, '{"gates": [{"name": "a", ', "trunc.json")
+    r = cli("gate", path)
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert r.err == f"kvplan: error: {path}: line 1: not valid JSON: Expecting property name enclosed in double quotes\n"

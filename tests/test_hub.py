@@ -211,12 +211,29 @@ def test_snapshot_checkpoint_count(tmp_path, cli):
     d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
     assert d["checkpoint_params"] == 69_824 + 4_096 and d["checkpoint_agrees"].startswith("no: the checkpoint holds +4,096")
 
+    # one tensor fewer than the architecture (down, 64 x 128): the shortfall, not a negative surplus
+    _safetensors(tmp_path / "model-00002-of-00002.safetensors",
+                 {"q": (64, 64), "k": (32, 64), "v": (32, 64), "o": (64, 64), "gate": (128, 64), "up": (128, 64),
+                  "n1": (64,), "n2": (64,), "nf": (64,)})
+    d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
+    assert d["checkpoint_params"] == 69_824 - 8_192
+    assert d["checkpoint_agrees"].startswith("no: the checkpoint holds 8,192 fewer elements than the architecture")
+
     # a partial download: the index names a shard the folder lacks, so no count rather than a short one
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
         {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors",
                         "c": "model-00003-of-00003.safetensors"}}))
     d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
     assert d["checkpoint_params"] is None and "checkpoint_agrees" not in d
+    assert d["checkpoint_unavailable"] == ("model.safetensors.index.json names model-00003-of-00003.safetensors, "
+                                           "which the folder lacks (a partial download?)")
+    # a shard cut short (7 bytes: less than its 8-byte header length): named, not passed over
+    (tmp_path / "model.safetensors.index.json").unlink()
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"abcdefg")
+    r = cli("models", "show", str(tmp_path))
+    assert r.code == 0 and "unavailable: model-00001-of-00002.safetensors cannot be read as safetensors" in r.out
+    d = json.loads(cli("models", "show", str(tmp_path), "--json").out)
+    assert d["checkpoint_params"] is None and d["checkpoint_unavailable"].startswith("model-00001-of-00002.safetensors")
 
 
 def test_revision(hub, tmp_path):
@@ -338,3 +355,21 @@ def test_long_reasons_are_shortened_at_a_word():
 
     said = _reason(ValueError("Please check your connection and try again " * 10), limit=60)
     assert said == "Please check your connection and try again Please check your..."
+
+
+def test_uncached_revision_names_the_cached_ones(cli, tmp_path, monkeypatch):
+    # main is cached (refs/main names its snapshot); v2 is not: the revision is what is missing, not the repo
+    repo = tmp_path / "models--acme--Llama-copy"
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "snapshots" / COMMIT / "config.json").write_text(
+        (CONFIGS / "meta-llama--Llama-3.1-8B-Instruct.config.json").read_text())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli("models", "show", "acme/Llama-copy@main").code == 0
+    r = cli("models", "show", "acme/Llama-copy@v2")
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert "revision v2 of 'acme/Llama-copy' is not in the local Hugging Face cache (main is)" in r.err
+    r = cli("models", "show", "acme/Other@v2")  # nothing of the repo cached: the repo is named as missing
+    assert r.code == 2 and "'acme/Other' is not in the local Hugging Face cache" in r.err

@@ -276,3 +276,63 @@ def test_restart_that_never_measured_names_the_last_startup(cli, fixtures, tmp_p
     first = len(earlier.splitlines()) + next(i for i, line in enumerate(cut.splitlines())
                                              if "API server version" in line) + 1
     assert f"log (its last startup, from line {first}) lacks" in r.err
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("missing", "no such folder"),
+    ("file", "is a file, not a folder"),
+    ("empty", "holds no config.json files"),
+])
+def test_log_configs_that_hold_no_configs_are_refused(tmp_path, kind, expected):
+    # a mistyped --configs would otherwise surface later as "not in the catalog", or not at all
+    from tests.test_options import LOG, _run
+
+    folder = tmp_path / "configs"
+    if kind == "file":
+        folder.write_text("a: 1\n")
+    elif kind == "empty":
+        folder.mkdir()
+    code, out, err = _run(["log", LOG, "--gpu", "h100", "--configs", str(folder)])
+    assert code == 2 and out == ""
+    assert err.startswith(f"kvplan: error: --configs {folder}") and expected in err and err.count("\n") == 1
+
+
+def test_log_configs_in_a_hugging_face_cache_layout_are_read(tmp_path):
+    from tests.test_options import LOG, _run
+
+    snap = tmp_path / "models--meta-llama--Llama-3.1-8B-Instruct" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    code, _, err = _run(["log", LOG, "--gpu", "h100", "--configs", str(tmp_path)])
+    assert code == 2 and "holds no config.json" in err
+    (snap / "config.json").write_text("{}")  # found in the cache layout: read (and refused for what it holds)
+    code, _, err = _run(["log", LOG, "--gpu", "h100", "--configs", str(tmp_path)])
+    assert "holds no config.json" not in err
+
+
+def test_gzipped_log_is_read_as_the_log(tmp_path):
+    import gzip
+
+    from tests.test_options import LOG, _run
+
+    packed = tmp_path / "startup.log.gz"
+    packed.write_bytes(gzip.compress(open(LOG, "rb").read()))
+    plain = _run(["log", LOG, "--gpu", "h100", "--json"])
+    code, out, err = _run(["log", str(packed), "--gpu", "h100", "--json"])
+    assert plain[0] == code == 0, err
+    got, want = json.loads(out.replace(str(packed), LOG)), json.loads(plain[1])
+    assert got["profile"].pop("source") == packed.name  # the same figures; the profile names its own file
+    want["profile"].pop("source")
+    assert got == want
+    packed.write_bytes(packed.read_bytes()[:100])  # cut short
+    code, out, err = _run(["log", str(packed), "--gpu", "h100"])
+    assert code == 2 and out == "" and "gzip-compressed but cannot be decompressed" in err and err.count("\n") == 1
+
+
+def test_log_header_says_when_the_version_is_not_stated():
+    # the SGLang fixture names no version: one space and a plain "(version not stated)", not "sglang  startup log"
+    from tests.test_options import _run
+
+    code, out, _ = _run(["log", "tests/fixtures/logs/sglang-0.5-llama31-8b-h100.log"])
+    assert code == 0 and out.startswith("sglang (version not stated) startup log: ")
+    code, out, _ = _run(["log", "tests/fixtures/logs/vllm-v1-0.33-llama31-8b-h100.log", "--gpu", "h100"])
+    assert code == 0 and out.startswith("vllm 0.33.0 startup log: ")

@@ -494,3 +494,24 @@ def test_probe_writes_its_findings(cli, tmp_path, monkeypatch):
 def test_an_output_that_cannot_be_written_is_refused_before_any_work(cli, tmp_path, argv, words):
     r = cli(*[a.format(tmp=tmp_path) for a in argv])
     assert r.code == 2 and words in r.err and len(r.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--validate", "llama3-8bb"], "unknown model 'llama3-8bb'"),
+    (["--validate", "llama3-8b", "-d", "fp9"], "unknown KV cache dtype 'fp9'"),
+    (["--validate", "deepseek-v3"], "uses MLA"),
+])
+def test_validate_checks_its_inputs_before_the_gpu(cli, argv, says):
+    # found here, before a GPU is borrowed: the typo, not "needs a CUDA GPU" (this machine has none)
+    r = cli("measure", *argv)
+    assert r.code == 2 and says in r.err and "CUDA" not in r.err and r.err.count("\n") == 1
+
+
+def test_quick_help_gives_no_duration_of_its_own(cli):
+    # the expected duration is the one --dry-run computes from the plan; the help points there rather than
+    # quoting a figure that can disagree with it
+    import re
+
+    help_text = " ".join(cli("measure", "--help").out.replace("│", " ").split())
+    assert "--dry-run --quick prints its expected duration" in help_text
+    assert not re.search(r"about [0-9.]+ minutes", help_text)

@@ -161,3 +161,26 @@ def test_flags_show_no_type_in_help(cli_at, cmd):
     assert code == 0
     assert "--help" in out
     assert "<bool>" not in out
+
+
+def test_python_api_errors_say_what_it_takes():
+    # the shapes the CLI reads ("auto,fp8", "8k") are not the library's: a KvplanError (exported as
+    # kvplan.KvplanError) says what it takes instead of an AttributeError or a TypeError from deep inside
+    import kvplan
+    from kvplan.deployment import DeploymentArgs
+
+    assert issubclass(kvplan.KvplanError, Exception)
+    m, g = kvplan.load_model("llama3-8b"), kvplan.load_gpu("h100")
+    with pytest.raises(kvplan.KvplanError, match="one name such as 'fp8'"):
+        kvplan.capacity(m, g, ["auto", "fp8"])
+    with pytest.raises(kvplan.KvplanError, match=r"contexts takes whole numbers .*got '8k'"):
+        kvplan.crossover(m, "fp8", contexts=["8k"])
+    with pytest.raises(kvplan.KvplanError, match=r"batches takes whole numbers .*got 0"):
+        kvplan.crossover(m, "fp8", batches=[0])
+    with pytest.raises(kvplan.KvplanError, match="step times are a GPU's"):
+        kvplan.step_model(DeploymentArgs(model=m).resolve())
+    # whole numbers of any integer type are taken: 8,192 tokens of fp8 KV are 8192 x 65,536 bytes
+    import numpy as np
+
+    point = kvplan.crossover(m, "fp8", contexts=[np.int64(8192)]).operating_points[0]
+    assert point.context == 8192 and point.kv_bytes == 8192 * 2 * 32 * 8 * 128

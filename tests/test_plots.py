@@ -64,3 +64,57 @@ def test_plot_errors(cli):
     assert r.code == 2 and ".png or .svg" in r.err
     r = cli("plot", "crossover", "llama3-8b", "--batch", "4")
     assert r.code == 2 and "--context" in r.err
+
+
+@pytest.mark.parametrize("out", [[], ["-o", "x.png"]])
+def test_plot_capacity_with_nothing_to_draw_exits_2_as_capacity_does(cli, tmp_path, out):
+    # Llama-3.1-405B in bf16 on one H100: the weights alone exceed the budget, so capacity exits 2 with the reason;
+    # the plot gives the same line and writes no file
+    refused = cli("capacity", "llama-3.1-405b", "--gpu", "h100")
+    assert refused.code == 2 and "exceed" in refused.err
+    args = [a if a != "x.png" else str(tmp_path / a) for a in out]
+    r = cli("plot", "capacity", "llama-3.1-405b", "--gpu", "h100", *args)
+    assert r.code == 2 and r.out == "" and r.err == refused.err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_operating_point_labels_do_not_overlap():
+    # three dtypes at 32 x 8k on Llama-3-8B: their points lie within a factor 3 of each other on a log axis, yet
+    # each label gets its own line (no two text boxes intersect) and the N* values are left to the legend
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvplan.app.plots import _label_points
+
+    fig = crossover_figure(load_model("llama3-8b"), [kv_format(n) for n in ("auto", "fp8", "turboquant_4bit_nc")],
+                           batch=32, context=8192)
+    f, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
+    for s in fig.series:
+        ax.plot(s.x, s.y)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    _label_points(ax, fig.points)
+    f.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts]
+    assert [t.get_text() for t in sorted(ax.texts, key=lambda t: t.get_position()[1])] == \
+        ["turboquant_4bit_nc: 12.2 GB", "fp8: 17.2 GB", "auto: 34.4 GB"]  # 32 x 8,192 x 65,536 B is 17.2 GB
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(f)
+
+
+@pytest.mark.parametrize("columns", [50, 80])
+@pytest.mark.parametrize("argv", [["plot", "crossover", "llama3-8b", "-d", "auto,fp8"],
+                                  ["plot", "capacity", "llama3-8b", "--gpu", "h100"]])
+def test_text_chart_fits_the_terminal(monkeypatch, argv, columns):
+    # the 20 plot rows ("label |" and the plot area) and the axis lines fit in COLUMNS; wide terminals keep the
+    # 72-character plot area
+    from tests.test_options import _run
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    code, out, _ = _run(argv)
+    rows = out.splitlines()[1:24]
+    assert code == 0 and all(len(r) <= columns for r in rows), max(map(len, rows))
+    monkeypatch.setenv("COLUMNS", "200")
+    wide = _run(argv)[1].splitlines()[1:21]
+    assert {len(r.split("|", 1)[1]) for r in wide} == {72}

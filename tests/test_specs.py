@@ -203,3 +203,22 @@ def test_weight_dtype_stands_in_for_an_unmodelled_checkpoint_quantization(cli, f
     r = cli("models", "show", str(quant))
     assert r.code == 2 and "`models show` shows the checkpoint as it is: capacity, crossover, throughput and sweep " \
                            "plan it with --weight-dtype" in r.err
+
+
+def test_yaml_spec_reports_every_missing_field_at_once(tmp_path):
+    # tie_word_embeddings is a required field and head_dim is never derived (without mla): both are named in one
+    # message instead of the second only after the first is fixed
+    import yaml
+
+    from kvplan.errors import KvplanError
+    from kvplan.specs.catalog import load_model
+
+    spec = dict(name="Tiny", family="llama", num_layers=2, hidden_size=64, intermediate_size=128, num_heads=4,
+                num_kv_heads=2, vocab_size=256, max_position_embeddings=1024, dtype="bf16")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(KvplanError) as e:
+        load_model(str(path))
+    assert str(e.value) == f"{path}: fields 'tie_word_embeddings' and 'head_dim' are required"
+    path.write_text(yaml.safe_dump({**spec, "tie_word_embeddings": False, "head_dim": 16}))
+    assert load_model(str(path)).head_dim == 16

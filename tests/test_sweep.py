@@ -145,3 +145,30 @@ def test_rows_vllm_refuses_say_why_in_capacitys_words(cli):
     assert r.out.splitlines()[1:] == [
         "1048576,False,\"--max-model-len 1048576 exceeds Llama-3-8B's max_position_embeddings 8192; vLLM refuses it "
         "(lower it, or use a spec with a longer context)\"", "8192,True,"]
+
+
+@pytest.mark.parametrize("asked, name, fix", [
+    (["--json"], "out.csv", "out.json"),
+    (["--format", "markdown"], "out.csv", "out.md"),
+    (["--format", "csv"], "out.parquet", "out.csv"),
+])
+def test_sweep_refuses_a_format_the_file_name_contradicts(cli, tmp_path, asked, name, fix):
+    out = tmp_path / name
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", *asked, "-o", str(out))
+    assert r.code == 2 and not out.exists()
+    assert r.err.count("\n") == 1 and str(tmp_path / fix) in r.err and "--format" in r.err
+
+
+def test_sweep_format_that_agrees_with_the_file_name(cli, tmp_path):
+    # --format that names the suffix's own format, or a suffix kvplan does not read, is written as asked
+    for asked, name in ((["--json"], "a.json"), (["--format", "markdown"], "a.markdown"),
+                        (["--format", "csv"], "a.txt")):
+        r = cli("sweep", "-m", "llama3-8b", "-g", "h100", *asked, "-o", str(tmp_path / name))
+        assert r.code == 0, r.err
+
+
+@pytest.mark.parametrize("fmt", [[], ["--format", "csv"]])
+def test_sweep_output_folder_is_named_as_a_folder(cli, tmp_path, fmt):
+    r = cli("sweep", "-m", "llama3-8b", "-g", "h100", *fmt, "-o", str(tmp_path))
+    assert r.code == 2 and r.err.count("\n") == 1
+    assert f"--output {tmp_path} is a folder" in r.err and str(tmp_path / "sweep.csv") in r.err

@@ -17,6 +17,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+def _fold_option_names() -> None:
+    """In --help, an option name wider than its column (--kv-cache-dtype-skip-layers at 80 columns) continues on
+    the next line instead of being cut with an ellipsis, so that the whole name can be read and typed."""
+    try:
+        import typer.rich_utils as rich_help
+    except ImportError:  # typer without rich: click's plain help never cuts names
+        return
+    for name in ("highlighter", "negative_highlighter"):
+        shown = getattr(rich_help, name, None)
+        if shown is None or getattr(shown, "folds", False):
+            continue
+
+        class Folding(type(shown)):  # type: ignore[misc]
+            folds = True
+
+            def __call__(self, text):
+                out = super().__call__(text)
+                if hasattr(out, "overflow"):
+                    out.overflow = "fold"
+                return out
+
+        setattr(rich_help, name, Folding())
+
+
 # The exit status of the running command so far: a command that will exit non-zero after printing sets it first,
 # so that output cut short by a closed pipe (`kvplan gate gates.yaml | head -1`) still exits with it.
 _exit = {"status": 0}
@@ -43,7 +67,7 @@ models_app = typer.Typer(help="The model catalog: `kvplan models` lists it, `kvp
 gpus_app = typer.Typer(help="The GPU catalog: `kvplan gpus` lists it, `kvplan gpus show NAME` shows one.",
                        invoke_without_command=True, no_args_is_help=False)
 plot_app = typer.Typer(help="Draw the diagnosis figures: PNG or SVG with --output (needs matplotlib: pip install "
-                        "'kvplan\\[plot]'), a character chart in the terminal otherwise.", no_args_is_help=True)
+                        "matplotlib), a character chart in the terminal otherwise.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(gpus_app, name="gpus")
 app.add_typer(plot_app, name="plot")
@@ -63,6 +87,8 @@ PlotDtypesOpt = Annotated[Optional[List[str]], typer.Option("--kv-cache-dtype", 
                                                             help=DTYPE_HELP + " (default: auto and fp8)")]
 TpOpt = Annotated[Optional[int], typer.Option("--tp", help="tensor-parallel size (figures are per rank; default: "
                                               "the profile's, or 1)")]
+TpNoProfileOpt = Annotated[Optional[int], typer.Option("--tp", help="tensor-parallel size (figures are per rank; "
+                                                       "default 1)")]
 WeightDtypeOpt = Annotated[Optional[str], typer.Option(
     "--weight-dtype", help="store every decoder linear layer in this format (bf16, fp8, int8, int4_g128, mxfp4, "
     "nvfp4, ...); default: the checkpoint's own")]
@@ -87,6 +113,9 @@ DcpOpt = Annotated[Optional[int], typer.Option(
 UtilOpt = Annotated[Optional[float], typer.Option(
     "--gpu-memory-utilization", help="vLLM: fraction of TOTAL memory it may use (default: the profile's, or vLLM's: "
     "0.92 from 0.20 on, 0.9 before)")]
+UtilNoProfileOpt = Annotated[Optional[float], typer.Option(
+    "--gpu-memory-utilization", help="vLLM: fraction of TOTAL memory it may use (default: vLLM's: 0.92 from 0.20 "
+    "on, 0.9 before)")]
 BlockSizeOpt = Annotated[Optional[int], typer.Option(
     "--block-size", help="vLLM: tokens per KV block, a multiple of 16 (default: the attention backend's: 16, or 64 "
     "for MLA on FlashMLA, 128 on CUTLASS MLA)")]
@@ -264,7 +293,7 @@ def _unfit(results) -> None:
 def crossover(
     model: ModelArg,
     dtype: DtypesOpt = None,
-    tp: TpOpt = None,
+    tp: TpNoProfileOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="add roofline step times on this GPU")] = None,
     context: Annotated[Optional[List[str]], typer.Option(
@@ -327,6 +356,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
     from kvplan.deployment import deployments, engine_of
     from kvplan.errors import KvplanError
     from kvplan.plan.throughput import throughput_of
+    from kvplan.rules.vllm import newer_release_note
     from kvplan.specs.catalog import load_model_as
     from kvplan.specs.kv_formats import comparison_dtypes
 
@@ -339,9 +369,13 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
     m = load_model_as(model, deployment.get("weight_dtype"))
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
     ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m, engine_of(args)), args), needs_memory=True)
-    return m, throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
-                            _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
-                            request_rate=request_rate)
+    r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
+                      _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
+                      request_rate=request_rate)
+    version_note = newer_release_note(args.engine_version or getattr(args.profile, "engine_version", None))
+    if version_note and engine_of(args) == "vllm":  # the one deployment note the throughput table needs
+        r.notes.insert(0, version_note)
+    return m, r
 
 
 def _with_profile(args):
@@ -531,14 +565,16 @@ def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
 
         print_json(figure_data(fig))
     elif not output:
-        sys.stdout.write(text_chart(fig))
+        import shutil
+
+        sys.stdout.write(text_chart(fig, columns=shutil.get_terminal_size().columns))
 
 
 @plot_app.command("crossover")
 def plot_crossover(
     model: ModelArg,
     dtype: PlotDtypesOpt = None,
-    tp: TpOpt = None,
+    tp: TpNoProfileOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     weight_read: WeightReadOpt = "streamed",
     batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="operating point: sequences")] = None,
@@ -581,7 +617,7 @@ def plot_throughput(
     concurrency: ConcurrencyOpt = None,
     dtype: PlotDtypesOpt = None,
     tpot_ms: TpotOpt = None,
-    tp: TpOpt = None,
+    tp: TpNoProfileOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     engine: EngineOpt = None,
     calibration: CalibrationOpt = None,
@@ -662,7 +698,7 @@ def sweep(
                                                "--output's suffix)")] = None,
     columns: Annotated[Optional[str], typer.Option("--columns", help="keep only these columns "
                                                    "(comma-separated)")] = None,
-    gpu_memory_utilization: UtilOpt = None,
+    gpu_memory_utilization: UtilNoProfileOpt = None,
     block_size: BlockSizeOpt = None,
     activation_gib: ActivationOpt = None,
     non_torch_gib: NonTorchOpt = None,
@@ -687,6 +723,7 @@ def sweep(
     from kvplan.errors import KvplanError, did_you_mean
     from kvplan.files import frame_format, write_frame
     from kvplan.plan.sweep import sweep as run
+    from kvplan.rules.vllm import newer_release_note
     from kvplan.sizing.kv_cache import parse_skip_layers
     from kvplan.specs.kv_formats import parse_dtypes
 
@@ -724,6 +761,9 @@ def sweep(
         print(f"wrote {len(df):,} rows to {output}", file=sys.stderr)
     for why in df.attrs["skipped"]:
         print(f"left out: {why}", file=sys.stderr)
+    version_note = newer_release_note(engine_version)
+    if version_note:
+        print(f"note: {version_note}", file=sys.stderr)
     if "expected_step_ms" in df.columns:
         for gpu_name, prof in df.attrs.get("step_profiles", {}).items():
             print(f"expected_step_ms on {gpu_name}: {prof}", file=sys.stderr)
@@ -787,6 +827,47 @@ def gate(
         raise typer.Exit(1)
 
 
+def _read_log(file: str) -> str:
+    """A startup log's text; a gzipped one (docker or logrotate archives) is read through gzip."""
+    import gzip
+    import io
+    import zlib
+
+    from kvplan.errors import KvplanError
+
+    try:
+        with open(file, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise KvplanError(f"cannot read {file}: {e.strerror}") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise KvplanError(f"{file} is gzip-compressed but cannot be decompressed ({e}): is it cut short?") from None
+    # as a text-mode read does: universal newlines (CRLF and CR to LF), undecodable bytes replaced
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace", newline=None).read()
+
+
+def _check_config_folder(folder: str) -> None:
+    """A --configs folder exists and holds at least one config.json in a layout the log's model is looked up in."""
+    from pathlib import Path
+
+    from kvplan.errors import KvplanError
+
+    p = Path(folder)
+    if not p.exists():
+        raise KvplanError(f"--configs {folder}: no such folder; give the folder that holds the config.json files")
+    if not p.is_dir():
+        raise KvplanError(f"--configs {folder} is a file, not a folder: give the folder that holds it, or pass a "
+                          f"config.json as --model")
+    held = (any(p.glob("*config.json")) or any(p.glob("*/config.json"))
+            or any(p.glob("models--*/snapshots/*/config.json")))
+    if not held:
+        raise KvplanError(f"--configs {folder} holds no config.json files (<org>--<name>.config.json, "
+                          f"<org>--<name>/config.json or a Hugging Face cache's models--<org>--<name>)")
+
+
 @app.command("log")
 def log_import(
     files: List[str] = typer.Argument(..., help="vLLM (V0 or V1) or SGLang startup logs, or - for stdin"),
@@ -812,6 +893,8 @@ def log_import(
 
     if save_profile and len(files) > 1:
         raise KvplanError("--save-profile keeps one log's figures: give one log")
+    for folder in configs or ():
+        _check_config_folder(folder)
     if files.count("-") > 1:
         raise KvplanError("stdin (-) can be read once")
     results = []
@@ -819,11 +902,7 @@ def log_import(
         if file == "-":
             text = sys.stdin.read()
         else:
-            try:
-                with open(file, encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except OSError as e:
-                raise KvplanError(f"cannot read {file}: {e.strerror}") from None
+            text = _read_log(file)
         source = file if file != "-" else "stdin"
         if summary:
             try:
@@ -851,8 +930,9 @@ def log_import(
 
 @app.command()
 def measure(
-    quick: Annotated[bool, typer.Option("--quick", help="4 sizes up to 1 GB, 10 samples each (about 2 minutes on an "
-                                        "H100); the full sweep goes to 2 GB with 30 samples")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="4 sizes up to 1 GB, 10 samples each (--dry-run --quick "
+                                        "prints its expected duration); the full sweep goes to 2 GB with 30 "
+                                        "samples")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan (kernels, sizes, bytes, expected "
                                           "duration) and measure nothing; works without a GPU")] = False,
     output: Annotated[Optional[str], typer.Option("--output", "-o", help="where to write the calibration profile "
@@ -945,12 +1025,15 @@ def measure(
         ctx = _sizes([context or "4096"], "--context")
         if len(ctx) != 1:
             raise KvplanError("--context: give one length")
+        from kvplan.measure.run import validate_target
+
+        validate_target(validate, dtype or "auto")  # a misspelt model or dtype before torch and the GPU
     try:
         import torch  # noqa: F401
         import triton  # noqa: F401
     except ImportError:
-        raise KvplanError("kvplan measure needs torch and triton: pip install 'kvplan[gpu]' (--dry-run works "
-                          "without them)") from None
+        raise KvplanError("kvplan measure needs torch and triton: pip install torch triton (the gpu extra; "
+                          "--dry-run works without them)") from None
     if probe:
         from kvplan.measure.run import run_probe
 
@@ -1069,8 +1152,14 @@ def models_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json"
     _show(as_json, rows, "models_table", rows)
 
 
+def _group_json(ctx: typer.Context) -> bool:
+    """`kvplan models --json show NAME`: the group's --json applies to its show as well."""
+    return bool(ctx.parent is not None and ctx.parent.params.get("as_json"))
+
+
 @models_app.command("show")
 def models_show(
+    ctx: typer.Context,
     name: str = typer.Argument(..., help="catalog name, Hugging Face id (org/name or org/name@revision), "
                                           "config.json, snapshot folder or YAML spec"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -1095,7 +1184,7 @@ def models_show(
         table = {"checkpoint_unavailable": None, "checkpoint_params": f"unavailable: {m.checkpoint_unavailable}"}
     if m.moe:
         extra["active_params"] = active_param_count(m)
-    _show(as_json, {**m.model_dump(), **extra}, "spec_detail", m, {**extra, **table})
+    _show(as_json or _group_json(ctx), {**m.model_dump(), **extra}, "spec_detail", m, {**extra, **table})
 
 
 def _checkpoint_agrees(m, computed: int) -> str:
@@ -1106,6 +1195,8 @@ def _checkpoint_agrees(m, computed: int) -> str:
         return "yes"
     if m.weight_dtype not in ("bf16", "fp16", "fp32"):
         return f"not comparable: {m.weight_dtype} packs its weights ({diff:+,} elements)"
+    if diff < 0:
+        return f"no: the checkpoint holds {-diff:,} fewer elements than the architecture (missing shards or layers?)"
     return f"no: the checkpoint holds {diff:+,} elements beyond the architecture (extra layers or heads?)"
 
 
@@ -1123,6 +1214,7 @@ def gpus_list(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", 
 
 @gpus_app.command("show")
 def gpus_show(
+    ctx: typer.Context,
     name: str = typer.Argument(..., help="GPU name, alias or YAML spec path"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
@@ -1132,7 +1224,7 @@ def gpus_show(
     g = load_gpu(name)
     extra = {"memory_total_gib (used)": f"{g.memory_total_gib:.2f} ({g.memory_source})"}
     data = {**g.model_dump(), "memory_total_gib": g.memory_total_gib, "memory_source": g.memory_source}
-    _show(as_json, data, "spec_detail", g, extra)
+    _show(as_json or _group_json(ctx), data, "spec_detail", g, extra)
 
 
 def _join_wrapped_lines(command) -> None:
@@ -1153,7 +1245,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from kvplan.errors import KvplanError
 
-    command = _command_for(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    command = _command_for(args)
+    if "-h" in args or "--help" in args or not args:
+        _fold_option_names()
     _join_wrapped_lines(command)
     _flags_without_type(command)
     _exit["status"] = 0

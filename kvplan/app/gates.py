@@ -326,6 +326,15 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
         needed = {REQUIREMENTS[k].needs for k in _set_requirements(g)}
         try:
             d = g.deployment_args().resolve(needs_memory=bool(needed & {"capacity", "throughput"}))
+            priced = [k for k in _set_requirements(g) if REQUIREMENTS[k].needs == "throughput"]
+            if priced and d.gpu is not None:
+                from kvplan.sizing.step_time import bundled_gpus, has_profile
+
+                if not has_profile(d):
+                    raise KvplanError(
+                        f"require.{priced[0]} needs step times, and kvplan has no step-time profile for "
+                        f"{d.gpu.name} (it bundles fits for {', '.join(bundled_gpus())}): run `kvplan measure` on "
+                        f"that GPU and give the gate `calibration: PROFILE.yaml`, or choose one of those GPUs")
             cap = xover = None
             if "capacity" in needed:
                 cap = capacity_of(d)

@@ -95,18 +95,22 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
 def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = None) -> Figure:
     """Sequences the pool holds against max_model_len, one curve per resolved Deployment (kvplan.deployment), by
     vLLM's concurrency: the same plan `capacity` computes."""
-    from kvplan.plan.vllm_pool import plan_for
+    from kvplan.errors import KvplanError
+    from kvplan.plan.vllm_pool import plan_for, pool_problem
 
     d0 = deployments[0]
     model, gpu = d0.model, d0.gpu
     top = model.max_position_embeddings
     if lengths is None:
         lengths = sorted({int(round(x)) for x in _geomspace(min(1024, top), top, 60)} | {top})
-    series, notes = [], []
+    series, notes, problems = [], [], []
     for d in deployments:
         plan = plan_for(d)
-        if plan.available <= 0 and not plan.overridden:
-            notes.append(f"{d.kv.name}: the weights leave no room for a KV pool")
+        problem = pool_problem(d, plan)
+        if problem is not None or (plan.available <= 0 and not plan.overridden):  # capacity refuses it too
+            short = "the weights leave no room for a KV pool" if plan.available <= 0 else problem
+            notes.append(f"{d.kv.name}: {short}")
+            problems.append(problem or notes[-1])
             continue
         ys, xs = [], []
         for n in lengths:
@@ -119,6 +123,12 @@ def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = No
             same.label += f", {d.kv.name}"
         else:
             series.append(Series(d.kv.name, xs, ys))
+        if not xs:
+            problems.append(f"{d.kv.name}: no max_model_len from {lengths[0]:,} to {lengths[-1]:,} tokens fits one "
+                            f"sequence in the pool")
+    if not any(s.x for s in series):  # nothing to draw: say why, as capacity does
+        raise KvplanError(problems[0] if len(set(problems)) == 1 or len(deployments) == 1
+                          else "; ".join(dict.fromkeys(problems)))
     return Figure(
         title=f"{model.name} on {gpu.name if gpu else 'the given memory'}, TP {d0.tp}: sequences the KV pool holds",
         xlabel="max_model_len (tokens per sequence)", ylabel="max concurrency (sequences)", series=series,
@@ -177,7 +187,7 @@ def save(fig: Figure, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise KvplanError("drawing PNG or SVG needs matplotlib: pip install 'kvplan[plot]'") from None
+        raise KvplanError("drawing PNG or SVG needs matplotlib: pip install matplotlib (the plot extra)") from None
 
     crowded = len(fig.series) > 4
     f, ax = plt.subplots(figsize=(11 if crowded else 9, 5.5), dpi=120)
@@ -187,21 +197,18 @@ def save(fig: Figure, path: str) -> None:
         c, ls = colors[i % len(colors)], styles[(i // len(colors)) % len(styles)]
         label = _wrap(s.label) + (f"  ({s.marker_label})" if s.marker_label else "")
         ax.plot(s.x, s.y, label=label, color=c, linestyle=ls, linewidth=1.8)
-        if s.marker:
+        if s.marker:  # its value is in the legend ("N* ..."): marks of close crossovers would overprint labels
             ax.plot(*s.marker, "o", color=c, markersize=8, markerfacecolor="white", markeredgewidth=2)
-            if not crowded:
-                ax.annotate(s.marker_label, s.marker, textcoords="offset points", xytext=(6, -14), fontsize=8,
-                            color=c)
     if fig.hline:
         ax.axhline(fig.hline[1], color="black", linestyle="--", linewidth=1.2, label=fig.hline[0])
     if fig.vline:
         ax.axvline(fig.vline[1], color="gray", linestyle=":", linewidth=1.2, label=fig.vline[0])
-    for label, x, y in fig.points:
+    for _, x, y in fig.points:
         ax.plot(x, y, "s", color="gray", markersize=5)
-        if not crowded:
-            ax.annotate(label, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7, color="dimgray")
     ax.set_xscale("log" if fig.logx else "linear")
     ax.set_yscale("log" if fig.logy else "linear")
+    if fig.points and not crowded:
+        _label_points(ax, fig.points)
     ax.set_xlabel(fig.xlabel)
     ax.set_ylabel(fig.ylabel)
     ax.set_title(fig.title, fontsize=11)
@@ -219,18 +226,43 @@ def save(fig: Figure, path: str) -> None:
         plt.close(f)
 
 
+def _label_points(ax, points, gap: float = 0.055) -> None:
+    """Each labelled point's text to the right of it, in a column spread so that no two labels overlap (at least
+    `gap` of the axes' height apart), with a thin leader line from the text to its point."""
+    ax.set_xlim(ax.get_xlim())  # the limits the drawing settled on: the labels must not move them
+    ax.set_ylim(ax.get_ylim())
+    to_axes = ax.transAxes.inverted()
+    placed = sorted(((to_axes.transform(ax.transData.transform((x, y))), label, x, y) for label, x, y in points),
+                    key=lambda p: p[0][1])
+    heights, last = [], -1.0
+    for (_, fy), *_ in placed:
+        last = max(fy, last + gap)
+        heights.append(last)
+    shift = max(0.0, heights[-1] - 0.97) if heights else 0.0  # keep the top label inside the axes
+    for ((fx, _), label, x, y), h in zip(placed, heights, strict=True):
+        ax.annotate(label, (x, y), xycoords="data", xytext=(fx + 0.03, h - shift), textcoords="axes fraction",
+                    fontsize=7, color="dimgray", va="center", zorder=5,
+                    bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.85),
+                    arrowprops=dict(arrowstyle="-", color="gray", linewidth=0.6, shrinkA=0, shrinkB=3))
+
+
 def _wrap(label: str, width: int = 48) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(label, width)) or label
 
 
-def text_chart(fig: Figure, width: int = 72, height: int = 20) -> str:
-    """The figure as characters: one letter per series, '-' the horizontal line, 'o' each series' mark."""
+def text_chart(fig: Figure, width: int = 72, height: int = 20, columns: Optional[int] = None) -> str:
+    """The figure as characters: one letter per series, '-' the horizontal line, 'o' each series' mark. With
+    `columns` (the terminal's width), the plot area narrows so that the chart fits in it (24 characters at least)."""
     xs = [x for s in fig.series for x in s.x] + ([fig.vline[1]] if fig.vline else [])
     ys = [y for s in fig.series for y in s.y if y > 0] + ([fig.hline[1]] if fig.hline else [])
     if not xs or not ys:
         return fig.title + "\n(nothing to draw)\n"
+    ytop, ybot = _num(max(ys)), _num(min(ys))
+    pad = max(len(ytop), len(ybot))
+    if columns is not None:  # each row is the y label, " |" and the plot area
+        width = max(24, min(width, columns - pad - 2))
     tx = (lambda v: math.log10(v)) if fig.logx else (lambda v: v)
     ty = (lambda v: math.log10(v)) if fig.logy else (lambda v: v)
     x0, x1 = tx(min(xs)), tx(max(xs))
@@ -261,16 +293,20 @@ def text_chart(fig: Figure, width: int = 72, height: int = 20) -> str:
     for s in fig.series:
         if s.marker:
             put(*s.marker, "o")
-    ytop, ybot = _num(max(ys)), _num(min(ys))
-    pad = max(len(ytop), len(ybot))
     lines = [fig.title]
     for r, row in enumerate(grid):
         label = ytop if r == 0 else ybot if r == height - 1 else ""
         lines.append(f"{label:>{pad}} |" + "".join(row))
     lines.append(" " * pad + " +" + "-" * width)
     lines.append(" " * pad + f"  {_num(min(xs))}" + f"{_num(max(xs)):>{width - len(_num(min(xs)))}}")
-    lines.append(" " * pad + f"  x: {fig.xlabel}{' (log)' if fig.logx else ''}; y: {fig.ylabel}"
-                 f"{' (log)' if fig.logy else ''}")
+    axes = [f"x: {fig.xlabel}{' (log)' if fig.logx else ''}", f"y: {fig.ylabel}{' (log)' if fig.logy else ''}"]
+    if columns is not None and pad + 2 + len("; ".join(axes)) > columns:
+        import textwrap
+
+        # one line each where both do not fit in one, wrapped where one alone does not
+        lines += [" " * pad + f"  {ln}" for a in axes for ln in textwrap.wrap(a, max(20, columns - pad - 2))]
+    else:
+        lines.append(" " * pad + "  " + "; ".join(axes))
     for i, s in enumerate(fig.series):
         extra = f"  o {s.marker_label}" if s.marker else (f"  {s.marker_label}" if s.marker_label else "")
         lines.append(f"  {letters[i % 26]}  {s.label}{extra}")

@@ -162,7 +162,8 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     con = console()
     r0 = results[0]
     convention = ("every parameter once (--weight-read all)" if r0.weight_read == "all"
-                  else "what a step streams (--weight-read streamed): no input-embedding table, touched experts only")
+                  else "what a step streams (--weight-read streamed): no input-embedding table"
+                  + (", touched experts only" if model.moe else ""))
     title = f"{model.name}  TP {r0.tp}  weights {r0.weight_dtype}"
     con.print(f"[bold]{title}[/bold]  weight read per step: {convention}")
     con.print(f"weights held per rank: {gib(r0.weight_bytes_held)}   read per step at batch 1: "
@@ -227,9 +228,15 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
         con.print(f"note: {note}")
     for r in results:
         if r.breakeven_context:
-            where = ", ".join(f"{tokens(c) if c else 'never'} at batch {b}" for b, c in r.breakeven_context.items())
-            con.print(f"{_dname(r.dtype, model)} steps faster than {_dname(r.baseline_dtype, model)} from context "
-                      f"{where} (expected step times; the byte crossover ignores each kernel's fixed costs)")
+            mine, theirs = _dname(r.dtype, model), _dname(r.baseline_dtype, model)
+            faster = ", ".join(f"{tokens(c)} at batch {b}" for b, c in r.breakeven_context.items() if c)
+            never = ", ".join(f"{b}" for b, c in r.breakeven_context.items() if not c)
+            said = [f"{mine} steps faster than {theirs} from context {faster}"] if faster else []
+            if never:
+                said.append(f"{mine} is never faster than {theirs} at batch {never}" if not faster
+                            else f"never at batch {never}")
+            con.print(f"{'; '.join(said)} (expected step times; the byte crossover ignores each kernel's fixed "
+                      f"costs)")
     note = f"saving: step bytes saved against {_dname(r0.baseline_dtype, model)}."
     if timed:
         note += " step ms: roofline max(bytes / peak bandwidth, FLOPs / peak dense compute), the floor."
@@ -471,7 +478,8 @@ def gate_table(report) -> None:
 def log_table(result) -> None:
     con = console()
     cfg = ", ".join(f"{k}={v}" for k, v in result.config.items() if v not in (None, False))
-    con.print(f"[bold]{result.engine} {result.version or ''}[/bold] startup log: {cfg}")
+    version = f" {result.version}" if result.version else " (version not stated)"
+    con.print(f"[bold]{result.engine}{version}[/bold] startup log: {cfg}")
     t = Table(title="Measured by the engine, and kvplan's prediction for the same configuration",
               title_justify="left")
     for col in ["figure", "measured", "kvplan", "error"]:

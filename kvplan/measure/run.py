@@ -93,6 +93,18 @@ def run_measure(quick: bool = False, output: Optional[str] = None, device_name: 
     return path, profile
 
 
+def validate_target(model_name: str, fmt_name: str):
+    """The model and KV format --validate times, checked without torch or a GPU: a multi-head attention model (the
+    kernels --validate runs) and a known format."""
+    from kvplan.specs.catalog import load_model
+    from kvplan.specs.kv_formats import kv_format
+
+    m = load_model(model_name)
+    if m.is_mla or m.head_dim is None:
+        raise KvplanError(f"--validate runs multi-head attention kernels; {m.name} uses MLA")
+    return m, kv_format(fmt_name)
+
+
 def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, context: int = 4096,
                  layers: Optional[int] = None, device_name: str = "cuda", calibration: Optional[str] = None,
                  samples: int = 5) -> dict:
@@ -102,17 +114,12 @@ def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, contex
 
     from kvplan.sizing.kv_cache import _DECODE_FAMILY
     from kvplan.specs.calibration import find_calibration, load_calibration
-    from kvplan.specs.catalog import load_model
-    from kvplan.specs.kv_formats import kv_format
 
+    m, fmt = validate_target(model_name, fmt_name)  # a misspelt name is found before the GPU is looked for
     if device_name == "cuda" and not torch.cuda.is_available():
         raise KvplanError("kvplan measure --validate needs a CUDA GPU, and torch sees none")
     if device_name == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         raise KvplanError("--device cpu runs the kernels under Triton's interpreter: set TRITON_INTERPRET=1")
-    m = load_model(model_name)
-    if m.is_mla or m.head_dim is None:
-        raise KvplanError(f"--validate runs multi-head attention kernels; {m.name} uses MLA")
-    fmt = kv_format(fmt_name)
     from kvplan.kernels.bench import device_info, validate_step
 
     device = torch.device("cuda:0" if device_name == "cuda" else "cpu")

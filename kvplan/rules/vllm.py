@@ -155,6 +155,15 @@ def vllm_rules(version: str | None) -> VllmRules:
     return earlier[-1] if earlier else known[0]
 
 
+def newer_release_note(version: str | None) -> Optional[str]:
+    """The note for a vLLM version newer than the newest catalogued one, whose rules then stand in for it."""
+    newest = max(VLLM, key=version_key)
+    if version is None or version_key(version.strip().lstrip("v")) <= version_key(newest):
+        return None
+    return (f"vLLM {version.strip().lstrip('v')} is newer than the releases kvplan knows (up to {newest}): "
+            f"planned with {newest}'s rules")
+
+
 def backend_block_size(is_mla: bool, compute_capability: str | None, cache_dtype: str) -> int:
     """The block size vLLM settles on when --block-size is not given: 16 (CacheConfig.DEFAULT_BLOCK_SIZE), unless
     the attention backend it selects supports only others (get_supported_kernel_block_sizes): MLA models run

@@ -624,13 +624,15 @@ def has_profile(d) -> bool:
 def profile_for(d) -> StepProfile:
     """The profile a resolved deployment's steps are priced with: the user's calibration over the bundled fits for
     its GPU. A GPU with neither is refused."""
+    if d.gpu is None:
+        raise KvplanError("step times are a GPU's: give the deployment a GPU (gpu=load_gpu('h100'); --gpu on the "
+                          "command line)")
     base = bundled_profile(d.gpu)
     if d.calibration is not None:
         return with_calibration(base, d.calibration, d.calibration_source or "calibration profile", d.gpu)
     if base is None:
         known = ", ".join(bundled_gpus())
-        what = f"{d.gpu.name}" if d.gpu else "no GPU"
-        raise KvplanError(f"no step-time profile for {what}: kvplan bundles fits for {known}; run `kvplan measure` "
+        raise KvplanError(f"no step-time profile for {d.gpu.name}: kvplan bundles fits for {known}; run `kvplan measure` "
                           f"on the GPU and pass --calibration, or choose one of those with --gpu")
     return base
 

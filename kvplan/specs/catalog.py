@@ -257,8 +257,8 @@ class ModelSpec(_Frozen):
                                              "headers, where a snapshot folder or the Hub has them")
     checkpoint_dtypes: Optional[dict[str, int]] = Field(None, description="the checkpoint's elements per safetensors "
                                                         "dtype (BF16, F8_E4M3, U8, ...)")
-    checkpoint_unavailable: Optional[str] = Field(None, description="why a Hugging Face id's checkpoint count "
-                                                  "could not be read")
+    checkpoint_unavailable: Optional[str] = Field(None, description="why the checkpoint count of a snapshot "
+                                                  "folder or a Hugging Face id could not be read")
     attention: AttentionLayout = AttentionLayout()
     mla: Optional[MLASpec] = None
     compressed: Optional[CompressedAttentionSpec] = None
@@ -520,6 +520,13 @@ def _build(cls, data, path):
     try:
         return cls.model_validate(data)
     except ValidationError as e:
+        missing = [".".join(str(p) for p in err["loc"]) for err in e.errors() if err["type"] == "missing"]
+        if cls is ModelSpec and data.get("head_dim") is None and data.get("mla") is None and missing:
+            missing.append("head_dim")  # checked once the fields are read, so its error would come only later
+        if len(missing) > 1 and len(e.errors()) == len(missing) - (missing[-1] == "head_dim"):
+            # only fields missing (a typo, extra and missing, is reported as one): every one at once
+            raise KvplanError(f"{path}: fields {', '.join(repr(m) for m in missing[:-1])} and {missing[-1]!r} are "
+                              f"required") from None
         raise KvplanError(_validation_message(path, e, cls)) from None
 
 
@@ -670,9 +677,11 @@ def load_model(name_or_path: str, checkpoint: bool = False, unquantized: bool = 
             if fields.get("kv_cache_dtype_declared"):
                 decl = fields["kv_cache_dtype_declared"]
                 fields["kv_cache_dtype_declared"] = {**decl, "source": f"{declared_in} {decl['source']}"}
-            held = checkpoint_tensors(path.parent)
+            held, unreadable = checkpoint_tensors(path.parent)
             if held:
                 fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]
+            elif unreadable:
+                fields["checkpoint_unavailable"] = unreadable
             return _build(ModelSpec, fields, path)
         return _build(ModelSpec, read_yaml(path, "file", hint), path)
     try:
@@ -716,47 +725,57 @@ def _without_quantization(cfg: dict) -> dict:
 
 def checkpoint_elements(folder: Path) -> Optional[int]:
     """The elements of every tensor in a snapshot's *.safetensors files (see checkpoint_tensors)."""
-    held = checkpoint_tensors(folder)
+    held, _ = checkpoint_tensors(folder)
     return held["elements"] if held else None
 
 
-def checkpoint_tensors(folder: Path) -> Optional[dict]:
+def checkpoint_tensors(folder: Path) -> tuple[Optional[dict], Optional[str]]:
     """The elements of every tensor in a snapshot's *.safetensors files and the elements per dtype, read from their
-    headers alone (an 8-byte little-endian length, then a JSON object of dtypes and shapes); None where there are
-    none, one is unreadable, or model.safetensors.index.json names a shard the folder lacks (a partial download)."""
+    headers alone (an 8-byte little-endian length, then a JSON object of dtypes and shapes), and why not where a file
+    is unreadable or model.safetensors.index.json names a shard the folder lacks (a partial download). A folder
+    without safetensors files gives (None, None): there is nothing to count."""
     import json
     import math
     import struct
 
-    total, dtypes, found = 0, {}, False
+    total, dtypes = 0, {}
     try:
         files = sorted(folder.glob("*.safetensors"))
         index = folder / "model.safetensors.index.json"
         if files and index.is_file():
             shards = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()
-            if not all((folder / str(s)).is_file() for s in set(shards)):
-                return None
-    except (OSError, ValueError, AttributeError):
-        return None
+            missing = sorted(str(s) for s in set(shards) if not (folder / str(s)).is_file())
+            if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                return None, (f"model.safetensors.index.json names {missing[0]}{more}, which the folder lacks (a "
+                              f"partial download?)")
+    except (OSError, ValueError, AttributeError) as e:
+        return None, f"model.safetensors.index.json cannot be read ({type(e).__name__})"
+    if not files:
+        return None, None
     for f in files:
+        unreadable = f"{f.name} cannot be read as safetensors (its header is cut short or not a safetensors header)"
         try:
             with f.open("rb") as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
                 if not 0 < n < 100 * 2**20:
-                    return None
+                    return None, unreadable
                 header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error):
-            return None
+        except OSError as e:
+            return None, f"{f.name} cannot be read ({e.strerror or e})"
+        except (ValueError, struct.error):
+            return None, unreadable
         if not isinstance(header, dict):
-            return None
+            return None, unreadable
         for name, t in header.items():
             if name != "__metadata__" and isinstance(t, dict) and isinstance(t.get("shape"), list):
                 n = math.prod(int(x) for x in t["shape"])
                 total += n
                 dtype = str(t.get("dtype", "?"))
                 dtypes[dtype] = dtypes.get(dtype, 0) + n
-                found = True
-    return {"elements": total, "dtypes": dict(sorted(dtypes.items()))} if found and total else None
+    if not total:
+        return None, "its safetensors files list no tensors"
+    return {"elements": total, "dtypes": dict(sorted(dtypes.items()))}, None
 
 
 def _model_for_repo_id(name: str, checkpoint: bool = False, unquantized: bool = False) -> ModelSpec:
@@ -776,7 +795,8 @@ def _model_for_repo_id(name: str, checkpoint: bool = False, unquantized: bool = 
     summary, why = checkpoint_summary(repo, revision, config)
     if summary is None:
         return spec.model_copy(update={"checkpoint_unavailable": why})
-    return spec.model_copy(update={"checkpoint_params": summary["elements"], "checkpoint_dtypes": summary["dtypes"]})
+    return spec.model_copy(update={"checkpoint_params": summary["elements"], "checkpoint_dtypes": summary["dtypes"],
+                                   "checkpoint_unavailable": None})
 
 
 def model_for_repo(repo: str, folders: Sequence[str | Path] = ()) -> ModelSpec:

@@ -1173,7 +1173,7 @@ def _read_biases_and_norms(c: _Fields, family: str, hidden: int, tied, falcon: b
     out["qkv_bias"] = attention_bias or family in ("qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl") or bool(
         c.flag("qkv_bias"))
     out["o_bias"] = attention_bias and family != "glm4_moe"
-    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
+    out["qk_norm"] = (family in ("qwen3", "qwen3_moe", "qwen3_vl_text", "qwen3_vl_moe_text", "gemma3", "gemma3_text", "gemma4", "gemma4_text",
                                  "qwen3_next", "qwen3_5",
                                  "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
                       or bool(c.flag("use_qk_norm") and c.text("qk_norm_type") == "per_head")

@@ -84,21 +84,25 @@ def fetch_config(repo: str, revision: Optional[str] = None) -> Path:
     cached = find_config(repo) if revision is None else _cached_revision(hf_cache_dir(), repo, revision)
     if cached is not None:
         return cached
+    # where another revision is cached, the repo is known and this revision is what is missing
+    other = _not_cached(repo, revision)
     try:
         import huggingface_hub  # noqa: F401
     except ImportError:
-        raise HubUnavailable(f"'{repo}' is not in the catalog nor in the local Hugging Face cache; install the hub "
-                             f"extra (pip install 'kvplan[hub]') to fetch its config.json, or pass a config.json or a "
-                             f"snapshot folder", "its own config.json needs the Hugging Face cache or the hub extra") \
-            from None
+        missing = other or f"'{repo}' is not in the catalog nor in the local Hugging Face cache"
+        raise HubUnavailable(f"{missing}; install huggingface_hub (pip install huggingface_hub, the hub extra) to "
+                             f"fetch its config.json, or pass a config.json or a snapshot folder",
+                             "its own config.json needs the Hugging Face cache or the hub extra") from None
     if _offline():
-        raise HubUnavailable(f"'{repo}' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set; download "
-                             f"it once online (or unset HF_HUB_OFFLINE)",
+        missing = other or f"'{repo}' is not in the local Hugging Face cache"
+        raise HubUnavailable(f"{missing} and HF_HUB_OFFLINE is set; download it once online (or unset "
+                             f"HF_HUB_OFFLINE)",
                              "HF_HUB_OFFLINE is set and its own config.json is not in the Hugging Face cache")
     unreachable = _unreachable()
     if unreachable:
-        raise HubUnavailable(f"cannot reach the Hub for '{repo}' ({unreachable}); check the network or HF_ENDPOINT, "
-                             f"or pass a local config.json",
+        missing = (f"{other}, and the Hub cannot be reached ({unreachable})" if other
+                   else f"cannot reach the Hub for '{repo}' ({unreachable})")
+        raise HubUnavailable(f"{missing}; check the network or HF_ENDPOINT, or pass a local config.json",
                              f"the Hub cannot be reached ({unreachable}) for its own config.json")
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (
@@ -176,6 +180,22 @@ def _reason(e: BaseException, limit: int = 160) -> str:
     return cut + "..."
 
 
+def _not_cached(repo: str, revision: Optional[str]) -> Optional[str]:
+    """"revision v2 of 'org/name' is not in the local Hugging Face cache (main is)", where other revisions of the
+    repo are cached; None where none is (the whole repo is missing)."""
+    if revision is None:
+        return None
+    refs = hf_cache_dir() / ("models--" + repo.replace("/", "--")) / "refs"
+    try:
+        cached = sorted(r.name for r in refs.iterdir() if r.is_file() and _cached_revision(hf_cache_dir(), repo, r.name))
+    except OSError:
+        return None
+    if not cached:
+        return None
+    return (f"revision {revision} of '{repo}' is not in the local Hugging Face cache ({', '.join(cached)} "
+            f"{'is' if len(cached) == 1 else 'are'})")
+
+
 def _cached_revision(cache: Path, repo: str, revision: str) -> Optional[Path]:
     """A revision's config.json in the Hugging Face cache: refs/<branch or tag> names its commit folder."""
     folder = cache / ("models--" + repo.replace("/", "--"))
@@ -206,7 +226,7 @@ def checkpoint_summary(repo: str, revision: Optional[str], config: Path) -> tupl
     try:
         from huggingface_hub import HfApi
     except ImportError:
-        return None, "install the hub extra (pip install 'kvplan[hub]') to read its safetensors headers from the Hub"
+        return None, "install huggingface_hub (pip install huggingface_hub, the hub extra) to read its safetensors headers from the Hub"
     if _offline():
         return None, ("HF_HUB_OFFLINE is set and its safetensors headers were not read before; run this once "
                       "online")

@@ -494,6 +494,9 @@ def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "aut
         # custom formats contain commas of their own: split only on commas that start a new dtype
         parts = [v] if v.strip().lower().startswith("custom") else v.split(",")
         names += [p.strip() for p in parts if p.strip()]
+    if not names:
+        raise KvplanError("-d / --dtype is empty: name a KV dtype such as auto, fp8 or auto,fp8 (`kvplan formats` "
+                          "lists them), or leave the option out")
     out: list[KVFormat] = []
     for n in names:
         fmts = [f for f in CATALOG.values() if served is None or served(f)] if n.lower() == "all" else [kv_format(n)]
