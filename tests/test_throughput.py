@@ -658,3 +658,19 @@ def test_api_throughput_default_dtypes_follow_the_engine():
 
     r = kvplan.throughput("deepseek-v3", "h200", isl=1024, osl=1024, concurrency=[16], tp=8, engine="sglang")
     assert {row.kv_cache_dtype for row in r.rows} == {"auto", "fp8"}
+
+
+def test_step_change_in_words():
+    from kvplan.plan.throughput import _step_change
+
+    # 0.4% rounds to no change: said as such, not "0% faster steps"
+    assert _step_change(0.004) == "steps as fast" and _step_change(-0.004) == "steps as fast"
+    assert _step_change(0.12) == "12% faster steps" and _step_change(-0.03) == "3% slower steps"
+
+
+def test_request_beyond_the_models_own_length_is_not_told_to_raise_it(cli):
+    # max_model_len defaults to the model's own 131,072: raising it is no fix
+    r = cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "100k", "--osl", "100k")
+    assert r.code == 2 and "takes no longer sequences" in r.err and "raise --max-model-len" not in r.err
+    r = cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "6k", "--osl", "4k", "--max-model-len", "8k")
+    assert r.code == 2 and "raise --max-model-len (up to the model's 131,072)" in r.err

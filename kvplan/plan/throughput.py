@@ -222,9 +222,10 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     m = d0.model
     mlen = d0.max_model_len if isinstance(d0.max_model_len, int) else m.max_position_embeddings
     if isl + osl > mlen:
+        fix = (f"shorten the request or raise --max-model-len (up to the model's {m.max_position_embeddings:,})"
+               if mlen < m.max_position_embeddings else f"shorten the request: {m.name} takes no longer sequences")
         raise KvplanError(f"--isl {isl:,} + --osl {osl:,} = {isl + osl:,} tokens exceeds the max_model_len "
-                          f"{mlen:,} of {m.name}: shorten the request or raise --max-model-len (up to the model's "
-                          f"{m.max_position_embeddings:,})")
+                          f"{mlen:,} of {m.name}: {fix}")
     if d0.gpu is None:
         raise KvplanError("throughput needs --gpu (the step times and the pool are the GPU's)")
     gpus = d0.tp * d0.pp
@@ -324,6 +325,13 @@ def _best(run: _Runs, rows, limit, tpot, ttft, percentile) -> Optional[Throughpu
     return replace(max(ok, key=lambda r: r.output_tokens_per_s), meets_limits=True)
 
 
+def _step_change(x: float) -> str:
+    """A step time's change as a share, in words: "12% faster steps", "3% slower steps", or "steps as fast"."""
+    if round(abs(x) * 100) == 0:
+        return "steps as fast"
+    return f"{abs(x):.0%} {'faster' if x > 0 else 'slower'} steps"
+
+
 def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
              percentile: str = "mean") -> tuple[Optional[str], str]:
     runnable = {d.kv.name for d in ds if d.kv.served_on(d.engine, d.gpu)}  # a what-if is never the verdict
@@ -352,10 +360,9 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
     if win.concurrency != base.concurrency and step_at is not None:  # both steps at the baseline's concurrency
         mine, theirs = step_at(win.kv_cache_dtype, base.concurrency), step_at(base_name, base.concurrency)
         if mine is not None and theirs is not None:
-            x = 1 - mine / theirs
-            faster = f", and {abs(x):.0%} {'faster' if x >= 0 else 'slower'} steps at {base.concurrency} sequences"
+            faster = f", and {_step_change(1 - mine / theirs)} at {base.concurrency} sequences"
     if win.concurrency == base.concurrency:
-        how = f"at the same {win.concurrency} sequences, with {1 - win.tpot_ms / base.tpot_ms:.0%} faster steps"
+        how = f"at the same {win.concurrency} sequences, with {_step_change(1 - win.tpot_ms / base.tpot_ms)}"
     else:
         how = f"with {seqs:.2g}x the sequences ({win.concurrency} vs {base.concurrency}){faster}"
     return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:+.0%} output tokens/s per GPU over {base_name} "

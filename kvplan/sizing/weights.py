@@ -294,7 +294,6 @@ def _compressed_attention(m: ModelSpec) -> list[Tensor]:
     return ts
 
 
-@per_spec
 def _mla_attention(m: ModelSpec, L: int) -> list[Tensor]:
     """An MLA layer's projections and norms (and a lightning indexer's, whole on every rank), L layers."""
     h = m.hidden_size
@@ -414,6 +413,7 @@ def _mlp_tensors(m: ModelSpec) -> list[Tensor]:
     return ts
 
 
+@per_spec
 def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     """Every parameter tensor of the model (main model only: no MTP/draft layers)."""
     h = m.hidden_size
