@@ -25,7 +25,6 @@ from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, parse_skip_
 from kvplan.sizing.weights import weight_format
 from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model_as
 from kvplan.specs.kv_formats import KVFormat, kv_format
-from kvplan.specs.profile import load_profile
 from kvplan.units import GiB
 
 ENGINES = ("vllm", "sglang")
@@ -203,6 +202,8 @@ def _positive(name: str, value, *, zero_ok: bool = False, integer: bool = False)
 def _load_profile(p):
     if p is None or not isinstance(p, str):
         return p
+    from kvplan.specs.profile import load_profile  # (only a deployment given a profile reads one)
+
     return load_profile(p)
 
 

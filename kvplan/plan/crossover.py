@@ -24,7 +24,6 @@ from kvplan.sizing.kv_cache import (
     step_figures,
     weight_read_bytes,
 )
-from kvplan.sizing.step_time import has_profile, step_model
 from kvplan.sizing.weights import DTYPE_BYTES, WeightBytes, weight_bytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
@@ -231,6 +230,10 @@ def _beyond_memory(points: Sequence[OperatingPoint], weights_held: int, memory: 
 def _step_models(d, fmt: KVFormat, base_fmt: KVFormat):
     """The expected-step models of a deployment and of its baseline dtype, where a profile prices its GPU."""
     from dataclasses import replace
+
+    if d.gpu is None:  # no GPU, no step times (and the step model's module is not loaded for nothing)
+        return None
+    from kvplan.sizing.step_time import has_profile, step_model
 
     if not has_profile(d):
         return None

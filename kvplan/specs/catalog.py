@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from kvplan.errors import HubUnavailable, KvplanError, UnmodelledWeights, did_you_mean
 from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from kvplan.memo import per_spec
-from kvplan.specs.hub import checkpoint_summary, fetch_config, find_config, looks_like_repo_id, split_revision
 from kvplan.units import GiB
 
 LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
@@ -652,8 +651,11 @@ def load_model(name_or_path: str, checkpoint: bool = False, unquantized: bool = 
     model of that architecture). With `checkpoint`, a Hugging Face id's checkpoint count comes from its safetensors
     headers on the Hub (or kvplan's cache of them) where its snapshot holds no weights. With `unquantized`, a
     config.json's quantization_config is set aside (the weights' format is given separately: --weight-dtype)."""
-    if looks_like_repo_id(name_or_path):
-        return _model_for_repo_id(name_or_path, checkpoint, unquantized)
+    if "/" in name_or_path:  # a Hugging Face id has one (the Hub's module is loaded only for names that might be one)
+        from kvplan.specs.hub import looks_like_repo_id
+
+        if looks_like_repo_id(name_or_path):
+            return _model_for_repo_id(name_or_path, checkpoint, unquantized)
     if _looks_like_path(name_or_path):
         path = Path(name_or_path)
         hint = "name a catalog model, a YAML spec or a config.json"
@@ -779,6 +781,8 @@ def checkpoint_tensors(folder: Path) -> tuple[Optional[dict], Optional[str]]:
 
 
 def _model_for_repo_id(name: str, checkpoint: bool = False, unquantized: bool = False) -> ModelSpec:
+    from kvplan.specs.hub import checkpoint_summary, fetch_config, split_revision
+
     repo, revision = split_revision(name)
     try:
         config = fetch_config(repo, revision)
@@ -802,6 +806,8 @@ def _model_for_repo_id(name: str, checkpoint: bool = False, unquantized: bool = 
 def model_for_repo(repo: str, folders: Sequence[str | Path] = ()) -> ModelSpec:
     """The model a Hugging Face repo id names: its config.json in `folders` (or the local Hugging Face cache), else
     the catalog model of that architecture (instruct and chat variants share the base architecture)."""
+    from kvplan.specs.hub import find_config
+
     found = find_config(repo, folders)
     if found is not None:
         return load_model(str(found))
