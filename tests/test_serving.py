@@ -50,7 +50,7 @@ def test_four_clients_priced_with_the_fitted_step_model():
     # the same first wave on Llama-3.1-8B, H100, each step priced by the bundled fits for exactly its batch
     d = DeploymentArgs(model="llama-3.1-8b", gpu="h100", max_num_batched_tokens=2048).resolve(needs_memory=True)
     sm = step_model(d)
-    lim = engine_limits(d, 1500, 4)
+    lim = engine_limits(d)
     r = simulate(_price(sm, 1), lim, isl=1500, osl=4, concurrency=4, num_prompts=4)
     # step 1: prompts [0, 1500) and [0, 548): each token attends on average to its chunk's middle
     t1 = sm.step(0, 0, 2048, (750 * 1500 + 274 * 548) / 2048).total_s
@@ -68,7 +68,7 @@ def test_concurrency_one_is_the_decode_step_and_the_prefill(isl):
     osl = 128
     d = DeploymentArgs(model="llama-3.1-8b", gpu="h100").resolve(needs_memory=True)
     sm = step_model(d)
-    lim = engine_limits(d, isl, osl)
+    lim = engine_limits(d)
     r = simulate(_price(sm, 1), lim, isl=isl, osl=osl, concurrency=1, num_prompts=5)
     assert r.tpot.mean == pytest.approx(sm.step(1, isl + osl / 2).total_s, rel=0.01)
     budget = d.max_num_batched_tokens
@@ -108,7 +108,7 @@ def test_open_loop_is_seeded_and_poisson():
 def test_the_periodic_shortcut_equals_simulating_every_request(monkeypatch):
     d = DeploymentArgs(model="llama-3.1-8b", gpu="h100").resolve(needs_memory=True)
     sm = step_model(d)
-    lim = engine_limits(d, 2048, 256)
+    lim = engine_limits(d)
     short = simulate(_price(sm, 1), lim, isl=2048, osl=256, concurrency=8, num_prompts=400)
     monkeypatch.setattr(serving, "STEADY_TOLERANCE", -1.0)  # never periodic: every request simulated
     full = simulate(_price(sm, 1), lim, isl=2048, osl=256, concurrency=8, num_prompts=400)

@@ -251,12 +251,6 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     # the blocks a request holding n tokens needs, for every n it can hold (a table read instead of the pool's rule)
     table = np.asarray(limits.blocks_for(np.arange(isl + osl + 2, dtype=np.int64))).astype(np.int64)
 
-    def blocks_for(tokens):
-        return table[tokens]
-
-    def blocks_needed(rs, tokens):
-        return blocks_for(tokens) - held[rs]
-
     send_due(0.0)
     while len(finished_order) < sim_end:
         if not running and not waiting:  # idle until the next arrival
@@ -298,11 +292,11 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
                 # request, or the earliest to arrive) can be scheduled; one refused for blocks waits for a finish
                 k_steps = max(1, min(k_steps, int(eligible[waiting[0]]) - steps))
             if limits.policy == "vllm":
-                k_steps = _steps_with_blocks(blocks_for, computed[dec], held[dec], free, k_steps)
+                k_steps = _steps_with_blocks(table, computed[dec], held[dec], free, k_steps)
         if k_steps > 1:
             dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0)
             dt = dt_each * k_steps
-            need = blocks_needed(dec, computed[dec] + k_steps)
+            need = table[computed[dec] + k_steps] - held[dec]
             held[dec] += need
             free -= int(need.sum())
             computed[dec] += k_steps
@@ -451,10 +445,11 @@ def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, output
             [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))])
 
 
-def _steps_with_blocks(blocks_for, tokens, held, free: int, k: int) -> int:
-    """The most decode steps, up to k, that the free blocks carry every decoding request through."""
+def _steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
+    """The most decode steps, up to k, that the free blocks carry every decoding request through (`table`: the
+    blocks a request holding n tokens needs, by n)."""
     def fits(j: int) -> bool:
-        return int((blocks_for(tokens + j) - held).sum()) <= free
+        return int((table[tokens + j] - held).sum()) <= free
 
     if fits(k):
         return k

@@ -120,7 +120,7 @@ def _no_room(d, length: int) -> str:
                    f"shorten the request, or add GPUs (--tp)")
 
 
-def engine_limits(d, isl: int, osl: int):
+def engine_limits(d):
     """What the deployment's scheduler works within (kvplan.plan.serving.EngineLimits): vLLM's token budget,
     max_num_seqs and usable blocks (the pool `capacity` plans, its null block left out); SGLang's
     chunked_prefill_size, max_running_requests and token pool."""
@@ -133,8 +133,8 @@ def engine_limits(d, isl: int, osl: int):
         from kvplan.rules.sglang import default_chunked_prefill_size
 
         r = sglang_capacity(d)
-        return EngineLimits("sglang", default_chunked_prefill_size(d.gpu, d.tp), int(r.max_running_requests), int(r.max_total_num_tokens),
-                            lambda n: n)
+        return EngineLimits("sglang", default_chunked_prefill_size(d.gpu, d.tp), int(r.max_running_requests),
+                            int(r.max_total_num_tokens), lambda n: n)
     from kvplan.plan.vllm_pool import plan_for
 
     plan = plan_for(d)
@@ -152,10 +152,10 @@ def _price(sm, pp: int):
     return price
 
 
-def _row(sm, d, c: int, work, limit: int, gpus: int, limits=None, step_cache: Optional[dict] = None) -> ThroughputRow:
-    """The benchmark of `work` (kvplan.plan.serving.Workload) with at most c requests in flight, simulated."""
+def _row(sm, d, c: int, work, limit: int, gpus: int, limits, step_cache: Optional[dict] = None) -> ThroughputRow:
+    """The benchmark of `work` (kvplan.plan.serving.Workload) with at most c requests in flight under the scheduler's
+    `limits` (engine_limits), simulated."""
     isl, osl = work.isl, work.osl
-    limits = limits or engine_limits(d, isl, osl)
     res = work.run(_price(sm, d.pp), limits, c, step_cache)
     n = work.num_prompts
     ctx = isl + osl / 2
@@ -278,7 +278,7 @@ class _Runs:
 
     def __init__(self, sm, d, work, limit, gpus, roofline):
         self.sm, self.d, self.work, self.limit, self.gpus, self.roofline = sm, d, work, limit, gpus, roofline
-        self.limits = engine_limits(d, work.isl, work.osl)
+        self.limits = engine_limits(d)
         self.rows: dict = {}
         self.steps: dict = {}  # the priced steps, shared by every concurrency's run
 
