@@ -300,27 +300,29 @@ def _best(run: _Runs, rows, limit, tpot, ttft, percentile) -> Optional[Throughpu
     if tpot is None and ttft is None:  # no limits: the best of the concurrencies asked for
         return max(ok, key=lambda r: r.output_tokens_per_s) if ok else None
 
-    def excess(r: ThroughputRow) -> float:  # > 0: over a limit (by that share of it)
+    def excess(r: ThroughputRow) -> float:  # how far over a limit (> 0) or under both, as a share: the guesses' weight
         return max((_figure(r, "tpot", percentile) / tpot - 1) if tpot else -1.0,
                    (_figure(r, "ttft", percentile) / ttft - 1) if ttft else -1.0)
 
-    if excess(run.at(1)) > 0:
+    def meets(c: int) -> bool:  # the rows' own test, so the search and the table never disagree at a limit
+        return _meets(run.at(c), tpot, ttft, percentile)
+
+    if not meets(1):
         return None
     # between the largest concurrency shown that meets them and the next one shown that does not (or the pool's)
     lo = max([r.concurrency for r in ok if r.concurrency <= limit] + [1])
     hi = min([r.concurrency for r in rows if r.concurrency > lo and not r.meets_limits] + [limit])
-    if hi <= lo or excess(run.at(hi)) <= 0:
+    if hi <= lo or meets(hi):
         lo = max(lo, hi)
     e_lo, e_hi = excess(run.at(lo)), excess(run.at(hi))
     while hi - lo > max(1, lo // 32):
         step = max(1, lo // 32)  # each try moves an end by at least this: a near guess closes the bracket next
         guess = lo + round((hi - lo) * -e_lo / (e_hi - e_lo)) if e_hi > e_lo else (lo + hi) // 2
         mid = min(max(guess, lo + step), hi - step) if hi - lo > 2 * step else (lo + hi) // 2
-        e = excess(run.at(mid))
-        if e <= 0:
-            lo, e_lo = mid, e
+        if meets(mid):
+            lo, e_lo = mid, excess(run.at(mid))
         else:
-            hi, e_hi = mid, e
+            hi, e_hi = mid, excess(run.at(mid))
     ok.append(run.at(lo, shown=True))
     return replace(max(ok, key=lambda r: r.output_tokens_per_s), meets_limits=True)
 
