@@ -54,7 +54,7 @@ LAYERS = [
     ("api", {"api"}),  # the library's keyword functions, each building the deployment value
     ("measure", _folder("measure")),  # measuring this GPU
     ("app", _folder("app")),  # the command line, tables, plots, gates, startup-log import
-    ("main", {"__main__"}),
+    ("main", {"__main__", "cli"}),  # `python -m kvplan` and the earlier name of the command line
     ("facade", {FACADE}),
 ]
 
