@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated, List, Optional
 
@@ -1341,6 +1342,10 @@ def _discard_stdout() -> int:
 
 
 def entry() -> None:
+    # The command line validates only kvplan's own catalogs, so it does not scan every installed package's entry
+    # points for pydantic plugins (observability hooks for an application's models) on its first validation, as
+    # typer already does not for its own; a value set in the environment is kept.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "1")
     status = main()
     try:
         sys.stdout.flush()

@@ -32,6 +32,8 @@ from kvplan.units import GiB
 
 @dataclass(frozen=True)
 class OperatingPoint:
+    """One batch x context point of a crossover: the bytes a decode step reads there, and its roofline time."""
+
     batch: int
     context: int
     resident_tokens: int
@@ -52,6 +54,8 @@ class OperatingPoint:
 
 @dataclass(frozen=True)
 class CrossoverResult:
+    """One KV dtype on one model: bytes per token, the crossover N*, and the operating points asked for."""
+
     model: str
     dtype: str
     baseline_dtype: str

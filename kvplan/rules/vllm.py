@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class VllmRules:
+    """What one range of vLLM releases does where it sizes, schedules and refuses."""
+
     version: str
     label: str
     # sliding-window layers keep window - 1 + batches x max_num_batched_tokens tokens per request: async scheduling
@@ -182,6 +184,8 @@ def backend_block_size(is_mla: bool, compute_capability: str | None, cache_dtype
 
 @dataclass(frozen=True)
 class ServeDefaults:
+    """The scheduler budget `vllm serve` or `LLM(...)` takes when the user sets none."""
+
     max_num_batched_tokens: int
     max_num_seqs: int
 

@@ -102,6 +102,8 @@ def kv_heads_per_rank(model: ModelSpec, tp: int, layer: Optional[int] = None) ->
 
 @dataclass(frozen=True)
 class LayerKV:
+    """What one layer caches per sequence: its kind, window and bytes per token (or per sequence, for a state)."""
+
     index: int
     kind: str  # full, sliding, chunked, or state (a fixed state per sequence)
     window: Optional[int]  # most tokens of a sequence this layer reads and keeps (None: all of them)

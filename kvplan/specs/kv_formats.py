@@ -135,6 +135,8 @@ ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 @dataclass(frozen=True)
 class KVFormat:
+    """One KV-cache format: its K and V components per token per head (and per MLA latent), and who serves it."""
+
     name: str
     family: str
     description: str
