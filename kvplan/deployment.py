@@ -19,12 +19,26 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Optional, Union
 
 from kvplan.errors import KvplanError
-from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SGLANG_VERSION, default_mem_fraction_static
-from kvplan.rules.vllm import backend_block_size, newer_release_note, serve_defaults, version_key, vllm_rules
+from kvplan.rules.sglang import (
+    CONTEXT_GIB,
+    SGLANG_DTYPES,
+    SGLANG_VERSION,
+    default_mem_fraction_static,
+    sglang_parallel,
+)
+from kvplan.rules.vllm import (
+    backend_block_size,
+    newer_release_note,
+    serve_defaults,
+    version_key,
+    vllm_parallel,
+    vllm_rules,
+)
 from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
 from kvplan.sizing.weights import weight_format
 from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model_as
 from kvplan.specs.kv_formats import KVFormat, kv_format
+from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
 
 ENGINES = ("vllm", "sglang")
@@ -38,8 +52,16 @@ VLLM_BLOCK_MULTIPLE = 16
 VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_gib",
              "max_num_seqs", "max_num_batched_tokens", "entrypoint", "enforce_eager", "activation_gib",
              "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only",
-             "mamba_ssm_cache_dtype")
-SGLANG_ONLY = ("mem_fraction_static", "page_size")
+             "mamba_ssm_cache_dtype", "data_parallel_size", "data_parallel_size_local", "enable_expert_parallel",
+             "all2all_backend", "enable_eplb", "num_redundant_experts")
+SGLANG_ONLY = ("mem_fraction_static", "page_size", "dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend",
+               "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
+# each engine's spelling of the same idea, for the hint when the other engine's is given
+OTHER_SPELLING = {"data_parallel_size": "dp_size", "dp_size": "data_parallel_size",
+                  "enable_expert_parallel": "ep_size", "ep_size": "enable_expert_parallel",
+                  "all2all_backend": "moe_a2a_backend", "moe_a2a_backend": "all2all_backend",
+                  "num_redundant_experts": "ep_num_redundant_experts",
+                  "ep_num_redundant_experts": "num_redundant_experts"}
 # what a field is called on the command line (and, with underscores, in a gate file)
 FLAGS = {"kv_cache_dtype": "--kv-cache-dtype", "kv_cache_memory_gib": "--kv-cache-memory"}
 
@@ -77,6 +99,20 @@ class DeploymentArgs:
     enforce_eager: bool = False
     language_model_only: bool = False
     mamba_ssm_cache_dtype: Optional[str] = None
+    # data and expert parallelism, in each engine's own spelling (vLLM's first, then SGLang's)
+    data_parallel_size: Optional[int] = None
+    data_parallel_size_local: Optional[int] = None
+    enable_expert_parallel: bool = False
+    all2all_backend: Optional[str] = None
+    enable_eplb: bool = False
+    num_redundant_experts: Optional[int] = None
+    dp_size: Optional[int] = None
+    enable_dp_attention: bool = False
+    ep_size: Optional[int] = None
+    moe_a2a_backend: Optional[str] = None
+    ep_num_redundant_experts: Optional[int] = None
+    moe_dense_tp_size: Optional[int] = None
+    enable_dp_lm_head: bool = False
     activation_gib: Optional[float] = None
     non_torch_gib: Optional[float] = None
     cudagraph_gib: Optional[float] = None
@@ -85,7 +121,9 @@ class DeploymentArgs:
 
     def given(self) -> list[str]:
         """The fields the user set (anything but None and the neutral values)."""
-        neutral = {"pp": 1, "dcp": 1, "enforce_eager": False, "language_model_only": False}
+        neutral = {"pp": 1, "dcp": 1, "enforce_eager": False, "language_model_only": False,
+                   "enable_expert_parallel": False, "enable_eplb": False, "enable_dp_attention": False,
+                   "enable_dp_lm_head": False}
         return [f.name for f in fields(self) if getattr(self, f.name) is not None
                 and getattr(self, f.name) != neutral.get(f.name, None)]
 
@@ -124,6 +162,10 @@ class Deployment:
     memory_source: str
     free_memory_bytes: Optional[int]  # free before the engine starts, where the user gave it
     max_model_len: Union[int, Literal["auto"], None]  # None: the model's own
+    # how the model is cut across the GPUs (a plain TP layout unless data or expert parallelism was asked for)
+    parallel: Parallel = Parallel()
+    a2a_backend: Optional[str] = None  # how MoE layers exchange tokens across DP ranks, where they do
+    eplb: bool = False
     # vLLM
     gpu_memory_utilization: Optional[float] = None
     block_size: Optional[int] = None  # what was asked or the attention backend's default
@@ -168,6 +210,10 @@ class Deployment:
             "dcp": self.dcp, "total_memory_bytes": self.total_bytes, "memory_source": self.memory_source,
             "max_model_len": self.max_model_len,
         }
+        p = self.parallel
+        if not p.tp_only:
+            out.update(dp=p.dp, ep=p.ep, attention_tp=p.attn_tp, moe_tp=p.moe_tp, world_size=p.world,
+                       redundant_experts=p.redundant_experts, a2a_backend=self.a2a_backend, eplb=self.eplb)
         if self.engine == "vllm":
             out.update(gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
                        max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
@@ -246,7 +292,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     foreign = [n for n in (VLLM_ONLY if engine == "sglang" else SGLANG_ONLY) if n in given]
     if foreign:
         other = "vllm" if engine == "sglang" else "sglang"
-        raise KvplanError(f"{flag(foreign[0])} applies to --engine {other}, not {engine}; drop it (or plan with "
+        own = OTHER_SPELLING.get(foreign[0])
+        hint = f"{engine}'s spelling is {flag(own)}" if own else "drop it"
+        raise KvplanError(f"{flag(foreign[0])} applies to --engine {other}, not {engine}; {hint} (or plan with "
                           f"--engine {other})")
 
     # the model, the GPU and the format: a profile supplies any the user did not name
@@ -315,13 +363,14 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     weight_dtype = args.weight_dtype
     if weight_dtype is None and prof is not None:
         weight_dtype = prof.weight_dtype
-    check_tp(m, tp)
+    layout, a2a = _parallel_layout(args, engine, m, g, tp, pp, notes)
+    check_tp(m, layout.attn_tp)
     if not 1 <= pp <= m.num_layers:
         raise KvplanError(f"--pp must be between 1 and {m.name}'s {m.num_layers} layers, got {pp}")
     if dcp > 1:
         _check_dcp(m, tp, dcp)
 
-    format_bytes_per_token(m, fmt, tp)  # refuses a format for the other attention layout (MLA or heads)
+    format_bytes_per_token(m, fmt, layout.attn_tp)  # refuses a format for the other attention layout (MLA or heads)
     skip = _skip_value(args.kv_cache_dtype_skip_layers)
     skipped_layers(m, fmt, skip)  # checks the indices
 
@@ -422,7 +471,8 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
                           f"give what nvidia-smi or torch.cuda.mem_get_info() shows free")
     common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=weight_dtype, tp=tp,
                   pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
-                  calibration=cal, calibration_source=cal_source, inferred_gpu=inferred)
+                  calibration=cal, calibration_source=cal_source, inferred_gpu=inferred, parallel=layout,
+                  a2a_backend=a2a, eplb=bool(args.enable_eplb))
     if weight_dtype is not None:
         weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
     if engine == "sglang":
@@ -593,6 +643,26 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
                       free_before_load_bytes=free_before,
                       measured=Measured(weights, 0, prof.source or "a startup log") if prof is not None else None,
                       notes=tuple(notes))
+
+
+def _parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optional[GPUSpec], tp: int, pp: int,
+                     notes: list[str]) -> tuple[Parallel, Optional[str]]:
+    """The layout the engine builds from its data- and expert-parallel options (kvplan.rules.vllm.vllm_parallel,
+    kvplan.rules.sglang.sglang_parallel): a plain TP layout when none is given."""
+    domain = g.nvlink_domain_size if g is not None else 8
+    if engine == "vllm":
+        dp = args.data_parallel_size if args.data_parallel_size is not None else 1
+        layout, a2a = vllm_parallel(m, tp, pp, dp, args.data_parallel_size_local, bool(args.enable_expert_parallel),
+                                    bool(args.enable_eplb), args.num_redundant_experts, args.all2all_backend, domain,
+                                    notes)
+    else:
+        dp = args.dp_size if args.dp_size is not None else 1
+        layout, a2a = sglang_parallel(m, tp, dp, bool(args.enable_dp_attention), args.ep_size, args.moe_a2a_backend,
+                                      args.ep_num_redundant_experts, args.moe_dense_tp_size,
+                                      bool(args.enable_dp_lm_head), domain, notes)
+    if layout.tp_only and layout.world == tp * pp and layout.domain == domain:
+        layout = Parallel.tensor(tp, pp, domain)
+    return layout, a2a
 
 
 def _gib_bytes(v: Optional[float]) -> Optional[int]:

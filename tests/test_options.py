@@ -71,6 +71,12 @@ DEPLOYMENT_VALUES = {
     "--engine-version": "0.20", "--pp": "2", "--dcp": "2", "--num-gpu-blocks-override": "1000",
     "--profile": "{profile}", "--mem-fraction-static": "0.8", "--page-size": "16", "--calibration": "{cal}",
     "--json": None,
+    # data and expert parallelism (the base model is dense: the MoE options are refused there; tests/test_parallel.py
+    # holds each to its effect on a MoE model)
+    "--data-parallel-size": "2", "--data-parallel-size-local": "1", "--enable-expert-parallel": None,
+    "--all2all-backend": "deepep_low_latency", "--enable-eplb": None, "--num-redundant-experts": "8",
+    "--dp-size": "2", "--enable-dp-attention": None, "--ep-size": "2", "--moe-a2a-backend": "deepep",
+    "--ep-num-redundant-experts": "8", "--moe-dense-tp-size": "1", "--enable-dp-lm-head": None,
 }
 VALUES = {
     "crossover": {**DEPLOYMENT_VALUES, "--context": "4096", "--batch": "8", "--weight-read": "all",
@@ -168,7 +174,9 @@ def test_every_deployment_field_is_one_flag_and_one_gate_key():
     flags = set(_options("capacity")) - {"--json"}
     assert {flag(n) for n in names} == flags
     gate_keys = set(Options.model_fields) - {"model", "dtype", "weight_read", "baseline", "kv_cache_memory"}
-    assert gate_keys | {"kv_cache_memory_gib"} == set(names) - {"mem_fraction_static", "page_size"}
+    sglang_only = {"mem_fraction_static", "page_size", "dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend",
+                   "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head"}
+    assert gate_keys | {"kv_cache_memory_gib"} == set(names) - sglang_only
 
 
 def test_throughput_takes_every_deployment_option():

@@ -162,6 +162,37 @@ MaxModelLenOpt = Annotated[Optional[str], typer.Option(
     "--max-model-len", help="tokens per sequence, e.g. 32768 or 32k (default: the model's max_position_embeddings); "
     "auto (or -1, as in vLLM): the longest that fits the pool")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="a .png or .svg file")]
+# data and expert parallelism, in each engine's spelling
+DpOpt = Annotated[Optional[int], typer.Option(
+    "--data-parallel-size", "-dp", help="vLLM: data-parallel ranks, each an engine of --tp GPUs with its own requests "
+    "and KV pool (default 1)")]
+DpLocalOpt = Annotated[Optional[int], typer.Option(
+    "--data-parallel-size-local", help="vLLM: DP ranks per node (default: as many as an NVLink domain holds)")]
+EpOpt = Annotated[bool, typer.Option(
+    "--enable-expert-parallel", help="vLLM: MoE layers hold whole experts over tp x dp ranks instead of splitting each")]
+A2aOpt = Annotated[Optional[str], typer.Option(
+    "--all2all-backend", help="vLLM: how expert-parallel DP ranks exchange tokens: allgather_reducescatter (default), "
+    "naive, pplx, deepep_high_throughput, deepep_low_latency, flashinfer_all2allv")]
+EplbOpt = Annotated[bool, typer.Option("--enable-eplb", help="vLLM: expert-parallel load balancing (needs "
+                                       "--enable-expert-parallel)")]
+RedundantOpt = Annotated[Optional[int], typer.Option(
+    "--num-redundant-experts", help="vLLM, with --enable-eplb: extra expert replicas spread over the EP ranks")]
+SgDpOpt = Annotated[Optional[int], typer.Option(
+    "--dp-size", help="SGLang: data-parallel size: attention groups with --enable-dp-attention, else replicas")]
+SgDpAttnOpt = Annotated[bool, typer.Option(
+    "--enable-dp-attention", help="SGLang: attention data parallel in --dp-size groups of tp / dp GPUs, each with its "
+    "own KV pool")]
+SgEpOpt = Annotated[Optional[int], typer.Option(
+    "--ep-size", help="SGLang: expert-parallel size, dividing --tp (MoE layers run as ep x tp / ep)")]
+SgA2aOpt = Annotated[Optional[str], typer.Option(
+    "--moe-a2a-backend", help="SGLang: MoE all-to-all backend: none (default), deepep, mooncake, ascend_fuseep, "
+    "flashinfer")]
+SgRedundantOpt = Annotated[Optional[int], typer.Option(
+    "--ep-num-redundant-experts", help="SGLang: extra expert replicas spread over the EP ranks")]
+SgDenseTpOpt = Annotated[Optional[int], typer.Option(
+    "--moe-dense-tp-size", help="SGLang, with --enable-dp-attention: 1 keeps dense MLPs whole in each attention group")]
+SgDpLmHeadOpt = Annotated[bool, typer.Option(
+    "--enable-dp-lm-head", help="SGLang, with --enable-dp-attention: the LM head whole in each attention group")]
 
 
 def _show(as_json: bool, data, table: str, *args) -> None:
@@ -439,6 +470,19 @@ def throughput(
     profile: ProfileOpt = None,
     mem_fraction_static: MemFractionOpt = None,
     page_size: PageSizeOpt = None,
+    data_parallel_size: DpOpt = None,
+    data_parallel_size_local: DpLocalOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    all2all_backend: A2aOpt = None,
+    enable_eplb: EplbOpt = False,
+    num_redundant_experts: RedundantOpt = None,
+    dp_size: SgDpOpt = None,
+    enable_dp_attention: SgDpAttnOpt = False,
+    ep_size: SgEpOpt = None,
+    moe_a2a_backend: SgA2aOpt = None,
+    ep_num_redundant_experts: SgRedundantOpt = None,
+    moe_dense_tp_size: SgDenseTpOpt = None,
+    enable_dp_lm_head: SgDpLmHeadOpt = False,
     calibration: CalibrationOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -486,6 +530,19 @@ def capacity(
     profile: ProfileOpt = None,
     mem_fraction_static: MemFractionOpt = None,
     page_size: PageSizeOpt = None,
+    data_parallel_size: DpOpt = None,
+    data_parallel_size_local: DpLocalOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    all2all_backend: A2aOpt = None,
+    enable_eplb: EplbOpt = False,
+    num_redundant_experts: RedundantOpt = None,
+    dp_size: SgDpOpt = None,
+    enable_dp_attention: SgDpAttnOpt = False,
+    ep_size: SgEpOpt = None,
+    moe_a2a_backend: SgA2aOpt = None,
+    ep_num_redundant_experts: SgRedundantOpt = None,
+    moe_dense_tp_size: SgDenseTpOpt = None,
+    enable_dp_lm_head: SgDpLmHeadOpt = False,
     calibration: CalibrationOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -123,6 +123,12 @@ class Options(_Strict):
     kv_cache_dtype_skip_layers: Optional[Union[str, int, list[int]]] = None
     max_num_batched_tokens: Optional[int] = Field(None, ge=1)
     entrypoint: Optional[Literal["serve", "llm"]] = None
+    data_parallel_size: Optional[int] = Field(None, ge=1)
+    data_parallel_size_local: Optional[int] = Field(None, ge=1)
+    enable_expert_parallel: bool = False
+    all2all_backend: Optional[str] = None
+    enable_eplb: bool = False
+    num_redundant_experts: Optional[int] = Field(None, ge=0)
     profile: Optional[str] = Field(None, description="a deployment profile (`kvplan log ... --save-profile`)")
     calibration: Optional[str] = Field(None, description="a calibration profile (`kvplan measure`)")
     weight_read: Literal["streamed", "all"] = "streamed"

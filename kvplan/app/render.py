@@ -318,6 +318,9 @@ def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
     t = Table(title=f"KV cache per dtype, sequences of {r0.max_model_len:,} tokens", title_justify="left")
     any_skip = any(r.skip_layers for r in results)
     cols = ["KV dtype", "B/token", "block B", "blocks", "token slots", "KV tokens", "concurrency"]
+    dp = max(getattr(r, "dp", 1) for r in results)
+    if dp > 1:  # several attention groups, each its own pool: the deployment's totals too
+        cols += [f"total tokens (x{dp})", "total concurrency"]
     for col in cols + (["skip layers"] if any_skip else []):
         t.add_column(col, justify="left" if col in ("KV dtype", "skip layers") else "right",
                      no_wrap=col != "skip layers")
@@ -325,6 +328,8 @@ def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
         row = [_dname(r.dtype, model), num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
                f"{r.token_slots:,}", f"{r.kv_tokens:,}" if r.fits else "-",
                f"{r.max_concurrency:.2f}x" if r.fits else "does not fit"]
+        if dp > 1:
+            row += [f"{r.total_kv_tokens:,}" if r.fits else "-", f"{r.total_max_concurrency:.2f}x" if r.fits else "-"]
         t.add_row(*row, *([_layer_list(r.skip_layers)] if any_skip else []))
     print_table(con, t)
     con.print("B/token: this rank, all layers. block B: one block across the layers of a KV-cache group. blocks: "
@@ -514,11 +519,14 @@ def sglang_table(results, model, gpu) -> None:
     con.print(f"free before weights {gib(r0.free_before_load_bytes)}; weights {gib(r0.weight_bytes)}; pool "
               f"= free after weights - (1 - f) x free before = {gib(r0.available_bytes)}")
     t = Table(title=f"KV pool, context_len {r0.context_len:,}, page size {r0.page_size}", title_justify="left")
-    for col in ["KV dtype", "B/token", "max_total_num_tokens", "sequences of context_len", "max_running_requests"]:
+    dp = max(r.dp for r in results)
+    cols = ["KV dtype", "B/token", "max_total_num_tokens", "sequences of context_len", "max_running_requests"]
+    for col in cols + ([f"total tokens (x{dp})", "total sequences"] if dp > 1 else []):
         t.add_column(col, justify="left" if col == "KV dtype" else "right", no_wrap=True)
     for r in results:
         t.add_row(_dname(r.dtype, model), num(r.cell_bytes), f"{r.max_total_num_tokens:,}",
-                  f"{r.max_total_num_tokens / r.context_len:.2f}", f"{r.max_running_requests:,}")
+                  f"{r.max_total_num_tokens / r.context_len:.2f}", f"{r.max_running_requests:,}",
+                  *([f"{r.total_kv_tokens:,}", f"{r.total_kv_tokens / r.context_len:.2f}"] if dp > 1 else []))
     print_table(con, t)
     for note in dict.fromkeys(n for r in results for n in r.notes):
         con.print(f"note: {note}")

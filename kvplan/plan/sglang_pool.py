@@ -13,11 +13,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from kvplan.errors import KvplanError
+from kvplan.plan.totals import deployment_totals, layout_note
 from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO, default_mem_fraction_static
 from kvplan.sizing.kv_cache import check_tp
 from kvplan.sizing.weights import DTYPE_BYTES, weight_bytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
+from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
 
 
@@ -74,6 +76,12 @@ class SglangPool:
     notes: list[str] = field(default_factory=list)
     engine: str = "sglang"
     deployment: dict = field(default_factory=dict)
+    # the whole deployment: attention groups (DP ranks, each its own pool), expert-parallel ranks, GPUs
+    dp: int = 1
+    ep: int = 1
+    world_size: int = 1
+    total_kv_tokens: int = 0  # kv_tokens x dp
+    total_max_concurrency: float = 0.0  # max_concurrency x dp
 
     # the quantities every engine's result names alike (kvplan.plan.vllm_pool.CapacityResult's keys)
     @property
@@ -117,10 +125,11 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
                 free_before_load_gib: Optional[float] = None, weight_gib: Optional[float] = None,
                 avail_after_load_gib: Optional[float] = None, swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO,
                 max_running_requests: Optional[int] = None, weight_dtype: Optional[str] = None,
-                total_gib: Optional[float] = None) -> SglangPool:
-    """SGLang's max_total_num_tokens for a model on a GPU; measured free memories (from a log) replace the
-    estimates."""
-    check_tp(model, tp)
+                total_gib: Optional[float] = None, layout: Optional[Parallel] = None) -> SglangPool:
+    """SGLang's max_total_num_tokens for a model on a GPU (one rank's: with data-parallel attention, one attention
+    group's rank, `layout`); measured free memories (from a log) replace the estimates."""
+    layout = layout or Parallel.tensor(tp)
+    check_tp(model, layout.attn_tp)
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
     if page_size < 1:
         raise KvplanError(f"--page-size must be positive, got {page_size}")
@@ -132,11 +141,11 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     total = total_gib * GiB if total_gib is not None else (gpu.memory_total_bytes if gpu is not None else None)
     free_before = (free_before_load_gib * GiB if free_before_load_gib is not None
                    else total - CONTEXT_GIB * GiB)
-    weights = weight_gib * GiB if weight_gib is not None else weight_bytes(model, tp, weight_dtype).total
+    weights = weight_gib * GiB if weight_gib is not None else weight_bytes(model, layout, weight_dtype).total
     after_load = avail_after_load_gib * GiB if avail_after_load_gib is not None else free_before - weights
     # _profile_available_bytes works in GiB floats and truncates once
     available = int((after_load / GiB - free_before / GiB * (1 - f)) * GiB)
-    full_cell, swa_cell, n_full, n_swa = cell_bytes(model, fmt, tp)
+    full_cell, swa_cell, n_full, n_swa = cell_bytes(model, fmt, layout.attn_tp)
     ctx = context_len or model.max_position_embeddings
     swa_tokens = None
     if n_swa and n_full:
@@ -165,10 +174,13 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     elif tokens < ctx:  # SGLang caps a request's input at max_total_num_tokens - 1 (scheduler.max_req_input_len)
         notes.append(f"the pool holds {tokens:,} tokens, fewer than one sequence of {ctx:,}: SGLang caps each "
                      f"request's input at {tokens - 1:,} tokens")
-    return SglangPool(model.name, fmt.name, tp, f, int(free_before), int(weights), available, cell, tokens,
+    pool = SglangPool(model.name, fmt.name, tp, f, int(free_before), int(weights), available, cell, tokens,
                       swa_tokens, page_size, max_running_requests, ctx, round(k_size, 2), lines,
                       gpu=gpu.name if gpu else None, weight_dtype=weight_dtype or model.weight_dtype,
-                      fits=problem is None, problem=problem, notes=notes)
+                      fits=problem is None, problem=problem, notes=notes, dp=layout.dp, ep=layout.ep,
+                      world_size=layout.world, total_kv_tokens=tokens * layout.dp)
+    pool.total_max_concurrency = pool.max_concurrency * layout.dp
+    return pool
 
 
 def sglang_capacity(d) -> SglangPool:
@@ -177,9 +189,10 @@ def sglang_capacity(d) -> SglangPool:
 
     measured_w = d.measured.weights if d.measured is not None else None
     pool = sglang_pool(
-        d.model, d.gpu, d.kv, tp=d.tp, mem_fraction_static=d.mem_fraction_static,
+        d.model, d.gpu, d.kv, tp=d.tp, layout=d.parallel, mem_fraction_static=d.mem_fraction_static,
         context_len=d.max_model_len, page_size=d.page_size or 1,
         free_before_load_gib=None if d.free_before_load_bytes is None else d.free_before_load_bytes / GiB,
         weight_gib=None if measured_w is None else measured_w / GiB, weight_dtype=d.weight_dtype,
         total_gib=d.total_bytes / GiB if d.total_bytes else None)
-    return replace(pool, notes=list(d.notes) + pool.notes, deployment=d.to_dict())
+    return replace(pool, notes=list(d.notes) + pool.notes + layout_note(d, pool.kv_tokens, pool.weight_bytes),
+                   deployment=d.to_dict(), **deployment_totals(d, pool.kv_tokens, pool.max_concurrency))

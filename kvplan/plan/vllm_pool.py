@@ -9,6 +9,7 @@ from typing import Literal, Optional, Sequence
 
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
+from kvplan.plan.totals import deployment_totals, layout_note
 from kvplan.rules.vllm import VllmRules
 from kvplan.sizing.kv_cache import (
     LayerKV,
@@ -264,6 +265,12 @@ class CapacityResult:
     log_lines: list[str] = field(default_factory=list)  # what the engine's startup log prints for this pool
     non_kv: dict = field(default_factory=dict)  # weights, activation, persistent, non_torch, cudagraph, total
     deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for
+    # the whole deployment: attention groups (DP ranks, each its own pool), expert-parallel ranks, GPUs
+    dp: int = 1
+    ep: int = 1
+    world_size: int = 1
+    total_kv_tokens: int = 0  # kv_tokens x dp
+    total_max_concurrency: float = 0.0  # max_concurrency x dp
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -366,7 +373,8 @@ def _modelled_non_kv(d, rng: range, weights: int) -> NonKVMemory:
                        pp=d.pp, max_model_len=d.model.max_position_embeddings,
                        max_num_batched_tokens=d.max_num_batched_tokens, max_num_seqs=d.max_num_seqs,
                        first_stage=rng.start == 0, last_stage=rng.stop == d.model.num_layers,
-                       enforce_eager=d.enforce_eager, weight_dtype=d.weight_dtype, stage=rng)
+                       enforce_eager=d.enforce_eager, weight_dtype=d.weight_dtype, stage=rng,
+                       layout=d.parallel)
     return replace(nk, **{k: v for k, v in (("activation", d.activation_bytes), ("non_torch", d.non_torch_bytes),
                                             ("cudagraph", d.cudagraph_bytes)) if v is not None})
 
@@ -375,7 +383,7 @@ def _base_overhead(base) -> int:
     """The modelled non-KV memory beyond the weights of the configuration a profile measured (its binding stage)."""
     stages = []
     for rng in pipeline_stages(base.model.num_layers, base.pp):
-        wb = weight_bytes(base.model, base.tp, base.weight_dtype, stage=rng)
+        wb = weight_bytes(base.model, base.parallel, base.weight_dtype, stage=rng)
         nk = _modelled_non_kv(base, rng, wb.total)
         stages.append(nk.total - nk.weights)
     return max(stages)
@@ -395,12 +403,13 @@ def plan_for(d) -> PoolPlan:
         raise KvplanError(f"the vLLM pool of an {d.engine} deployment was asked for")
     model, fmt, rules = d.model, d.kv, d.rules
     requested = math.ceil(d.total_bytes * d.gpu_memory_utilization)
-    all_layers = _version_layers(kv_layers(model, fmt, d.tp, d.skip, ssm_default=rules.ssm_cache_default(model)),
-                                 model, fmt, d.tp, rules)
+    kv_tp = d.parallel.attn_tp
+    all_layers = _version_layers(kv_layers(model, fmt, kv_tp, d.skip, ssm_default=rules.ssm_cache_default(model)),
+                                 model, fmt, kv_tp, rules)
     base_overhead = _base_overhead(d.measured.base) if d.measured and d.measured.base is not None else None
     stages = []
     for rng in pipeline_stages(model.num_layers, d.pp):
-        wb = weight_bytes(model, d.tp, d.weight_dtype, stage=rng)
+        wb = weight_bytes(model, d.parallel, d.weight_dtype, stage=rng)
         if d.measured is not None:
             w = d.measured.weights if d.measured.weights is not None else wb.total
             overhead = d.measured.overhead
@@ -484,6 +493,7 @@ def capacity_of(d) -> CapacityResult:
     skipped = skipped_indices(layers, fmt)
     state = [lay for lay in layers if lay.kind == "state"]
     notes += _layout_notes(d, plan, skipped)
+    notes += layout_note(d, fig["kv_tokens"], plan.weights)
     nk = plan.non_kv.to_dict()
     nk["weights_measured"] = bool(d.measured is not None and d.measured.weights is not None)
     return CapacityResult(
@@ -503,7 +513,7 @@ def capacity_of(d) -> CapacityResult:
         state_layers=len(state), state_bytes_per_sequence=sum(lay.fixed_bytes for lay in state),
         non_kv=nk,
         log_lines=plan.rules.log_lines(plan.available, int(fig["kv_tokens"]), mlen, fig["max_concurrency"]),
-        deployment=d.to_dict(),
+        deployment=d.to_dict(), **deployment_totals(d, fig["kv_tokens"], fig["max_concurrency"]),
     )
 
 

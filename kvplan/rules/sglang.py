@@ -8,6 +8,9 @@ the largest decode graph batch), srt/model_executor/pool_configurator.py (the hy
 
 from __future__ import annotations
 
+from typing import Optional
+
+from kvplan.errors import KvplanError
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 
 SGLANG_VERSION = "0.5"  # the release whose rules these are
@@ -48,3 +51,75 @@ def default_mem_fraction_static(model: ModelSpec, gpu: GPUSpec, tp: int, pp: int
     if gpu_mem > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((gpu_mem - reserved) / gpu_mem, 3)
+
+
+# --moe-a2a-backend: how MoE layers exchange tokens across expert-parallel ranks (server_args.py)
+MOE_A2A_BACKENDS = ("none", "deepep", "mooncake", "ascend_fuseep", "flashinfer")
+
+
+def sglang_parallel(model: ModelSpec, tp: int, dp: int, dp_attention: bool, ep: Optional[int],
+                    backend: Optional[str], redundant: Optional[int], dense_tp: Optional[int], dp_lm_head: bool,
+                    nvlink_domain: int, notes: list):
+    """The layout `sglang.launch_server --tp tp --dp-size dp [--enable-dp-attention] --ep-size ep` builds, checked
+    as ServerArgs checks it; returns (Parallel, a2a backend).
+
+    Without --enable-dp-attention, --dp-size runs dp replicas of tp GPUs (the data-parallel controller). With it,
+    the tp GPUs are one engine whose attention runs in dp groups of tp / dp GPUs, each with its own requests and
+    KV pool, while the dense MLPs and the vocabulary stay split over all tp (--moe-dense-tp-size 1 and
+    --enable-dp-lm-head keep them whole in each group instead), and the MoE layers span the tp GPUs as ep x
+    (tp / ep)."""
+    from kvplan.specs.parallel import Parallel
+
+    for name, v in (("--dp-size", dp), ("--ep-size", ep), ("--ep-num-redundant-experts", redundant),
+                    ("--moe-dense-tp-size", dense_tp)):
+        low = 0 if "redundant" in name else 1
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+            raise KvplanError(f"{name} must be a whole number of at least {low}, got {v!r}")
+    moe = model.moe is not None and "moe" in model.mlp_kinds
+    if backend is not None:
+        backend = str(backend).lower()
+        if backend not in MOE_A2A_BACKENDS:
+            raise KvplanError(f"--moe-a2a-backend '{backend}': SGLang takes {', '.join(MOE_A2A_BACKENDS)}")
+    if backend not in (None, "none") and not moe:
+        raise KvplanError(f"--moe-a2a-backend {backend}: {model.name} has no MoE layers; drop it")
+    if backend == "deepep" and ep not in (None, tp):
+        notes.append(f"--moe-a2a-backend deepep: SGLang sets the expert-parallel size to the TP size ({tp}), "
+                     f"not --ep-size {ep}")
+    if backend == "deepep":
+        ep = tp
+    ep = ep or 1
+    if ep > 1 and not moe:
+        raise KvplanError(f"--ep-size {ep}: {model.name} has no MoE layers, so there are no experts to spread; "
+                          f"drop it")
+    if tp % ep:
+        raise KvplanError(f"--ep-size {ep} must divide --tp {tp}: SGLang runs each MoE layer over the TP group as "
+                          f"ep x (tp / ep) (moe_tp_size = tp_size // ep_size)")
+    if redundant and ep == 1:
+        raise KvplanError(f"--ep-num-redundant-experts {redundant}: redundant experts are placed over expert-parallel "
+                          f"ranks; add --ep-size (or drop it)")
+    if dp_attention:
+        if dp == 1:
+            notes.append("--enable-dp-attention with --dp-size 1: attention stays tensor parallel (one group)")
+        if tp % dp:
+            raise KvplanError(f"--dp-size {dp} must divide --tp {tp} with --enable-dp-attention: each attention group "
+                              f"takes tp / dp GPUs (ServerArgs: 'tp_size must be divisible by dp_size')")
+    elif dp_lm_head or dense_tp is not None:
+        flag = "--enable-dp-lm-head" if dp_lm_head else "--moe-dense-tp-size"
+        raise KvplanError(f"{flag} applies with --enable-dp-attention (it keeps that part whole in each attention "
+                          f"group); add --enable-dp-attention or drop it")
+    if dense_tp not in (None, 1):
+        raise KvplanError(f"--moe-dense-tp-size {dense_tp}: SGLang supports only 1 (dense layers whole in each "
+                          f"attention group) or leaving it unset")
+    if dp_attention:
+        attn = tp // dp
+        layout = Parallel(attn_tp=attn, dense_tp=attn if dense_tp == 1 else tp, vocab_tp=attn if dp_lm_head else tp,
+                          moe_tp=tp // ep, ep=ep, redundant_experts=int(redundant or 0), dp=dp, world=tp,
+                          domain=nvlink_domain)
+    else:
+        if dp > 1:
+            notes.append(f"--dp-size {dp} without --enable-dp-attention: {dp} replicas of TP {tp}, each its own engine "
+                         f"and KV pool (SGLang's data-parallel controller)")
+        layout = Parallel(attn_tp=tp, dense_tp=tp, vocab_tp=tp, moe_tp=tp // ep if moe else tp, ep=ep,
+                          redundant_experts=int(redundant or 0), dp=dp, world=tp * dp,
+                          domain=nvlink_domain)
+    return layout, (backend or "none") if moe and ep > 1 else None

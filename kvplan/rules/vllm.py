@@ -208,3 +208,65 @@ def serve_defaults(total_bytes: int, gpu: Optional[GPUSpec], version: str | Vllm
     else:
         tokens, seqs = (8192 if llm else 2048), 256
     return ServeDefaults(min(tokens, seqs * max_model_len), seqs)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data and expert parallelism (vllm/config/parallel.py ParallelConfig, vllm/engine/arg_utils.py,
+# vllm/model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make)
+
+# --all2all-backend: how the MoE layers of DP ranks exchange tokens when experts are spread over them
+ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency",
+                    "flashinfer_all2allv")
+DEFAULT_ALL2ALL = "allgather_reducescatter"
+
+
+def vllm_parallel(model, tp: int, pp: int, dp: int, dp_local: Optional[int], expert_parallel: bool, eplb: bool,
+                  redundant: Optional[int], backend: Optional[str], nvlink_domain: int, notes: list[str]):
+    """The layout `vllm serve --tensor-parallel-size tp --pipeline-parallel-size pp --data-parallel-size dp
+    [--enable-expert-parallel]` builds, checked as ParallelConfig checks it; returns (Parallel, all2all backend).
+
+    DP ranks are engines of tp x pp GPUs each, with their own requests and KV pool; attention, dense MLPs, shared
+    experts and the vocabulary are split tp ways inside each. The MoE layers span all tp x dp GPUs of a stage: the
+    experts split tp x dp ways without expert parallelism (FusedMoEParallelConfig.make flattens TP across DP),
+    or whole experts over EP = tp x dp ranks with it."""
+    from kvplan.specs.parallel import Parallel
+
+    for name, v in (("--data-parallel-size", dp), ("--data-parallel-size-local", dp_local),
+                    ("--num-redundant-experts", redundant)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if "redundant" in name else 1)):
+            raise KvplanError(f"{name} must be a whole number of at least {0 if 'redundant' in name else 1}, got {v!r}")
+    moe = model.moe is not None and "moe" in model.mlp_kinds
+    if dp_local is not None and dp % dp_local:
+        raise KvplanError(f"--data-parallel-size-local {dp_local} must divide --data-parallel-size {dp} (the DP ranks "
+                          f"of each node; vLLM starts dp / dp_local nodes)")
+    if expert_parallel and not moe:
+        raise KvplanError(f"--enable-expert-parallel: {model.name} has no MoE layers, so there are no experts to "
+                          f"spread; drop it (data parallelism alone runs replicas)")
+    if eplb and not expert_parallel:
+        raise KvplanError("--enable-eplb balances experts over expert-parallel ranks: vLLM refuses it without "
+                          "--enable-expert-parallel (ParallelConfig: 'enable_expert_parallel must be True to use "
+                          "EPLB')")
+    if redundant and not eplb:
+        raise KvplanError(f"--num-redundant-experts {redundant}: vLLM places redundant experts only with EPLB "
+                          f"(ParallelConfig refuses num_redundant_experts > 0 without --enable-eplb); add "
+                          f"--enable-eplb or drop it")
+    if backend is not None:
+        backend = str(backend).lower()
+        if backend not in ALL2ALL_BACKENDS:
+            raise KvplanError(f"--all2all-backend '{backend}': vLLM takes {', '.join(ALL2ALL_BACKENDS)}")
+        if not (expert_parallel and dp > 1):
+            notes.append(f"--all2all-backend {backend} has no effect here: vLLM exchanges tokens all-to-all only "
+                         f"with expert parallelism across DP ranks (--enable-expert-parallel and "
+                         f"--data-parallel-size > 1)")
+    if dp_local is not None and dp == 1:
+        notes.append(f"--data-parallel-size-local {dp_local} has no effect without --data-parallel-size > 1")
+    group = tp * dp
+    ep = group if expert_parallel else 1
+    if dp > 1 and not moe:
+        notes.append(f"data parallelism on a dense model: {dp} independent replicas of TP {tp}")
+    world = tp * pp * dp
+    # --data-parallel-size-local says how many DP ranks share a node: the node's GPUs are its NVLink domain
+    domain = min(nvlink_domain, dp_local * tp * pp) if dp_local else nvlink_domain
+    layout = Parallel(attn_tp=tp, dense_tp=tp, vocab_tp=tp, moe_tp=1 if expert_parallel else (group if moe else tp),
+                      ep=ep, redundant_experts=int(redundant or 0), dp=dp, world=world, domain=domain)
+    return layout, (backend or DEFAULT_ALL2ALL) if expert_parallel and dp > 1 else None

@@ -315,9 +315,10 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
                   version: str | VllmRules, max_model_len: int, max_num_batched_tokens: Optional[int] = None,
                   max_num_seqs: Optional[int] = None, first_stage: bool = True, last_stage: bool = True,
                   pp: int = 1, enforce_eager: bool = False, weight_dtype: Optional[str] = None,
-                  stage: Optional[range] = None) -> NonKVMemory:
-    """vLLM's non-KV memory on one rank, part by part (see the module docstring). `weight_dtype` and `stage` say
-    which tensors `weights` counts (as kvplan.sizing.weights.weight_bytes takes them), for the allocator's blocks."""
+                  stage: Optional[range] = None, layout=None) -> NonKVMemory:
+    """vLLM's non-KV memory on one rank, part by part (see the module docstring). `weight_dtype`, `stage` and
+    `layout` (a kvplan.specs.parallel.Parallel, where experts are spread) say which tensors `weights` counts (as
+    kvplan.sizing.weights.weight_bytes takes them), for the allocator's blocks."""
     rules = _rules(version)
     d = serve_defaults(total_bytes, gpu, rules, max_model_len)
     T = max_num_batched_tokens or d.max_num_batched_tokens
@@ -370,7 +371,7 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     repack = mxfp4_hopper_repack(m, tp) if fam == "sm90" else 0
     # the caching allocator's blocks beyond the parameters' bytes: vLLM's "Model loading took" is
     # torch.cuda.memory_allocated's growth over the load (worker/gpu_model_runner.py load_model, DeviceMemoryProfiler)
-    blocks = allocator_rounding(m, tp, weight_dtype, stage)
+    blocks = allocator_rounding(m, layout if layout is not None else tp, weight_dtype, stage)
     fragments = largest_fragment = 0
     if repack and pp == 1 and weight_dtype is None:
         # the MXFP4 experts converted on Hopper: the blocks are those of the converted layout, and what the conversion

@@ -14,6 +14,7 @@ from typing import Literal, Optional
 
 from kvplan.errors import KvplanError, did_you_mean
 from kvplan.memo import per_spec
+from kvplan.specs.parallel import Parallel, layout_of
 from kvplan.specs.catalog import ModelSpec
 
 Shard = Literal["col", "row", "rep", "kv", "vocab"]
@@ -50,7 +51,10 @@ class Tensor:
     def numel(self) -> int:
         return self.out_dim * self.in_dim * self.count
 
-    def shape_per_rank(self, tp: int) -> tuple[int, int]:
+    def shape_per_rank(self, tp: "int | Parallel") -> tuple[int, int]:
+        """One rank's [out, in] under `tp` ranks, or under a layout (each part split by its own degree)."""
+        if isinstance(tp, Parallel):
+            tp = tp.tp_for(self.part)
         if self.shard == "col":
             return self.out_dim // tp, self.in_dim
         if self.shard == "row":
@@ -504,7 +508,16 @@ def format_and_scope(m: ModelSpec, weight_dtype: Optional[str] = None) -> tuple[
     return weight_format(weight_dtype), "linear"
 
 
-def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: int, fmt: WeightFormat, scope: str,
+def rank_count(m: ModelSpec, t: Tensor, count: int, tp: "int | Parallel") -> int:
+    """How many of `count` copies of `t` one rank holds: all of them, but under expert parallelism only the fullest
+    EP rank's share of each MoE layer's routed experts (whole experts, redundant replicas included)."""
+    if t.part == "expert" and isinstance(tp, Parallel) and tp.ep > 1 and m.moe:
+        e = m.moe.num_experts
+        return count // e * tp.local_experts(e)
+    return count
+
+
+def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: "int | Parallel", fmt: WeightFormat, scope: str,
                           mixed: bool = False) -> int:
     """One rank's bytes of `t` in `fmt` over `scope`; with `mixed`, the checkpoint's own format for the tensors a
     checkpoint of mixed formats keeps apart (attention in FP8, a quantized LM head)."""
@@ -580,7 +593,7 @@ def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
 
 
 @per_spec
-def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
+def weight_bytes(m: ModelSpec, tp: "int | Parallel" = 1, weight_dtype: Optional[str] = None,
                  stage: Optional[range] = None) -> WeightBytes:
     """One rank's weights in the model's checkpoint format, or with every quantizable layer in `weight_dtype`.
     With `stage`, only the layers of that pipeline stage (and the embedding or LM head it holds)."""
@@ -595,6 +608,7 @@ def weight_bytes(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
             count = t.count  # a later stage cannot share the first stage's table: it loads the LM head itself
         if not count:
             continue
+        count = rank_count(m, t, count, tp)
         if count != t.count:
             t = replace(t, count=count)
         b = tensor_bytes_per_rank(m, t, tp, fmt, scope, mixed=weight_dtype is None)
@@ -744,7 +758,7 @@ _FUSED = {"attn.q_proj": "attn.qkv_proj", "attn.k_proj": "attn.qkv_proj", "attn.
           "moe.shared_experts.up_proj": "moe.shared_experts.gate_up_proj"}
 
 
-def load_allocations(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
+def load_allocations(m: ModelSpec, tp: "int | Parallel" = 1, weight_dtype: Optional[str] = None,
                      stage: Optional[range] = None) -> list[int]:
     """One rank's parameter tensors, in bytes, in the order vLLM's model constructors allocate them (the vision
     tower and projector first, then the embedding, layer by layer its mixer's and its MLP's parameters, the final
@@ -759,6 +773,7 @@ def load_allocations(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = No
                  "shared_expert": moe_layers}
 
     def sizes_of(t: Tensor, count: int) -> list[int]:
+        count = rank_count(m, t, count, tp)
         one = replace(t, count=1)
         total = tensor_bytes_per_rank(m, one, tp, fmt, scope) * count
         if _quantized(m, one, scope):
@@ -770,7 +785,7 @@ def load_allocations(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = No
     tensors = model_tensors(m)
     out: list[int] = []
     if first:
-        out += _encoder_allocations(m, tp) if m.vision is not None else []
+        out += _encoder_allocations(m, layout_of(tp).attn_tp) if m.vision is not None else []
         for t in tensors:
             if t.part == "extra" and not (m.vision is not None and t.name in _ENCODER_LUMPS):
                 out += sizes_of(t, t.count)
@@ -799,7 +814,7 @@ def load_allocations(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = No
 
 
 @per_spec  # grids and sweeps plan one model many times
-def allocator_rounding(m: ModelSpec, tp: int = 1, weight_dtype: Optional[str] = None,
+def allocator_rounding(m: ModelSpec, tp: "int | Parallel" = 1, weight_dtype: Optional[str] = None,
                        stage: Optional[range] = None) -> int:
     """What torch's caching allocator holds for one rank's parameters beyond their bytes (see allocated_bytes): vLLM
     measures "Model loading took" with torch.cuda.memory_allocated (DeviceMemoryProfiler, platforms/cuda.py

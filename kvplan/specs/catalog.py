@@ -440,6 +440,8 @@ class GPUSpec(_Frozen):
     l2_mb: Optional[float] = None
     sm_count: Optional[int] = None
     nvlink_gbps: Optional[float] = None
+    nvlink_domain: Optional[int] = Field(None, gt=0, description="GPUs one NVLink domain joins (GB200 NVL72: 72); "
+                                         "default 8 with NVLink, else 1")
     pcie_gen: Optional[int] = None
     tdp_w: Optional[float] = None
     notes: tuple[str, ...] = ()
@@ -448,6 +450,11 @@ class GPUSpec(_Frozen):
     # GPUs lose a little memory to the driver between the nvidia-smi total and what CUDA reports
     # (0.3-0.7 GiB across the GPUs whose both figures are known); used only when CUDA's figure is unknown.
     DRIVER_RESERVE_GIB: ClassVar[float] = 0.5
+
+    @property
+    def nvlink_domain_size(self) -> int:
+        """GPUs that reach each other over NVLink: an HGX node's 8, a rack-scale system's whole domain, or 1 (PCIe)."""
+        return self.nvlink_domain or (8 if self.nvlink_gbps else 1)
 
     @property
     def memory_total_bytes(self) -> int:
