@@ -623,7 +623,8 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if f is None and prof is not None:
         f = prof.mem_fraction_static
     if f is None and g is not None:
-        f = default_mem_fraction_static(m, g, common["tp"])
+        lay = common["parallel"]
+        f = default_mem_fraction_static(m, g, common["tp"], dp_attention=lay.dp if lay.attn_tp < common["tp"] else 0)
     free_before = None
     weights = None
     if prof is not None:

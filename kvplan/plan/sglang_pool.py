@@ -135,7 +135,8 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
         raise KvplanError(f"--page-size must be positive, got {page_size}")
     if gpu is None and free_before_load_gib is None:
         raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
-    f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(model, gpu, tp)
+    f = (mem_fraction_static if mem_fraction_static is not None else
+         default_mem_fraction_static(model, gpu, tp, dp_attention=layout.dp if layout.attn_tp < tp else 0))
     if not 0 < f <= 1:
         raise KvplanError(f"--mem-fraction-static must be in (0, 1], got {f}")
     total = total_gib * GiB if total_gib is not None else (gpu.memory_total_bytes if gpu is not None else None)

@@ -29,13 +29,13 @@ def layout_note(d, kv_tokens: float, weights: int) -> list[str]:
     if p.ep > 1 and m.moe:
         e = m.moe.num_experts
         local = p.local_experts(e)
-        spare = f", {p.redundant_experts} redundant replicas among them" if p.redundant_experts else ""
+        spare = f" and {p.redundant_experts} redundant replicas" if p.redundant_experts else ""
         whole = []
         if p.attn_tp == 1:
             whole.append("attention")
         if p.dense_tp == 1:
             whole.append("dense MLP and shared-expert")
         held = (f"; each rank holds the {' and '.join(whole)} weights whole" if whole else "")
-        out.append(f"expert parallel over {p.ep} ranks: {local} of {e} routed experts per rank{spare} "
+        out.append(f"expert parallel over {p.ep} ranks: {local} experts per rank ({e} routed{spare} spread whole) "
                    f"({weights / GiB:.2f} GiB of weights on the fullest rank){held}")
     return out

@@ -21,6 +21,7 @@ from kvplan.sizing.kv_cache import (
 from kvplan.sizing.vllm_memory import (
     FRAGMENTATION_SEEN,
     NonKVMemory,
+    all2all_buffer_bytes,
     flat_allowance,
     non_kv_memory,
     pre_snapshot_bytes,
@@ -375,6 +376,10 @@ def _modelled_non_kv(d, rng: range, weights: int) -> NonKVMemory:
                        first_stage=rng.start == 0, last_stage=rng.stop == d.model.num_layers,
                        enforce_eager=d.enforce_eager, weight_dtype=d.weight_dtype, stage=rng,
                        layout=d.parallel)
+    p = d.parallel
+    a2a = all2all_buffer_bytes(d.model, d.a2a_backend, p.domains(p.moe_group) > 1)
+    if a2a:  # the expert-parallel all-to-all's own buffers, outside torch
+        nk = replace(nk, non_torch=nk.non_torch + a2a, parts={**nk.parts, "all2all_buffers": a2a})
     return replace(nk, **{k: v for k, v in (("activation", d.activation_bytes), ("non_torch", d.non_torch_bytes),
                                             ("cudagraph", d.cudagraph_bytes)) if v is not None})
 

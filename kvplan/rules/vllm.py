@@ -215,8 +215,10 @@ def serve_defaults(total_bytes: int, gpu: Optional[GPUSpec], version: str | Vllm
 # vllm/model_executor/layers/fused_moe/config.py FusedMoEParallelConfig.make)
 
 # --all2all-backend: how the MoE layers of DP ranks exchange tokens when experts are spread over them
+# (ParallelConfig.all2all_backend; naive and pplx are rewritten to allgather_reducescatter with a warning)
 ALL2ALL_BACKENDS = ("allgather_reducescatter", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency",
-                    "flashinfer_all2allv")
+                    "mori", "nixl_ep", "flashinfer_all2allv", "flashinfer_nvlink_two_sided",
+                    "flashinfer_nvlink_one_sided")
 DEFAULT_ALL2ALL = "allgather_reducescatter"
 
 
@@ -254,6 +256,10 @@ def vllm_parallel(model, tp: int, pp: int, dp: int, dp_local: Optional[int], exp
         backend = str(backend).lower()
         if backend not in ALL2ALL_BACKENDS:
             raise KvplanError(f"--all2all-backend '{backend}': vLLM takes {', '.join(ALL2ALL_BACKENDS)}")
+        if backend in ("naive", "pplx"):
+            notes.append(f"--all2all-backend {backend}: vLLM replaces it with allgather_reducescatter (with a "
+                         f"warning; ParallelConfig)")
+            backend = DEFAULT_ALL2ALL
         if not (expert_parallel and dp > 1):
             notes.append(f"--all2all-backend {backend} has no effect here: vLLM exchanges tokens all-to-all only "
                          f"with expert parallelism across DP ranks (--enable-expert-parallel and "
@@ -262,6 +268,12 @@ def vllm_parallel(model, tp: int, pp: int, dp: int, dp_local: Optional[int], exp
         notes.append(f"--data-parallel-size-local {dp_local} has no effect without --data-parallel-size > 1")
     group = tp * dp
     ep = group if expert_parallel else 1
+    if eplb and moe and (model.moe.num_experts + (redundant or 0)) % ep:
+        e = model.moe.num_experts
+        need = (redundant or 0) + ep - (e + (redundant or 0)) % ep  # the next count that divides
+        raise KvplanError(f"--enable-eplb: vLLM spreads experts evenly under EPLB ('EPLB currently only supports even "
+                          f"distribution of experts across ranks'), and {e} experts + {redundant or 0} redundant do "
+                          f"not divide over {ep} EP ranks; give --num-redundant-experts {need}")
     if dp > 1 and not moe:
         notes.append(f"data parallelism on a dense model: {dp} independent replicas of TP {tp}")
     world = tp * pp * dp

@@ -625,3 +625,23 @@ def flat_allowance(weights: int, allowance_bytes: int, max_num_batched_tokens: i
     """The back-of-envelope budget: weights plus one allowance for activations, CUDA graphs, NCCL and the CUDA
     context (6.0 GiB in the seeds' arithmetic)."""
     return NonKVMemory(weights, allowance_bytes, 0, 0, 0, max_num_batched_tokens, max_num_seqs, "flat allowance")
+
+
+# DeepEP's buffers, per GPU (vllm/distributed/device_communicators/all2all.py DeepEPHTAll2AllManager and
+# DeepEPLLAll2AllManager, vllm/envs.py): VLLM_DEEPEP_BUFFER_SIZE_MB (1024) of NVLink buffer for either mode, the same
+# again as RDMA buffer for high-throughput mode across nodes, and for low-latency mode the RDMA buffer DeepEP's
+# get_low_latency_rdma_size_hint asks for: double-buffered dispatch (fp8 values, a scale per 128, a 16-byte header)
+# and combine (bf16 plus a header) slots for every expert x VLLM_MOE_DP_CHUNK_SIZE (256) tokens, about
+# 4 x E x T x (2 x hidden + 16) bytes (deep_ep 1.0.0 csrc/kernels/internode_ll.cu). They are made with cudaMalloc and
+# NVSHMEM after vLLM's memory snapshot (prepare_communication_buffer_for_model), so they come out of the KV pool.
+DEEPEP_BUFFER_BYTES = 1024 * MiB
+MOE_DP_CHUNK_TOKENS = 256
+
+
+def all2all_buffer_bytes(m: ModelSpec, backend: Optional[str], cross_node: bool) -> int:
+    """The all-to-all buffers one rank's MoE layers allocate under `backend` (0 for the NCCL-based ones)."""
+    if backend == "deepep_high_throughput":
+        return DEEPEP_BUFFER_BYTES * (2 if cross_node else 1)
+    if backend == "deepep_low_latency" and m.moe is not None:
+        return DEEPEP_BUFFER_BYTES + 4 * m.moe.num_experts * MOE_DP_CHUNK_TOKENS * (2 * m.hidden_size + 16)
+    return 0
