@@ -41,8 +41,13 @@ rows do not record their own engine settings):
   mode is the one taken: they hold most of an MoE model's bytes (the two modes of a row differ only in the fp8
   scales' granularity here).
 
-Skipped: expert parallelism (moe_ep_size > 1) and attention data parallelism (attention_dp_size > 1, or implied
-where it is empty and moe_tp x moe_ep exceeds tp), not modelled yet; a system or engine kvplan does not know; a
+* the layout (layout_options): attention TP x DP GPUs (attention_dp_size, implied where it is empty by moe_tp x
+  moe_ep / tp) with the MoE layers as moe_tp x moe_ep over them: vLLM --data-parallel-size and
+  --enable-expert-parallel (its EP spans every GPU, so a row with both moe_tp and moe_ep above 1 is skipped);
+  SGLang --tp of all the GPUs, --dp-size with --enable-dp-attention, --ep-size; the concurrency spread over the
+  DP ranks (vLLM's --max-num-seqs and batched tokens per rank).
+
+Skipped: a system or engine kvplan does not know; a
 model HF_CONFIGS lacks; a GPU without a bundled step-time profile; a weight format kvplan has no name for; and any
 configuration kvplan refuses (a KvplanError, counted by the first 60 characters of its message: refusal).
 
@@ -92,8 +97,6 @@ EXTRA_TOKENS = 1500  # the generator's headroom in max_model_len and max_num_bat
 MIN_SEQS = 512
 WITHIN = 0.20  # the share of rows within this |error| is reported
 
-EP_REASON = "expert parallelism (moe_ep_size > 1): not modelled yet"
-DP_REASON = "attention data parallelism (attention_dp_size > 1): not modelled yet"
 
 
 class Skip(Exception):
@@ -191,6 +194,27 @@ def _int(row: dict, key: str, default: Optional[int] = None) -> Optional[int]:
         raise Skip(f"{key} is not a number") from None
 
 
+def layout_options(engine: str, tp: int, dp: int, moe_tp: int, moe_ep: int) -> dict:
+    """The engine's options for a row's layout (attention TP x DP GPUs, the MoE layers as expert TP x EP over
+    them): vLLM's --data-parallel-size and --enable-expert-parallel (EP = TP x DP: every GPU whole experts), or
+    SGLang's --tp (all the GPUs), --dp-size with --enable-dp-attention, and --ep-size."""
+    if engine == "vllm":
+        if moe_ep > 1 and moe_tp != 1:
+            raise Skip(f"vLLM's expert parallelism spans every GPU (EP = TP x DP), not moe_tp {moe_tp} x ep {moe_ep}")
+        out = {"tp": tp}
+        if dp > 1:
+            out["data_parallel_size"] = dp
+        if moe_ep > 1:
+            out["enable_expert_parallel"] = True
+        return out
+    out = {"tp": tp * dp}
+    if dp > 1:
+        out.update(dp_size=dp, enable_dp_attention=True)
+    if moe_ep > 1:
+        out["ep_size"] = moe_ep
+    return out
+
+
 def engine_limits(engine: str, isl: int, osl: int, concurrency: int) -> dict:
     """The engine settings of the protocol (the module's docstring); SGLang's rows get max_model_len alone."""
     out = {"max_model_len": isl + osl + EXTRA_TOKENS}
@@ -230,14 +254,11 @@ class Scorer:
             raise Skip(f"system '{system}' has no kvplan GPU")
         tp, pp = _int(row, "tp_size", 1), _int(row, "pp_size", 1)
         moe_tp, moe_ep = _int(row, "moe_tp_size", tp), _int(row, "moe_ep_size", 1)
-        if moe_ep > 1:
-            raise Skip(EP_REASON)
         # attention TP x DP = expert TP x EP GPUs: an empty attention_dp_size is what that leaves
         dp = _int(row, "attention_dp_size") or max(1, moe_tp * moe_ep // tp)
-        if dp > 1:
-            raise Skip(DP_REASON)
         if moe_tp * moe_ep != tp * dp:
             raise Skip("moe_tp_size x moe_ep_size differs from tp_size x attention_dp_size")
+        layout = layout_options(engine, tp, dp, moe_tp, moe_ep)
         isl, osl, conc = _int(row, "isl"), _int(row, "osl"), _int(row, "batch_size")
         if not (isl and osl and conc):
             raise Skip("isl, osl or batch_size missing")
@@ -250,17 +271,19 @@ class Scorer:
             raise Skip("no config.json for model_path in --configs")
         model = self._cached(self.models, config, lambda: load_model(str(config)))
         wd = weight_dtype_for(model, row)
-        return dict(config=config, model=model, gpu=gpu, engine=engine, tp=tp, pp=pp, weight_dtype=wd,
-                    isl=isl, osl=osl, concurrency=conc, **engine_limits(engine, isl, osl, conc))
+        return dict(config=config, model=model, gpu=gpu, engine=engine, tp=layout.pop("tp"), pp=pp, weight_dtype=wd,
+                    layout=layout, isl=isl, osl=osl, concurrency=conc,
+                    **engine_limits(engine, isl, osl, -(-conc // dp)))
 
     def predict(self, x: dict):
         """kvplan's row at the concurrency: `kvplan throughput --kv-cache-dtype auto --json`'s figures."""
         limits = {k: x[k] for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens") if k in x}
-        key = (x["config"], x["gpu"], x["engine"], x["tp"], x["pp"], x["weight_dtype"], *sorted(limits.items()))
+        key = (x["config"], x["gpu"], x["engine"], x["tp"], x["pp"], x["weight_dtype"], *sorted(limits.items()),
+               *sorted(x["layout"].items()))
 
         def resolve():
             args = DeploymentArgs(model=x["model"], gpu=x["gpu"], engine=x["engine"], tp=x["tp"], pp=x["pp"],
-                                  weight_dtype=x["weight_dtype"], **limits)
+                                  weight_dtype=x["weight_dtype"], **limits, **x["layout"])
             return deployments(args, parse_dtypes(["auto"]), needs_memory=True)
 
         ds = self._cached(self.deployments, key, resolve, x["model"].name)

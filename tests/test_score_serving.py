@@ -45,17 +45,24 @@ def test_every_row_is_scored_or_skipped_with_a_reason(sample):
         assert r["predicted"]["tpot_ms"] > 0 and r["predicted"]["ttft_ms"] > 0
 
 
-def test_expert_and_attention_data_parallel_rows_are_counted_under_their_reason(score_serving, sample):
+def test_expert_and_attention_data_parallel_rows_are_planned_with_their_layout(score_serving, sample):
     rows, result = sample
+    scored = {r["id"] for r in result["scored"]}
     reason = {s["id"]: s["reason"] for s in result["skipped"]}
-    ep = [r["id"] for r in rows if int(r["moe_ep_size"] or 1) > 1]
-    dp = [r["id"] for r in rows if int(r["moe_ep_size"] or 1) == 1
-          and int(r["attention_dp_size"] or int(r["moe_tp_size"]) // int(r["tp_size"])) > 1]
+    ep = [r for r in rows if int(r["moe_ep_size"] or 1) > 1]
+    dp = [r for r in rows if int(r["attention_dp_size"] or int(r["moe_tp_size"]) * int(r["moe_ep_size"] or 1)
+                                // int(r["tp_size"])) > 1]
     assert ep and dp
-    assert {reason.get(i) for i in ep} == {score_serving.EP_REASON}
-    assert {reason.get(i) for i in dp} == {score_serving.DP_REASON}
-    assert result["skip_reasons"][score_serving.EP_REASON] == len(ep)
-    assert result["skip_reasons"][score_serving.DP_REASON] == len(dp)
+    # each is planned, or skipped for a reason other than its layout (a GPU without a profile, a hybrid SGLang pool)
+    for r in ep + dp:
+        assert r["id"] in scored or "parallel" not in reason[r["id"]], reason.get(r["id"])
+    assert any(r["id"] in scored for r in ep) and any(r["id"] in scored for r in dp)
+    # the options a row's layout becomes: vLLM EP = TP x DP over every GPU; SGLang's --tp is all of them
+    assert score_serving.layout_options("vllm", 4, 4, 1, 16) == {"tp": 4, "data_parallel_size": 4,
+                                                                 "enable_expert_parallel": True}
+    assert score_serving.layout_options("sglang", 16, 1, 4, 4) == {"tp": 16, "ep_size": 4}
+    assert score_serving.layout_options("sglang", 2, 4, 2, 4) == {"tp": 8, "dp_size": 4, "enable_dp_attention": True,
+                                                                  "ep_size": 4}
     # and the model missing from the configs, and the GPUs without a step-time profile
     assert any("no config.json" in why for why in result["skip_reasons"])
     assert any("no step-time profile" in why for why in result["skip_reasons"])

@@ -82,6 +82,10 @@ class EngineLimits:
     blocks_for: Callable  # tokens held (a numpy array) -> blocks needed (numpy array)
     # steps a request sent while the engine runs waits beyond the running step before it can be scheduled
     admit_delay: int = 0
+    # other data-parallel ranks stepping in lockstep with this one (vLLM's DPEngineCoreProc, SGLang's attention
+    # groups): each step lasts as long as the slowest rank's, so a rank's decode steps also wait out the others'
+    # prompt chunks, as often as its own come (the ranks are alike)
+    lockstep: int = 0
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     step_cache = {} if step_cache is None else step_cache
     sim_end = n
     gen_stats: list[tuple] = []
+    stall = 0.0  # lockstep: the other ranks' prompt time this rank's coming steps wait out
 
     def send_due(now: float) -> None:
         nonlocal next_send, in_flight
@@ -294,7 +299,8 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             if limits.policy == "vllm":
                 k_steps = _steps_with_blocks(table, computed[dec], held[dec], free, k_steps)
         if k_steps > 1:
-            dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0)
+            dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0) + stall / k_steps
+            stall = 0.0
             dt = dt_each * k_steps
             need = table[computed[dec] + k_steps] - held[dec]
             held[dec] += need
@@ -304,7 +310,10 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             itl_v.append(dt_each)
             itl_w.append(b * k_steps)
         else:
-            dt = cost(b, ctx, p, pctx)
+            own = cost(b, ctx, p, pctx)
+            dt, stall = own + stall, 0.0
+            if p and limits.lockstep:  # the other ranks' chunks, which this rank's next decode steps wait out
+                stall = limits.lockstep * max(0.0, own - cost(b, ctx, 0, 0.0))
             computed[rs] += ks
             if b:
                 outputs[dec] += 1

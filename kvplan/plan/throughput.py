@@ -133,15 +133,26 @@ def engine_limits(d):
         from kvplan.rules.sglang import default_chunked_prefill_size
 
         r = sglang_capacity(d)
-        return EngineLimits("sglang", default_chunked_prefill_size(d.gpu, d.tp), int(r.max_running_requests),
-                            int(r.max_total_num_tokens), lambda n: n)
+        chunk = default_chunked_prefill_size(d.gpu, d.tp)
+        if d.parallel.attn_tp < d.tp:  # data-parallel attention: each group's chunk is 1/dp of it (server_args.py)
+            chunk //= d.parallel.dp
+        return EngineLimits("sglang", chunk, int(r.max_running_requests), int(r.max_total_num_tokens), lambda n: n,
+                            lockstep=_lockstep(d))
     from kvplan.plan.vllm_pool import plan_for
 
     plan = plan_for(d)
     # a request sent while a step runs arrives during the next one (its client answering the last token) and waits
     # for the step after it, or the one after that with async scheduling
     return EngineLimits("vllm", int(d.max_num_batched_tokens), int(d.max_num_seqs), int(plan.num_blocks) - 1,
-                        lambda n: plan.blocks_per_request(n, np), admit_delay=2 if d.rules.async_scheduling else 1)
+                        lambda n: plan.blocks_per_request(n, np), admit_delay=2 if d.rules.async_scheduling else 1,
+                        lockstep=_lockstep(d))
+
+
+def _lockstep(d) -> int:
+    """The other DP ranks a rank steps in lockstep with: those its MoE layers exchange tokens with (vLLM runs a dummy
+    batch on an idle rank while any has work; dense replicas run free)."""
+    p = d.parallel
+    return p.dp - 1 if p.dp > 1 and d.model.moe is not None and p.moe_group > p.attn_tp else 0
 
 
 def _price(sm, pp: int):
@@ -156,13 +167,22 @@ def _row(sm, d, c: int, work, limit: int, gpus: int, limits, step_cache: Optiona
     """The benchmark of `work` (kvplan.plan.serving.Workload) with at most c requests in flight under the scheduler's
     `limits` (engine_limits), simulated."""
     isl, osl = work.isl, work.osl
-    res = work.run(_price(sm, d.pp), limits, c, step_cache)
+    # data-parallel ranks, each its own engine: the clients spread evenly over them (vLLM's load balancer sends a
+    # request to the rank with the least 4 x waiting + running, SGLang's round robin), so one rank runs c / dp of
+    # them, stepping in lockstep with the others, and the deployment delivers dp times its throughput
+    dp = d.parallel.dp
+    mine = -(-c // dp)
+    if dp > 1:
+        work = replace(work, num_prompts=-(-work.num_prompts // dp), warmup=-(-work.warmup // dp),
+                       request_rate=None if work.request_rate is None else work.request_rate / dp)
+    res = work.run(_price(sm, d.pp), limits, mine, step_cache)
+    spread = c / mine
     n = work.num_prompts
     ctx = isl + osl / 2
     running = max(res.mean_running, 1.0)
     plain = sm.step(running / d.pp, ctx)
     itl = res.itl.mean
-    out = res.output_tokens_per_s
+    out = res.output_tokens_per_s * spread
 
     def ms(x):
         return x * 1e3
@@ -178,8 +198,9 @@ def _row(sm, d, c: int, work, limit: int, gpus: int, limits, step_cache: Optiona
         tpot_p50_ms=ms(res.tpot.median), tpot_p90_ms=ms(res.tpot.p90), tpot_p99_ms=ms(res.tpot.p99),
         itl_ms=ms(itl), itl_p50_ms=ms(res.itl.median), itl_p90_ms=ms(res.itl.p90), itl_p99_ms=ms(res.itl.p99),
         e2e_ms=ms(res.e2e.mean), e2e_p50_ms=ms(res.e2e.median), e2e_p90_ms=ms(res.e2e.p90),
-        e2e_p99_ms=ms(res.e2e.p99), requests_per_s=res.requests_per_s, total_tokens_per_s=res.total_tokens_per_s,
-        mean_running=res.mean_running, capped_by=res.capped_by, preemptions=res.preemptions, num_prompts=n)
+        e2e_p99_ms=ms(res.e2e.p99), requests_per_s=res.requests_per_s * spread,
+        total_tokens_per_s=res.total_tokens_per_s * spread, mean_running=res.mean_running, capped_by=res.capped_by,
+        preemptions=res.preemptions, num_prompts=n if dp == 1 else work.num_prompts * dp)
 
 
 PERCENTILE_KEYS = {"mean": "", "p50": "_p50", "median": "_p50", "p90": "_p90", "p99": "_p99"}
@@ -228,9 +249,9 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
                           f"{mlen:,} of {m.name}: {fix}")
     if d0.gpu is None:
         raise KvplanError("throughput needs --gpu (the step times and the pool are the GPU's)")
-    gpus = d0.tp * d0.pp
+    gpus = d0.parallel.world if not d0.parallel.tp_only else d0.tp * d0.pp
     models = [step_model(d) for d in ds]
-    limits = [pool_limit(d, isl, osl) for d in ds]
+    limits = [pool_limit(d, isl, osl) * d.parallel.dp for d in ds]  # the whole deployment's
     if max(limits) < 1:  # not one request: say why, as `capacity` does
         raise KvplanError(_no_room(d0, isl + osl))
     if concurrency:

@@ -50,9 +50,20 @@ from kvplan.sizing.weights import (
 )
 from kvplan.specs.catalog import GPUSpec, ModelSpec, _catalog_data, catalog_dir
 from kvplan.specs.kv_formats import kv_format
+from kvplan.specs.parallel import Parallel
 from kvplan.xp import SCALAR
 
 SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul
+# Between NVLink domains: one 400 Gb/s NIC per GPU (DGX and HGX H100, H200, B200 nodes; AIConfigurator's system
+# files give inter_node_bw 50e9 B/s) and about 10 us per message hop (their p2p_latency)
+NET_BYTES_PER_S = 50e9
+NET_LATENCY_S = 10e-6
+# DeepEP's fixed cost per dispatch or combine call: low-latency ~15 us, high-throughput (normal) ~165 us on average
+# of its dispatch (~250 us, with the layout notify) and combine (~80 us) at small token counts (AIConfigurator's
+# SGLang 0.5.6 and vLLM 0.24 DeepEP tables, H200 and B200, hidden 7168, top-8 of 256)
+DEEPEP_LL_CALL_S = 15e-6
+DEEPEP_HT_CALL_S = 165e-6
+NVLINK_A2A_BYTES_PER_S = 250e9  # a GPU without a catalogued NVLink rate
 SAMPLER_KERNELS = 8  # logits copy, temperature, top-k/top-p, softmax, sampling, argmax (vLLM v1 Sampler)
 # Host time per step that vLLM's async scheduling does not overlap (input preparation, CUDA-graph launch). An
 # estimate: no public table measures it; it is a small share of a step at any realistic batch.
@@ -405,8 +416,12 @@ def _gemm_calls(m: ModelSpec, weight_dtype, tp: int, profile: StepProfile, estim
             merged[key] = (f0, mb0 + mb, n0 + n, k0, c0, a0)
         else:
             merged[key] = (fit, float(mb), n, k, key[3], act)
+    parts = []
     for key, row in merged.items():
         (experts if key[4] == "expert" else dense).append(row)
+        if key[4] != "expert":
+            parts.append("lm_head" if key[3] == 1 and key[4] == "embed" else key[4])
+    _gemm_calls.parts = parts  # the part of each dense call, in order (read right after the call)
     return dense, experts, expert_format
 
 
@@ -436,11 +451,21 @@ class StepModel:
         self._remembered: dict = {}  # step_seconds' parts
         m: ModelSpec = d.model
         self.model = m
-        tp = d.tp
+        lay = getattr(d, "parallel", None) or Parallel.tensor(d.tp)
+        self.layout = lay
+        tp = lay.attn_tp  # the attention's degree: its heads and the KV heads a rank reads
         self.tp = tp
         self.estimated: list[str] = []
         # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind, and the experts' format
-        self.dense, self.experts, expert_format = _gemm_calls(m, d.weight_dtype, tp, profile, self.estimated)
+        self.dense, self.experts, expert_format = _gemm_calls(m, d.weight_dtype, tp if lay.tp_only else lay, profile,
+                                                              self.estimated)
+        # the tokens each call multiplies, per token of this rank: a part split over more GPUs than the attention
+        # (SGLang's dense layers and LM head over the whole TP group under data-parallel attention) runs on the
+        # tokens of every attention group gathered
+        self.dense_scale = [lay.tp_for(p) / tp if p in ("mlp", "shared_expert", "embed", "lm_head") else 1.0
+                            for p in _gemm_calls.parts]
+        self.moe_scale = lay.moe_group / tp  # the MoE layers see every attention group's tokens
+        self.a2a = getattr(d, "a2a_backend", None)
         self.moe_fit = None
         if self.experts and m.moe:
             key = gemm_family(expert_format)[0]
@@ -470,6 +495,10 @@ class StepModel:
         # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
         self.query_quant = fam == "fp8" and not m.mla
         self.ar_fit = allreduce_fit(profile, tp)
+        self.eplb = bool(getattr(d, "eplb", False))
+        # the all-to-all's sustained NVLink rate per GPU: 60% of one direction of the GPU's NVLink (DeepEP's
+        # low-latency kernels reach 230-270 GB/s on an H200 of 450 GB/s each way: AIConfigurator's DeepEP tables)
+        self.gpu_nvlink = (0.6 * d.gpu.nvlink_gbps / 2 * 1e9) if d.gpu is not None and d.gpu.nvlink_gbps else None
         self.small_fit = dfit
         self.elem_bytes = DTYPE_BYTES[m.dtype]
         self.bf16_bytes_per_token = format_bytes_per_token(m, kv_format("auto"), tp)
@@ -478,15 +507,24 @@ class StepModel:
 
     def _weights(self, tokens, xp=SCALAR) -> tuple:
         bw = self.profile.peak_bandwidth_bytes_per_s
-        dense = sum(c * gemm_call_seconds(f, bw, tokens, n, k, mb, a, xp) for f, mb, n, k, c, a in self.dense)
+        dense = sum(c * gemm_call_seconds(f, bw, tokens * g, n, k, mb, a, xp)
+                    for (f, mb, n, k, c, a), g in zip(self.dense, self.dense_scale))
         moe = 0.0
         m = self.model
         if self.experts and m.moe:
             e, kk = m.moe.num_experts, m.moe.experts_per_token
-            touched = e * (1.0 - (1.0 - kk / e) ** tokens)
+            lay = self.layout
+            tokens = tokens * self.moe_scale
+            if lay.ep > 1:  # whole experts on this rank: the pairs routed to its share, the busiest rank's
+                local = lay.local_experts(e)
+                pairs = tokens * kk * local / e * routing_imbalance(tokens * kk * local / e, lay.ep, self.eplb)
+                touched = local * (1.0 - (1.0 - 1.0 / local) ** pairs)
+            else:
+                pairs = tokens * kk
+                touched = e * (1.0 - (1.0 - kk / e) ** tokens)
             layers = sum(1 for x in m.mlp_kinds if x == "moe")
             per_layer_bytes = sum(mb * c for _, mb, _, _, c, _ in self.experts) / max(layers, 1) / e * touched
-            flops = sum(2.0 * n * k * c for _, _, n, k, c, _ in self.experts) / max(layers, 1) / e * tokens * kk
+            flops = sum(2.0 * n * k * c for _, _, n, k, c, _ in self.experts) / max(layers, 1) / e * pairs
             f = self.moe_fit
             if f is not None:
                 t = per_layer_bytes / (f.eta * bw)
@@ -494,7 +532,7 @@ class StepModel:
                     t = xp.maximum(t, flops / (f.mu * f.peak_flops))
                 moe = layers * (f.t0_s + f.per_expert_s * touched + t)
             else:  # each touched expert's matrices as GEMMs
-                moe = sum(c / e * touched * gemm_call_seconds(f2, bw, tokens * kk / touched, n, k, mb, a, xp)
+                moe = sum(c / e * touched * gemm_call_seconds(f2, bw, pairs / touched, n, k, mb, a, xp)
                           for f2, mb, n, k, c, a in self.experts)
         return dense, moe
 
@@ -529,11 +567,64 @@ class StepModel:
         return t
 
     def _allreduce(self, tokens):
-        if self.ar_fit is None:
+        """The step's collectives: under plain TP within one NVLink domain, two all-reduces per layer (after the
+        attention and after the MLP); otherwise each part's own (kvplan.specs.parallel.Parallel): the attention's
+        all-reduce over its group, the dense layers' over theirs (a gather and a scatter of every attention group's
+        tokens where they span more GPUs), and the MoE layers' over the GPUs they span, or DeepEP's dispatch and
+        combine."""
+        lay, m = self.layout, self.model
+        row = m.hidden_size * self.elem_bytes  # one token's hidden state
+        if lay.tp_only and lay.attn_tp <= lay.domain:
+            if self.ar_fit is None:
+                return 0.0
+            f = self.ar_fit
+            per = f.t0_s + tokens * row / (f.bytes_per_s or 1e11)
+            return 2 * m.num_layers * per
+        kinds = m.mlp_kinds
+        n_moe = sum(1 for x in kinds if x == "moe")
+        n_dense = sum(1 for x in kinds if x == "dense")
+        t = m.num_layers * self._collective(lay.attn_tp, tokens * row)
+        dense_g = lay.dense_tp
+        t = t + n_dense * self._collective(dense_g, tokens * dense_g / lay.attn_tp * row)
+        if n_moe:
+            if self.a2a in ("deepep_low_latency", "deepep_high_throughput", "deepep"):
+                t = t + n_moe * self._all_to_all(tokens)
+            else:
+                g = lay.moe_group
+                t = t + n_moe * self._collective(g, tokens * g / lay.attn_tp * row)
+        return t
+
+    def _collective(self, ranks: int, nbytes):
+        """One all-reduce (or an all-gather and a reduce-scatter of the same bytes) over `ranks` GPUs: the NVLink
+        fit for the group's size; across NVLink domains, the network's share on top (each node's GPUs carry their
+        slice over their own NICs: 2 (N - 1) / N of the bytes / GPUs per node, per GPU) and its latency."""
+        if ranks <= 1:
             return 0.0
-        f = self.ar_fit
-        per = f.t0_s + tokens * self.model.hidden_size * self.elem_bytes / (f.bytes_per_s or 1e11)
-        return 2 * self.model.num_layers * per
+        lay = self.layout
+        f = allreduce_fit(self.profile, min(ranks, lay.domain))
+        t = 0.0 if f is None else f.t0_s + nbytes / (f.bytes_per_s or 1e11)
+        nodes = lay.domains(ranks)
+        if nodes > 1:
+            per_node = min(ranks, lay.domain)
+            t = t + 2 * NET_LATENCY_S + 2 * (nodes - 1) / nodes * nbytes / per_node / NET_BYTES_PER_S
+        return t
+
+    def _all_to_all(self, tokens):
+        """DeepEP's dispatch (fp8 values and their scales) and combine (bf16) of one MoE layer: each of this rank's
+        tokens goes to its top-k experts, the share on other GPUs over NVLink, the share on other nodes over the
+        network, after a fixed cost per call."""
+        lay, m = self.layout, self.model
+        kk, h = m.moe.experts_per_token, m.hidden_size
+        remote = (lay.ep - 1) / lay.ep
+        nodes = lay.domains(lay.moe_group)
+        off_node = (nodes - 1) / nodes
+        nvlink = NVLINK_A2A_BYTES_PER_S if self.gpu_nvlink is None else self.gpu_nvlink
+        t0 = DEEPEP_LL_CALL_S if self.a2a != "deepep_high_throughput" else DEEPEP_HT_CALL_S
+        out = 0.0
+        for per_value in (1 + 4 / 128, 2):  # dispatch in fp8 with a scale per 128, combine in bf16
+            nbytes = tokens * kk * (h * per_value + 16)
+            out = out + t0 + nbytes * (remote - off_node) / nvlink + nbytes * off_node / NET_BYTES_PER_S
+        return out
 
     def _prefill_attention(self, tokens, context, xp=SCALAR):
         """Attention of `tokens` new tokens that see `context` earlier tokens each on average (compute-bound:
@@ -614,6 +705,22 @@ class StepModel:
             a = by_decode[(batch, context)] = (self._attention(batch, context), self._engine(batch))
         attention = a[0] + self._prefill_attention(prefill_tokens, prefill_context)
         return gemm + moe + attention + allreduce + small + a[1]
+
+
+def routing_imbalance(pairs, ranks: int, balanced: bool = False):
+    """How much more than its share the busiest of `ranks` expert-parallel ranks receives when `pairs` token-expert
+    pairs are routed at random (each rank's count binomial, the largest of `ranks` of them about sqrt(2 ln ranks)
+    standard deviations above the mean); 1 under EPLB, which places replicas so that the load evens out."""
+    if balanced or ranks <= 1:
+        return 1.0
+    z = math.sqrt(2 * math.log(ranks))
+    if isinstance(pairs, (int, float)):
+        mean = max(pairs / ranks, 1e-12)
+        return 1.0 + z * math.sqrt(mean * (1 - 1 / ranks)) / mean
+    import numpy as np
+
+    mean = np.maximum(pairs / ranks, 1e-12)
+    return 1.0 + z * np.sqrt(mean * (1 - 1 / ranks)) / mean
 
 
 def has_profile(d) -> bool:
