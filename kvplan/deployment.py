@@ -213,6 +213,7 @@ class Deployment:
         p = self.parallel
         if not p.tp_only:
             out.update(dp=p.dp, ep=p.ep, attention_tp=p.attn_tp, moe_tp=p.moe_tp, world_size=p.world,
+                       nvlink_domains=p.domains(p.world),
                        redundant_experts=p.redundant_experts, a2a_backend=self.a2a_backend, eplb=self.eplb)
         if self.engine == "vllm":
             out.update(gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
@@ -624,7 +625,8 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
         f = prof.mem_fraction_static
     if f is None and g is not None:
         lay = common["parallel"]
-        f = default_mem_fraction_static(m, g, common["tp"], dp_attention=lay.dp if lay.attn_tp < common["tp"] else 0)
+        f = default_mem_fraction_static(m, g, common["tp"], dp_attention=lay.dp if lay.attn_tp < common["tp"] else 0,
+                                        deepep=common["a2a_backend"] == "deepep")
     free_before = None
     weights = None
     if prof is not None:

@@ -41,18 +41,22 @@ def default_chunked_prefill_size(gpu: GPUSpec, tp: int) -> int:
     return default_chunked_prefill_and_decode_bs((gpu.smi_total_mib or gpu.memory_total_gib * 1024) / 1024, tp)[0]
 
 
-def default_mem_fraction_static(model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1, dp_attention: int = 0) -> float:
-    """memory_hook.py: reserve 512 MB + 1.5 x chunked prefill + tp x pp / 8 GB + the graphs' share, at least 10 GB
-    on GPUs over 60 GB, out of nvidia-smi's total. With data-parallel attention over `dp_attention` groups, the
-    graphs of every group: + largest graph batch x dp x 3 MB (x 4.5 above a batch of 300; server_args.py)."""
+def default_mem_fraction_static(model: ModelSpec, gpu: GPUSpec, tp: int, pp: int = 1, dp_attention: int = 0,
+                                deepep: bool = False) -> float:
+    """memory_hook.py: reserve 512 MB + 1.5 x chunked prefill + tp x pp / 8 GB + the graphs' share (with
+    data-parallel attention over `dp_attention` groups, also the largest graph batch x dp x 3 MB, x 4.5 above a
+    batch of 300: reserve_for_graph_mb), at least 10 GB on GPUs over 60 GB, then 2 GB more for DeepEP's buffers
+    (reserve_for_deepep_a2a_mb), out of nvidia-smi's total."""
     gpu_mem = gpu.smi_total_mib or gpu.memory_total_gib * 1024
     chunked, decode_bs = default_chunked_prefill_and_decode_bs(gpu_mem / 1024, tp)
     graphs = 1536 if model.is_mla else 2 * decode_bs
-    reserved = 512 + 1.5 * max(chunked, 2048) + tp * pp / 8 * 1024 + graphs
     if dp_attention > 1:
-        reserved += decode_bs * dp_attention * (4.5 if decode_bs > 300 else 3)
+        graphs += decode_bs * dp_attention * (4.5 if decode_bs > 300 else 3)
+    reserved = 512 + 1.5 * max(chunked, 2048) + tp * pp / 8 * 1024 + graphs
     if gpu_mem > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
+    if deepep:
+        reserved += 2 * 1024
     return round((gpu_mem - reserved) / gpu_mem, 3)
 
 
