@@ -56,6 +56,9 @@ VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_block
              "all2all_backend", "enable_eplb", "num_redundant_experts")
 SGLANG_ONLY = ("mem_fraction_static", "page_size", "dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend",
                "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
+LAYOUT_OPTIONS = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
+                  "enable_eplb", "num_redundant_experts", "dp_size", "enable_dp_attention", "ep_size",
+                  "moe_a2a_backend", "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
 # each engine's spelling of the same idea, for the hint when the other engine's is given
 OTHER_SPELLING = {"data_parallel_size": "dp_size", "dp_size": "data_parallel_size",
                   "enable_expert_parallel": "ep_size", "ep_size": "enable_expert_parallel",
@@ -166,6 +169,7 @@ class Deployment:
     parallel: Parallel = Parallel()
     a2a_backend: Optional[str] = None  # how MoE layers exchange tokens across DP ranks, where they do
     eplb: bool = False
+    layout_options: tuple = ()  # the layout options given, as sorted (name, value) pairs
     # vLLM
     gpu_memory_utilization: Optional[float] = None
     block_size: Optional[int] = None  # what was asked or the attention backend's default
@@ -364,6 +368,8 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     weight_dtype = args.weight_dtype
     if weight_dtype is None and prof is not None:
         weight_dtype = prof.weight_dtype
+    if prof is not None and prof.layout and not any(n in given for n in LAYOUT_OPTIONS):
+        args = replace(args, **prof.layout)  # the layout the profile's deployment ran
     layout, a2a = _parallel_layout(args, engine, m, g, tp, pp, notes)
     check_tp(m, layout.attn_tp)
     if not 1 <= pp <= m.num_layers:
@@ -473,7 +479,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=weight_dtype, tp=tp,
                   pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
                   calibration=cal, calibration_source=cal_source, inferred_gpu=inferred, parallel=layout,
-                  a2a_backend=a2a, eplb=bool(args.enable_eplb))
+                  a2a_backend=a2a, eplb=bool(args.enable_eplb), layout_options=layout_options(args))
     if weight_dtype is not None:
         weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
     if engine == "sglang":
@@ -589,16 +595,24 @@ def _with_profile(d: Deployment, prof) -> Deployment:
     """The profile's measured weights and overhead; re-based where this deployment differs from the measured one in
     what the non-KV memory depends on (layout, batch sizes, eager mode)."""
     source = prof.source or "a startup log"
-    same_layout = (d.tp, d.pp, d.weight_dtype) == (prof.tp, prof.pp, prof.weight_dtype)
+    then_layout = tuple(sorted(prof.layout.items()))
+    same_layout = (d.tp, d.pp, d.weight_dtype, d.layout_options) == (prof.tp, prof.pp, prof.weight_dtype, then_layout)
     differs = [name for name, now, then in (
         ("--tp", d.tp, prof.tp), ("--pp", d.pp, prof.pp), ("--weight-dtype", d.weight_dtype, prof.weight_dtype),
+        ("the data- and expert-parallel options", d.layout_options, then_layout),
         ("--max-num-batched-tokens", d.max_num_batched_tokens, prof.max_num_batched_tokens or d.max_num_batched_tokens),
         ("--max-num-seqs", d.max_num_seqs, prof.max_num_seqs or d.max_num_seqs),
         ("--enforce-eager", d.enforce_eager, False)) if now != then]
     base = None
     note = f"non-KV memory measured by {source}"
     if differs:
-        base = replace(d, tp=prof.tp, pp=prof.pp, weight_dtype=prof.weight_dtype,
+        if d.layout_options != then_layout:  # the measured configuration's own layout, resolved as this one's
+            args = DeploymentArgs(model=d.model, gpu=d.gpu, engine=d.engine, tp=prof.tp, pp=prof.pp, **prof.layout)
+            base_layout = args.resolve().parallel
+        else:
+            base_layout = d.parallel
+        base = replace(d, tp=prof.tp, pp=prof.pp, weight_dtype=prof.weight_dtype, parallel=base_layout,
+                       layout_options=then_layout,
                        max_num_batched_tokens=prof.max_num_batched_tokens or d.max_num_batched_tokens,
                        max_num_seqs=prof.max_num_seqs or d.max_num_seqs, enforce_eager=False, measured=None)
         note += (f", re-based for {', '.join(differs)} (the measured overhead plus the modelled change"
@@ -646,6 +660,12 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
                       free_before_load_bytes=free_before,
                       measured=Measured(weights, 0, prof.source or "a startup log") if prof is not None else None,
                       notes=tuple(notes))
+
+
+def layout_options(args: DeploymentArgs) -> tuple:
+    """The data- and expert-parallel options `args` sets, as sorted (name, value) pairs."""
+    neutral = (None, False)
+    return tuple(sorted((n, getattr(args, n)) for n in LAYOUT_OPTIONS if getattr(args, n) not in neutral))
 
 
 def _parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optional[GPUSpec], tp: int, pp: int,

@@ -198,3 +198,32 @@ def test_each_layout_option_is_honoured_on_a_moe_model(cli):
     assert run(*sglang, "--ep-size", "8", "--ep-num-redundant-experts", "8") != sg_ep
     assert run(*sglang, "--moe-a2a-backend", "deepep") != sg
     assert run(*sglang, "--dp-size", "2") != sg  # replicas
+
+
+def test_a_startup_log_of_a_data_parallel_run_recovers_its_layout(cli, tmp_path):
+    """vLLM prints its non-default args, SGLang its ServerArgs: the layout options among them are read back, planned
+    and kept in the saved profile (a run with DP 2 on a dense model: two replicas of TP 2)."""
+    import json
+
+    src = "tests/fixtures/logs/vllm-0.19-h100/qwen-qwen2-5-7b-instruct--h100-80gb--tp2pp1dp1--8192.log"
+    text = open(src, encoding="utf-8").read()
+    assert "'tensor_parallel_size': 2," in text
+    log = tmp_path / "dp2.log"
+    log.write_text(text.replace("'tensor_parallel_size': 2,", "'tensor_parallel_size': 2, 'data_parallel_size': 2,"))
+    r = cli("log", str(log), "--gpu", "h100", "--json", "--save-profile", str(tmp_path / "p.yaml"))
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert out["config"]["data_parallel_size"] == 2
+    assert any("--data-parallel-size 2" in n for n in out["notes"])
+    assert "data_parallel_size: 2" in (tmp_path / "p.yaml").read_text()
+    # the profile plans the same layout again: two replicas, each its own pool
+    cap = json.loads(cli("capacity", "--profile", str(tmp_path / "p.yaml"), "--json").out)
+    assert cap["dp"] == 2 and cap["total_kv_tokens"] == 2 * cap["kv_tokens"]
+
+    sg = open("tests/fixtures/logs/sglang-0.5-llama31-8b-h100.log", encoding="utf-8").read()
+    assert "tp_size=1, pp_size=1" in sg
+    log2 = tmp_path / "sg.log"
+    log2.write_text(sg.replace("tp_size=1, pp_size=1", "tp_size=1, pp_size=1, dp_size=2"))
+    r = cli("log", str(log2), "--gpu", "h100", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["config"]["dp_size"] == 2

@@ -337,6 +337,12 @@ def crossover(
     baseline: Annotated[str, typer.Option("--baseline", help="KV dtype the saving is measured against")] = "auto",
     skip_layers: SkipOpt = None,
     calibration: CalibrationOpt = None,
+    data_parallel_size: DpOpt = None,
+    data_parallel_size_local: DpLocalOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    all2all_backend: A2aOpt = None,
+    enable_eplb: EplbOpt = False,
+    num_redundant_experts: RedundantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
@@ -350,7 +356,10 @@ def crossover(
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
     m = load_model_as(model, weight_dtype)
     args = _deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype,
-                            skip_layers=skip_layers, calibration=calibration)
+                            skip_layers=skip_layers, calibration=calibration, data_parallel_size=data_parallel_size,
+                            data_parallel_size_local=data_parallel_size_local,
+                            enable_expert_parallel=enable_expert_parallel, all2all_backend=all2all_backend,
+                            enable_eplb=enable_eplb, num_redundant_experts=num_redundant_experts)
     ds = deployments(args, _formats_for(m, dtype, args=args))
     # by default, operating points up to the model's own context
     contexts = _sizes(context, "--context") or ([c for c in (2048, 8192, 32768, 131072)
@@ -774,6 +783,12 @@ def sweep(
     engine_version: EngineVersionOpt = None,
     pp: PpOpt = None,
     dcp: DcpOpt = None,
+    data_parallel_size: DpOpt = None,
+    data_parallel_size_local: DpLocalOpt = None,
+    enable_expert_parallel: EpOpt = False,
+    all2all_backend: A2aOpt = None,
+    enable_eplb: EplbOpt = False,
+    num_redundant_experts: RedundantOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context: one row per combination, with
@@ -798,7 +813,10 @@ def sweep(
                    language_model_only=language_model_only, mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
                    entrypoint=entrypoint,
                    gpu_memory_gib=gpu_memory_gib, weight_dtype=weight_dtype,
-                   max_num_batched_tokens=max_num_batched_tokens, engine_version=engine_version, pp=pp, dcp=dcp)
+                   max_num_batched_tokens=max_num_batched_tokens, engine_version=engine_version, pp=pp, dcp=dcp,
+                   data_parallel_size=data_parallel_size, data_parallel_size_local=data_parallel_size_local,
+                   enable_expert_parallel=enable_expert_parallel, all2all_backend=all2all_backend,
+                   enable_eplb=enable_eplb, num_redundant_experts=num_redundant_experts)
     df = run(_names(model), _names(gpu), tps=_sizes(tp, "--tp") or [1], dtypes=parse_dtypes(dtype),
              max_model_lens=_sizes(max_model_len, "--max-model-len") or [8192],
              batches=_sizes(batch, "--batch") or [1], contexts=_sizes(context, "--context") or [8192],

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from kvplan.app.startup_log import StartupLog, parse_startup_log
-from kvplan.deployment import DeploymentArgs
+from kvplan.deployment import DeploymentArgs, flag
 from kvplan.errors import KvplanError
 from kvplan.plan.sglang_pool import sglang_pool
 from kvplan.plan.vllm_pool import capacity_of
+from kvplan.rules.sglang import sglang_parallel
 from kvplan.rules.vllm import version_key, vllm_rules
 from kvplan.sizing.vllm_memory import pre_snapshot_bytes
 from kvplan.specs.catalog import (
@@ -32,6 +33,12 @@ from kvplan.specs.catalog import (
 from kvplan.specs.hf_config import int4_format
 from kvplan.specs.profile import DeploymentProfile
 from kvplan.units import GiB
+
+# the data- and expert-parallel options each engine's startup log states, as the engine names them
+VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
+               "enable_eplb", "num_redundant_experts")
+SGLANG_LAYOUT = ("dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend", "ep_num_redundant_experts",
+                 "moe_dense_tp_size", "enable_dp_lm_head")
 
 
 @dataclass
@@ -157,6 +164,11 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
               block_size=int(c["block_size"]) if c.get("block_size") else None, weight_dtype=weight_dtype,
               max_num_seqs=c.get("max_num_seqs"), max_num_batched_tokens=c.get("max_num_batched_tokens"),
               enforce_eager=bool(c.get("enforce_eager", False)), entrypoint=c.get("entrypoint", "serve"))
+    layout = {k: c[k] for k in VLLM_LAYOUT if c.get(k) not in (None, False, 1 if k == "data_parallel_size" else None)}
+    kw.update(layout)
+    if layout:
+        notes.append("the layout the log started with: " + ", ".join(f"{flag(k)} {v}" if v is not True else flag(k)
+                                                                      for k, v in layout.items()))
     if "entrypoint" not in c and not (c.get("max_num_batched_tokens") and c.get("max_num_seqs")):
         notes.append("the log does not show how vLLM was started: `vllm serve`'s batch defaults assumed (the "
                      "offline LLM class batches twice the tokens)")
@@ -202,7 +214,7 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         weight_dtype=weight_dtype, kv_cache_dtype=dtype, max_model_len=mlen, gpu_memory_utilization=float(util),
         total_memory_bytes=total, weights_bytes=weights, overhead_bytes=requested - weights - available,
         available_kv_bytes=available, max_num_batched_tokens=pred.non_kv["max_num_batched_tokens"],
-        max_num_seqs=pred.non_kv["max_num_seqs"], source=source, source_sha256=sha)
+        max_num_seqs=pred.non_kv["max_num_seqs"], layout=layout, source=source, source_sha256=sha)
     nk = pred.non_kv
     figures = [
         Figure("available KV cache memory", _gib(available) if avail_gib is not None else None,
@@ -308,7 +320,17 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
     if f is None and g is None:  # SGLang's default fraction depends on the GPU's memory
         raise KvplanError("the SGLang log states no mem_fraction_static (its server_args line) and no GPU to take "
                           "SGLang's default from; pass --gpu, or the whole startup log")
-    measured = sglang_pool(m, g, dtype, tp=tp, mem_fraction_static=f, context_len=ctx, page_size=page,
+    c = {**c, "dp_size": c.get("dp")}
+    layout = {k: c[k] for k in SGLANG_LAYOUT if c.get(k) not in (None, False, 1 if k == "dp_size" else None)
+              and not (k == "moe_a2a_backend" and c[k] == "none")}
+    lay, _ = sglang_parallel(m, tp, int(layout.get("dp_size", 1)), bool(layout.get("enable_dp_attention")),
+                             layout.get("ep_size"), layout.get("moe_a2a_backend"),
+                             layout.get("ep_num_redundant_experts"), layout.get("moe_dense_tp_size"),
+                             bool(layout.get("enable_dp_lm_head")), g.nvlink_domain_size if g else 8, notes)
+    if layout:
+        notes.append("the layout the log started with: " + ", ".join(f"{flag(k)} {v}" if v is not True else flag(k)
+                                                                      for k, v in layout.items()))
+    measured = sglang_pool(m, g, dtype, tp=tp, layout=lay, mem_fraction_static=f, context_len=ctx, page_size=page,
                            free_before_load_gib=meas["free_before_load_gb"], weight_gib=meas.get("weights_gb"),
                            avail_after_load_gib=meas["weights_load_avail_gb"])
     figures = [Figure("max_total_num_tokens (from the log's free memory)", meas.get("max_total_num_tokens"),
@@ -316,7 +338,7 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
                Figure("max_running_requests", meas.get("max_running_requests"), measured.max_running_requests),
                Figure("K size", meas.get("k_size_gb"), measured.k_size_gb, "GB")]
     if g is not None:
-        e2e = sglang_pool(m, g, dtype, tp=tp, mem_fraction_static=f, context_len=ctx, page_size=page)
+        e2e = sglang_pool(m, g, dtype, tp=tp, layout=lay, mem_fraction_static=f, context_len=ctx, page_size=page)
         figures.insert(0, Figure("max_total_num_tokens (end to end)", meas.get("max_total_num_tokens"),
                                  e2e.max_total_num_tokens, "tokens"))
         figures.append(Figure("free memory before loading", meas["free_before_load_gb"],
@@ -328,10 +350,10 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
         kv_cache_dtype=dtype, max_model_len=int(ctx or m.max_position_embeddings),
         mem_fraction_static=measured.mem_fraction_static, weights_bytes=measured.weight_bytes,
         free_before_load_bytes=measured.free_before_load_bytes, available_kv_bytes=measured.available_bytes,
-        source=source, source_sha256=sha)
+        layout=layout, source=source, source_sha256=sha)
     config = {"model": m.name, "gpu": g.name if g else None, "tp": tp, "kv_cache_dtype": dtype,
               "mem_fraction_static": measured.mem_fraction_static, "context_len": measured.context_len,
-              "page_size": page}
+              "page_size": page, **layout}
     return LogImport("sglang", log.version, m.name, config, figures, profile, notes)
 
 

@@ -111,6 +111,9 @@ _VLLM_CONFIG_KEYS = {
     "gpu_memory_utilization": "gpu_memory_utilization", "block_size": "block_size",
     "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
     "num_gpu_blocks_override": "num_gpu_blocks_override", "kv_cache_memory_bytes": "kv_cache_memory_bytes",
+    "data_parallel_size": "data_parallel_size", "data_parallel_size_local": "data_parallel_size_local",
+    "enable_expert_parallel": "enable_expert_parallel", "all2all_backend": "all2all_backend",
+    "enable_eplb": "enable_eplb", "num_redundant_experts": "num_redundant_experts",
 }
 
 
@@ -242,7 +245,9 @@ _SGLANG_CONFIG_KEYS = {
     "mem_fraction_static", "kv_cache_dtype": "kv_cache_dtype", "context_length": "max_model_len", "page_size":
     "page_size", "chunked_prefill_size": "chunked_prefill_size", "max_running_requests": "max_running_requests",
     "dtype": "dtype", "quantization": "quantization", "swa_full_tokens_ratio": "swa_full_tokens_ratio",
-    "max_total_tokens": "max_total_tokens",
+    "max_total_tokens": "max_total_tokens", "enable_dp_attention": "enable_dp_attention", "ep_size": "ep_size",
+    "moe_a2a_backend": "moe_a2a_backend", "ep_num_redundant_experts": "ep_num_redundant_experts",
+    "moe_dense_tp_size": "moe_dense_tp_size", "enable_dp_lm_head": "enable_dp_lm_head",
 }
 
 

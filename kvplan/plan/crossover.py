@@ -110,11 +110,11 @@ def step_point(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequenc
 def roofline_step_ms(d, batch: float, context: float, weight_read: WeightRead = "streamed") -> float:
     """The roofline time of one decode step of a resolved deployment, `batch` sequences (rounded, at least 1) of
     `context` cached tokens: what crossover's operating point at that batch and context says."""
-    m = d.model
-    layers = kv_layers(m, d.kv, d.tp, d.skip)
-    base = kv_layers(m, kv_format("auto"), d.tp, ("none",))
-    fig = step_figures(m, layers, base, weight_bytes(m, d.tp, d.weight_dtype), max(1, round(batch)),
-                       max(1, round(context)), weight_read, d.tp, d.gpu, d.weight_dtype or m.weight_dtype)
+    m, tp = d.model, d.parallel.attn_tp
+    layers = kv_layers(m, d.kv, tp, d.skip)
+    base = kv_layers(m, kv_format("auto"), tp, ("none",))
+    fig = step_figures(m, layers, base, weight_bytes(m, _layout(d), d.weight_dtype), max(1, round(batch)),
+                       max(1, round(context)), weight_read, tp, d.gpu, d.weight_dtype or m.weight_dtype)
     return fig["step_ms"]
 
 
@@ -123,14 +123,15 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
     """The crossover of a resolved Deployment."""
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
-    model, tp, weight_dtype, gpu, skip = d.model, d.tp, d.weight_dtype, d.gpu, d.skip
+    # per rank: the attention's TP sets the KV heads a rank reads, the layout the weights it holds
+    model, tp, weight_dtype, gpu, skip = d.model, d.parallel.attn_tp, d.weight_dtype, d.gpu, d.skip
     dtype = d.kv
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
     base_fmt = kv_format(baseline)
     layers = kv_layers(model, fmt, tp, skip)
     base_layers = kv_layers(model, base_fmt, tp, ("none",))
     wdtype = weight_dtype or model.weight_dtype
-    wb = weight_bytes(model, tp, weight_dtype)
+    wb = weight_bytes(model, _layout(d), weight_dtype)
     w1 = weight_read_bytes(model, wb, 1, weight_read)
     nstar = _solve_crossover(layers, w1)
     crossover_batch = None
@@ -154,6 +155,11 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         notes.append(f"context {max(longer):,} exceeds {model.name}'s max_position_embeddings "
                      f"{model.max_position_embeddings:,}: vLLM refuses such sequences; the figures are a what-if")
     notes += _memory_notes(points, wb.total, d)
+    if not d.parallel.tp_only:
+        p = d.parallel
+        notes.append(f"per rank of {p.world} GPUs ({p.dp} attention groups, experts over {p.ep} ranks): the roofline "
+                     f"reads this rank's weights for its own batch; the expected step times also carry the MoE "
+                     f"layers' tokens from every attention group and their exchange")
     points, breakeven, expected = _expected_steps(d, fmt, base_fmt, points, batches)
     notes += expected
     skipped = skipped_indices(layers, fmt)
@@ -172,6 +178,11 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
         breakeven_context=breakeven,
     )
+
+
+def _layout(d):
+    """What weight_bytes is given: the plain TP degree, or the layout where it is not plain TP."""
+    return d.tp if d.parallel.tp_only else d.parallel
 
 
 def _memory_notes(points: Sequence[OperatingPoint], weights_held: int, d) -> list[str]:

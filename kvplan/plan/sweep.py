@@ -99,8 +99,10 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
             skipped.append(f"{m.name} {g.name} tp{tp} {fmt.name}: {e}")
             continue
         layers = plan.layers
-        base_layers = kv_layers(m, base_fmt, tp, ("none",))
-        wb = weight_bytes(m, tp, weight_dtype)
+        lay = d.parallel  # with data or expert parallelism, a rank's: the attention's TP, the layout's weights
+        kv_tp = lay.attn_tp
+        base_layers = kv_layers(m, base_fmt, kv_tp, ("none",))
+        wb = weight_bytes(m, tp if lay.tp_only else lay, weight_dtype)
         wdtype = weight_dtype or m.weight_dtype
 
         try:
@@ -111,12 +113,12 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
                            "columns; lower the sizes given (memory, --max-num-batched-tokens, --max-num-seqs)")
             continue
         # in floating point, as the scalar path's figures are: batch x context x bytes would overflow 64-bit integers
-        step = step_figures(m, layers, base_layers, wb, grid_bf, grid_cf, weight_read, tp, g, wdtype, xp=np,
-                            params_read=params_read_per_token(m, tp))
+        step = step_figures(m, layers, base_layers, wb, grid_bf, grid_cf, weight_read, kv_tp, g, wdtype, xp=np,
+                            params_read=params_read_per_token(m, kv_tp))
         curve = crossover_curve(layers)  # N* at each batch's weight read, the curve built once
         nstar_b = [crossover_at_batch(curve, w, int(b)) for b, w in zip(bs, step["weight_bytes"][::cs.size],
                                                                             strict=True)]
-        w1 = step_figures(m, layers, base_layers, wb, 1, 1, weight_read, tp, None, wdtype)["weight_bytes"]
+        w1 = step_figures(m, layers, base_layers, wb, 1, 1, weight_read, kv_tp, None, wdtype)["weight_bytes"]
 
         const["model"].append(mi)
         const["gpu"].append(gi)

@@ -5,7 +5,7 @@ versioned YAML schema, its loader and its writer."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -39,6 +39,9 @@ class DeploymentProfile(BaseModel):
     available_kv_bytes: int
     max_num_batched_tokens: Optional[int] = Field(None, ge=1)  # engine limits: at least one token, one sequence
     max_num_seqs: Optional[int] = Field(None, ge=1)
+    # data and expert parallelism as the engine was started (its own option names: data_parallel_size,
+    # enable_expert_parallel, ... for vLLM; dp_size, enable_dp_attention, ep_size, ... for SGLang)
+    layout: dict[str, Union[int, bool, str]] = Field(default_factory=dict)
     source: str = ""
     source_sha256: str = ""
 
