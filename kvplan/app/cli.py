@@ -837,9 +837,17 @@ def sweep(
         print(f"wrote {len(df):,} rows to {output}", file=sys.stderr)
     for why in df.attrs["skipped"]:
         print(f"left out: {why}", file=sys.stderr)
+    for note in df.attrs.get("notes", []):
+        print(f"note: {note}", file=sys.stderr)
     version_note = newer_release_note(engine_version)
     if version_note:
         print(f"note: {version_note}", file=sys.stderr)
+    dp = data_parallel_size or 1
+    if dp > 1 or enable_expert_parallel:
+        print(f"note: figures per rank of {dp} data-parallel rank(s), each its own KV pool: the deployment holds "
+              f"{dp} x kv_tokens and {dp} x max_concurrency" + (
+                  "; experts spread whole over tp x data-parallel-size ranks" if enable_expert_parallel else ""),
+              file=sys.stderr)
     if "expected_step_ms" in df.columns:
         for gpu_name, prof in df.attrs.get("step_profiles", {}).items():
             print(f"expected_step_ms on {gpu_name}: {prof}", file=sys.stderr)

@@ -89,12 +89,14 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     per_len: dict[str, list] = {c: [] for c in _PER_LEN}
     per_bc: dict[str, list] = {c: [] for c in _PER_BC}
     grid_bf, grid_cf = grid_b.astype(np.float64), grid_c.astype(np.float64)
+    option_notes: dict = {}
     for (mi, m), (gi, g), tp, (fi, fmt) in itertools.product(enumerate(mspecs), enumerate(gspecs), tps,
                                                                enumerate(fmts)):
         try:
             d = DeploymentArgs(model=m, gpu=g, kv_cache_dtype=fmt, tp=tp, kv_cache_dtype_skip_layers=skip,
                                **options).resolve(needs_memory=True)
             plan = plan_for(d)
+            option_notes.update(dict.fromkeys(n for n in d.notes if n.startswith("--")))  # what an option did not do
         except KvplanError as e:
             skipped.append(f"{m.name} {g.name} tp{tp} {fmt.name}: {e}")
             continue
@@ -147,6 +149,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     frame = _frame(const, per_len, per_bc, categories, problems, n_len, n_bc)
     df = pd.DataFrame(frame, copy=False)
     df.attrs["skipped"] = skipped
+    df.attrs["notes"] = list(option_notes)
     df.attrs["weight_read"] = weight_read
     df.attrs["step_profiles"] = profiles  # GPU -> the profile its expected_step_ms come from
     return df
