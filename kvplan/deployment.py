@@ -15,6 +15,7 @@ does not read is refused by name rather than dropped.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Optional, Union
 
@@ -764,3 +765,60 @@ def max_len_refusal(m, mlen: int, engine: str = "vllm") -> Optional[str]:
         return None
     return (f"--max-model-len {mlen} exceeds {m.name}'s max_position_embeddings {m.max_position_embeddings}; "
             f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer context)")
+
+
+_LAYOUT_TOKEN = re.compile(r"^(tp|pp|dp|ep)(\d*)$")
+
+
+def parse_layout(spec: str, engine: str = "vllm") -> dict:
+    """A layout written compactly, for comparing several in one command: comma-separated tp<N>, pp<N>, dp<N> and ep
+    (vLLM: --enable-expert-parallel, experts over tp x dp) or ep<N> (SGLang: --ep-size N). Under SGLang, dp<N> is
+    data-parallel attention in N groups of the --tp GPUs (--dp-size N --enable-dp-attention). Returns the
+    DeploymentArgs fields it sets: 'tp8' -> {tp: 8}; 'tp1,dp8,ep' -> {tp: 1, data_parallel_size: 8,
+    enable_expert_parallel: True}."""
+    out: dict = {}
+    for raw in str(spec).lower().replace(" ", "").split(","):
+        m = _LAYOUT_TOKEN.match(raw)
+        if not m or (m.group(1) != "ep" and not m.group(2)) or (m.group(2) and int(m.group(2)) < 1):
+            raise KvplanError(f"--layout '{spec}': '{raw}' is not tp<N>, pp<N>, dp<N> or ep[<N>] (e.g. tp8, or "
+                              f"tp1,dp8,ep)")
+        kind, n = m.group(1), int(m.group(2)) if m.group(2) else None
+        if kind in out or (kind == "ep" and ("enable_expert_parallel" in out or "ep_size" in out)):
+            raise KvplanError(f"--layout '{spec}': {kind} given twice")
+        if kind in ("tp", "pp"):
+            out[kind] = n
+        elif kind == "dp":
+            if engine == "sglang":
+                out.update(dp_size=n, enable_dp_attention=True)
+            else:
+                out["data_parallel_size"] = n
+        elif engine == "sglang":
+            if n is None:
+                raise KvplanError(f"--layout '{spec}': SGLang's expert parallelism takes a size: ep<N>")
+            out["ep_size"] = n
+        else:
+            out["enable_expert_parallel"] = True
+            if n is not None:
+                out["_ep_check"] = n
+    check = out.pop("_ep_check", None)
+    if check is not None:
+        tp, dp = out.get("tp", 1), out.get("data_parallel_size", 1)
+        if check != tp * dp:
+            raise KvplanError(f"--layout '{spec}': vLLM's expert parallelism spans tp x dp = {tp * dp} GPUs, not "
+                              f"{check}; write ep alone")
+    return out
+
+
+def layout_label(fields_: dict) -> str:
+    """The compact spelling of a layout's fields (parse_layout's inverse, for tables)."""
+    parts = [f"tp{fields_.get('tp', 1)}"]
+    if fields_.get("pp", 1) > 1:
+        parts.append(f"pp{fields_['pp']}")
+    dp = fields_.get("data_parallel_size") or fields_.get("dp_size")
+    if dp and dp > 1:
+        parts.append(f"dp{dp}")
+    if fields_.get("enable_expert_parallel"):
+        parts.append("ep")
+    if fields_.get("ep_size"):
+        parts.append(f"ep{fields_['ep_size']}")
+    return ",".join(parts)

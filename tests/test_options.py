@@ -188,7 +188,7 @@ def test_throughput_takes_every_deployment_option():
 
     deployment = {flag(f.name) for f in fields(DeploymentArgs) if f.name != "model"}
     own = {"--isl", "--osl", "--concurrency", "--tpot-ms", "--ttft-ms", "--percentile", "--num-prompts",
-           "--request-rate", "--json"}
+           "--request-rate", "--layout", "--json"}
     assert set(_options("throughput")) == deployment | own
 
 

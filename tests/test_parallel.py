@@ -227,3 +227,40 @@ def test_a_startup_log_of_a_data_parallel_run_recovers_its_layout(cli, tmp_path)
     r = cli("log", str(log2), "--gpu", "h100", "--json")
     assert r.code == 0, r.err
     assert json.loads(r.out)["config"]["dp_size"] == 2
+
+
+def test_layout_spelling():
+    from kvplan.deployment import layout_label, parse_layout
+    from kvplan.errors import KvplanError
+
+    assert parse_layout("tp8") == {"tp": 8}
+    assert parse_layout("tp1,dp8,ep") == {"tp": 1, "data_parallel_size": 8, "enable_expert_parallel": True}
+    assert parse_layout("tp2,dp2,ep4") == {"tp": 2, "data_parallel_size": 2, "enable_expert_parallel": True}
+    assert parse_layout("tp8,dp8,ep8", "sglang") == {"tp": 8, "dp_size": 8, "enable_dp_attention": True,
+                                                     "ep_size": 8}
+    assert layout_label(parse_layout("tp1, dp8, ep")) == "tp1,dp8,ep"
+    for bad, says in (("tp2,dp2,ep8", "spans tp x dp = 4"), ("tq8", "is not tp<N>"), ("tp8,tp4", "twice"),
+                      ("tp8,ep", "takes a size")):
+        with pytest.raises(KvplanError, match=says):
+            parse_layout(bad, "sglang" if bad == "tp8,ep" else "vllm")
+
+
+def test_throughput_compares_layouts_per_gpu(cli):
+    """`--layout` runs each layout's benchmark and names the one with the most output tokens/s per GPU under the
+    limits: each layout's rows are its own throughput table, its best row the one the layout verdict weighs."""
+    import json
+
+    r = cli("throughput", "qwen3-30b-a3b", "--gpu", "h100", "--isl", "1k", "--osl", "256", "-n", "8,32",
+            "-d", "auto", "--tpot-ms", "60", "--layout", "tp2", "--layout", "tp1,dp2,ep", "--json")
+    assert r.code == 0, r.err
+    out = json.loads(r.out)
+    assert [x["layout"] for x in out["layouts"]] == ["tp2", "tp1,dp2,ep"]
+    best = {x["layout"]: x["best"] for x in out["layouts"]}
+    winner = max(best, key=lambda k: best[k]["output_tokens_per_s_per_gpu"])
+    assert out["winner_layout"] == winner and out["verdict"].startswith(winner + " with auto")
+    dp = next(x for x in out["layouts"] if x["layout"] == "tp1,dp2,ep")
+    assert all(row["output_tokens_per_s_per_gpu"] == pytest.approx(row["output_tokens_per_s"] / 2)
+               for row in dp["rows"])
+    bad = cli("throughput", "qwen3-30b-a3b", "--gpu", "h100", "--isl", "1k", "--osl", "256", "--tp", "2",
+              "--layout", "tp2")
+    assert bad.code == 2 and "give it in one place" in bad.err

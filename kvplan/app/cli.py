@@ -493,6 +493,10 @@ def throughput(
     moe_dense_tp_size: SgDenseTpOpt = None,
     enable_dp_lm_head: SgDpLmHeadOpt = False,
     calibration: CalibrationOpt = None,
+    layout: Annotated[Optional[List[str]], typer.Option(
+        "--layout", help="compare layouts (repeat): comma-separated tp<N>, pp<N>, dp<N>, ep (vLLM: experts over tp x "
+        "dp) or ep<N> (SGLang: --ep-size), e.g. --layout tp8 --layout tp1,dp8,ep; the verdict names the layout "
+        "with the most output tokens/s per GPU under the limits")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """What `vllm bench serve` prints per KV dtype and concurrency: TPOT, TTFT, ITL and latency (mean and p50, p90,
@@ -501,10 +505,29 @@ def throughput(
     concurrency under them and the winner."""
     opts = {k: v for k, v in locals().items() if k not in ("model", "gpu", "isl", "osl", "concurrency", "dtype",
                                                              "tpot_ms", "ttft_ms", "percentile", "num_prompts",
-                                                             "request_rate", "as_json")}
-    m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts,
-                       request_rate, **opts)
-    _show(as_json, r.to_dict(), "throughput_table", r, m)
+                                                             "request_rate", "as_json", "layout")}
+    if not layout:
+        m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts,
+                           request_rate, **opts)
+        _show(as_json, r.to_dict(), "throughput_table", r, m)
+        return
+    from kvplan.deployment import engine_of, layout_label, parse_layout
+    from kvplan.errors import KvplanError
+    from kvplan.plan.throughput import compare_layouts
+
+    engine = engine_of(_deployment_args(engine=engine, profile=profile))
+    results = []
+    for spec in layout:
+        fields_ = parse_layout(spec, engine)
+        clash = [k for k in fields_ if opts.get(k) not in (None, False)]
+        if clash:
+            raise KvplanError(f"--layout '{spec}' sets {clash[0].replace('_', '-')} that --{clash[0].replace('_', '-')}"
+                              f" also gives; give it in one place")
+        m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts,
+                           request_rate, **{**opts, **fields_})
+        results.append((layout_label(fields_), r))
+    cmp = compare_layouts(results, tpot_ms, ttft_ms)
+    _show(as_json, cmp.to_dict(), "layout_tables", cmp, m)
 
 
 @app.command()

@@ -673,3 +673,12 @@ def throughput_table(r, model) -> None:
     con.print("TPOT, TTFT: the benchmark's means over its requests; running: requests running at once on average "
               "('kv': requests waited for KV blocks or were preempted); floor ms: the roofline (bytes / peak "
               "bandwidth) of a decode step at that batch" + ("; x: over the limits" if limits else "") + ".")
+
+def layout_tables(cmp, model) -> None:
+    """Each layout's throughput table under its label, then the layout verdict."""
+    con = console()
+    for label, r in cmp.layouts:
+        con.print(f"[bold]layout {label}[/bold]")
+        throughput_table(r, model)
+        con.print("")
+    con.print(f"[bold]layout verdict:[/bold] {cmp.verdict}")

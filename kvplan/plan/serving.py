@@ -220,7 +220,17 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     step_cache = {} if step_cache is None else step_cache
     sim_end = n
     gen_stats: list[tuple] = []
-    stall = 0.0  # lockstep: the other ranks' prompt time this rank's coming steps wait out
+    # lockstep (mean field): the share of this rank's steps that carry prompt tokens, and how much longer those
+    # steps are, as running means; the other ranks, alike, make a decode step wait that long as often as one of
+    # them has a chunk: 1 - (1 - share)^others
+    lock_steps, lock_chunks, lock_extra = 0, 0, 0.0
+
+    def lock_wait() -> float:
+        """What a decode step of this rank waits for the other ranks' chunks, on average."""
+        if not lock_chunks:
+            return 0.0
+        share = lock_chunks / lock_steps
+        return (1 - (1 - share) ** limits.lockstep) * lock_extra / lock_chunks
 
     def send_due(now: float) -> None:
         nonlocal next_send, in_flight
@@ -299,8 +309,10 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             if limits.policy == "vllm":
                 k_steps = _steps_with_blocks(table, computed[dec], held[dec], free, k_steps)
         if k_steps > 1:
-            dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0) + stall / k_steps
-            stall = 0.0
+            dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0)
+            if limits.lockstep:
+                lock_steps += k_steps
+                dt_each += lock_wait()
             dt = dt_each * k_steps
             need = table[computed[dec] + k_steps] - held[dec]
             held[dec] += need
@@ -310,10 +322,14 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             itl_v.append(dt_each)
             itl_w.append(b * k_steps)
         else:
-            own = cost(b, ctx, p, pctx)
-            dt, stall = own + stall, 0.0
-            if p and limits.lockstep:  # the other ranks' chunks, which this rank's next decode steps wait out
-                stall = limits.lockstep * max(0.0, own - cost(b, ctx, 0, 0.0))
+            dt = cost(b, ctx, p, pctx)
+            if limits.lockstep:
+                lock_steps += 1
+                if p:  # a chunk of this rank's, which the others wait for (as this one waits for theirs)
+                    lock_chunks += 1
+                    lock_extra += max(0.0, dt - cost(b, ctx, 0, 0.0))
+                elif lock_steps > 1:
+                    dt += lock_wait()
             computed[rs] += ks
             if b:
                 outputs[dec] += 1

@@ -390,3 +390,41 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
         how = f"with {seqs:.2g}x the sequences ({win.concurrency} vs {base.concurrency}){faster}"
     return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:+.0%} output tokens/s per GPU over {base_name} "
                                 f"under {limits}, {how}; mean context {isl + osl // 2:,} tokens")
+
+
+@dataclass
+class LayoutComparison:
+    """The throughput of several layouts of one model on one GPU type, and the one that delivers the most output
+    tokens per GPU under the latency limits (layouts of different GPU counts compare per GPU)."""
+
+    layouts: list  # (label, ThroughputResult)
+    winner: Optional[str]  # the winning layout's label
+    winner_dtype: Optional[str]
+    verdict: str
+
+    def to_dict(self) -> dict:
+        return {"layouts": [{"layout": label, **r.to_dict()} for label, r in self.layouts],
+                "winner_layout": self.winner, "winner_dtype": self.winner_dtype, "verdict": self.verdict}
+
+
+def compare_layouts(results: Sequence, tpot_ms: Optional[float], ttft_ms: Optional[float]) -> LayoutComparison:
+    """The best row of each layout (its own verdict's winner, under the limits) against the others' per GPU."""
+    best = []
+    for label, r in results:
+        row = r.best.get(r.winner) if r.winner else None
+        if row is not None:
+            best.append((label, row))
+    limits = " and ".join(x for x in (f"TPOT <= {tpot_ms:g} ms" if tpot_ms else "",
+                                      f"TTFT <= {ttft_ms:g} ms" if ttft_ms else "") if x) or "no latency limit"
+    if not best:
+        return LayoutComparison(list(results), None, None, f"no layout meets {limits} at any concurrency")
+    best.sort(key=lambda x: -x[1].output_tokens_per_s_per_gpu)
+    (label, row), rest = best[0], best[1:]
+    verdict = (f"{label} with {row.kv_cache_dtype}: {row.output_tokens_per_s_per_gpu:,.0f} output tokens/s per GPU "
+               f"at {row.concurrency} concurrent requests under {limits}")
+    if rest:
+        other, orow = rest[0]
+        gain = row.output_tokens_per_s_per_gpu / orow.output_tokens_per_s_per_gpu - 1
+        verdict += (f", {gain:+.0%} per GPU over {other} ({orow.output_tokens_per_s_per_gpu:,.0f} at "
+                    f"{orow.concurrency}, {orow.kv_cache_dtype})")
+    return LayoutComparison(list(results), label, row.kv_cache_dtype, verdict)

@@ -465,6 +465,7 @@ class StepModel:
         self.dense_scale = [lay.tp_for(p) / tp if p in ("mlp", "shared_expert", "embed", "lm_head") else 1.0
                             for p in _gemm_calls.parts]
         self.moe_scale = lay.moe_group / tp  # the MoE layers see every attention group's tokens
+        self.gathers = self.moe_scale != 1 or any(g != 1 for g in self.dense_scale)
         self.a2a = getattr(d, "a2a_backend", None)
         self.moe_fit = None
         if self.experts and m.moe:
@@ -505,16 +506,24 @@ class StepModel:
 
     # -- pieces ----------------------------------------------------------------------------------------------
 
-    def _weights(self, tokens, xp=SCALAR) -> tuple:
+    def _weights(self, tokens, xp=SCALAR, decoding=None) -> tuple:
+        """The GEMMs' and MoE layers' seconds for a step of `tokens` on this rank, `decoding` of them decode tokens
+        (default: all). A part that spans several attention groups also runs the other groups' decode tokens,
+        alike this rank's; their prompt chunks are the lockstep's wait (kvplan.plan.serving), not this step's."""
         bw = self.profile.peak_bandwidth_bytes_per_s
-        dense = sum(c * gemm_call_seconds(f, bw, tokens * g, n, k, mb, a, xp)
+        if decoding is None:
+            decoding = tokens
+
+        def seen(scale):
+            return tokens + decoding * (scale - 1) if scale != 1 else tokens
+        dense = sum(c * gemm_call_seconds(f, bw, seen(g), n, k, mb, a, xp)
                     for (f, mb, n, k, c, a), g in zip(self.dense, self.dense_scale))
         moe = 0.0
         m = self.model
         if self.experts and m.moe:
             e, kk = m.moe.num_experts, m.moe.experts_per_token
             lay = self.layout
-            tokens = tokens * self.moe_scale
+            tokens = seen(self.moe_scale)
             if lay.ep > 1:  # whole experts on this rank: the pairs routed to its share, the busiest rank's
                 local = lay.local_experts(e)
                 pairs = tokens * kk * local / e * routing_imbalance(tokens * kk * local / e, lay.ep, self.eplb)
@@ -654,7 +663,7 @@ class StepModel:
         numpy arrays with xp=numpy (a sweep's grid)."""
         tokens = batch + prefill_tokens
         s = StepTime(estimated=list(self.estimated))
-        s.gemm_s, s.moe_s = self._weights(tokens, xp)
+        s.gemm_s, s.moe_s = self._weights(tokens, xp, batch)
         s.attention_s = (self._attention(batch, context, xp)
                          + self._prefill_attention(prefill_tokens, prefill_context, xp))
         s.allreduce_s = self._allreduce(tokens)
@@ -682,7 +691,15 @@ class StepModel:
         remembered: those of the step's tokens (whole token counts priced TOKEN_BLOCK at a time with numpy),
         those of its decode batch and context."""
         tokens = batch + prefill_tokens
-        if float(tokens).is_integer():
+        if self.gathers and prefill_tokens:  # the other groups' decode tokens join this rank's chunk
+            by_mix = self._remembered.setdefault("mixed", {})
+            key = (batch, prefill_tokens)
+            w = by_mix.get(key)
+            if w is None:
+                w = by_mix[key] = (*self._weights(tokens, decoding=batch), self._allreduce(tokens),
+                                   self._small_kernels(tokens))
+            gemm, moe, allreduce, small = w
+        elif float(tokens).is_integer():
             i = int(tokens)
             blocks = self._remembered.setdefault("tokens", {})
             block = blocks.get(i // TOKEN_BLOCK)
