@@ -20,13 +20,12 @@ MAX_ENTRIES = 512  # per function; beyond it the memory starts again, so a long-
 
 
 def _key(a):
-    """A frozen value (a pydantic model or dataclass declared frozen) by identity; anything else, and a small frozen
-    dataclass that says BY_VALUE (a hashable record such as a parallel layout), by value."""
+    """A frozen value (a pydantic model or dataclass declared frozen) by identity; anything else by value."""
     cls = type(a)
     if isinstance(a, BaseModel) and cls.model_config.get("frozen"):
         return ("spec", id(a))
     params = getattr(cls, "__dataclass_params__", None)
-    if params is not None and params.frozen and not getattr(cls, "BY_VALUE", False):
+    if params is not None and params.frozen:
         return ("spec", id(a))
     return a
 

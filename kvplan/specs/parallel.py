@@ -20,12 +20,12 @@ the group), and the deployment holds as many independent pools as it has attenti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Parallel:
-    """One rank's share of each part of a model. Every degree is >= 1; a TP-only deployment has them all equal."""
+class Parallel(NamedTuple):
+    """One rank's share of each part of a model. Every degree is >= 1; a TP-only deployment has them all equal. A
+    plain tuple underneath: equal layouts are equal (and remembered alike by kvplan.memo)."""
 
     attn_tp: int = 1  # attention and state mixers: heads and their projections, the KV heads a rank caches
     dense_tp: int = 1  # dense MLP layers and the shared experts
@@ -36,8 +36,6 @@ class Parallel:
     dp: int = 1  # attention groups: each its own requests and KV pool
     world: int = 1  # GPUs of the whole deployment
     domain: int = 8  # GPUs one NVLink domain joins (an HGX node's 8; a GB200 NVL72 rack's 72)
-
-    BY_VALUE = True  # a small value, remembered by what it holds (kvplan.memo), not by identity
 
     @classmethod
     def tensor(cls, tp: int, pp: int = 1, domain: int = 8) -> "Parallel":
