@@ -169,7 +169,8 @@ DpOpt = Annotated[Optional[int], typer.Option(
 DpLocalOpt = Annotated[Optional[int], typer.Option(
     "--data-parallel-size-local", help="vLLM: DP ranks per node (default: as many as an NVLink domain holds)")]
 EpOpt = Annotated[bool, typer.Option(
-    "--enable-expert-parallel", help="vLLM: MoE layers hold whole experts over tp x dp ranks instead of splitting each")]
+    "--enable-expert-parallel", help="vLLM: MoE layers hold whole experts over tp x dp ranks instead of splitting "
+    "each")]
 A2aOpt = Annotated[Optional[str], typer.Option(
     "--all2all-backend", help="vLLM: how expert-parallel DP ranks exchange tokens: allgather_reducescatter (default), "
     "naive, pplx, deepep_high_throughput, deepep_low_latency, flashinfer_all2allv")]
