@@ -1,0 +1,375 @@
+"""`kvplan quality MODEL`: the model runs over the user's text teacher-forced, once with its KV cache in the model
+dtype and once per format with the cache stored in that format on write and read back through the format's
+reference dequantizer (kvplan.quality.formats), and the next-token distributions are compared.
+
+How the cache is stored, as the engine stores it: a transformers Cache whose layers quantize each chunk of keys and
+values as it is written (keys arrive after RoPE, as vLLM caches them), every layer in the format except its skip
+layers (the format's default, or --kv-cache-dtype-skip-layers), which stay in the model dtype. Attention then reads
+the stored values for every token, the chunk's own included, as vLLM's paged attention reads its cache after
+writing it. The text is cut into windows of `context` tokens, each starting from an empty cache, and each window is
+fed in chunks of CHUNK_TOKENS, so that a format with token groups (KIVI) stores them as they fill. One format's cache
+is held at a time; the model-dtype run's log-probabilities are kept (positions x vocabulary, fp32, on the device)
+to compare each format against.
+
+Per layer, the relative errors of the cached keys and values, and of the attention output against attention over
+the same layer's unquantized keys and values for the same queries (the layer's own error, before it propagates).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from kvplan.errors import KvplanError
+from kvplan.specs.kv_formats import KVFormat
+
+CHUNK_TOKENS = 512  # tokens fed per forward call (a prefill chunk)
+ATTENTION = "kvplan_quality"  # the attention implementation registered with transformers for the probe
+DATASETS = {"wikitext2": ("wikitext", "wikitext-2-raw-v1", "test")}  # --dataset aliases: (path, config, split)
+
+
+@dataclass
+class FormatQuality:
+    kv_cache_dtype: str
+    bits_per_element: float
+    capacity_gain: Optional[float]  # tokens a pool holds against the model dtype (bytes per token, skips included)
+    skip_layers: list[int]
+    kl_mean: float
+    kl_p99: float
+    top1_agreement: float
+    perplexity: float
+    perplexity_delta: float
+    perplexity_delta_pct: float
+    key_rel_error: float
+    value_rel_error: float
+    attention_rel_error: float
+    seconds: float
+
+
+@dataclass
+class LayerQuality:
+    kv_cache_dtype: str
+    layer: int
+    skipped: bool
+    key_rel_error: float
+    value_rel_error: float
+    attention_rel_error: float
+
+
+@dataclass
+class QualityResult:
+    model: str
+    device: str
+    model_dtype: str
+    tokens: int  # next-token predictions compared
+    windows: int
+    context: int
+    chunk_tokens: int
+    perplexity: float  # the model-dtype run's
+    rows: list[FormatQuality]
+    layers: list[LayerQuality]
+    evidence: dict = field(default_factory=dict)  # format name -> the published results (kv_evidence)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Progress:
+    """What a run reports while it runs (the command line draws it; the library's default says nothing)."""
+
+    def estimate(self, seconds: float, steps: int) -> None:
+        pass
+
+    def step(self, label: str) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The text
+
+
+def load_text(text: Optional[str], dataset: Optional[str]) -> str:
+    """The text to run over: a file, or a Hugging Face data set's text column (an alias in DATASETS, or
+    path[:config[:split]]) from the local cache or the Hub, through the `datasets` package."""
+    if (text is None) == (dataset is None):
+        raise KvplanError("kvplan quality runs over a text: give --text FILE or --dataset NAME (e.g. wikitext2)")
+    if text is not None:
+        try:
+            return Path(text).read_text(encoding="utf-8", errors="replace")
+        except OSError as e:
+            raise KvplanError(f"--text {text}: cannot read it ({e.strerror})") from None
+    path, config, split = DATASETS.get(dataset, (None, None, None))
+    if path is None:
+        parts = dataset.split(":")
+        if "/" not in parts[0] or len(parts) > 3:
+            raise KvplanError(f"--dataset {dataset}: give {', '.join(DATASETS)} or a Hugging Face data set as "
+                              f"org/name[:config[:split]]")
+        path, config, split = parts[0], (parts[1:2] or [None])[0], (parts[2:3] or ["test"])[0]
+    try:
+        import datasets
+    except ImportError:
+        raise KvplanError("--dataset reads Hugging Face data sets with the datasets package (pip install datasets); "
+                          "or give --text FILE") from None
+    try:
+        rows = datasets.load_dataset(path, config, split=split)
+    except Exception as e:  # offline, unknown, gated: the library's own reason, on one line
+        raise KvplanError(f"--dataset {dataset}: {type(e).__name__}: {e}") from None
+    if "text" not in rows.column_names:
+        raise KvplanError(f"--dataset {dataset} has no 'text' column (it has {', '.join(rows.column_names)})")
+    return "\n\n".join(t for t in rows["text"] if t)
+
+
+def tokenize(model_id: str, text: str, vocab_size: int) -> tuple[list[int], Optional[int], Optional[str]]:
+    """(token ids, the BOS id or None, a note or None): the model's own tokenizer; a checkpoint without one (a
+    model built from a config) reads the text's UTF-8 bytes as token ids, where its vocabulary holds them."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_id)
+    except Exception:
+        if vocab_size < 256:
+            raise KvplanError(f"{model_id} has no tokenizer, and its vocabulary ({vocab_size}) is too small to "
+                              f"read the text as bytes") from None
+        return list(text.encode("utf-8")), None, f"{model_id} has no tokenizer: the text's UTF-8 bytes are its tokens"
+    return tok(text, add_special_tokens=False)["input_ids"], tok.bos_token_id, None
+
+
+def windows_of(ids: list[int], bos: Optional[int], context: int) -> list[list[int]]:
+    """The text cut into windows of `context` tokens (each led by BOS where the tokenizer has one); a last window
+    of a single token predicts nothing and is dropped."""
+    body = context - (bos is not None)
+    if body < 1:
+        raise KvplanError(f"--context {context}: a window needs room for the text after BOS")
+    out = [([bos] if bos is not None else []) + ids[i:i + body] for i in range(0, len(ids), body)]
+    out = [w for w in out if len(w) >= 2]
+    if not out:
+        raise KvplanError("the text holds fewer than two tokens: nothing to predict")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The cache and the attention probe
+
+
+def _register_attention() -> None:
+    """The sdpa attention under kvplan's name, with the probe that compares each layer's output against attention
+    over its unquantized keys and values."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        probe = getattr(module, "_kvplan_probe", None)
+        if probe is not None:
+            probe(module, query, out, attention_mask, kwargs)
+        return out, weights
+
+    AttentionInterface.register(ATTENTION, attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+
+
+class _Probe:
+    """One format run's per-layer accumulators: the attention output's error against the layer's exact K and V."""
+
+    def __init__(self, stores):
+        from kvplan.quality.metrics import ErrorSum
+
+        self.stores = stores
+        self.attention = [ErrorSum() for _ in stores]
+
+    def __call__(self, module, query, out, mask, kwargs) -> None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        store = self.stores[module.layer_idx]
+        if store.exact:
+            return
+        k = store.raw_keys.transpose(0, 1)[None].to(query.dtype)
+        v = store.raw_values.transpose(0, 1)[None].to(query.dtype)
+        ref, _ = sdpa_attention_forward(module, query, k, v, mask, **kwargs)
+        self.attention[module.layer_idx].add(out, ref)
+
+
+def _cache(stores):
+    """A transformers Cache whose layer i stores through stores[i] on every write and returns what it reads back."""
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    class StoredLayer(DynamicLayer):
+        def __init__(self, store):
+            super().__init__()
+            self.store = store
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            # [1, kv_heads, tokens, d] <-> the store's [tokens, kv_heads, d]
+            self.store.append(key_states[0].transpose(0, 1), value_states[0].transpose(0, 1))
+            self.keys = self.store.keys.transpose(0, 1)[None].to(key_states.dtype)
+            self.values = self.store.values.transpose(0, 1)[None].to(value_states.dtype)
+            return self.keys, self.values
+
+    return Cache(layers=[StoredLayer(s) for s in stores])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def resolve_device(device: Optional[str]) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise KvplanError(f"--device {device}: choose cuda or cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise KvplanError("--device cuda: torch sees no CUDA GPU here; use --device cpu")
+    return device
+
+
+def _load(model_id: str, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _register_attention()
+    try:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # kvplan draws its own
+    except ImportError:
+        pass
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype="auto", attn_implementation=ATTENTION)
+    except Exception as e:  # a missing snapshot, a gated repository, an architecture transformers lacks
+        raise KvplanError(f"{model_id}: transformers cannot load it ({type(e).__name__}: {_first_line(e)})") from None
+    return model.to(device).eval(), torch
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0]
+
+
+def capacity(spec, fmt: KVFormat, skip) -> tuple[Optional[float], list[int]]:
+    """(pool tokens against the model dtype's, the layers kept in the model dtype): from kvplan's pool model, the
+    bytes one token costs over all layers, skip layers included."""
+    from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers, skipped_layers
+    from kvplan.specs.kv_formats import kv_format
+
+    skipped = sorted(skipped_layers(spec, fmt, skip))
+    ours = kv_bytes_per_token(kv_layers(spec, fmt, skip=skip))
+    return kv_bytes_per_token(kv_layers(spec, kv_format("auto"))) / ours, skipped
+
+
+def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int = 4096,
+                device: Optional[str] = None, skip=None, progress: Optional[Progress] = None) -> QualityResult:
+    """The quality of each of `formats` on `model_id` (a Hugging Face id or snapshot folder) over `text`."""
+    from kvplan.quality.formats import check_format
+    from kvplan.specs.catalog import load_model
+    from kvplan.specs.kv_evidence import evidence_for, notes_for
+
+    progress = progress or Progress()
+    spec = load_model(model_id)
+    for f in formats:  # refused before any weight is read
+        check_format(f, spec.head_dim)
+    plans = {f.name: capacity(spec, f, skip) for f in formats}
+    device = resolve_device(device)
+    started = time.perf_counter()
+    model, torch = _load(model_id, device)
+    ids, bos, token_note = tokenize(model_id, text, model.config.vocab_size)
+    windows = windows_of(ids, bos, context)
+    steps = sum(math.ceil(len(w) / CHUNK_TOKENS) for w in windows) * (len(formats) + 1)
+    layers = model.config.num_hidden_layers
+    import inspect
+
+    # transformers 5 names the cache argument `cache` (past_key_values is deprecated there); earlier releases take
+    # only past_key_values
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def passes(fmt: Optional[KVFormat], skipped: frozenset, on_chunk: Callable):
+        """Run every window with a cache in `fmt` (None: the model dtype); on_chunk(logp, targets) per chunk."""
+        from kvplan.quality.formats import layer_store
+        from kvplan.specs.kv_formats import kv_format
+
+        probe_sums = None
+        kv_sums = None
+        for w in windows:
+            stores = [layer_store(fmt or kv_format("auto"), spec.head_dim, i in skipped) for i in range(layers)]
+            probe = _Probe(stores)
+            for m in model.modules():
+                if hasattr(m, "layer_idx") and hasattr(m, "k_proj"):
+                    m._kvplan_probe = probe
+            cache = _cache(stores)
+            x = torch.tensor(w, device=device)[None]
+            for start in range(0, len(w), CHUNK_TOKENS):
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    out = model(input_ids=x[:, start:start + CHUNK_TOKENS], use_cache=True, **{cache_arg: cache})
+                logp = torch.log_softmax(out.logits[0].float(), -1)
+                targets = x[0, start + 1:start + CHUNK_TOKENS + 1]
+                on_chunk(logp[:targets.shape[0]], targets)
+                if first_chunk:  # the estimate, from the first chunk's time
+                    first_chunk.pop()
+                    progress.estimate((time.perf_counter() - t0) * steps, steps)
+                progress.step(fmt.name if fmt else "model dtype")
+            probe_sums, kv_sums = _fold(stores, probe, probe_sums, kv_sums)
+            del cache, stores, probe
+        return probe_sums, kv_sums
+
+    from kvplan.quality.metrics import perplexity, token_figures
+
+    first_chunk = [True]
+    base: list = []  # the model-dtype run's log-probabilities per chunk, in order
+    base_nll: list = []
+    passes(None, frozenset(), lambda logp, t: (base.append(logp), base_nll.append(-logp.gather(-1, t[:, None])[:, 0])))
+    base_ppl = perplexity(torch.cat(base_nll))
+    rows, layer_rows = [], []
+    for f in formats:
+        t0 = time.perf_counter()
+        figures: list = []
+        at = iter(base)
+        attention, kv = passes(f, frozenset(plans[f.name][1]),
+                               lambda logp, t: figures.append(token_figures(next(at), logp, t)))
+        kl, agree, nll = (torch.cat([fig[i] for fig in figures]) for i in range(3))
+        rows.append(_row(f, spec, plans[f.name], kl, agree, nll, base_ppl, attention, kv, time.perf_counter() - t0))
+        layer_rows += [LayerQuality(f.name, i, i in plans[f.name][1], kv[0][i].relative, kv[1][i].relative,
+                                    attention[i].relative) for i in range(layers)]
+    notes = [token_note] if token_note else []
+    evidence = {f.name: [asdict(e) for e in evidence_for(f.name)] for f in formats}
+    notes += [f"{n.text} ({n.source})" for n in {n: None for f in formats for n in notes_for(f.name)}]
+    return QualityResult(model_id, device, str(model.dtype).replace("torch.", ""), sum(len(w) - 1 for w in windows),
+                         len(windows), context, CHUNK_TOKENS, base_ppl, rows, layer_rows, evidence, notes,
+                         time.perf_counter() - started)
+
+
+def _fold(stores, probe, attention, kv):
+    """Add one window's per-layer sums to the run's: (attention [layers], (keys [layers], values [layers]))."""
+    from kvplan.quality.metrics import ErrorSum
+
+    if attention is None:
+        attention = [ErrorSum() for _ in stores]
+        kv = ([ErrorSum() for _ in stores], [ErrorSum() for _ in stores])
+    for i, s in enumerate(stores):
+        attention[i].diff_sq += probe.attention[i].diff_sq
+        attention[i].ref_sq += probe.attention[i].ref_sq
+        if not s.exact and s.raw_keys is not None:
+            kv[0][i].add(s.keys, s.raw_keys)
+            kv[1][i].add(s.values, s.raw_values)
+    return attention, kv
+
+
+def _row(f: KVFormat, spec, plan, kl, agree, nll, base_ppl, attention, kv, seconds) -> FormatQuality:
+    from kvplan.quality.metrics import ErrorSum, percentile, perplexity
+
+    def total(sums) -> float:
+        all_ = ErrorSum(sum(s.diff_sq for s in sums), sum(s.ref_sq for s in sums))
+        return all_.relative
+
+    ppl = perplexity(nll)
+    return FormatQuality(
+        f.name, round(f.bits_per_element(spec.head_dim), 4), plan[0], plan[1], float(kl.mean()), percentile(kl, 99),
+        float(agree.float().mean()), ppl, ppl - base_ppl, (ppl / base_ppl - 1) * 100, total(kv[0]), total(kv[1]),
+        total(attention), seconds)
