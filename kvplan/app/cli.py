@@ -1089,7 +1089,7 @@ def quality(
                                                    "windows this long, each from an empty cache (default 4096); "
                                                    "with --synthetic, the tokens drawn")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda where torch sees "
-                                                  "a GPU)")] = None,
+                                                  "a GPU; cpu with --synthetic)")] = None,
     synthetic: Annotated[bool, typer.Option("--synthetic", help="no model: K/V drawn with the structure the "
                                             "literature reports (outlier key channels, RoPE, a sink, outlier value "
                                             "tokens), and the tensor-level errors; a proxy, never a verdict")] = False,
@@ -1133,7 +1133,7 @@ def quality(
 
             spec = load_model(model)
             shape = {"head_dim": spec.head_dim, "kv_heads": spec.num_kv_heads, "heads": spec.num_heads}
-        result = run_synthetic(formats, tokens, device=resolve_device(device), model=spec, **shape)
+        result = run_synthetic(formats, tokens, device=resolve_device(device or "cpu"), model=spec, **shape)
         _show(as_json, result.to_dict(), "synthetic_table", result)
         return
     from kvplan.quality.run import load_text, run_quality

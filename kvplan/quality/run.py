@@ -96,7 +96,9 @@ class Progress:
 def load_text(text: Optional[str], dataset: Optional[str]) -> str:
     """The text to run over: a file, or a Hugging Face data set's text column (an alias in DATASETS, or
     path[:config[:split]]) from the local cache or the Hub, through the `datasets` package."""
-    if (text is None) == (dataset is None):
+    if text is not None and dataset is not None:
+        raise KvplanError("--text and --dataset both name the text to run over: give one")
+    if text is None and dataset is None:
         raise KvplanError("kvplan quality runs over a text: give --text FILE or --dataset NAME (e.g. wikitext2)")
     if text is not None:
         try:
