@@ -1118,8 +1118,8 @@ def quality(
     missing = [name for name in (("torch", "triton") if synthetic else ("torch", "triton", "transformers"))
                if not _importable(name)]
     if missing:
-        raise KvplanError(f"kvplan quality needs {' and '.join(missing)}: pip install 'kvplan[quality]' (the quality "
-                          f"extra: torch, triton and transformers)")
+        raise KvplanError(f"kvplan quality needs {' and '.join(missing)} (the quality extra): pip install "
+                          f"{' '.join(missing)}")
     from kvplan.app import render
 
     if synthetic:

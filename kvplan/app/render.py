@@ -696,8 +696,9 @@ def format_detail(d: dict, head_dim: int) -> None:
     for n in d["notes"]:
         con.print(f"note: {n['text']} ({n['source']})")
     if not d["evidence"]:
-        con.print(f"no published accuracy figure kvplan can cite for {d['name']}: measure it on your model with "
-                  f"`kvplan quality MODEL -d {d['name']} --text FILE`")
+        how = (f"measure it on your model with `kvplan quality MODEL -d {d['name']} --text FILE`"
+               if d["applies_to"] != "mla" else "and `kvplan quality` measures K and V caches, not MLA latents")
+        con.print(f"no published accuracy figure kvplan can cite for {d['name']}: {how}")
 
 
 def evidence_table(con, evidence: dict) -> None:
@@ -771,18 +772,15 @@ def synthetic_table(r) -> None:
     con.print(f"synthetic K/V, a proxy: {r.tokens:,} tokens, {shape} head_dim {r.head_dim}, {r.kv_heads} KV heads, "
               f"{r.heads} query heads; attention of the last {r.queries:,} positions, on {r.device}")
     t = Table(title="Tensor-level relative errors on synthetic K/V (not a model's accuracy)", title_justify="left")
-    for col in ("KV dtype", "bits/elem", "capacity", "K err", "V err", "attn err"):
+    gains = any(x.capacity_gain is not None for x in r.rows)
+    for col in ("KV dtype", "bits/elem") + (("capacity",) if gains else ()) + ("K err", "V err", "attn err"):
         t.add_column(col, justify="left" if col == "KV dtype" else "right")
     for x in r.rows:
-        t.add_row(x.kv_cache_dtype, f"{x.bits_per_element:.3g}", _ratio(x.capacity_gain), _err(x.key_rel_error),
-                  _err(x.value_rel_error), _err(x.attention_rel_error))
+        t.add_row(x.kv_cache_dtype, f"{x.bits_per_element:.3g}", *([_ratio(x.capacity_gain)] if gains else []),
+                  _err(x.key_rel_error), _err(x.value_rel_error), _err(x.attention_rel_error))
     print_table(con, t)
-    t = Table(title="How the K/V are drawn", title_justify="left")
-    for col in ("parameter", "value", "source"):
-        t.add_column(col)
     for p in r.parameters:
-        t.add_row(p["name"], str(p["value"]), p["source"])
-    print_table(con, t)
+        con.print(f"drawn: {p['name']}: {p['value']} ({p['source']})")
     evidence_table(con, r.evidence)
     for n in r.notes:
         con.print(f"note: {n}")

@@ -275,6 +275,9 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
 
     progress = progress or Progress()
     spec = load_model(model_id)
+    if spec.is_mla or spec.is_hybrid:
+        raise KvplanError(f"{spec.name} caches {'an MLA latent' if spec.is_mla else 'recurrent state beside K and V'}; "
+                          f"kvplan quality measures the K and V caches of attention-only models")
     for f in formats:  # refused before any weight is read
         check_format(f, spec.head_dim)
     plans = {f.name: capacity(spec, f, skip) for f in formats}
@@ -302,7 +305,7 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
             stores = [layer_store(fmt or kv_format("auto"), spec.head_dim, i in skipped) for i in range(layers)]
             probe = _Probe(stores)
             for m in model.modules():
-                if hasattr(m, "layer_idx") and hasattr(m, "k_proj"):
+                if hasattr(m, "layer_idx") and type(m).__name__.endswith("Attention"):
                     m._kvplan_probe = probe
             cache = _cache(stores)
             x = torch.tensor(w, device=device)[None]

@@ -14,22 +14,17 @@ from typing import Optional
 
 from kvplan.specs.kv_formats import KVFormat
 
-_KIVI = "KIVI (arXiv:2402.02750) and KVQuant (arXiv:2401.18079): persistent per-channel outliers in the keys"
+_OUTLIERS = "KIVI (arXiv:2402.02750), KVQuant (arXiv:2401.18079): persistent per-channel key outliers"
 PARAMETERS = (
     # (name, value, source)
-    ("outlier key channels per head", 4, _KIVI + ", a handful of the head's coordinates, the same for every token"),
+    ("outlier key channels per head", 4, _OUTLIERS + ", the same few channels for every token"),
     ("outlier channel magnitude", "10x to 20x the others",
-     "'If one coordinate of a 128-dimensional key is 20x the others, a uniform quantizer sized to that coordinate "
-     "assigns every other coordinate to the bottom one or two codes' (the rotation argument vLLM's int4 and "
-     "TurboQuant formats rest on)"),
-    ("keys after RoPE, base", 10000.0, "keys are cached after rotary embedding, which mixes channel pairs by a "
-     "position-dependent angle (KVQuant); 10000 is Llama's base"),
+     "the rotation argument behind vLLM's int4 and TurboQuant keys: 'one coordinate ... 20x the others'"),
+    ("RoPE base", 10000.0, "keys cached after RoPE, which mixes channel pairs by position (KVQuant); Llama's base"),
     ("value magnitude per token", "log-normal, sigma 0.5",
-     "values show no stable channel structure; their magnitude varies token to token more than coordinate to "
-     "coordinate (KIVI)"),
-    ("outlier value tokens", "1% of tokens, 10x", "assumption (kvplan's): tokens whose values stand out"),
-    ("attention sink", "token 0 draws about e^5 times a typical token's weight, its value at 0.1x",
-     "assumption (kvplan's): the first token as an attention sink"),
+     "values vary token to token more than channel to channel (KIVI)"),
+    ("outlier value tokens", "1% of tokens, 10x", "an assumption of kvplan's"),
+    ("attention sink", "token 0, logit +5 for every query, value 0.1x", "an assumption of kvplan's"),
 )
 PROXY_NOTE = ("synthetic K/V: a proxy for where each format loses precision, not a verdict on any model; run "
               "`kvplan quality MODEL --text FILE` to measure a model")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-NOT_NAMED = "not named in the source"
+NOT_NAMED = "not named"  # by the source
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Note:
 
 # vLLM's TurboQuant presets: the docstring of vllm/model_executor/layers/quantization/turboquant/config.py lists
 # each preset's capacity ratio and perplexity change (L71-L75, the same lines in v0.30 and 0.33)
-_TQ_CONFIG = "vLLM vllm/model_executor/layers/quantization/turboquant/config.py"
+_TQ_CONFIG = "vLLM quantization/turboquant/config.py"  # vllm/model_executor/layers/quantization/
 _TQ_PPL = [
     ("turboquant_k8v4", "+1.17% PPL", "turboquant_k8v4:   FP8 keys + 4-bit values, 2.6x, +1.17% PPL"),
     ("turboquant_4bit_nc", "+2.71% PPL", "turboquant_4bit_nc: 4-bit MSE keys + 4-bit values + NC, 3.8x, +2.71%"),
@@ -46,12 +46,12 @@ _TQ_PPL = [
 ]
 
 EVIDENCE: tuple[Evidence, ...] = tuple(
-    Evidence(name, NOT_NAMED, "perplexity (data set not named)", "the unquantized cache", change,
+    Evidence(name, NOT_NAMED, "perplexity (data not named)", "unquantized cache", change,
              f"{_TQ_CONFIG} L71-L75 (the presets' docstring)", quote)
     for name, change, quote in _TQ_PPL
 ) + (
     # the norm correction's own price, from the same file (L83-L85)
-    Evidence("turboquant_4bit_nc", NOT_NAMED, "perplexity (data set not named)",
+    Evidence("turboquant_4bit_nc", NOT_NAMED, "perplexity (data not named)",
              "the same preset without norm correction", "about 0.8% lower PPL", f"{_TQ_CONFIG} L83-L85",
              "improving PPL by ~0.8% at 4-bit"),
 ) + tuple(
