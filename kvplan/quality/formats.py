@@ -68,62 +68,43 @@ class LayerStore:
         return torch.cat(stored + [raw[self.quantized:]])
 
 
-def _slots(n: int, kv_heads: int, slot_bytes: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cache of one block holding n tokens [1, n, kv_heads, slot], and its slots 0..n-1."""
-    return (torch.zeros(1, n, kv_heads, slot_bytes, dtype=torch.uint8, device=device),
-            torch.arange(n, device=device))
-
-
-def _paged(fmt_name: str, d: int) -> Encode:
-    """The formats kernels/paged_attention.py reads: bf16, fp16, fp8 e4m3 / e5m2 with per-tensor scales (1.0, what
-    vLLM uses when the checkpoint carries none), int8 and fp8 per token and head."""
-    from kvplan.kernels.layouts import slot_layout
-    from kvplan.kernels.paged_attention import dequantize_cache, write_kv
-
-    layout = slot_layout(fmt_name, d)
-
-    def encode(k: torch.Tensor, v: torch.Tensor) -> Tensors:
-        cache, slots = _slots(k.shape[0], k.shape[1], layout.slot_bytes, k.device)
-        write_kv(cache, layout, slots, k, v)
-        kh, vh = dequantize_cache(cache, layout)
-        return kh[0], vh[0]
-
-    return encode
-
-
-def _with_layout(fmt: KVFormat, d: int, write, read) -> Encode:
-    """A format whose torch writer and reader take (cache, layout, ...): int4 per token and head, TurboQuant."""
+def _with_layout(fmt: KVFormat | str, d: int, write, read) -> Encode:
+    """A format whose torch writer and reader take (cache, layout, ...): K and V written into a cache of one block
+    holding the chunk's tokens at slots 0..n-1, and read back."""
     from kvplan.kernels.layouts import slot_layout
 
     layout = slot_layout(fmt, d)
 
     def encode(k: torch.Tensor, v: torch.Tensor) -> Tensors:
-        cache, slots = _slots(k.shape[0], k.shape[1], layout.slot_bytes, k.device)
-        write(cache, layout, slots, k, v)
+        cache = torch.zeros(1, k.shape[0], k.shape[1], layout.slot_bytes, dtype=torch.uint8, device=k.device)
+        write(cache, layout, torch.arange(k.shape[0], device=k.device), k, v)
         kh, vh = read(cache, layout)
         return kh[0], vh[0]
 
     return encode
 
 
+def _paged(fmt_name: str, d: int) -> Encode:
+    """The formats kernels/paged_attention.py reads: bf16, fp16, fp8 e4m3 / e5m2 with per-tensor scales (1.0, what
+    vLLM uses when the checkpoint carries none), int8 and fp8 per token and head."""
+    from kvplan.kernels.paged_attention import dequantize_cache, write_kv
+
+    return _with_layout(fmt_name, d, write_kv, dequantize_cache)
+
+
 def _nvfp4(fmt: KVFormat, d: int) -> Encode:
     """NVFP4: the fp32 global scale is the layer's, fixed by the first chunk written (vLLM holds it per layer); a
     later value past it saturates at the block scale's largest e4m3, as the engine's would."""
-    from kvplan.kernels.layouts import slot_layout
     from kvplan.kernels.nvfp4_attention import dequantize_cache_nvfp4, global_scale, write_kv_nvfp4
 
-    layout = slot_layout(fmt, d)
     scales: list[float] = []
 
-    def encode(k: torch.Tensor, v: torch.Tensor) -> Tensors:
+    def write(cache, layout, slots, k, v):
         if not scales:
             scales.extend([global_scale(k), global_scale(v)])
-        cache, slots = _slots(k.shape[0], k.shape[1], layout.slot_bytes, k.device)
         write_kv_nvfp4(cache, layout, slots, k, v, *scales)
-        kh, vh = dequantize_cache_nvfp4(cache, layout, *scales)
-        return kh[0], vh[0]
 
-    return encode
+    return _with_layout(fmt, d, write, lambda cache, layout: dequantize_cache_nvfp4(cache, layout, *scales))
 
 
 def _kivi(fmt: KVFormat, d: int) -> Encode:

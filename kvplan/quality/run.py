@@ -270,10 +270,10 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
                 device: Optional[str] = None, skip=None, progress: Optional[Progress] = None) -> QualityResult:
     """The quality of each of `formats` on `model_id` (a Hugging Face id or snapshot folder) over `text`."""
     from kvplan.quality.formats import check_format
+    from kvplan.quality.metrics import percentile, perplexity, token_figures
     from kvplan.specs.catalog import load_model
     from kvplan.specs.kv_evidence import evidence_for, notes_for
 
-    progress = progress or Progress()
     spec = load_model(model_id)
     if spec.is_mla or spec.is_hybrid:
         raise KvplanError(f"{spec.name} caches {'an MLA latent' if spec.is_mla else 'recurrent state beside K and V'}; "
@@ -285,96 +285,111 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
     started = time.perf_counter()
     model, torch = _load(model_id, device)
     ids, bos, token_note = tokenize(model_id, text, model.config.vocab_size)
-    windows = windows_of(ids, bos, context)
-    steps = sum(math.ceil(len(w) / CHUNK_TOKENS) for w in windows) * (len(formats) + 1)
-    layers = model.config.num_hidden_layers
-    import inspect
-
-    # transformers 5 names the cache argument `cache` (past_key_values is deprecated there); earlier releases take
-    # only past_key_values
-    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-    def passes(fmt: Optional[KVFormat], skipped: frozenset, on_chunk: Callable):
-        """Run every window with a cache in `fmt` (None: the model dtype); on_chunk(logp, targets) per chunk."""
-        from kvplan.quality.formats import layer_store
-        from kvplan.specs.kv_formats import kv_format
-
-        probe_sums = None
-        kv_sums = None
-        for w in windows:
-            stores = [layer_store(fmt or kv_format("auto"), spec.head_dim, i in skipped) for i in range(layers)]
-            probe = _Probe(stores)
-            for m in model.modules():
-                if hasattr(m, "layer_idx") and type(m).__name__.endswith("Attention"):
-                    m._kvplan_probe = probe
-            cache = _cache(stores)
-            x = torch.tensor(w, device=device)[None]
-            for start in range(0, len(w), CHUNK_TOKENS):
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    out = model(input_ids=x[:, start:start + CHUNK_TOKENS], use_cache=True, **{cache_arg: cache})
-                logp = torch.log_softmax(out.logits[0].float(), -1)
-                targets = x[0, start + 1:start + CHUNK_TOKENS + 1]
-                on_chunk(logp[:targets.shape[0]], targets)
-                if first_chunk:  # the estimate, from the first chunk's time
-                    first_chunk.pop()
-                    progress.estimate((time.perf_counter() - t0) * steps, steps)
-                progress.step(fmt.name if fmt else "model dtype")
-            probe_sums, kv_sums = _fold(stores, probe, probe_sums, kv_sums)
-            del cache, stores, probe
-        return probe_sums, kv_sums
-
-    from kvplan.quality.metrics import perplexity, token_figures
-
-    first_chunk = [True]
-    base: list = []  # the model-dtype run's log-probabilities per chunk, in order
+    runner = _Runner(model, windows_of(ids, bos, context), spec.head_dim, device, len(formats) + 1,
+                     progress or Progress())
+    base: list = []  # the model-dtype run's log-probabilities, chunk by chunk
     base_nll: list = []
-    passes(None, frozenset(), lambda logp, t: (base.append(logp), base_nll.append(-logp.gather(-1, t[:, None])[:, 0])))
+
+    def keep(logp, targets):
+        base.append(logp)
+        base_nll.append(-logp.gather(-1, targets[:, None])[:, 0])
+
+    runner.run(None, frozenset(), keep)
     base_ppl = perplexity(torch.cat(base_nll))
     rows, layer_rows = [], []
     for f in formats:
         t0 = time.perf_counter()
         figures: list = []
         at = iter(base)
-        attention, kv = passes(f, frozenset(plans[f.name][1]),
-                               lambda logp, t: figures.append(token_figures(next(at), logp, t)))
+        skipped = plans[f.name][1]
+        sums = runner.run(f, frozenset(skipped), lambda logp, t: figures.append(token_figures(next(at), logp, t)))
         kl, agree, nll = (torch.cat([fig[i] for fig in figures]) for i in range(3))
-        rows.append(_row(f, spec, plans[f.name], kl, agree, nll, base_ppl, attention, kv, time.perf_counter() - t0))
-        layer_rows += [LayerQuality(f.name, i, i in plans[f.name][1], kv[0][i].relative, kv[1][i].relative,
-                                    attention[i].relative) for i in range(layers)]
+        ppl = perplexity(nll)
+        rows.append(FormatQuality(
+            f.name, round(f.bits_per_element(spec.head_dim), 4), plans[f.name][0], skipped, float(kl.mean()),
+            percentile(kl, 99), float(agree.float().mean()), ppl, ppl - base_ppl, (ppl / base_ppl - 1) * 100,
+            total(sums.keys), total(sums.values), total(sums.attention), time.perf_counter() - t0))
+        layer_rows += [LayerQuality(f.name, i, i in skipped, sums.keys[i].relative, sums.values[i].relative,
+                                    sums.attention[i].relative) for i in range(runner.layers)]
+    runner.detach()
     notes = [token_note] if token_note else []
+    notes += [f"{n.text} ({n.source})" for n in dict.fromkeys(n for f in formats for n in notes_for(f.name))]
     evidence = {f.name: [asdict(e) for e in evidence_for(f.name)] for f in formats}
-    notes += [f"{n.text} ({n.source})" for n in {n: None for f in formats for n in notes_for(f.name)}]
-    return QualityResult(model_id, device, str(model.dtype).replace("torch.", ""), sum(len(w) - 1 for w in windows),
-                         len(windows), context, CHUNK_TOKENS, base_ppl, rows, layer_rows, evidence, notes,
+    return QualityResult(model_id, device, str(model.dtype).replace("torch.", ""), runner.predictions,
+                         len(runner.windows), context, CHUNK_TOKENS, base_ppl, rows, layer_rows, evidence, notes,
                          time.perf_counter() - started)
 
 
-def _fold(stores, probe, attention, kv):
-    """Add one window's per-layer sums to the run's: (attention [layers], (keys [layers], values [layers]))."""
+@dataclass
+class LayerSums:
+    """One format run's error sums per layer, over every window."""
+
+    keys: list
+    values: list
+    attention: list
+
+
+def total(sums) -> float:
+    """The relative error over every layer's tensors together."""
     from kvplan.quality.metrics import ErrorSum
 
-    if attention is None:
-        attention = [ErrorSum() for _ in stores]
-        kv = ([ErrorSum() for _ in stores], [ErrorSum() for _ in stores])
-    for i, s in enumerate(stores):
-        attention[i].diff_sq += probe.attention[i].diff_sq
-        attention[i].ref_sq += probe.attention[i].ref_sq
-        if not s.exact and s.raw_keys is not None:
-            kv[0][i].add(s.keys, s.raw_keys)
-            kv[1][i].add(s.values, s.raw_values)
-    return attention, kv
+    return ErrorSum(sum(s.diff_sq for s in sums), sum(s.ref_sq for s in sums)).relative
 
 
-def _row(f: KVFormat, spec, plan, kl, agree, nll, base_ppl, attention, kv, seconds) -> FormatQuality:
-    from kvplan.quality.metrics import ErrorSum, percentile, perplexity
+class _Runner:
+    """The model over every window, chunk by chunk, with a fresh cache per window in one format."""
 
-    def total(sums) -> float:
-        all_ = ErrorSum(sum(s.diff_sq for s in sums), sum(s.ref_sq for s in sums))
-        return all_.relative
+    def __init__(self, model, windows: list[list[int]], head_dim: int, device: str, passes: int, progress: Progress):
+        import inspect
 
-    ppl = perplexity(nll)
-    return FormatQuality(
-        f.name, round(f.bits_per_element(spec.head_dim), 4), plan[0], plan[1], float(kl.mean()), percentile(kl, 99),
-        float(agree.float().mean()), ppl, ppl - base_ppl, (ppl / base_ppl - 1) * 100, total(kv[0]), total(kv[1]),
-        total(attention), seconds)
+        self.model, self.windows, self.head_dim, self.device, self.progress = model, windows, head_dim, device, progress
+        self.layers = model.config.num_hidden_layers
+        self.predictions = sum(len(w) - 1 for w in windows)
+        self.steps = sum(math.ceil(len(w) / CHUNK_TOKENS) for w in windows) * passes
+        self.timed = False
+        # transformers 5 names the cache argument `cache` (past_key_values is deprecated there); earlier releases
+        # take only past_key_values
+        self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self.attention_modules = [m for m in model.modules()
+                                  if hasattr(m, "layer_idx") and type(m).__name__.endswith("Attention")]
+
+    def run(self, fmt: Optional[KVFormat], skipped: frozenset, on_chunk: Callable) -> LayerSums:
+        """Every window with its cache in `fmt` (None: the model dtype); on_chunk(log-probs, next tokens) per
+        chunk, in order."""
+        import torch
+
+        from kvplan.quality.formats import layer_store
+        from kvplan.quality.metrics import ErrorSum
+        from kvplan.specs.kv_formats import kv_format
+
+        sums = LayerSums(*([ErrorSum() for _ in range(self.layers)] for _ in range(3)))
+        for w in self.windows:
+            stores = [layer_store(fmt or kv_format("auto"), self.head_dim, i in skipped) for i in range(self.layers)]
+            probe = _Probe(stores)
+            for m in self.attention_modules:
+                m._kvplan_probe = probe
+            cache = _cache(stores)
+            x = torch.tensor(w, device=self.device)[None]
+            for start in range(0, len(w), CHUNK_TOKENS):
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    out = self.model(input_ids=x[:, start:start + CHUNK_TOKENS], use_cache=True,
+                                     **{self.cache_arg: cache})
+                targets = x[0, start + 1:start + CHUNK_TOKENS + 1]
+                on_chunk(torch.log_softmax(out.logits[0, :targets.shape[0]].float(), -1), targets)
+                if not self.timed:  # the estimate, from the first chunk's time
+                    self.timed = True
+                    self.progress.estimate((time.perf_counter() - t0) * self.steps, self.steps)
+                self.progress.step(fmt.name if fmt else "model dtype")
+            for i, s in enumerate(stores):
+                sums.attention[i].diff_sq += probe.attention[i].diff_sq
+                sums.attention[i].ref_sq += probe.attention[i].ref_sq
+                if not s.exact:
+                    sums.keys[i].add(s.keys, s.raw_keys)
+                    sums.values[i].add(s.values, s.raw_values)
+            del cache, stores, probe  # one window's cache at a time
+        return sums
+
+    def detach(self) -> None:
+        for m in self.attention_modules:
+            m._kvplan_probe = None
