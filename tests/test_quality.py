@@ -420,11 +420,24 @@ def test_quality_command_json(cli, tiny):
     (["quality", "--synthetic", "--device", "tpu"], "--device tpu"),
     (["quality", "llama3-8b", "--text", "/nonexistent/text.txt"], "cannot read"),
     (["quality", "llama3-8b", "--text", "a", "--dataset", "b"], "give one"),
+    (["quality", "--synthetic", "-d", "custom:bits=4"], "no scale"),
     (["formats", "nonsense"], "unknown KV cache dtype"),
 ])
 def test_quality_refusals_are_one_line(cli, args, says):
     out = cli(*args)
     assert out.code == 2 and out.err.startswith("kvplan: error: ") and out.err.count("\n") == 1 and says in out.err
+
+
+def test_context_beyond_the_models_is_refused(cli, tiny):
+    out = cli("quality", str(tiny), "--text", str(tiny / "text.txt"), "--context", "4096", "--device", "cpu")
+    assert out.code == 2 and "at most 2,048 tokens" in out.err and out.err.count("\n") == 1
+
+
+def test_all_formats_are_those_that_store_k_and_v(cli):
+    out = cli("quality", "--synthetic", "-d", "all", "--context", "64", "--json")
+    assert out.code == 0, out.err
+    names = [r["kv_cache_dtype"] for r in json.loads(out.out)["rows"]]
+    assert names == [n for n, f in CATALOG.items() if f.applies_to != "mla"]
 
 
 def test_quality_without_the_extra_names_it(cli, monkeypatch):

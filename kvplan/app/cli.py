@@ -1103,7 +1103,8 @@ def quality(
     from kvplan.errors import KvplanError
     from kvplan.specs.kv_formats import parse_dtypes
 
-    formats = parse_dtypes(dtype, default="auto,fp8")
+    # 'all': the catalog formats that store K and V (MLA latents are not measured)
+    formats = parse_dtypes(dtype, default="auto,fp8", served=lambda f: f.applies_to != "mla")
     tokens = _one_size(context, "--context") if context is not None else 4096
     if synthetic:
         given = [o for o, v in (("--text", text), ("--dataset", dataset), ("--kv-cache-dtype-skip-layers",

@@ -278,6 +278,9 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
     if spec.is_mla or spec.is_hybrid:
         raise KvplanError(f"{spec.name} caches {'an MLA latent' if spec.is_mla else 'recurrent state beside K and V'}; "
                           f"kvplan quality measures the K and V caches of attention-only models")
+    if context > spec.max_position_embeddings:
+        raise KvplanError(f"--context {context:,}: {spec.name} takes at most {spec.max_position_embeddings:,} tokens "
+                          f"(max_position_embeddings)")
     for f in formats:  # refused before any weight is read
         check_format(f, spec.head_dim)
     plans = {f.name: capacity(spec, f, skip) for f in formats}
