@@ -456,3 +456,17 @@ def test_planning_imports_no_torch_or_transformers():
             "sys.stderr.write(repr(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr == "[]", r.stderr[-500:]
+
+
+def test_a_bf16_checkpoint_runs_in_bf16(tiny, tmp_path):
+    """The model dtype is the checkpoint's: a bf16 snapshot runs in bf16, its own cache exactly (KL 0)."""
+    from transformers import LlamaForCausalLM
+
+    from kvplan.quality.run import run_quality
+
+    LlamaForCausalLM.from_pretrained(tiny).to(torch.bfloat16).save_pretrained(tmp_path)
+    r = run_quality(str(tmp_path), parse_dtypes(["auto,bfloat16,fp8"]), TEXT[:300], context=1024, device="cpu")
+    assert r.model_dtype == "bfloat16"
+    auto, bf16, fp8 = r.rows
+    assert auto.kl_mean == 0 and bf16.kl_mean == 0 and bf16.key_rel_error == 0  # bf16 in bf16: nothing is lost
+    assert fp8.kl_mean > 0 and fp8.key_rel_error > 0
