@@ -470,3 +470,12 @@ def test_a_bf16_checkpoint_runs_in_bf16(tiny, tmp_path):
     auto, bf16, fp8 = r.rows
     assert auto.kl_mean == 0 and bf16.kl_mean == 0 and bf16.key_rel_error == 0  # bf16 in bf16: nothing is lost
     assert fp8.kl_mean > 0 and fp8.key_rel_error > 0
+
+
+def test_the_library_takes_format_names():
+    import kvplan
+
+    by_name = kvplan.run_synthetic(["fp8", "kivi4"], tokens=128, head_dim=64, kv_heads=2, heads=4)
+    by_value = kvplan.run_synthetic(parse_dtypes(["fp8,kivi4"]), tokens=128, head_dim=64, kv_heads=2, heads=4)
+    assert by_name.to_dict() == by_value.to_dict()
+    assert [e.result for e in kvplan.evidence_for("turboquant_k8v4")] == ["+1.17% PPL"]

@@ -268,12 +268,15 @@ def capacity(spec, fmt: KVFormat, skip) -> tuple[Optional[float], list[int]]:
 
 def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int = 4096,
                 device: Optional[str] = None, skip=None, progress: Optional[Progress] = None) -> QualityResult:
-    """The quality of each of `formats` on `model_id` (a Hugging Face id or snapshot folder) over `text`."""
+    """The quality of each of `formats` (names or KVFormats) on `model_id` (a Hugging Face id or snapshot folder)
+    over `text`."""
     from kvplan.quality.formats import check_format
+    from kvplan.specs.kv_formats import kv_format
     from kvplan.quality.metrics import percentile, perplexity, token_figures
     from kvplan.specs.catalog import load_model
     from kvplan.specs.kv_evidence import evidence_for, notes_for
 
+    formats = [kv_format(f) if isinstance(f, str) else f for f in formats]
     spec = load_model(model_id)
     if spec.is_mla or spec.is_hybrid:
         raise KvplanError(f"{spec.name} caches {'an MLA latent' if spec.is_mla else 'recurrent state beside K and V'}; "

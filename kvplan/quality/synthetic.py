@@ -122,13 +122,15 @@ def causal_attention(q, k, v, positions):
 
 def run_synthetic(formats: list[KVFormat], tokens: int = 4096, head_dim: int = 128, kv_heads: int = 8,
                   heads: int = 32, device: str = "cpu", model=None, seed: int = 0) -> SyntheticResult:
-    """Each format's errors on one draw of synthetic K/V (the same draw for every format). `model`: a ModelSpec
-    whose shapes are drawn, for the capacity gains too."""
+    """Each format's errors (names or KVFormats) on one draw of synthetic K/V, the same draw for every format.
+    `model`: a ModelSpec whose shapes are drawn, for the capacity gains too."""
     from kvplan.quality.formats import check_format, layer_store
     from kvplan.quality.metrics import relative_error
     from kvplan.quality.run import CHUNK_TOKENS, capacity
     from kvplan.specs.kv_evidence import evidence_for
+    from kvplan.specs.kv_formats import kv_format
 
+    formats = [kv_format(f) if isinstance(f, str) else f for f in formats]
     for f in formats:
         check_format(f, head_dim)
     q, k, v, pos = draw(tokens, kv_heads, heads, head_dim, seed, device)
