@@ -108,6 +108,16 @@ def test_the_model_dtype_run_is_the_model_itself(run, tiny):
     assert run.perplexity == pytest.approx(math.exp(float(nll.double().mean())), rel=1e-4)
 
 
+def test_kl_by_position_splits_the_positions(run):
+    n = len(TEXT.encode()) - 1
+    for r in run.rows:
+        buckets = r.kl_by_position
+        assert [(b["from"], b["to"]) for b in buckets] == [(0, 128), (128, 512), (512, 2048)]
+        assert [b["positions"] for b in buckets] == [128, 384, n - 512]
+        assert sum(b["kl_mean"] * b["positions"] for b in buckets) / n == pytest.approx(r.kl_mean, rel=1e-5, abs=1e-12)
+        assert sum(b["top1_agreement"] * b["positions"] for b in buckets) / n == pytest.approx(r.top1_agreement)
+
+
 def test_errors_fall_as_bits_rise(run):
     k = {name: _layer(run, name, 0).key_rel_error for name in ("fp8", PLAIN_INT4, PLAIN_INT2)}
     assert 0 < k["fp8"] < k[PLAIN_INT4] < k[PLAIN_INT2]

@@ -726,7 +726,7 @@ def quality_table(r) -> None:
     con = console()
     con.print(f"{r.model} on {r.device} ({r.model_dtype}): {r.tokens:,} next-token predictions over {r.windows:,} "
               f"window{'s' if r.windows != 1 else ''} of up to {r.context:,} tokens (chunks of {r.chunk_tokens}); "
-              f"model-dtype perplexity {r.perplexity:.4g}")
+              f"model-dtype perplexity {r.perplexity:,.3f}")
     t = Table(title="What each KV format costs: against the model-dtype run", title_justify="left")
     for col in ("KV dtype", "bits/elem", "capacity", "skip layers", "KL mean", "KL p99", "top-1 agree", "perplexity",
                 "ppl change", "K err", "V err", "attn err", "s"):
@@ -734,9 +734,19 @@ def quality_table(r) -> None:
     for x in r.rows:
         t.add_row(x.kv_cache_dtype, f"{x.bits_per_element:.3g}", _ratio(x.capacity_gain),
                   _layer_list(x.skip_layers) if x.skip_layers else "-", sci(x.kl_mean), sci(x.kl_p99),
-                  f"{x.top1_agreement * 100:.2f}%", f"{x.perplexity:.4g}", f"{x.perplexity_delta_pct:+.2f}%",
+                  f"{x.top1_agreement * 100:.2f}%", f"{x.perplexity:,.3f}", f"{x.perplexity_delta_pct:+.2f}%",
                   _err(x.key_rel_error), _err(x.value_rel_error), _err(x.attention_rel_error), f"{x.seconds:.1f}")
     print_table(con, t)
+    ranges = [(b["from"], b["to"]) for b in (r.rows[0].kl_by_position if r.rows else [])]
+    if len(ranges) > 1:
+        t = Table(title="KL mean by position in the window (a query at a later position attends over more of the "
+                        "stored cache)", title_justify="left")
+        t.add_column("KV dtype")
+        for lo, hi in ranges:
+            t.add_column(f"{lo:,}-{min(hi, r.context) - 1:,}", justify="right")
+        for x in r.rows:
+            t.add_row(x.kv_cache_dtype, *(sci(b["kl_mean"]) for b in x.kl_by_position))
+        print_table(con, t)
     layers = [x for x in r.layers if any(y.kv_cache_dtype == x.kv_cache_dtype and y.key_rel_error + y.value_rel_error
                                          for y in r.layers)]
     if layers:

@@ -29,6 +29,21 @@ def perplexity(nll: torch.Tensor) -> float:
     return float(torch.exp(nll.double().mean())) if nll.numel() else math.nan
 
 
+POSITION_EDGES = (0, 128, 512, 2048, 8192, 32768, 131072, 524288)  # where the KL by position is cut
+
+
+def by_position(kl: torch.Tensor, agree: torch.Tensor, positions: torch.Tensor) -> list[dict]:
+    """KL mean and top-1 agreement per range of positions in the window [from, to), for the ranges that hold any
+    (errors grow with the context a query attends over)."""
+    out = []
+    for lo, hi in zip(POSITION_EDGES, POSITION_EDGES[1:], strict=False):
+        inside = (positions >= lo) & (positions < hi)
+        if bool(inside.any()):
+            out.append({"from": lo, "to": hi, "positions": int(inside.sum()), "kl_mean": float(kl[inside].mean()),
+                        "top1_agreement": float(agree[inside].float().mean())})
+    return out
+
+
 @dataclass
 class ErrorSum:
     """||approx - exact||^2 and ||exact||^2 summed over many tensors: their relative error as one figure."""

@@ -47,6 +47,7 @@ class FormatQuality:
     value_rel_error: float
     attention_rel_error: float
     seconds: float
+    kl_by_position: list[dict] = field(default_factory=list)  # metrics.by_position: KL by position in the window
 
 
 @dataclass
@@ -272,7 +273,7 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
     over `text`."""
     from kvplan.quality.formats import check_format
     from kvplan.specs.kv_formats import kv_format
-    from kvplan.quality.metrics import percentile, perplexity, token_figures
+    from kvplan.quality.metrics import by_position, percentile, perplexity, token_figures
     from kvplan.specs.catalog import load_model
     from kvplan.specs.kv_evidence import evidence_for, notes_for
 
@@ -296,7 +297,7 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
     base: list = []  # the model-dtype run's log-probabilities, chunk by chunk
     base_nll: list = []
 
-    def keep(logp, targets):
+    def keep(logp, targets, start):
         base.append(logp)
         base_nll.append(-logp.gather(-1, targets[:, None])[:, 0])
 
@@ -308,13 +309,15 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
         figures: list = []
         at = iter(base)
         skipped = plans[f.name][1]
-        sums = runner.run(f, frozenset(skipped), lambda logp, t: figures.append(token_figures(next(at), logp, t)))
-        kl, agree, nll = (torch.cat([fig[i] for fig in figures]) for i in range(3))
+        sums = runner.run(f, frozenset(skipped), lambda logp, t, start: figures.append(
+            (*token_figures(next(at), logp, t), start + torch.arange(t.shape[0]))))
+        kl, agree, nll, positions = (torch.cat([fig[i].cpu() for fig in figures]) for i in range(4))
         ppl = perplexity(nll)
         rows.append(FormatQuality(
             f.name, round(f.bits_per_element(spec.head_dim), 4), plans[f.name][0], skipped, float(kl.mean()),
             percentile(kl, 99), float(agree.float().mean()), ppl, ppl - base_ppl, (ppl / base_ppl - 1) * 100,
-            total(sums.keys), total(sums.values), total(sums.attention), time.perf_counter() - t0))
+            total(sums.keys), total(sums.values), total(sums.attention), time.perf_counter() - t0,
+            by_position(kl, agree, positions)))
         layer_rows += [LayerQuality(f.name, i, i in skipped, sums.keys[i].relative, sums.values[i].relative,
                                     sums.attention[i].relative) for i in range(runner.layers)]
     runner.detach()
@@ -360,8 +363,8 @@ class _Runner:
                                   if hasattr(m, "layer_idx") and type(m).__name__.endswith("Attention")]
 
     def run(self, fmt: Optional[KVFormat], skipped: frozenset, on_chunk: Callable) -> LayerSums:
-        """Every window with its cache in `fmt` (None: the model dtype); on_chunk(log-probs, next tokens) per
-        chunk, in order."""
+        """Every window with its cache in `fmt` (None: the model dtype); on_chunk(log-probs, next tokens, the
+        chunk's first position in its window) per chunk, in order."""
         import torch
 
         from kvplan.quality.formats import layer_store
@@ -382,7 +385,7 @@ class _Runner:
                     out = self.model(input_ids=x[:, start:start + CHUNK_TOKENS], use_cache=True,
                                      **{self.cache_arg: cache})
                 targets = x[0, start + 1:start + CHUNK_TOKENS + 1]
-                on_chunk(torch.log_softmax(out.logits[0, :targets.shape[0]].float(), -1), targets)
+                on_chunk(torch.log_softmax(out.logits[0, :targets.shape[0]].float(), -1), targets, start)
                 if not self.timed:  # the estimate, from the first chunk's time
                     self.timed = True
                     self.progress.estimate((time.perf_counter() - t0) * self.steps, self.steps)
