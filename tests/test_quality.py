@@ -118,6 +118,21 @@ def test_kl_by_position_splits_the_positions(run):
         assert sum(b["top1_agreement"] * b["positions"] for b in buckets) / n == pytest.approx(r.top1_agreement)
 
 
+def test_the_residual_window_is_read_as_decoding_reads_it(run, tiny):
+    """KIVI keeps each sequence's newest 128 tokens (and a group not yet whole) in the model dtype: a query at a
+    position below 128 + 32 reads nothing quantized, so its prediction is the model's own, to rounding."""
+    from kvplan.quality.run import run_quality
+
+    kivi = _row(run, "kivi4").kl_by_position
+    assert kivi[0]["kl_mean"] < 1e-9 and kivi[2]["kl_mean"] > 1e-6
+    windowed = "custom:bits=4,residual=64,scale=fp32,zero=fp32"
+    r = run_quality(str(tiny), [kv_format(windowed), kv_format(PLAIN_INT4)], TEXT, context=1024, device="cpu")
+    near, far = r.rows[0].kl_by_position[0], r.rows[0].kl_by_position[2]
+    assert near["kl_mean"] > 0 and far["kl_mean"] > 1e-6  # positions 64-127 read quantized tokens
+    assert r.rows[0].kl_mean < r.rows[1].kl_mean  # the window only helps
+    assert r.rows[0].capacity_gain == r.rows[1].capacity_gain  # the pool counts a token at the format's bytes
+
+
 def test_errors_fall_as_bits_rise(run):
     k = {name: _layer(run, name, 0).key_rel_error for name in ("fp8", PLAIN_INT4, PLAIN_INT2)}
     assert 0 < k["fp8"] < k[PLAIN_INT4] < k[PLAIN_INT2]

@@ -39,6 +39,26 @@ class LayerStore:
     def exact(self) -> bool:
         return self.encode is None
 
+    @property
+    def windowed(self) -> bool:
+        """Whether the newest tokens wait in the model dtype (a residual window, or token groups not yet whole)."""
+        return self.encode is not None and (self.group_tokens > 1 or self.residual > 0)
+
+    def read_mask(self, queries: int) -> torch.Tensor:
+        """For the newest `queries` tokens as queries, which of [stored copies; written copies] of the tokens
+        each reads [queries, 2 x tokens] (bool): token j from the format where j < quantized_len(p + 1), as
+        written where that <= j <= p (the residual window as of decoding token p)."""
+        from kvplan.kernels.kivi_attention import quantized_len
+
+        n = self.raw_keys.shape[0]
+        p = torch.arange(n - queries, n, device=self.raw_keys.device)
+        held = torch.tensor([quantized_len(int(t) + 1, self.group_tokens, self.residual) for t in p],
+                            device=p.device)
+        j = torch.arange(n, device=p.device)
+        stored = j[None, :] < held[:, None]
+        written = (j[None, :] >= held[:, None]) & (j[None, :] <= p[:, None])
+        return torch.cat([stored, written], dim=1)
+
     def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
         k, v = k.float(), v.float()
         self.raw_keys = k if self.raw_keys is None else torch.cat([self.raw_keys, k])

@@ -6,8 +6,9 @@ How the cache is stored, as the engine stores it: a transformers Cache whose lay
 values as it is written (keys arrive after RoPE, as vLLM caches them), every layer in the format except its skip
 layers (the format's default, or --kv-cache-dtype-skip-layers), which stay in the model dtype. Attention then reads
 the stored values for every token, the chunk's own included, as vLLM's paged attention reads its cache after
-writing it. The text is cut into windows of `context` tokens, each starting from an empty cache, and each window is
-fed in chunks of CHUNK_TOKENS, so that a format with token groups (KIVI) stores them as they fill. One format's cache
+writing it; a format with a residual window (KIVI: its newest tokens and a token group not yet whole in the model
+dtype) is read by each query as decoding that token would read it. The text is cut into windows of `context`
+tokens, each starting from an empty cache, and each window is fed in chunks of CHUNK_TOKENS. One format's cache
 is held at a time; the model-dtype run's log-probabilities are kept (positions x vocabulary, fp32, on the device)
 to compare each format against.
 
@@ -160,25 +161,25 @@ def windows_of(ids: list[int], bos: Optional[int], context: int) -> list[list[in
 
 
 def _register_attention() -> None:
-    """The sdpa attention under kvplan's name, with the probe that compares each layer's output against attention
-    over its unquantized keys and values."""
+    """The sdpa attention under kvplan's name: each layer reads its store (a residual window read per query, see
+    _Probe.attend) and the probe compares the output against attention over the layer's unquantized K and V."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     def attention(module, query, key, value, attention_mask, **kwargs):
-        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         probe = getattr(module, "_kvplan_probe", None)
-        if probe is not None:
-            probe(module, query, out, attention_mask, kwargs)
-        return out, weights
+        if probe is None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+        return probe.attend(module, query, key, value, attention_mask, kwargs)
 
     AttentionInterface.register(ATTENTION, attention)
     AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 class _Probe:
-    """One format run's per-layer accumulators: the attention output's error against the layer's exact K and V."""
+    """One format run's attention: what each layer reads from its store, and the per-layer error of the output
+    against attention over the layer's exact K and V for the same queries."""
 
     def __init__(self, stores):
         from kvplan.quality.metrics import ErrorSum
@@ -186,16 +187,28 @@ class _Probe:
         self.stores = stores
         self.attention = [ErrorSum() for _ in stores]
 
-    def __call__(self, module, query, out, mask, kwargs) -> None:
+    def attend(self, module, query, key, value, mask, kwargs):
+        """Attention for one layer's chunk of queries. A format with a residual window (KIVI) keeps each sequence's
+        newest tokens in the model dtype: the query at position p reads token j < quantized_len(p + 1) from the
+        format and the rest as written, as it would decoding token p. Read per query: attention over the stored
+        and the written copies of every token side by side, a mask choosing one copy of each."""
+        import torch
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         store = self.stores[module.layer_idx]
-        if store.exact:
-            return
-        k = store.raw_keys.transpose(0, 1)[None].to(query.dtype)
-        v = store.raw_values.transpose(0, 1)[None].to(query.dtype)
-        ref, _ = sdpa_attention_forward(module, query, k, v, mask, **kwargs)
-        self.attention[module.layer_idx].add(out, ref)
+        raw_k = store.raw_keys.transpose(0, 1)[None].to(query.dtype)
+        raw_v = store.raw_values.transpose(0, 1)[None].to(query.dtype)
+        if store.windowed:
+            chosen = store.read_mask(query.shape[2]).to(query.device)  # [queries, 2 x tokens]
+            out, weights = sdpa_attention_forward(module, query, torch.cat([key, raw_k], 2),
+                                                  torch.cat([value, raw_v], 2), chosen[None, None],
+                                                  **{**kwargs, "is_causal": False})
+        else:
+            out, weights = sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+        if not store.exact:
+            ref, _ = sdpa_attention_forward(module, query, raw_k, raw_v, mask, **kwargs)
+            self.attention[module.layer_idx].add(out, ref)
+        return out, weights
 
 
 def _cache(stores):
