@@ -106,18 +106,34 @@ def _rope(x, positions, base: float = 10000.0):
     return x * cos + rotated * sin
 
 
-def causal_attention(q, k, v, positions):
-    """Softmax attention of queries [n_q, heads, d] at `positions` over keys and values [n, kv_heads, d] up to
-    each query's own position (grouped-query heads share their KV head), fp32."""
+def attention(q, k, v, allowed):
+    """Softmax attention of queries [n_q, heads, d] over keys and values [n, kv_heads, d], each query over the
+    tokens `allowed` [n_q, n] marks (grouped-query heads share their KV head), fp32."""
     import torch
 
     group = q.shape[1] // k.shape[1]
     kk = k.float().repeat_interleave(group, dim=1)
     vv = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,nhd->hqn", q.float(), kk) / math.sqrt(q.shape[-1])
-    future = torch.arange(k.shape[0], device=k.device)[None, :] > positions[:, None]
-    scores = scores.masked_fill(future[None], float("-inf"))
+    scores = scores.masked_fill(~allowed[None], float("-inf"))
     return torch.einsum("hqn,nhd->qhd", scores.softmax(-1), vv)
+
+
+def read_back(q, store, positions):
+    """Attention of the queries over what `store` holds, each query at its position reading the cache as decoding
+    it would (a residual window: the newest tokens as written)."""
+    import torch
+
+    if store.windowed:
+        both = torch.cat([store.keys, store.raw_keys]), torch.cat([store.values, store.raw_values])
+        return attention(q, *both, store.read_mask(q.shape[0]))
+    return attention(q, store.keys, store.values, _causal(positions, store.keys.shape[0]))
+
+
+def _causal(positions, n: int):
+    import torch
+
+    return torch.arange(n, device=positions.device)[None, :] <= positions[:, None]
 
 
 def run_synthetic(formats: list[KVFormat], tokens: int = 4096, head_dim: int = 128, kv_heads: int = 8,
@@ -134,7 +150,7 @@ def run_synthetic(formats: list[KVFormat], tokens: int = 4096, head_dim: int = 1
     for f in formats:
         check_format(f, head_dim)
     q, k, v, pos = draw(tokens, kv_heads, heads, head_dim, seed, device)
-    exact = causal_attention(q, k, v, pos)
+    exact = attention(q, k, v, _causal(pos, tokens))
     rows = []
     for f in formats:
         store = layer_store(f, head_dim)
@@ -143,7 +159,7 @@ def run_synthetic(formats: list[KVFormat], tokens: int = 4096, head_dim: int = 1
         gain = capacity(model, f, None)[0] if model is not None else None
         rows.append(SyntheticRow(f.name, round(f.bits_per_element(head_dim), 4), gain,
                                  relative_error(store.keys, k), relative_error(store.values, v),
-                                 relative_error(causal_attention(q, store.keys, store.values, pos), exact)))
+                                 relative_error(read_back(q, store, pos), exact)))
     params = [{"name": n, "value": val, "source": src} for n, val, src in PARAMETERS]
     return SyntheticResult(tokens, head_dim, kv_heads, heads, q.shape[0], device,
                            getattr(model, "name", None), rows, params, [PROXY_NOTE],
