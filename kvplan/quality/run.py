@@ -9,8 +9,8 @@ the stored values for every token, the chunk's own included, as vLLM's paged att
 writing it; a format with a residual window (KIVI: its newest tokens and a token group not yet whole in the model
 dtype) is read by each query as decoding that token would read it. The text is cut into windows of `context`
 tokens, each starting from an empty cache, and each window is fed in chunks of CHUNK_TOKENS. One format's cache
-is held at a time; the model-dtype run's log-probabilities are kept (positions x vocabulary, fp32, on the device)
-to compare each format against.
+is held at a time: a window runs in the model dtype, and its log-probabilities (positions x vocabulary, fp32, on
+the device) are kept while the window runs in each format and is compared against them.
 
 Per layer, the relative errors of the cached keys and values, and of the attention output against attention over
 the same layer's unquantized keys and values for the same queries (the layer's own error, before it propagates).
@@ -307,32 +307,39 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
     ids, bos, token_note = tokenize(model_id, text, model.config.vocab_size)
     runner = _Runner(model, windows_of(ids, bos, context), spec.head_dim, device, len(formats) + 1,
                      progress or Progress())
-    base: list = []  # the model-dtype run's log-probabilities, chunk by chunk
+    from kvplan.quality.metrics import ErrorSum
+
+    sums = {f.name: LayerSums(*([ErrorSum() for _ in range(runner.layers)] for _ in range(3))) for f in formats}
+    figures: dict = {f.name: [] for f in formats}  # per chunk: KL, top-1, NLL, positions
+    seconds = dict.fromkeys(sums, 0.0)
     base_nll: list = []
+    for w in runner.windows:  # a window at a time: its model-dtype log-probabilities, then each format against them
+        base: list = []
 
-    def keep(logp, targets, start):
-        base.append(logp)
-        base_nll.append(-logp.gather(-1, targets[:, None])[:, 0])
+        def keep(logp, targets, start):
+            base.append(logp)
+            base_nll.append(-logp.gather(-1, targets[:, None])[:, 0])
 
-    runner.run(None, frozenset(), keep)
+        runner.window(w, None, frozenset(), keep, None)
+        for f in formats:
+            t0 = time.perf_counter()
+            at = iter(base)
+            runner.window(w, f, frozenset(plans[f.name][1]), lambda logp, t, start, f=f: figures[f.name].append(
+                (*token_figures(next(at), logp, t), start + torch.arange(t.shape[0]))), sums[f.name])
+            seconds[f.name] += time.perf_counter() - t0
+        del base
     base_ppl = perplexity(torch.cat(base_nll))
     rows, layer_rows = [], []
     for f in formats:
-        t0 = time.perf_counter()
-        figures: list = []
-        at = iter(base)
-        skipped = plans[f.name][1]
-        sums = runner.run(f, frozenset(skipped), lambda logp, t, start: figures.append(
-            (*token_figures(next(at), logp, t), start + torch.arange(t.shape[0]))))
-        kl, agree, nll, positions = (torch.cat([fig[i].cpu() for fig in figures]) for i in range(4))
+        kl, agree, nll, positions = (torch.cat([fig[i].cpu() for fig in figures[f.name]]) for i in range(4))
         ppl = perplexity(nll)
+        skipped, s = plans[f.name][1], sums[f.name]
         rows.append(FormatQuality(
             f.name, round(f.bits_per_element(spec.head_dim), 4), plans[f.name][0], skipped, float(kl.mean()),
             percentile(kl, 99), float(agree.float().mean()), ppl, ppl - base_ppl, (ppl / base_ppl - 1) * 100,
-            total(sums.keys), total(sums.values), total(sums.attention), time.perf_counter() - t0,
-            by_position(kl, agree, positions)))
-        layer_rows += [LayerQuality(f.name, i, i in skipped, sums.keys[i].relative, sums.values[i].relative,
-                                    sums.attention[i].relative) for i in range(runner.layers)]
+            total(s.keys), total(s.values), total(s.attention), seconds[f.name], by_position(kl, agree, positions)))
+        layer_rows += [LayerQuality(f.name, i, i in skipped, s.keys[i].relative, s.values[i].relative,
+                                    s.attention[i].relative) for i in range(runner.layers)]
     runner.detach()
     notes = [token_note] if token_note else []
     notes += [f"{n.text} ({n.source})" for n in dict.fromkeys(n for f in formats for n in notes_for(f.name))]
@@ -344,7 +351,7 @@ def run_quality(model_id: str, formats: list[KVFormat], text: str, context: int 
 
 @dataclass
 class LayerSums:
-    """One format run's error sums per layer, over every window."""
+    """One format's error sums per layer, over every window."""
 
     keys: list
     values: list
@@ -359,7 +366,7 @@ def total(sums) -> float:
 
 
 class _Runner:
-    """The model over every window, chunk by chunk, with a fresh cache per window in one format."""
+    """The model over the windows, chunk by chunk, with a fresh cache per window in one format at a time."""
 
     def __init__(self, model, windows: list[list[int]], head_dim: int, device: str, passes: int, progress: Progress):
         import inspect
@@ -375,42 +382,38 @@ class _Runner:
         self.attention_modules = [m for m in model.modules()
                                   if hasattr(m, "layer_idx") and type(m).__name__.endswith("Attention")]
 
-    def run(self, fmt: Optional[KVFormat], skipped: frozenset, on_chunk: Callable) -> LayerSums:
-        """Every window with its cache in `fmt` (None: the model dtype); on_chunk(log-probs, next tokens, the
-        chunk's first position in its window) per chunk, in order."""
+    def window(self, w: list[int], fmt: Optional[KVFormat], skipped: frozenset, on_chunk: Callable,
+               sums: Optional[LayerSums]) -> None:
+        """One window from an empty cache in `fmt` (None: the model dtype), chunk by chunk: on_chunk(log-probs,
+        next tokens, the chunk's first position in the window) per chunk, the layers' errors added to `sums`."""
         import torch
 
         from kvplan.quality.formats import layer_store
-        from kvplan.quality.metrics import ErrorSum
         from kvplan.specs.kv_formats import kv_format
 
-        sums = LayerSums(*([ErrorSum() for _ in range(self.layers)] for _ in range(3)))
-        for w in self.windows:
-            stores = [layer_store(fmt or kv_format("auto"), self.head_dim, i in skipped) for i in range(self.layers)]
-            probe = _Probe(stores)
-            for m in self.attention_modules:
-                m._kvplan_probe = probe
-            cache = _cache(stores)
-            x = torch.tensor(w, device=self.device)[None]
-            for start in range(0, len(w), CHUNK_TOKENS):
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    out = self.model(input_ids=x[:, start:start + CHUNK_TOKENS], use_cache=True,
-                                     **{self.cache_arg: cache})
-                targets = x[0, start + 1:start + CHUNK_TOKENS + 1]
-                on_chunk(torch.log_softmax(out.logits[0, :targets.shape[0]].float(), -1), targets, start)
-                if not self.timed:  # the estimate, from the first chunk's time
-                    self.timed = True
-                    self.progress.estimate((time.perf_counter() - t0) * self.steps, self.steps)
-                self.progress.step(fmt.name if fmt else "model dtype")
+        stores = [layer_store(fmt or kv_format("auto"), self.head_dim, i in skipped) for i in range(self.layers)]
+        probe = _Probe(stores)
+        for m in self.attention_modules:
+            m._kvplan_probe = probe
+        cache = _cache(stores)
+        x = torch.tensor(w, device=self.device)[None]
+        for start in range(0, len(w), CHUNK_TOKENS):
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                out = self.model(input_ids=x[:, start:start + CHUNK_TOKENS], use_cache=True, **{self.cache_arg: cache})
+            targets = x[0, start + 1:start + CHUNK_TOKENS + 1]
+            on_chunk(torch.log_softmax(out.logits[0, :targets.shape[0]].float(), -1), targets, start)
+            if not self.timed:  # the estimate, from the first chunk's time
+                self.timed = True
+                self.progress.estimate((time.perf_counter() - t0) * self.steps, self.steps)
+            self.progress.step(fmt.name if fmt else "model dtype")
+        if sums is not None:
             for i, s in enumerate(stores):
                 sums.attention[i].diff_sq += probe.attention[i].diff_sq
                 sums.attention[i].ref_sq += probe.attention[i].ref_sq
                 if not s.exact:
                     sums.keys[i].add(s.keys, s.raw_keys)
                     sums.values[i].add(s.values, s.raw_values)
-            del cache, stores, probe  # one window's cache at a time
-        return sums
 
     def detach(self) -> None:
         for m in self.attention_modules:
