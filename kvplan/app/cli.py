@@ -1080,7 +1080,7 @@ def quality(
     model: Annotated[Optional[str], typer.Argument(help="a Hugging Face id or snapshot folder (its weights are "
                                                    "loaded); with --synthetic, optional: a model whose shapes are "
                                                    "drawn")] = None,
-    dtype: DtypesOpt = None,
+    dtype: PlotDtypesOpt = None,  # the same default as the plots': auto and fp8
     text: Annotated[Optional[str], typer.Option("--text", help="a text file the model runs over")] = None,
     dataset: Annotated[Optional[str], typer.Option("--dataset", help="a Hugging Face data set's text instead: "
                                                    "wikitext2, or org/name[:config[:split]] (needs the datasets "
