@@ -196,6 +196,8 @@ class _Probe:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         store = self.stores[module.layer_idx]
+        if store.exact:  # the model dtype: what it reads is what was written
+            return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
         raw_k = store.raw_keys.transpose(0, 1)[None].to(query.dtype)
         raw_v = store.raw_values.transpose(0, 1)[None].to(query.dtype)
         if store.windowed:
@@ -205,9 +207,8 @@ class _Probe:
                                                   **{**kwargs, "is_causal": False})
         else:
             out, weights = sdpa_attention_forward(module, query, key, value, mask, **kwargs)
-        if not store.exact:
-            ref, _ = sdpa_attention_forward(module, query, raw_k, raw_v, mask, **kwargs)
-            self.attention[module.layer_idx].add(out, ref)
+        ref, _ = sdpa_attention_forward(module, query, raw_k, raw_v, mask, **kwargs)
+        self.attention[module.layer_idx].add(out, ref)
         return out, weights
 
 
