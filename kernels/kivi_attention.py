@@ -83,7 +83,7 @@ def encode_group(k: torch.Tensor, v: torch.Tensor, layout: SlotLayout) -> torch.
     vs = ((vhi - vlo) / levels).to(torch.float16).float().clamp_min(1e-6)
     vz = vlo.to(torch.float16).float()
     vq = torch.round((vg - vz) / vs).clamp(0, levels).flatten(-2)
-    out = torch.zeros(g, k.shape[1], layout.slot_bytes, dtype=torch.uint8)
+    out = torch.zeros(g, k.shape[1], layout.slot_bytes, dtype=torch.uint8, device=k.device)
     out[..., : o["codes"]] = _pack(kq.to(torch.int32), bits)
     per = d // g  # channels whose scale and zero token r carries
     ks16 = ks.to(torch.float16).squeeze(0).unflatten(-1, (g, per))  # [h, G, per]

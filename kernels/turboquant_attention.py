@@ -85,7 +85,7 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """[..., n] codes < 2^bits -> [..., ceil(n bits / 8)] bytes, little-endian bit stream."""
     n = codes.shape[-1]
     nbytes = (n * bits + 7) // 8
-    out = torch.zeros(*codes.shape[:-1], nbytes + 1, dtype=torch.int32)
+    out = torch.zeros(*codes.shape[:-1], nbytes + 1, dtype=torch.int32, device=codes.device)
     for i in range(n):
         bit = i * bits
         val = codes[..., i].to(torch.int32) << (bit % 8)
@@ -96,7 +96,7 @@ def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def _unpack(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     b = torch.nn.functional.pad(packed.to(torch.int32), (0, 1))
-    i = torch.arange(n)
+    i = torch.arange(n, device=packed.device)
     word = b[..., (i * bits) // 8] | (b[..., (i * bits) // 8 + 1] << 8)
     return (word >> ((i * bits) % 8)) & (2**bits - 1)
 
@@ -110,13 +110,13 @@ def encode_keys(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]
     d = x.shape[-1]
     norm = x.float().norm(dim=-1, keepdim=True)
     y = _rot(x.float() / norm.clamp_min(1e-12))
-    cent = torch.tensor(lloyd_max_centroids(bits, d))
+    cent = torch.tensor(lloyd_max_centroids(bits, d), device=x.device)
     codes = (y.unsqueeze(-1) - cent).abs().argmin(-1)
     return _pack(codes, bits), norm.to(torch.float16).view(torch.uint8)
 
 
 def decode_keys(packed: torch.Tensor, norm_bytes: torch.Tensor, bits: int, d: int, correct: bool) -> torch.Tensor:
-    cent = torch.tensor(lloyd_max_centroids(bits, d))
+    cent = torch.tensor(lloyd_max_centroids(bits, d), device=packed.device)
     y = cent[_unpack(packed, bits, d)]
     u = _rot(y)  # H is symmetric: the same rotation undoes itself
     if correct:

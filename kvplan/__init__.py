@@ -39,6 +39,8 @@ _EXPORTS = {
     "ModelSpec": "specs.catalog", "GPUSpec": "specs.catalog", "load_model": "specs.catalog",
     "load_gpu": "specs.catalog",
     "param_count": "sizing.weights", "weight_bytes": "sizing.weights",
+    "run_quality": "quality.run", "QualityResult": "quality.run", "run_synthetic": "quality.synthetic",
+    "evidence_for": "specs.kv_evidence",
     "KvplanError": "errors",
 }
 __all__ = sorted(_EXPORTS)

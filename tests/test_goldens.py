@@ -226,7 +226,8 @@ def _catalogs() -> list:
     # the format catalog at several head shapes; each format on a model: capacity and crossover with -d all
     cases = [case("formats", "formats", *args.split()) for args in (
         "--json", "", "--head-dim 64 --json", "--head-dim 256", "--kv-lora-rank 256 --qk-rope-head-dim 32 --json",
-        "--head-dim 0")]
+        "--head-dim 0", "turboquant_k3v4_nc", "turboquant_4bit_nc --json", "fp8", "kivi2 --head-dim 64",
+        "fp8_ds_mla", "nonsense")]
     cases += [case("models", "models", "--json"), case("models", "models")]
     cases += [case("models", "models", "show", m, "--json") for m in MODELS]
     cases += [case("models", "models", "show", *args.split()) for args in (
@@ -236,7 +237,7 @@ def _catalogs() -> list:
     cases += [case("gpus", "gpus", "show", g, "--json") for g in GPUS]
     cases += [case("gpus", "gpus", "show", *args.split()) for args in ("h100", "mi300x", "h99")]
     # usage errors (help texts are left out: rich lays them out, so they change with its version)
-    cases += [case("usage", *args.split()) for args in ("nope", "capacity --nope", "crossover")]
+    cases += [case("usage", *args.split()) for args in ("nope", "capacity --nope", "crossover", "quality")]
     return cases
 
 

@@ -53,6 +53,7 @@ LAYERS = [
     ("plan", _folder("plan")),  # the questions: capacity, crossover, throughput and its simulation, sweep
     ("api", {"api"}),  # the library's keyword functions, each building the deployment value
     ("measure", _folder("measure")),  # measuring this GPU
+    ("quality", _folder("quality")),  # what a KV format costs in accuracy: a model run, synthetic K/V
     ("app", _folder("app")),  # the command line, tables, plots, gates, startup-log import
     ("main", {"__main__", "cli"}),  # `python -m kvplan` and the earlier name of the command line
     ("facade", {FACADE}),

@@ -1183,7 +1183,87 @@ def measure(
 
 
 @app.command()
+def quality(
+    model: Annotated[Optional[str], typer.Argument(help="a Hugging Face id or snapshot folder (its weights are "
+                                                   "loaded); with --synthetic, optional: a model whose shapes are "
+                                                   "drawn")] = None,
+    dtype: PlotDtypesOpt = None,  # the same default as the plots': auto and fp8
+    text: Annotated[Optional[str], typer.Option("--text", help="a text file the model runs over")] = None,
+    dataset: Annotated[Optional[str], typer.Option("--dataset", help="a Hugging Face data set's text instead: "
+                                                   "wikitext2, or org/name[:config[:split]] (needs the datasets "
+                                                   "package)")] = None,
+    context: Annotated[Optional[str], typer.Option("--context", "-c", help="tokens per window: the text is cut into "
+                                                   "windows this long, each from an empty cache (default 4096); "
+                                                   "with --synthetic, the tokens drawn")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="cuda or cpu (default: cuda where torch sees "
+                                                  "a GPU; cpu with --synthetic)")] = None,
+    synthetic: Annotated[bool, typer.Option("--synthetic", help="no model: K/V drawn with the structure the "
+                                            "literature reports (outlier key channels, RoPE, a sink, outlier value "
+                                            "tokens), and the tensor-level errors; a proxy, never a verdict")] = False,
+    skip_layers: SkipOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What each KV format costs in accuracy on your model and text: the model runs teacher-forced with its cache
+    stored in each format (post-RoPE keys, the format's scales and skip layers) and read back through the format's
+    reference dequantizer; next-token KL to the model-dtype run, top-1 agreement, perplexity, per-layer errors of
+    keys, values and attention, beside bits, capacity gain and the published evidence (the `quality` extra)."""
+    from kvplan.errors import KvplanError
+    from kvplan.specs.kv_formats import parse_dtypes
+
+    # 'all': the catalog formats that store K and V (MLA latents are not measured)
+    formats = parse_dtypes(dtype, default="auto,fp8", served=lambda f: f.applies_to != "mla")
+    tokens = _one_size(context, "--context") if context is not None else 4096
+    if synthetic:
+        given = [o for o, v in (("--text", text), ("--dataset", dataset), ("--kv-cache-dtype-skip-layers",
+                                                                             skip_layers)) if v is not None]
+        if given:
+            raise KvplanError(f"{given[0]} applies to a model run; --synthetic draws one layer's K/V without a model")
+    elif model is None:
+        raise KvplanError("kvplan quality needs MODEL (a Hugging Face id or snapshot folder), or --synthetic")
+    from kvplan.sizing.kv_cache import parse_skip_layers
+
+    skip = parse_skip_layers(skip_layers)
+    missing = [name for name in (("torch", "triton") if synthetic else ("torch", "triton", "transformers"))
+               if not _importable(name)]
+    if missing:
+        raise KvplanError(f"kvplan quality needs {' and '.join(missing)} (the quality extra): pip install "
+                          f"{' '.join(missing)}")
+    from kvplan.app import render
+
+    if synthetic:
+        from kvplan.quality.run import resolve_device
+        from kvplan.quality.synthetic import run_synthetic
+
+        spec = None
+        shape = {}
+        if model is not None:
+            from kvplan.specs.catalog import load_model
+
+            spec = load_model(model)
+            shape = {"head_dim": spec.head_dim, "kv_heads": spec.num_kv_heads, "heads": spec.num_heads}
+        result = run_synthetic(formats, tokens, device=resolve_device(device or "cpu"), model=spec, **shape)
+        _show(as_json, result.to_dict(), "synthetic_table", result)
+        return
+    from kvplan.quality.run import load_text, run_quality
+
+    body = load_text(text, dataset)
+    result = run_quality(model, formats, body, tokens, device, skip, progress=render.QualityProgress())
+    _show(as_json, result.to_dict(), "quality_table", result)
+
+
+def _importable(name: str) -> bool:
+    """Whether `import name` works (an extra's package), without keeping a half-imported module."""
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
+
+
+@app.command()
 def formats(
+    name: Optional[str] = typer.Argument(None, help="one format: its layout, who serves it, and the published "
+                                         "accuracy results for it"),
     head_dim: int = typer.Option(128, "--head-dim", help="head dimension the byte figures are computed at"),
     kv_lora_rank: int = typer.Option(512, "--kv-lora-rank", help="MLA latent width (no-RoPE part)"),
     rope_dim: int = typer.Option(64, "--qk-rope-head-dim", help="MLA RoPE width"),
@@ -1192,12 +1272,12 @@ def formats(
     """The KV-cache format catalog: bytes per token per KV head (K+V, every scale and pad included), honest bits
     per element, the MLA latent size, and the layers each keeps in the model dtype by default."""
     from kvplan.errors import KvplanError
-    from kvplan.specs.kv_formats import CATALOG
+    from kvplan.specs.kv_formats import CATALOG, kv_format
 
     if head_dim < 1 or kv_lora_rank < 1 or rope_dim < 0:
         raise KvplanError("--head-dim and --kv-lora-rank must be positive, --qk-rope-head-dim not negative")
     rows = []
-    for f in CATALOG.values():
+    for f in CATALOG.values() if name is None else [kv_format(name)]:
         mha = f.applies_to != "mla"
         row = {
             "name": f.name,
@@ -1214,6 +1294,18 @@ def formats(
             "description": f.description,
         }
         rows.append(row)
+    if name is not None:
+        from dataclasses import asdict
+
+        from kvplan.specs.kv_evidence import evidence_for, notes_for
+
+        f = kv_format(name)
+        detail = {**rows[0], "serves": [{"engine": x.engine, "platform": x.platform, "where": x.where(),
+                                         "source": x.source, "until": x.until} for x in f.serves],
+                  "evidence": [asdict(e) for e in evidence_for(f.name)],
+                  "notes": [asdict(n) for n in notes_for(f.name)]}
+        _show(as_json, detail, "format_detail", detail, head_dim)
+        return
     _show(as_json, rows, "formats_table", rows, head_dim, (kv_lora_rank, rope_dim))
 
 

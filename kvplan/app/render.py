@@ -682,3 +682,162 @@ def layout_tables(cmp, model) -> None:
         throughput_table(r, model)
         con.print("")
     con.print(f"[bold]layout verdict:[/bold] {cmp.verdict}")
+# ----------------------------------------------------------------------------------------------------------------
+# formats NAME and quality
+
+
+def format_detail(d: dict, head_dim: int) -> None:
+    """One format: its layout and bytes, who serves it, and what is published about its accuracy."""
+    con = console()
+    t = Table(title=f"{d['name']}: {d['description']}", title_justify="left", show_header=False)
+    t.add_column("field")
+    t.add_column("value", overflow="fold")
+    t.add_row("family", d["family"])
+    if d["k_bytes"] is not None:
+        t.add_row(f"K + V bytes per token per KV head (head_dim {head_dim})",
+                  f"{_opt(d['k_bytes'])} + {_opt(d['v_bytes'])} = {_opt(d['bytes_per_token_per_kv_head'])}")
+        t.add_row("bits per element", _opt(d["bits_per_element"], ".4g"))
+    if d["mla_bytes_per_token"] is not None:
+        t.add_row("MLA latent bytes per token per layer", _opt(d["mla_bytes_per_token"]))
+    if d["residual_tokens"]:
+        t.add_row("newest tokens kept in the model dtype", f"{d['residual_tokens']:,}")
+    t.add_row("default skip layers", d["default_skip"])
+    for x in d["serves"]:
+        until = f" (up to {x['until']})" if x["until"] else ""
+        t.add_row(f"served by {x['engine']}{until}", f"{x['where']}: {x['source']}")
+    if not d["serves"]:
+        t.add_row("served by", f"no engine (a {', '.join(d['engines'])} format)")
+    print_table(con, t)
+    evidence_table(con, {d["name"]: d["evidence"]})
+    for n in d["notes"]:
+        con.print(f"note: {n['text']} ({n['source']})")
+    if not d["evidence"]:
+        how = (f"measure it on your model with `kvplan quality MODEL -d {d['name']} --text FILE`"
+               if d["applies_to"] != "mla" else "and `kvplan quality` measures K and V caches, not MLA latents")
+        con.print(f"no published accuracy figure kvplan can cite for {d['name']}: {how}")
+
+
+def evidence_table(con, evidence: dict) -> None:
+    """The published results for each format of `evidence` (name -> rows of kv_evidence.Evidence as dicts)."""
+    rows = [(name, e) for name, es in evidence.items() for e in es]
+    if not rows:
+        return
+    t = Table(title="Published accuracy results (as their sources state them)", title_justify="left")
+    for col in ("KV dtype", "model", "benchmark", "against", "result", "source"):
+        t.add_column(col)
+    for name, e in rows:
+        t.add_row(name, e["model"], e["benchmark"], e["baseline"], e["result"], e["source"])
+    print_table(con, t)
+
+
+def _ratio(x: Optional[float]) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _err(x: float) -> str:
+    return "0" if x == 0 else f"{x:.2e}" if x < 1e-3 else f"{x:.4f}"
+
+
+def quality_table(r) -> None:
+    con = console()
+    con.print(f"{r.model} on {r.device} ({r.model_dtype}): {r.tokens:,} next-token predictions over {r.windows:,} "
+              f"window{'s' if r.windows != 1 else ''} of up to {r.context:,} tokens (chunks of {r.chunk_tokens}); "
+              f"model-dtype perplexity {r.perplexity:,.3f}")
+    t = Table(title="What each KV format costs: against the model-dtype run", title_justify="left")
+    for col in ("KV dtype", "bits/elem", "capacity", "skip layers", "KL mean", "KL p99", "top-1 agree", "perplexity",
+                "ppl change", "K err", "V err", "attn err", "s"):
+        t.add_column(col, justify="left" if col in ("KV dtype", "skip layers") else "right")
+    for x in r.rows:
+        t.add_row(x.kv_cache_dtype, f"{x.bits_per_element:.3g}", _ratio(x.capacity_gain),
+                  _layer_list(x.skip_layers) if x.skip_layers else "-", sci(x.kl_mean), sci(x.kl_p99),
+                  f"{x.top1_agreement * 100:.2f}%", f"{x.perplexity:,.3f}", f"{x.perplexity_delta_pct:+.2f}%",
+                  _err(x.key_rel_error), _err(x.value_rel_error), _err(x.attention_rel_error), f"{x.seconds:.1f}")
+    print_table(con, t)
+    ranges = [(b["from"], b["to"]) for b in (r.rows[0].kl_by_position if r.rows else [])]
+    if len(ranges) > 1:
+        t = Table(title="KL mean by position in the window (a query at a later position attends over more of the "
+                        "stored cache)", title_justify="left")
+        t.add_column("KV dtype")
+        for lo, hi in ranges:
+            t.add_column(f"{lo:,}-{min(hi, r.context) - 1:,}", justify="right")
+        for x in r.rows:
+            t.add_row(x.kv_cache_dtype, *(sci(b["kl_mean"]) for b in x.kl_by_position))
+        print_table(con, t)
+    layers = [x for x in r.layers if any(y.kv_cache_dtype == x.kv_cache_dtype and y.key_rel_error + y.value_rel_error
+                                         for y in r.layers)]
+    if layers:
+        t = Table(title="Per layer: relative error of the cached keys and values, and of the attention output "
+                        "against attention over the layer's exact K and V", title_justify="left")
+        for col in ("KV dtype", "layer", "K err", "V err", "attn err", ""):
+            t.add_column(col, justify="left" if col in ("KV dtype", "") else "right")
+        last = None
+        for x in layers:
+            t.add_row(x.kv_cache_dtype if x.kv_cache_dtype != last else "", str(x.layer), _err(x.key_rel_error),
+                      _err(x.value_rel_error), _err(x.attention_rel_error), "model dtype (skip)" if x.skipped else "")
+            last = x.kv_cache_dtype
+        print_table(con, t)
+    evidence_table(con, r.evidence)
+    for n in r.notes:
+        con.print(f"note: {n}")
+    _no_evidence(con, r.evidence)
+    con.print("KL: next-token KL divergence from the model-dtype run (nats), mean and 99th percentile over the "
+              "positions; top-1 agree: positions whose most likely next token is the same; capacity: tokens a KV "
+              f"pool holds against the model dtype (bytes per token, skip layers included). {r.seconds:.1f} s in all.")
+
+
+def _no_evidence(con, evidence: dict) -> None:
+    none = [name for name, es in evidence.items() if not es and name != "auto"]
+    if none:
+        con.print(f"no published accuracy figure kvplan can cite for {', '.join(none)}: the figures above are "
+                  f"the only evidence here")
+
+
+def synthetic_table(r) -> None:
+    con = console()
+    shape = f"{r.model}'s shapes" if r.model else "shapes"
+    con.print(f"synthetic K/V, a proxy: {r.tokens:,} tokens, {shape} head_dim {r.head_dim}, {r.kv_heads} KV heads, "
+              f"{r.heads} query heads; attention of the last {r.queries:,} positions, on {r.device}")
+    t = Table(title="Tensor-level relative errors on synthetic K/V (not a model's accuracy)", title_justify="left")
+    gains = any(x.capacity_gain is not None for x in r.rows)
+    for col in ("KV dtype", "bits/elem") + (("capacity",) if gains else ()) + ("K err", "V err", "attn err"):
+        t.add_column(col, justify="left" if col == "KV dtype" else "right")
+    for x in r.rows:
+        t.add_row(x.kv_cache_dtype, f"{x.bits_per_element:.3g}", *([_ratio(x.capacity_gain)] if gains else []),
+                  _err(x.key_rel_error), _err(x.value_rel_error), _err(x.attention_rel_error))
+    print_table(con, t)
+    for p in r.parameters:
+        con.print(f"drawn: {p['name']}: {p['value']} ({p['source']})")
+    evidence_table(con, r.evidence)
+    for n in r.notes:
+        con.print(f"note: {n}")
+
+
+class QualityProgress:
+    """`kvplan quality`'s progress on stderr: the estimate once the first chunk is timed, then a bar (a line per
+    format where stderr is not a terminal)."""
+
+    def __init__(self):
+        self.bar = None
+        self.task = None
+        self.label: Optional[str] = None
+
+    def estimate(self, seconds: float, steps: int) -> None:
+        print(f"kvplan quality: about {seconds:,.0f} s for {steps:,} chunks (the model-dtype run and one per "
+              f"format), from the first chunk's time", file=sys.stderr)
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+                                "{task.total}"), TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("model dtype", total=steps)
+
+    def step(self, label: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=label)
+            if self.bar.finished:
+                self.bar.stop()
+        elif label != self.label:
+            print(f"kvplan quality: {label}", file=sys.stderr)
+        self.label = label
