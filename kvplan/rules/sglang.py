@@ -101,6 +101,13 @@ def sglang_parallel(model: ModelSpec, tp: int, dp: int, dp_attention: bool, ep: 
     if tp % ep:
         raise KvplanError(f"--ep-size {ep} must divide --tp {tp}: SGLang runs each MoE layer over the TP group as "
                           f"ep x (tp / ep) (moe_tp_size = tp_size // ep_size)")
+    if moe and ep > 1 and ep > model.moe.num_experts + (redundant or 0):
+        raise KvplanError(f"--ep-size {ep}: {model.name} has {model.moe.num_experts} experts, fewer than the EP ranks; "
+                          f"choose an --ep-size of at most {model.moe.num_experts}")
+    if moe and model.moe.expert_intermediate_size % (tp // ep):
+        raise KvplanError(f"--tp {tp} with --ep-size {ep}: SGLang splits each expert's "
+                          f"{model.moe.expert_intermediate_size:,} intermediate channels over tp / ep = {tp // ep} "
+                          f"ranks, which do not divide them; raise --ep-size")
     if redundant and ep == 1:
         raise KvplanError(f"--ep-num-redundant-experts {redundant}: redundant experts are placed over expert-parallel "
                           f"ranks; add --ep-size (or drop it)")

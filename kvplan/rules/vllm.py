@@ -268,6 +268,14 @@ def vllm_parallel(model, tp: int, pp: int, dp: int, dp_local: Optional[int], exp
         notes.append(f"--data-parallel-size-local {dp_local} has no effect without --data-parallel-size > 1")
     group = tp * dp
     ep = group if expert_parallel else 1
+    if moe and dp > 1 and not expert_parallel and model.moe.expert_intermediate_size % group:
+        raise KvplanError(f"--data-parallel-size {dp}: without expert parallelism vLLM splits each expert's "
+                          f"{model.moe.expert_intermediate_size:,} intermediate channels over tp x dp = {group} ranks, "
+                          f"which do not divide them; add --enable-expert-parallel or choose a size that divides")
+    if moe and expert_parallel and ep > model.moe.num_experts + (redundant or 0):
+        raise KvplanError(f"--enable-expert-parallel over tp x dp = {ep} ranks: {model.name} has "
+                          f"{model.moe.num_experts} experts, fewer than the ranks (vLLM leaves ranks without one); "
+                          f"use fewer GPUs")
     if eplb and moe and (model.moe.num_experts + (redundant or 0)) % ep:
         e = model.moe.num_experts
         need = (redundant or 0) + ep - (e + (redundant or 0)) % ep  # the next count that divides
