@@ -267,7 +267,8 @@ def _layer_list(xs: Sequence[int]) -> str:
 def capacity_table(results: Sequence, model, gpu) -> None:
     con = console()
     r0 = results[0]
-    par = f"TP {r0.tp}" + (f"  PP {r0.pp}" if r0.pp > 1 else "") + (f"  DCP {r0.dcp}" if r0.dcp > 1 else "")
+    par = f"TP {r0.tp}" + (f"  PP {r0.pp}" if r0.pp > 1 else "") + (f"  DCP {r0.dcp}" if r0.dcp > 1 else "") + \
+        _layout_words(r0)
     where = gpu.name if gpu else (r0.gpu or "a GPU")
     con.print(f"[bold]{model.name}[/bold] on {where}  {par}  weights {r0.weight_dtype}  "
               f"max_model_len {r0.max_model_len:,}  vLLM {r0.engine_version} rules")
@@ -312,6 +313,14 @@ def capacity_table(results: Sequence, model, gpu) -> None:
     t.add_row("= KV cache pool", gib(r0.available_kv_bytes))
     print_table(con, t)
     _capacity_dtypes(con, results, model, r0)
+
+
+def _layout_words(r) -> str:
+    """'  DP 8  EP 8  (8 GPUs)' for a deployment with data or expert parallelism; '' for plain TP."""
+    dp, ep, world = getattr(r, "dp", 1), getattr(r, "ep", 1), getattr(r, "world_size", 1)
+    if dp == 1 and ep == 1:
+        return ""
+    return (f"  DP {dp}" if dp > 1 else "") + (f"  EP {ep}" if ep > 1 else "") + f"  ({world} GPUs)"
 
 
 def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
@@ -514,7 +523,8 @@ def log_table(result) -> None:
 def sglang_table(results, model, gpu) -> None:
     con = console()
     r0 = results[0]
-    con.print(f"[bold]{model.name}[/bold] on {gpu.name if gpu else 'the measured GPU'}  TP {r0.tp}  SGLang rules  "
+    con.print(f"[bold]{model.name}[/bold] on {gpu.name if gpu else 'the measured GPU'}  TP {r0.tp}{_layout_words(r0)}"
+              f"  SGLang rules  "
               f"mem_fraction_static {r0.mem_fraction_static}")
     con.print(f"free before weights {gib(r0.free_before_load_bytes)}; weights {gib(r0.weight_bytes)}; pool "
               f"= free after weights - (1 - f) x free before = {gib(r0.available_bytes)}")
@@ -638,7 +648,8 @@ def throughput_table(r, model) -> None:
     limits = ", ".join(x for x in (f"TPOT <= {r.tpot_limit_ms:g} ms" if r.tpot_limit_ms else "",
                                    f"TTFT <= {r.ttft_limit_ms:g} ms" if r.ttft_limit_ms else "") if x)
     con.print(f"[bold]{model.name}[/bold]  {r.gpu}  TP {r.tp}" + (f"  PP {r.pp}" if r.pp > 1 else "")
-              + f"  {r.engine}  isl {r.isl:,}  osl {r.osl:,}" + (f"  limits: {limits}" if limits else ""))
+              + _layout_words(r) + f"  {r.engine}  isl {r.isl:,}  osl {r.osl:,}"
+              + (f"  limits: {limits}" if limits else ""))
     con.print(f"step times: {r.profile}")
     which = "" if r.percentile == "mean" else f" ({r.percentile} for the limits)"
     sent = (f"Poisson arrivals at {r.request_rate:g} requests/s, at most conc. in flight" if r.request_rate else

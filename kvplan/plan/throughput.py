@@ -84,6 +84,9 @@ class ThroughputResult:
     percentile: str = "mean"  # the figure the limits hold: the mean, or a percentile of the requests
     num_prompts: int = 0  # requests each concurrency's benchmark sends
     request_rate: Optional[float] = None  # Poisson arrivals per second (None: every client at once)
+    dp: int = 1  # data-parallel ranks (attention groups), the clients spread over them
+    ep: int = 1  # expert-parallel ranks
+    world_size: int = 1  # GPUs of the deployment (output tokens/s per GPU divide by it)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -290,7 +293,8 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     return ThroughputResult(model=m.name, gpu=d0.gpu.name, tp=d0.tp, pp=d0.pp, isl=isl, osl=osl, engine=d0.engine,
                             tpot_limit_ms=tpot_ms, ttft_limit_ms=ttft_ms, rows=rows, best=best, winner=winner,
                             verdict=verdict, profile="; ".join(profiles), notes=notes, percentile=percentile,
-                            num_prompts=work.num_prompts, request_rate=request_rate)
+                            num_prompts=work.num_prompts, request_rate=request_rate,
+                            dp=d0.parallel.dp, ep=d0.parallel.ep, world_size=gpus)
 
 
 class _Runs:

@@ -36,6 +36,6 @@ def layout_note(d, kv_tokens: float, weights: int) -> list[str]:
         if p.dense_tp == 1:
             whole.append("dense MLP and shared-expert")
         held = (f"; each rank holds the {' and '.join(whole)} weights whole" if whole else "")
-        out.append(f"expert parallel over {p.ep} ranks: {local} experts per rank ({e} routed{spare} spread whole) "
-                   f"({weights / GiB:.2f} GiB of weights on the fullest rank){held}")
+        out.append(f"expert parallel over {p.ep} ranks: {local} whole experts per rank of the {e} routed{spare}, "
+                   f"{weights / GiB:.2f} GiB of weights on the fullest rank{held}")
     return out
