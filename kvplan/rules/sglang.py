@@ -108,6 +108,11 @@ def sglang_parallel(model: ModelSpec, tp: int, dp: int, dp_attention: bool, ep: 
         raise KvplanError(f"--tp {tp} with --ep-size {ep}: SGLang splits each expert's "
                           f"{model.moe.expert_intermediate_size:,} intermediate channels over tp / ep = {tp // ep} "
                           f"ranks, which do not divide them; raise --ep-size")
+    spread = model.moe.num_experts + (redundant or 0) if moe else 0
+    if moe and ep > 1 and spread % ep:
+        raise KvplanError(f"--ep-size {ep}: SGLang places (experts + redundant) / ep experts per rank and asserts they "
+                          f"divide; {model.moe.num_experts} + {redundant or 0} do not (give --ep-num-redundant-experts "
+                          f"{(redundant or 0) + ep - spread % ep} or another --ep-size)")
     if redundant and ep == 1:
         raise KvplanError(f"--ep-num-redundant-experts {redundant}: redundant experts are placed over expert-parallel "
                           f"ranks; add --ep-size (or drop it)")
