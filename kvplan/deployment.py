@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal, Optional, Union
 
-from kvplan.errors import KvplanError
+from kvplan.errors import KvplanError, check_whole
 from kvplan.rules.sglang import (
     CONTEXT_GIB,
     SGLANG_DTYPES,
@@ -362,8 +362,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         v = getattr(args, name)
         if v is None:
             v = getattr(prof, name, 1) if prof is not None else 1
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise KvplanError(f"{flag(name)} must be a whole number of at least 1, got {v!r}")
+        check_whole(flag(name), v)
         layout[name] = v
     tp, pp, dcp = layout["tp"], layout["pp"], layout["dcp"]
     weight_dtype = args.weight_dtype

@@ -27,6 +27,12 @@ class HubUnavailable(KvplanError):
         self.why = why
 
 
+def check_whole(option: str, value, least: int = 1) -> None:
+    """Refuse `value` for `option` unless it is a whole number of at least `least` (None: not given)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+        raise KvplanError(f"{option} must be a whole number of at least {least}, got {value!r}")
+
+
 def did_you_mean(name: str, choices: list[str]) -> str:
     """A ' (did you mean X?)' suffix for an unknown name, or '' when nothing is close."""
     import difflib

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvplan.errors import KvplanError
+from kvplan.errors import KvplanError, check_whole
 from kvplan.specs.catalog import GPUSpec, ModelSpec
+from kvplan.specs.parallel import Parallel
 
 SGLANG_VERSION = "0.5"  # the release whose rules these are
 CONTEXT_GIB = 0.5  # CUDA context and NCCL before SGLang's baseline (not a source constant; a log pins it)
@@ -75,13 +76,9 @@ def sglang_parallel(model: ModelSpec, tp: int, dp: int, dp_attention: bool, ep: 
     KV pool, while the dense MLPs and the vocabulary stay split over all tp (--moe-dense-tp-size 1 and
     --enable-dp-lm-head keep them whole in each group instead), and the MoE layers span the tp GPUs as ep x
     (tp / ep)."""
-    from kvplan.specs.parallel import Parallel
-
-    for name, v in (("--dp-size", dp), ("--ep-size", ep), ("--ep-num-redundant-experts", redundant),
-                    ("--moe-dense-tp-size", dense_tp)):
-        low = 0 if "redundant" in name else 1
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
-            raise KvplanError(f"{name} must be a whole number of at least {low}, got {v!r}")
+    for name, v, least in (("--dp-size", dp, 1), ("--ep-size", ep, 1), ("--ep-num-redundant-experts", redundant, 0),
+                           ("--moe-dense-tp-size", dense_tp, 1)):
+        check_whole(name, v, least)
     moe = model.moe is not None and "moe" in model.mlp_kinds
     if backend is not None:
         backend = str(backend).lower()

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
-from kvplan.errors import KvplanError
+from kvplan.errors import KvplanError, check_whole
+from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
 
 if TYPE_CHECKING:
@@ -231,12 +232,9 @@ def vllm_parallel(model, tp: int, pp: int, dp: int, dp_local: Optional[int], exp
     experts and the vocabulary are split tp ways inside each. The MoE layers span all tp x dp GPUs of a stage: the
     experts split tp x dp ways without expert parallelism (FusedMoEParallelConfig.make flattens TP across DP),
     or whole experts over EP = tp x dp ranks with it."""
-    from kvplan.specs.parallel import Parallel
-
-    for name, v in (("--data-parallel-size", dp), ("--data-parallel-size-local", dp_local),
-                    ("--num-redundant-experts", redundant)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if "redundant" in name else 1)):
-            raise KvplanError(f"{name} must be a whole number of at least {0 if 'redundant' in name else 1}, got {v!r}")
+    check_whole("--data-parallel-size", dp)
+    check_whole("--data-parallel-size-local", dp_local)
+    check_whole("--num-redundant-experts", redundant, 0)
     moe = model.moe is not None and "moe" in model.mlp_kinds
     if dp_local is not None and dp % dp_local:
         raise KvplanError(f"--data-parallel-size-local {dp_local} must divide --data-parallel-size {dp} (the DP ranks "
