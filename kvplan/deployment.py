@@ -370,7 +370,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         weight_dtype = prof.weight_dtype
     if prof is not None and prof.layout and not any(n in given for n in LAYOUT_OPTIONS):
         args = replace(args, **prof.layout)  # the layout the profile's deployment ran
-    layout, a2a = _parallel_layout(args, engine, m, g, tp, pp, notes)
+    layout, a2a = parallel_layout(args, engine, m, g, tp, pp, notes)
     check_tp(m, layout.attn_tp)
     if not 1 <= pp <= m.num_layers:
         raise KvplanError(f"--pp must be between 1 and {m.name}'s {m.num_layers} layers, got {pp}")
@@ -668,7 +668,7 @@ def layout_options(args: DeploymentArgs) -> tuple:
     return tuple(sorted((n, getattr(args, n)) for n in LAYOUT_OPTIONS if getattr(args, n) not in neutral))
 
 
-def _parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optional[GPUSpec], tp: int, pp: int,
+def parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optional[GPUSpec], tp: int, pp: int,
                      notes: list[str]) -> tuple[Parallel, Optional[str]]:
     """The layout the engine builds from its data- and expert-parallel options (kvplan.rules.vllm.vllm_parallel,
     kvplan.rules.sglang.sglang_parallel): a plain TP layout when none is given."""
@@ -683,8 +683,6 @@ def _parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optiona
         layout, a2a = sglang_parallel(m, tp, dp, bool(args.enable_dp_attention), args.ep_size, args.moe_a2a_backend,
                                       args.ep_num_redundant_experts, args.moe_dense_tp_size,
                                       bool(args.enable_dp_lm_head), domain, notes)
-    if layout.tp_only and layout.world == tp * pp and layout.domain == domain:
-        layout = Parallel.tensor(tp, pp, domain)
     return layout, a2a
 
 

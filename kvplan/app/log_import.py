@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from kvplan.app.startup_log import StartupLog, parse_startup_log
-from kvplan.deployment import DeploymentArgs, flag
+from kvplan.deployment import LAYOUT_OPTIONS, SGLANG_ONLY, VLLM_ONLY, DeploymentArgs, flag, parallel_layout
 from kvplan.errors import KvplanError
 from kvplan.plan.sglang_pool import sglang_pool
 from kvplan.plan.vllm_pool import capacity_of
-from kvplan.rules.sglang import sglang_parallel
 from kvplan.rules.vllm import version_key, vllm_rules
 from kvplan.sizing.vllm_memory import pre_snapshot_bytes
 from kvplan.specs.catalog import (
@@ -35,10 +34,18 @@ from kvplan.specs.profile import DeploymentProfile
 from kvplan.units import GiB
 
 # the data- and expert-parallel options each engine's startup log states, as the engine names them
-VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
-               "enable_eplb", "num_redundant_experts")
-SGLANG_LAYOUT = ("dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend", "ep_num_redundant_experts",
-                 "moe_dense_tp_size", "enable_dp_lm_head")
+VLLM_LAYOUT = tuple(n for n in LAYOUT_OPTIONS if n in VLLM_ONLY)
+SGLANG_LAYOUT = tuple(n for n in LAYOUT_OPTIONS if n in SGLANG_ONLY)
+
+
+def _layout_given(c: dict, names: tuple, notes: list) -> dict:
+    """The layout options a log's configuration `c` sets beyond the engine's defaults, said in a note."""
+    default = {"data_parallel_size": 1, "dp_size": 1, "moe_a2a_backend": "none"}
+    layout = {k: c[k] for k in names if c.get(k) not in (None, False, default.get(k))}
+    if layout:
+        notes.append("the layout the log started with: " + ", ".join(f"{flag(k)} {v}" if v is not True else flag(k)
+                                                                      for k, v in layout.items()))
+    return layout
 
 
 @dataclass
@@ -164,11 +171,8 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
               block_size=int(c["block_size"]) if c.get("block_size") else None, weight_dtype=weight_dtype,
               max_num_seqs=c.get("max_num_seqs"), max_num_batched_tokens=c.get("max_num_batched_tokens"),
               enforce_eager=bool(c.get("enforce_eager", False)), entrypoint=c.get("entrypoint", "serve"))
-    layout = {k: c[k] for k in VLLM_LAYOUT if c.get(k) not in (None, False, 1 if k == "data_parallel_size" else None)}
+    layout = _layout_given(c, VLLM_LAYOUT, notes)
     kw.update(layout)
-    if layout:
-        notes.append("the layout the log started with: " + ", ".join(f"{flag(k)} {v}" if v is not True else flag(k)
-                                                                      for k, v in layout.items()))
     if "entrypoint" not in c and not (c.get("max_num_batched_tokens") and c.get("max_num_seqs")):
         notes.append("the log does not show how vLLM was started: `vllm serve`'s batch defaults assumed (the "
                      "offline LLM class batches twice the tokens)")
@@ -320,16 +324,8 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
     if f is None and g is None:  # SGLang's default fraction depends on the GPU's memory
         raise KvplanError("the SGLang log states no mem_fraction_static (its server_args line) and no GPU to take "
                           "SGLang's default from; pass --gpu, or the whole startup log")
-    c = {**c, "dp_size": c.get("dp")}
-    layout = {k: c[k] for k in SGLANG_LAYOUT if c.get(k) not in (None, False, 1 if k == "dp_size" else None)
-              and not (k == "moe_a2a_backend" and c[k] == "none")}
-    lay, _ = sglang_parallel(m, tp, int(layout.get("dp_size", 1)), bool(layout.get("enable_dp_attention")),
-                             layout.get("ep_size"), layout.get("moe_a2a_backend"),
-                             layout.get("ep_num_redundant_experts"), layout.get("moe_dense_tp_size"),
-                             bool(layout.get("enable_dp_lm_head")), g.nvlink_domain_size if g else 8, notes)
-    if layout:
-        notes.append("the layout the log started with: " + ", ".join(f"{flag(k)} {v}" if v is not True else flag(k)
-                                                                      for k, v in layout.items()))
+    layout = _layout_given(c, SGLANG_LAYOUT, notes)
+    lay, _ = parallel_layout(DeploymentArgs(**layout), "sglang", m, g, tp, 1, notes)
     measured = sglang_pool(m, g, dtype, tp=tp, layout=lay, mem_fraction_static=f, context_len=ctx, page_size=page,
                            free_before_load_gib=meas["free_before_load_gb"], weight_gib=meas.get("weights_gb"),
                            avail_after_load_gib=meas["weights_load_avail_gb"])

@@ -31,7 +31,7 @@ def _f(s: str) -> float:
 
 
 # the kind of value each configuration setting holds, by kvplan's name for it
-_WHOLE = {"tp", "pp", "dcp", "dp", "max_model_len", "block_size", "page_size", "max_num_seqs",
+_WHOLE = {"tp", "pp", "dcp", "dp_size", "max_model_len", "block_size", "page_size", "max_num_seqs",
           "max_num_batched_tokens", "num_gpu_blocks_override", "chunked_prefill_size", "max_running_requests",
           "max_total_tokens"}
 _FRACTION = {"gpu_memory_utilization", "mem_fraction_static", "swa_full_tokens_ratio"}
@@ -241,7 +241,7 @@ _SGLANG_FIGURES = [
 ]
 
 _SGLANG_CONFIG_KEYS = {
-    "model_path": "model", "tp_size": "tp", "pp_size": "pp", "dp_size": "dp", "mem_fraction_static":
+    "model_path": "model", "tp_size": "tp", "pp_size": "pp", "dp_size": "dp_size", "mem_fraction_static":
     "mem_fraction_static", "kv_cache_dtype": "kv_cache_dtype", "context_length": "max_model_len", "page_size":
     "page_size", "chunked_prefill_size": "chunked_prefill_size", "max_running_requests": "max_running_requests",
     "dtype": "dtype", "quantization": "quantization", "swa_full_tokens_ratio": "swa_full_tokens_ratio",
