@@ -13,6 +13,7 @@ class ScalarOps:
     maximum = staticmethod(max)
     ceil = staticmethod(math.ceil)
     floor = staticmethod(math.floor)
+    sqrt = staticmethod(math.sqrt)
     any = staticmethod(bool)
 
     @staticmethod
@@ -24,7 +25,7 @@ SCALAR = ScalarOps()
 
 
 def numpy_ops():
-    """numpy itself provides minimum, maximum, ceil, floor, where and any with the same meaning, elementwise."""
+    """numpy itself provides minimum, maximum, ceil, floor, sqrt, where and any with the same meaning, elementwise."""
     import numpy
 
     return numpy

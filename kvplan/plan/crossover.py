@@ -113,7 +113,7 @@ def roofline_step_ms(d, batch: float, context: float, weight_read: WeightRead = 
     m, tp = d.model, d.parallel.attn_tp
     layers = kv_layers(m, d.kv, tp, d.skip)
     base = kv_layers(m, kv_format("auto"), tp, ("none",))
-    fig = step_figures(m, layers, base, weight_bytes(m, _layout(d), d.weight_dtype), max(1, round(batch)),
+    fig = step_figures(m, layers, base, weight_bytes(m, d.parallel, d.weight_dtype), max(1, round(batch)),
                        max(1, round(context)), weight_read, tp, d.gpu, d.weight_dtype or m.weight_dtype)
     return fig["step_ms"]
 
@@ -131,7 +131,7 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
     layers = kv_layers(model, fmt, tp, skip)
     base_layers = kv_layers(model, base_fmt, tp, ("none",))
     wdtype = weight_dtype or model.weight_dtype
-    wb = weight_bytes(model, _layout(d), weight_dtype)
+    wb = weight_bytes(model, d.parallel, weight_dtype)
     w1 = weight_read_bytes(model, wb, 1, weight_read)
     nstar = _solve_crossover(layers, w1)
     crossover_batch = None
@@ -178,11 +178,6 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         gpu=gpu.name if gpu else None, operating_points=points, notes=notes, deployment=d.to_dict(),
         breakeven_context=breakeven,
     )
-
-
-def _layout(d):
-    """What weight_bytes is given: the plain TP degree, or the layout where it is not plain TP."""
-    return d.tp if d.parallel.tp_only else d.parallel
 
 
 def _memory_notes(points: Sequence[OperatingPoint], weights_held: int, d) -> list[str]:

@@ -104,7 +104,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
         lay = d.parallel  # with data or expert parallelism, a rank's: the attention's TP, the layout's weights
         kv_tp = lay.attn_tp
         base_layers = kv_layers(m, base_fmt, kv_tp, ("none",))
-        wb = weight_bytes(m, tp if lay.tp_only else lay, weight_dtype)
+        wb = weight_bytes(m, lay, weight_dtype)
         wdtype = weight_dtype or m.weight_dtype
 
         try:

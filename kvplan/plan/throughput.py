@@ -252,7 +252,7 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
                           f"{mlen:,} of {m.name}: {fix}")
     if d0.gpu is None:
         raise KvplanError("throughput needs --gpu (the step times and the pool are the GPU's)")
-    gpus = d0.parallel.world if not d0.parallel.tp_only else d0.tp * d0.pp
+    gpus = d0.parallel.world
     models = [step_model(d) for d in ds]
     limits = [pool_limit(d, isl, osl) * d.parallel.dp for d in ds]  # the whole deployment's
     if max(limits) < 1:  # not one request: say why, as `capacity` does

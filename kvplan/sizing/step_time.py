@@ -50,7 +50,6 @@ from kvplan.sizing.weights import (
 )
 from kvplan.specs.catalog import GPUSpec, ModelSpec, _catalog_data, catalog_dir
 from kvplan.specs.kv_formats import kv_format
-from kvplan.specs.parallel import Parallel
 from kvplan.xp import SCALAR
 
 SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul
@@ -383,9 +382,10 @@ TOKEN_BLOCK = 256  # token counts StepModel.step_seconds prices at once
 L2_STEEPNESS = 12  # how sharply a replayed cache stops fitting in L2 past l2_bytes (benchmarks/fit_step_profiles.py)
 
 
-def _gemm_calls(m: ModelSpec, weight_dtype, tp: int, profile: StepProfile, estimated_out: list):
+def _gemm_calls(m: ModelSpec, weight_dtype, tp, profile: StepProfile, estimated_out: list):
     """The GEMMs one step runs on a rank, as vLLM fuses them (q, k and v one call, gate and up one): (the dense
-    calls, the experts' calls, the experts' format), each call (fit, matrix bytes, n, k, count, activation bytes).
+    calls, the experts' calls, the experts' format, the model part of each dense call), each call (fit, matrix
+    bytes, n, k, count, activation bytes).
     The weight formats priced without a measured fit are added to `estimated_out`."""
     fmt, scope = format_and_scope(m, weight_dtype)
     mixed = weight_dtype is None  # a checkpoint's own mixed formats (quantized LM head, FP8 attention, ...)
@@ -416,13 +416,12 @@ def _gemm_calls(m: ModelSpec, weight_dtype, tp: int, profile: StepProfile, estim
             merged[key] = (f0, mb0 + mb, n0 + n, k0, c0, a0)
         else:
             merged[key] = (fit, float(mb), n, k, key[3], act)
-    parts = []
+    parts = []  # the part of each dense call, in order
     for key, row in merged.items():
         (experts if key[4] == "expert" else dense).append(row)
         if key[4] != "expert":
             parts.append("lm_head" if key[3] == 1 and key[4] == "embed" else key[4])
-    _gemm_calls.parts = parts  # the part of each dense call, in order (read right after the call)
-    return dense, experts, expert_format
+    return dense, experts, expert_format, parts
 
 
 def _layer_classes(layers) -> tuple:
@@ -451,22 +450,21 @@ class StepModel:
         self._remembered: dict = {}  # step_seconds' parts
         m: ModelSpec = d.model
         self.model = m
-        lay = getattr(d, "parallel", None) or Parallel.tensor(d.tp)
+        lay = d.parallel
         self.layout = lay
         tp = lay.attn_tp  # the attention's degree: its heads and the KV heads a rank reads
         self.tp = tp
         self.estimated: list[str] = []
-        # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind, and the experts' format
-        self.dense, self.experts, expert_format = _gemm_calls(m, d.weight_dtype, tp if lay.tp_only else lay, profile,
-                                                              self.estimated)
+        # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind, the experts' format, the parts
+        self.dense, self.experts, expert_format, parts = _gemm_calls(m, d.weight_dtype, lay, profile, self.estimated)
         # the tokens each call multiplies, per token of this rank: a part split over more GPUs than the attention
         # (SGLang's dense layers and LM head over the whole TP group under data-parallel attention) runs on the
         # tokens of every attention group gathered
         self.dense_scale = [lay.tp_for(p) / tp if p in ("mlp", "shared_expert", "embed", "lm_head") else 1.0
-                            for p in _gemm_calls.parts]
+                            for p in parts]
         self.moe_scale = lay.moe_group / tp  # the MoE layers see every attention group's tokens
         self.gathers = self.moe_scale != 1 or any(g != 1 for g in self.dense_scale)
-        self.a2a = getattr(d, "a2a_backend", None)
+        self.a2a = d.a2a_backend
         self.moe_fit = None
         if self.experts and m.moe:
             key = gemm_family(expert_format)[0]
@@ -496,7 +494,7 @@ class StepModel:
         # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
         self.query_quant = fam == "fp8" and not m.mla
         self.ar_fit = allreduce_fit(profile, tp)
-        self.eplb = bool(getattr(d, "eplb", False))
+        self.eplb = d.eplb
         # the all-to-all's sustained NVLink rate per GPU: 60% of one direction of the GPU's NVLink (DeepEP's
         # low-latency kernels reach 230-270 GB/s on an H200 of 450 GB/s each way: AIConfigurator's DeepEP tables)
         self.gpu_nvlink = (0.6 * d.gpu.nvlink_gbps / 2 * 1e9) if d.gpu is not None and d.gpu.nvlink_gbps else None
@@ -526,7 +524,7 @@ class StepModel:
             tokens = seen(self.moe_scale)
             if lay.ep > 1:  # whole experts on this rank: the pairs routed to its share, the busiest rank's
                 local = lay.local_experts(e)
-                pairs = tokens * kk * local / e * routing_imbalance(tokens * kk * local / e, lay.ep, self.eplb)
+                pairs = tokens * kk * local / e * routing_imbalance(tokens * kk * local / e, lay.ep, self.eplb, xp)
                 touched = local * (1.0 - (1.0 - 1.0 / local) ** pairs)
             else:
                 pairs = tokens * kk
@@ -732,20 +730,14 @@ class StepModel:
 ROUTING_SD = 0.7
 
 
-def routing_imbalance(pairs, ranks: int, balanced: bool = False):
+def routing_imbalance(pairs, ranks: int, balanced: bool = False, xp=SCALAR):
     """How much more than its share the expert-parallel rank that sets the step's pace receives when `pairs`
     token-expert pairs are routed over `ranks` ranks (ROUTING_SD standard deviations of its binomial count above
     the mean); 1 under EPLB, which places replicas so that the load evens out."""
     if balanced or ranks <= 1:
         return 1.0
-    z = ROUTING_SD
-    if isinstance(pairs, (int, float)):
-        mean = max(pairs / ranks, 1e-12)
-        return 1.0 + z * math.sqrt(mean * (1 - 1 / ranks)) / mean
-    import numpy as np
-
-    mean = np.maximum(pairs / ranks, 1e-12)
-    return 1.0 + z * np.sqrt(mean * (1 - 1 / ranks)) / mean
+    mean = xp.maximum(pairs / ranks, 1e-12)
+    return 1.0 + ROUTING_SD * xp.sqrt(mean * (1 - 1 / ranks)) / mean
 
 
 def has_profile(d) -> bool:
