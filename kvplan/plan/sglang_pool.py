@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from kvplan.errors import KvplanError
-from kvplan.plan.totals import deployment_totals, layout_note
+from kvplan.plan.totals import layout_note
 from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO, default_mem_fraction_static
 from kvplan.sizing.kv_cache import check_tp
 from kvplan.sizing.weights import DTYPE_BYTES, weight_bytes
@@ -196,4 +196,4 @@ def sglang_capacity(d) -> SglangPool:
         weight_gib=None if measured_w is None else measured_w / GiB, weight_dtype=d.weight_dtype,
         total_gib=d.total_bytes / GiB if d.total_bytes else None)
     return replace(pool, notes=list(d.notes) + pool.notes + layout_note(d, pool.kv_tokens, pool.weight_bytes),
-                   deployment=d.to_dict(), **deployment_totals(d, pool.kv_tokens, pool.max_concurrency))
+                   deployment=d.to_dict())
