@@ -46,4 +46,4 @@ def did_you_mean(name: str, choices: list[str]) -> str:
 
 def error_line(e: BaseException) -> str:
     """An exception as one line: its type and the first line of its message."""
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from kvplan.errors import KvplanError
+from kvplan.errors import KvplanError, error_line
 from kvplan.specs.kv_formats import KVFormat
 
 CHUNK_TOKENS = 512  # tokens fed per forward call (a prefill chunk)
@@ -262,12 +262,8 @@ def _load(model_id: str, device: str):
     try:
         model = AutoModelForCausalLM.from_pretrained(model_id, dtype="auto", attn_implementation=ATTENTION)
     except Exception as e:  # a missing snapshot, a gated repository, an architecture transformers lacks
-        raise KvplanError(f"{model_id}: transformers cannot load it ({type(e).__name__}: {_first_line(e)})") from None
+        raise KvplanError(f"{model_id}: transformers cannot load it ({error_line(e)})") from None
     return model.to(device).eval(), torch
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [""])[0]
 
 
 def capacity(spec, fmt: KVFormat, skip) -> tuple[Optional[float], list[int]]:
