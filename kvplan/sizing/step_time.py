@@ -45,6 +45,7 @@ from kvplan.sizing.weights import (
     _quantized,
     format_and_scope,
     gemm_family,
+    moe_family,
     model_tensors,
     tensor_bytes_per_rank,
 )
@@ -467,7 +468,7 @@ class StepModel:
         self.a2a = d.a2a_backend
         self.moe_fit = None
         if self.experts and m.moe:
-            key = gemm_family(expert_format)[0]
+            key = moe_family(expert_format)
             self.moe_fit = profile.moe.get(key) or profile.moe.get("bfloat16")
             if key not in profile.moe:
                 self.estimated.append(f"{expert_format} MoE")

@@ -562,6 +562,18 @@ def gemm_family(weight_dtype: str) -> tuple[str, str]:
     return "int4_wo", "bfloat16"  # int4 (AWQ, GPTQ, W4A16), NF4
 
 
+def moe_family(weight_dtype: str) -> str:
+    """The fused-MoE kernel fit that prices routed experts stored in `weight_dtype`: the GEMM family's, except that
+    weight-only 4-bit integer experts (W4A16: AWQ, GPTQ, compressed-tensors pack-quantized) are priced as the
+    16-bit fused MoE reading their 4-bit bytes, as mxfp4 experts are where a GPU has no fp4 fit. Measured serving
+    agrees with that and not with the collected Marlin MoE timings: Kimi-K2.5 (int4, group 32) on TP 8 adds 18 ms
+    (B200) and 21 ms (H200) of TPOT from 4 to 64 clients (1,024 in, 1,024 out), where those timings (moe_perf,
+    vllm_marlin_int4_moe, 4 -> 64 tokens: 0.133 -> 1.072 ms per layer on B200, 0.130 -> 1.210 on H200, x 60 MoE
+    layers) would add 56 and 65 ms."""
+    family = gemm_family(weight_dtype)[0]
+    return "bfloat16" if family == "int4_wo" else family
+
+
 def _stage_count(m: ModelSpec, t: Tensor, stage: range) -> int:
     """How many of `t`'s tensors a pipeline stage holding layers `stage` has (vLLM: the embedding on the first
     stage, the final norm and LM head on the last)."""
