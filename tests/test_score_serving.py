@@ -1,6 +1,6 @@
 """benchmarks/score_serving.py's mechanics on a sample of real serving runs (tests/fixtures/serving): every row scored
-or skipped with a reason, the errors and the summary as defined, and the figures those of `kvplan throughput --json`.
-No accuracy is asserted: the predictions change as kvplan's step and scheduling models do."""
+or skipped with a reason, the errors and the summary as defined, and the figures those of `kvplan throughput --json`;
+and the accuracy the samples hold, bounded where it stands so that a change that worsens it shows."""
 
 import importlib.util
 import json
@@ -162,3 +162,31 @@ def test_weight_only_int4_experts_are_priced_as_measured_serving_runs_them(sampl
         ("b200_sxm", 4), ("b200_sxm", 64), ("h200_sxm", 4), ("h200_sxm", 64)]
     for r in kimi:
         assert abs(r["errors"]["tpot"]) <= 0.10, (r["id"], r["errors"])
+
+
+def test_sglang_block_fp8_layers_are_priced_on_the_kernel_sglang_runs(sample):
+    """SGLang runs block-scaled fp8 linear layers on DeepGEMM (sglang 0.5.6 fp8_utils.py
+    dispatch_w8a8_block_fp8_linear), not on vLLM's block-fp8 GEMM that the bundled profiles time (2-3x the
+    per-tensor fp8 GEMM at decode sizes: 20.3 against 10.0 us for 4 x 1536 x 7168 on B200). Priced as the per-tensor
+    fp8 GEMM, the sample's eight SGLang DeepSeek fp8 runs have a median TPOT error of 17%, where vLLM's block-fp8
+    fit gave 68% (0.176 to 1.336 too slow)."""
+    from kvplan.sizing.step_time import bundled_profile, gemm_fit
+    from kvplan.specs.catalog import load_gpu
+
+    p = bundled_profile(load_gpu("h200"))
+    assert gemm_fit(p, "fp8_block128", "sglang") == (p.gemm["fp8"], False)
+    assert gemm_fit(p, "fp8_block128") == (p.gemm["fp8_block"], False)  # vLLM's own kernel
+    _, result = sample
+    runs = [r for r in result["scored"] if r["inputs"]["backend"] == "sglang"
+            and r["inputs"]["model_path"].startswith("deepseek-ai/") and r["inputs"]["precision"] == "fp8"]
+    assert len(runs) == 8
+    assert statistics.median(abs(r["errors"]["tpot"]) for r in runs) <= 0.25
+
+
+def test_the_plain_tensor_parallel_sample_holds_its_accuracy(sample):
+    """Every scored run of the sample (tests/fixtures/serving/sample.csv): the median TPOT and TTFT errors held where
+    they stand (11% and 41%), so that a change that worsens them shows."""
+    _, result = sample
+    assert len(result["scored"]) == 36
+    assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.12
+    assert statistics.median(abs(r["errors"]["ttft"]) for r in result["scored"]) <= 0.43

@@ -282,6 +282,19 @@ def test_worked_example_moe_qwen3_30b_a3b_h100_batch1():
     assert s.moe_s == pytest.approx(48 * per_layer, rel=1e-9)
 
 
+def test_mla_query_and_latent_down_projections_run_as_one_gemm():
+    """DeepSeek-V3 on TP 8: both engines run q_a_proj (7168 -> q_lora_rank 1536) and kv_a_proj_with_mqa (7168 ->
+    kv_lora_rank 512 + rope 64 = 576), both replicated on every rank, as one GEMM of n = 1536 + 576 = 2112 per layer
+    (vLLM 0.19 deepseek_v2.py fused_qkv_a_proj; SGLang's fused_qkv_a_proj_with_mqa): 61 calls, not 122."""
+    from kvplan.sizing.step_time import _gemm_calls, profile_for
+
+    d = _d("deepseek-v3", gpu="h200", tp=8)
+    dense, _, _, _ = _gemm_calls(d.model, d.weight_dtype, d.parallel, profile_for(d), [])
+    shapes = {(n, k, c) for _, _, n, k, c, _ in dense}
+    assert (2112, 7168, 61) in shapes
+    assert not {(1536, 7168, 61), (576, 7168, 61)} & shapes
+
+
 def test_worked_example_tp4_allreduce_llama_70b():
     """Llama-3.1-70B with fp8 weights at TP 4: two all-reduces per layer of the batch's hidden states."""
     f = FITS["H100-SXM5-80GB"]["allreduce"][4]

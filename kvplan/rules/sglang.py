@@ -17,6 +17,12 @@ from kvplan.specs.parallel import Parallel
 SGLANG_VERSION = "0.5"  # the release whose rules these are
 CONTEXT_GIB = 0.5  # CUDA context and NCCL before SGLang's baseline (not a source constant; a log pins it)
 SWA_FULL_TOKENS_RATIO = 0.8
+# The GEMM kernel family SGLang's linear layers run, where it is not vLLM's (whose kernels the bundled step profiles
+# time): block-scaled fp8 weights (128 x 128, DeepSeek's and Qwen's FP8 checkpoints) run on DeepGEMM on Hopper and
+# Blackwell, priced as the per-tensor fp8 GEMM the profiles measure (sglang 0.5.6
+# srt/layers/quantization/fp8_utils.py dispatch_w8a8_block_fp8_linear: FlashInfer's and CUTLASS's block-fp8 paths
+# are off unless asked for, deep_gemm_wrapper/configurer.py: SGLANG_ENABLE_JIT_DEEPGEMM on by default from SM 90).
+LINEAR_KERNEL_FAMILY = {"fp8_block": "fp8"}
 
 # kvplan format -> SGLang's --kv-cache-dtype (the formats SGLang accepts)
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp8": "fp8_e4m3",

@@ -38,6 +38,7 @@ from typing import Optional
 
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
+from kvplan.rules.sglang import LINEAR_KERNEL_FAMILY
 from kvplan.sizing.kv_cache import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
 from kvplan.sizing.weights import (
     DTYPE_BYTES,
@@ -203,9 +204,11 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
 
 
 
-def gemm_fit(profile: StepProfile, weight_dtype: str) -> tuple[Fit, bool]:
-    """(fit, estimated)."""
+def gemm_fit(profile: StepProfile, weight_dtype: str, engine: str = "vllm") -> tuple[Fit, bool]:
+    """(fit, estimated): the fit of the GEMM kernel `engine` runs for `weight_dtype`."""
     key, fallback = gemm_family(weight_dtype)
+    if engine == "sglang":
+        key = LINEAR_KERNEL_FAMILY.get(key, key)
     if key in profile.gemm:
         return profile.gemm[key], False
     for k in (fallback, "bfloat16"):
@@ -383,8 +386,10 @@ TOKEN_BLOCK = 256  # token counts StepModel.step_seconds prices at once
 L2_STEEPNESS = 12  # how sharply a replayed cache stops fitting in L2 past l2_bytes (benchmarks/fit_step_profiles.py)
 
 
-def _gemm_calls(m: ModelSpec, weight_dtype, tp, profile: StepProfile, estimated_out: list):
-    """The GEMMs one step runs on a rank, as vLLM fuses them (q, k and v one call, gate and up one): (the dense
+def _gemm_calls(m: ModelSpec, weight_dtype, tp, profile: StepProfile, estimated_out: list, engine: str = "vllm"):
+    """The GEMMs one step runs on a rank, as both engines fuse them (q, k and v one call, gate and up one, and MLA's
+    q_a and kv_a projections one: vLLM 0.19 model_executor/models/deepseek_v2.py DeepseekV2MLAAttention's
+    fused_qkv_a_proj, SGLang's fused_qkv_a_proj_with_mqa), each on the kernel `engine` runs: (the dense
     calls, the experts' calls, the experts' format, the model part of each dense call), each call (fit, matrix
     bytes, n, k, count, activation bytes).
     The weight formats priced without a measured fit are added to `estimated_out`."""
@@ -400,17 +405,17 @@ def _gemm_calls(m: ModelSpec, weight_dtype, tp, profile: StepProfile, estimated_
         n, k = t.shape_per_rank(tp)
         own = _own_format(m, t) if mixed else None
         held = own.name if own else fmt.name if _quantized(m, t, scope) else m.dtype
-        fit, estimated = gemm_fit(profile, held)
+        fit, estimated = gemm_fit(profile, held, engine)
         if estimated and f"{held} GEMMs" not in estimated_out:
             estimated_out.append(f"{held} GEMMs")
         act = 1.0 if gemm_family(held)[0] in ("fp8", "fp8_block", "nvfp4") else 2.0
         mb = tensor_bytes_per_rank(m, replace(t, count=1), tp, fmt, scope, mixed)  # what weight_bytes holds
         if t.part == "expert":
             expert_format = held
-        # vLLM runs q, k and v as one GEMM (QKVParallelLinear), and gate and up as one (MergedColumnParallel)
+        # q, k and v run as one GEMM (vLLM's QKVParallelLinear), gate and up as one (MergedColumnParallelLinear)
         leaf = t.name.rsplit(".", 1)[-1]
         group = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up",
-                 "up_proj": "gate_up"}.get(leaf, leaf)
+                 "up_proj": "gate_up", "q_a_proj": "qkv_a", "kv_a_proj_with_mqa": "qkv_a"}.get(leaf, leaf)
         key = (t.name.rsplit(".", 1)[0], group, k, 1 if lm_head else t.count, t.part)
         if key in merged:
             f0, mb0, n0, k0, c0, a0 = merged[key]
@@ -457,7 +462,8 @@ class StepModel:
         self.tp = tp
         self.estimated: list[str] = []
         # (fit, matrix bytes, n, k, count, activation bytes) per GEMM call kind, the experts' format, the parts
-        self.dense, self.experts, expert_format, parts = _gemm_calls(m, d.weight_dtype, lay, profile, self.estimated)
+        self.dense, self.experts, expert_format, parts = _gemm_calls(m, d.weight_dtype, lay, profile, self.estimated,
+                                                                     d.engine)
         # the tokens each call multiplies, per token of this rank: a part split over more GPUs than the attention
         # (SGLang's dense layers and LM head over the whole TP group under data-parallel attention) runs on the
         # tokens of every attention group gathered
