@@ -295,6 +295,34 @@ def test_mla_query_and_latent_down_projections_run_as_one_gemm():
     assert not {(1536, 7168, 61), (576, 7168, 61)} & shapes
 
 
+def test_sglang_runs_deepseek_v3s_shared_expert_inside_the_fused_moe():
+    """SGLang 0.5.6 folds DeepSeek-V3's one shared expert into the routed experts' fused MoE (every token's 9th of
+    257) where the experts are not spread over EP ranks; vLLM runs it as two GEMMs of its own per MoE layer (gate_up
+    7168 -> 2 x 2048 / 8 = 512 and down 256 -> 7168 on TP 8, 58 layers)."""
+    from kvplan.rules.sglang import fused_shared_experts
+    from kvplan.sizing.step_time import StepModel, profile_for
+
+    def model(**kw):
+        d = _d("deepseek-v3", gpu="h200", tp=8, **kw)
+        return d, StepModel(d, profile_for(d))
+
+    dv, vllm = model()
+    ds, sglang = model(engine="sglang")
+    shared = {(512, 7168, 58), (7168, 256, 58)}
+    assert shared <= {(n, k, c) for _, _, n, k, c, _ in vllm.dense}
+    assert not shared & {(n, k, c) for _, _, n, k, c, _ in sglang.dense}
+    assert (vllm.fused_shared, sglang.fused_shared) == (0, 1)
+    # one token: 8 routed experts and the shared one; a shared expert is one routed expert's size (2048 wide)
+    f, B = sglang.moe_fit, sglang.profile.peak_bandwidth_bytes_per_s
+    per_expert = sum(mb * c for _, mb, _, _, c, _ in sglang.experts) / 58 / 256
+    flops = 9 * 2 * 3 * 7168 * 256
+    t = max(9 * per_expert / (f.eta * B), flops / (f.mu * f.peak_flops))
+    assert sglang.step(1, 2048).moe_s == pytest.approx(58 * (f.t0_s + f.per_expert_s * 9 + t), rel=1e-9)
+    _, ep = model(engine="sglang", ep_size=8)
+    assert ep.fused_shared == 0  # SGLang keeps it apart under expert parallelism
+    assert fused_shared_experts(_d("kimi-k2", gpu="h200", tp=8).model, ds.parallel, None) == 0  # 384 experts
+
+
 def test_worked_example_tp4_allreduce_llama_70b():
     """Llama-3.1-70B with fp8 weights at TP 4: two all-reduces per layer of the batch's hidden states."""
     f = FITS["H100-SXM5-80GB"]["allreduce"][4]

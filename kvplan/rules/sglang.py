@@ -24,6 +24,18 @@ SWA_FULL_TOKENS_RATIO = 0.8
 # are off unless asked for, deep_gemm_wrapper/configurer.py: SGLANG_ENABLE_JIT_DEEPGEMM on by default from SM 90).
 LINEAR_KERNEL_FAMILY = {"fp8_block": "fp8"}
 
+
+def fused_shared_experts(model: ModelSpec, parallel: Parallel, a2a_backend: Optional[str]) -> int:
+    """The shared experts SGLang folds into the routed experts' fused MoE, every token routed to them as well (top-k
+    + 1 of 257): DeepSeek-V3 and R1's one, where the experts are not spread over EP ranks and DeepEP is not used
+    (sglang 0.5.6 models/deepseek_v2.py determine_num_fused_shared_experts: architecture DeepseekV3ForCausalLM, 256
+    routed experts and 1 shared; the W4AFP8 checkpoints excepted, which kvplan does not read)."""
+    moe = model.moe
+    if (model.family != "deepseek_v3" or moe is None or moe.num_experts != 256 or moe.shared_experts != 1
+            or parallel.ep > 1 or a2a_backend == "deepep"):
+        return 0
+    return 1
+
 # kvplan format -> SGLang's --kv-cache-dtype (the formats SGLang accepts)
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp8": "fp8_e4m3",
                  "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16",

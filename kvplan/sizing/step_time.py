@@ -38,7 +38,7 @@ from typing import Optional
 
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
-from kvplan.rules.sglang import LINEAR_KERNEL_FAMILY
+from kvplan.rules.sglang import LINEAR_KERNEL_FAMILY, fused_shared_experts
 from kvplan.sizing.kv_cache import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
 from kvplan.sizing.weights import (
     DTYPE_BYTES,
@@ -469,6 +469,12 @@ class StepModel:
         # tokens of every attention group gathered
         self.dense_scale = [lay.tp_for(p) / tp if p in ("mlp", "shared_expert", "embed", "lm_head") else 1.0
                             for p in parts]
+        # shared experts the engine runs inside the routed experts' fused MoE instead of as GEMMs of their own
+        self.fused_shared = fused_shared_experts(m, lay, d.a2a_backend) if d.engine == "sglang" else 0
+        if self.fused_shared:
+            kept = [i for i, p in enumerate(parts) if p != "shared_expert"]
+            self.dense = [self.dense[i] for i in kept]
+            self.dense_scale = [self.dense_scale[i] for i in kept]
         self.moe_scale = lay.moe_group / tp  # the MoE layers see every attention group's tokens
         self.gathers = self.moe_scale != 1 or any(g != 1 for g in self.dense_scale)
         self.a2a = d.a2a_backend
@@ -533,9 +539,9 @@ class StepModel:
                 local = lay.local_experts(e)
                 pairs = tokens * kk * local / e * routing_imbalance(tokens * kk * local / e, lay.ep, self.eplb, xp)
                 touched = local * (1.0 - (1.0 - 1.0 / local) ** pairs)
-            else:
-                pairs = tokens * kk
-                touched = e * (1.0 - (1.0 - kk / e) ** tokens)
+            else:  # and the shared experts folded in, every token's
+                pairs = tokens * (kk + self.fused_shared)
+                touched = e * (1.0 - (1.0 - kk / e) ** tokens) + self.fused_shared
             layers = sum(1 for x in m.mlp_kinds if x == "moe")
             per_layer_bytes = sum(mb * c for _, mb, _, _, c, _ in self.experts) / max(layers, 1) / e * touched
             flops = sum(2.0 * n * k * c for _, _, n, k, c, _ in self.experts) / max(layers, 1) / e * pairs
