@@ -195,6 +195,53 @@ SgDenseTpOpt = Annotated[Optional[int], typer.Option(
 SgDpLmHeadOpt = Annotated[bool, typer.Option(
     "--enable-dp-lm-head", help="SGLang, with --enable-dp-attention: the LM head whole in each attention group")]
 
+# The deployment options by name, each declared once: (declaration, default). A command takes the ones it names with
+# @_takes, and receives them as its **deployment, the keyword arguments of kvplan.deployment.DeploymentArgs.
+DEPLOYMENT_OPTIONS: dict = {
+    "tp": (TpOpt, None), "pp": (PpOpt, None), "dcp": (DcpOpt, None), "weight_dtype": (WeightDtypeOpt, None),
+    "engine": (EngineOpt, None), "engine_version": (EngineVersionOpt, None),
+    "gpu_memory_utilization": (UtilOpt, None), "max_model_len": (MaxModelLenOpt, None),
+    "max_num_seqs": (MaxSeqsOpt, None), "max_num_batched_tokens": (BatchedOpt, None),
+    "block_size": (BlockSizeOpt, None), "skip_layers": (SkipOpt, None),
+    "mamba_ssm_cache_dtype": (SsmDtypeOpt, None), "activation_gib": (ActivationOpt, None),
+    "non_torch_gib": (NonTorchOpt, None), "cudagraph_gib": (CudagraphOpt, None), "enforce_eager": (EagerOpt, False),
+    "language_model_only": (LanguageOnlyOpt, False), "entrypoint": (EntrypointOpt, None),
+    "gpu_memory_gib": (GpuMemOpt, None), "free_memory_gib": (FreeMemOpt, None), "kv_cache_memory": (KvMemOpt, None),
+    "num_gpu_blocks_override": (OverrideOpt, None), "profile": (ProfileOpt, None),
+    "mem_fraction_static": (MemFractionOpt, None), "page_size": (PageSizeOpt, None),
+    "data_parallel_size": (DpOpt, None), "data_parallel_size_local": (DpLocalOpt, None),
+    "enable_expert_parallel": (EpOpt, False), "all2all_backend": (A2aOpt, None), "enable_eplb": (EplbOpt, False),
+    "num_redundant_experts": (RedundantOpt, None), "dp_size": (SgDpOpt, None),
+    "enable_dp_attention": (SgDpAttnOpt, False), "ep_size": (SgEpOpt, None), "moe_a2a_backend": (SgA2aOpt, None),
+    "ep_num_redundant_experts": (SgRedundantOpt, None), "moe_dense_tp_size": (SgDenseTpOpt, None),
+    "enable_dp_lm_head": (SgDpLmHeadOpt, False), "calibration": (CalibrationOpt, None),
+}
+VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
+               "enable_eplb", "num_redundant_experts")
+# every option of the deployment: what `capacity` and `throughput` take
+DEPLOYMENT = tuple(DEPLOYMENT_OPTIONS)
+# the memory options of vLLM's pool: what `sweep` and `plot capacity` take beside their own
+VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "activation_gib", "non_torch_gib", "cudagraph_gib",
+               "max_num_seqs", "enforce_eager", "language_model_only", "mamba_ssm_cache_dtype", "entrypoint",
+               "gpu_memory_gib", "weight_dtype", "skip_layers", "max_num_batched_tokens", "engine_version", "pp", "dcp")
+
+
+def _takes(*names: str, **declared):
+    """Give a command the named deployment options (with `declared`, another declaration of some: a help text that
+    suits the command), placed before its --output and --json; it receives them as its **deployment."""
+    import inspect
+
+    def add(command):
+        sig = inspect.signature(command, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        at = next((i for i, p in enumerate(own) if p.name in ("output", "as_json")), len(own))
+        taken = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=DEPLOYMENT_OPTIONS[n][1],
+                                   annotation=declared.get(n, DEPLOYMENT_OPTIONS[n][0])) for n in names]
+        tail = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at:]]
+        command.__signature__ = sig.replace(parameters=own[:at] + taken + tail)
+        return command
+    return add
+
 
 def _show(as_json: bool, data, table: str, *args) -> None:
     """Print `data` as JSON, or call the named table renderer with `args`."""
@@ -323,11 +370,10 @@ def _unfit(results) -> None:
 
 
 @app.command()
+@_takes("tp", "weight_dtype", "skip_layers", "calibration", *VLLM_LAYOUT, tp=TpNoProfileOpt)
 def crossover(
     model: ModelArg,
     dtype: DtypesOpt = None,
-    tp: TpNoProfileOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="add roofline step times on this GPU")] = None,
     context: Annotated[Optional[List[str]], typer.Option(
         "--context", "-c", help="cached tokens per sequence at an operating point (e.g. 2304, 128k); "
@@ -336,15 +382,8 @@ def crossover(
         "--batch", "-b", help="sequences in the batch (default 1)")] = None,
     weight_read: WeightReadOpt = "streamed",
     baseline: Annotated[str, typer.Option("--baseline", help="KV dtype the saving is measured against")] = "auto",
-    skip_layers: SkipOpt = None,
-    calibration: CalibrationOpt = None,
-    data_parallel_size: DpOpt = None,
-    data_parallel_size_local: DpLocalOpt = None,
-    enable_expert_parallel: EpOpt = False,
-    all2all_backend: A2aOpt = None,
-    enable_eplb: EplbOpt = False,
-    num_redundant_experts: RedundantOpt = None,
     as_json: JsonOpt = False,
+    **deployment,
 ) -> None:
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
     weight read, and step bytes (and roofline time with --gpu) at each batch x context."""
@@ -355,12 +394,8 @@ def crossover(
 
     if weight_read not in ("streamed", "all"):
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
-    m = load_model_as(model, weight_dtype)
-    args = _deployment_args(model=m, gpu=gpu, tp=tp, weight_dtype=weight_dtype,
-                            skip_layers=skip_layers, calibration=calibration, data_parallel_size=data_parallel_size,
-                            data_parallel_size_local=data_parallel_size_local,
-                            enable_expert_parallel=enable_expert_parallel, all2all_backend=all2all_backend,
-                            enable_eplb=enable_eplb, num_redundant_experts=num_redundant_experts)
+    m = load_model_as(model, deployment["weight_dtype"])
+    args = _deployment_args(model=m, gpu=gpu, **deployment)
     ds = deployments(args, _formats_for(m, dtype, args=args))
     # by default, operating points up to the model's own context
     contexts = _sizes(context, "--context") or ([c for c in (2048, 8192, 32768, 131072)
@@ -441,6 +476,7 @@ RequestRateOpt = Annotated[Optional[float], typer.Option(
 
 
 @app.command()
+@_takes(*DEPLOYMENT)
 def throughput(
     model: ModelArg,
     gpu: GpuOpt = None,
@@ -454,59 +490,18 @@ def throughput(
     percentile: PercentileOpt = "mean",
     num_prompts: NumPromptsOpt = None,
     request_rate: RequestRateOpt = None,
-    tp: TpOpt = None,
-    pp: PpOpt = None,
-    dcp: DcpOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
-    engine: EngineOpt = None,
-    engine_version: EngineVersionOpt = None,
-    gpu_memory_utilization: UtilOpt = None,
-    max_model_len: MaxModelLenOpt = None,
-    max_num_seqs: MaxSeqsOpt = None,
-    max_num_batched_tokens: BatchedOpt = None,
-    block_size: BlockSizeOpt = None,
-    skip_layers: SkipOpt = None,
-    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
-    activation_gib: ActivationOpt = None,
-    non_torch_gib: NonTorchOpt = None,
-    cudagraph_gib: CudagraphOpt = None,
-    enforce_eager: EagerOpt = False,
-    language_model_only: LanguageOnlyOpt = False,
-    entrypoint: EntrypointOpt = None,
-    gpu_memory_gib: GpuMemOpt = None,
-    free_memory_gib: FreeMemOpt = None,
-    kv_cache_memory: KvMemOpt = None,
-    num_gpu_blocks_override: OverrideOpt = None,
-    profile: ProfileOpt = None,
-    mem_fraction_static: MemFractionOpt = None,
-    page_size: PageSizeOpt = None,
-    data_parallel_size: DpOpt = None,
-    data_parallel_size_local: DpLocalOpt = None,
-    enable_expert_parallel: EpOpt = False,
-    all2all_backend: A2aOpt = None,
-    enable_eplb: EplbOpt = False,
-    num_redundant_experts: RedundantOpt = None,
-    dp_size: SgDpOpt = None,
-    enable_dp_attention: SgDpAttnOpt = False,
-    ep_size: SgEpOpt = None,
-    moe_a2a_backend: SgA2aOpt = None,
-    ep_num_redundant_experts: SgRedundantOpt = None,
-    moe_dense_tp_size: SgDenseTpOpt = None,
-    enable_dp_lm_head: SgDpLmHeadOpt = False,
-    calibration: CalibrationOpt = None,
     layout: Annotated[Optional[List[str]], typer.Option(
         "--layout", help="compare layouts (repeat): comma-separated tp<N>, pp<N>, dp<N>, ep (vLLM: experts over tp x "
         "dp) or ep<N> (SGLang: --ep-size), e.g. --layout tp8 --layout tp1,dp8,ep; the verdict names the layout "
         "with the most output tokens/s per GPU under the limits")] = None,
     as_json: JsonOpt = False,
+    **deployment,
 ) -> None:
     """What `vllm bench serve` prints per KV dtype and concurrency: TPOT, TTFT, ITL and latency (mean and p50, p90,
     p99), output tokens/s per GPU, from a step-by-step simulation of the engine's scheduler priced with step times
     fitted to vLLM's own kernels (or your `kvplan measure` profile); with --tpot-ms / --ttft-ms, the best
     concurrency under them and the winner."""
-    opts = {k: v for k, v in locals().items() if k not in ("model", "gpu", "isl", "osl", "concurrency", "dtype",
-                                                             "tpot_ms", "ttft_ms", "percentile", "num_prompts",
-                                                             "request_rate", "as_json", "layout")}
+    opts = deployment
     if not layout:
         m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts,
                            request_rate, **opts)
@@ -516,7 +511,7 @@ def throughput(
     from kvplan.errors import KvplanError
     from kvplan.plan.throughput import compare_layouts
 
-    engine = engine_of(_deployment_args(engine=engine, profile=profile))
+    engine = engine_of(_deployment_args(engine=opts["engine"], profile=opts["profile"]))
     results = []
     for spec in layout:
         fields_ = parse_layout(spec, engine)
@@ -532,68 +527,29 @@ def throughput(
 
 
 @app.command()
+@_takes(*DEPLOYMENT)
 def capacity(
     model: Annotated[Optional[str], typer.Argument(help="catalog name, YAML or config.json path; omit to list every "
                                                    "catalog model")] = None,
     gpu: GpuOpt = None,
-    tp: TpOpt = None,
-    gpu_memory_utilization: UtilOpt = None,
-    max_model_len: MaxModelLenOpt = None,
     dtype: DtypesOpt = None,
-    block_size: BlockSizeOpt = None,
-    activation_gib: ActivationOpt = None,
-    non_torch_gib: NonTorchOpt = None,
-    cudagraph_gib: CudagraphOpt = None,
-    max_num_seqs: MaxSeqsOpt = None,
-    enforce_eager: EagerOpt = False,
-    language_model_only: LanguageOnlyOpt = False,
-    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
-    entrypoint: EntrypointOpt = None,
-    gpu_memory_gib: GpuMemOpt = None,
-    free_memory_gib: FreeMemOpt = None,
-    kv_cache_memory: KvMemOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
-    skip_layers: SkipOpt = None,
-    max_num_batched_tokens: BatchedOpt = None,
-    engine: EngineOpt = None,
-    engine_version: EngineVersionOpt = None,
-    pp: PpOpt = None,
-    dcp: DcpOpt = None,
-    num_gpu_blocks_override: OverrideOpt = None,
-    profile: ProfileOpt = None,
-    mem_fraction_static: MemFractionOpt = None,
-    page_size: PageSizeOpt = None,
-    data_parallel_size: DpOpt = None,
-    data_parallel_size_local: DpLocalOpt = None,
-    enable_expert_parallel: EpOpt = False,
-    all2all_backend: A2aOpt = None,
-    enable_eplb: EplbOpt = False,
-    num_redundant_experts: RedundantOpt = None,
-    dp_size: SgDpOpt = None,
-    enable_dp_attention: SgDpAttnOpt = False,
-    ep_size: SgEpOpt = None,
-    moe_a2a_backend: SgA2aOpt = None,
-    ep_num_redundant_experts: SgRedundantOpt = None,
-    moe_dense_tp_size: SgDenseTpOpt = None,
-    enable_dp_lm_head: SgDpLmHeadOpt = False,
-    calibration: CalibrationOpt = None,
     as_json: JsonOpt = False,
+    **deployment,
 ) -> None:
     """How many tokens and concurrent sequences the KV pool holds: vLLM's budget, pages, blocks and concurrency (or
     SGLang's pool), side by side per KV dtype. Without MODEL, one row per catalog model."""
-    opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json")}
     from dataclasses import replace
 
     from kvplan.deployment import deployments
     from kvplan.specs.catalog import load_model, load_model_as
     from kvplan.specs.kv_formats import parse_dtypes
 
-    args = _deployment_args(model=model, **opts)
-    if model is None and profile is None:
+    args = _deployment_args(model=model, gpu=gpu, **deployment)
+    if model is None and deployment["profile"] is None:
         _capacity_listing(args, parse_dtypes(dtype), as_json)
         return
     args = _with_profile(args)
-    m = load_model_as(model, weight_dtype) if model else load_model(args.profile.model)
+    m = load_model_as(model, deployment["weight_dtype"]) if model else load_model(args.profile.model)
     fmts = _formats_for(m, dtype, args=args) if dtype else [None]
     ds = deployments(replace(args, model=m), fmts, needs_memory=True)
     if ds[0].engine == "sglang":
@@ -700,6 +656,7 @@ def plot_crossover(
 
 
 @plot_app.command("throughput")
+@_takes("tp", "weight_dtype", "engine", "calibration", tp=TpNoProfileOpt)
 def plot_throughput(
     model: ModelArg,
     gpu: GpuOpt = None,
@@ -708,62 +665,37 @@ def plot_throughput(
     concurrency: ConcurrencyOpt = None,
     dtype: PlotDtypesOpt = None,
     tpot_ms: TpotOpt = None,
-    tp: TpNoProfileOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
-    engine: EngineOpt = None,
-    calibration: CalibrationOpt = None,
     output: OutputOpt = None,
     as_json: JsonOpt = False,
+    **deployment,
 ) -> None:
     """Output tokens/s per GPU against TPOT for each KV dtype, one point per concurrency (its Pareto curve), the
     TPOT limit drawn and each dtype's best concurrency under it marked."""
     from kvplan.app.plots import throughput_figure
 
-    _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, None, tp=tp, weight_dtype=weight_dtype,
-                       engine=engine, calibration=calibration)
+    _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, None, **deployment)
     _draw(throughput_figure(r), output, as_json)
 
 
 @plot_app.command("capacity")
+@_takes("tp", *VLLM_MEMORY, "kv_cache_memory", "num_gpu_blocks_override", "profile", "calibration")
 def plot_capacity(
     model: ModelArg,
     gpu: GpuOpt = None,
     dtype: PlotDtypesOpt = None,
-    tp: TpOpt = None,
-    gpu_memory_utilization: UtilOpt = None,
-    block_size: BlockSizeOpt = None,
-    activation_gib: ActivationOpt = None,
-    non_torch_gib: NonTorchOpt = None,
-    cudagraph_gib: CudagraphOpt = None,
-    max_num_seqs: MaxSeqsOpt = None,
-    enforce_eager: EagerOpt = False,
-    language_model_only: LanguageOnlyOpt = False,
-    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
-    entrypoint: EntrypointOpt = None,
-    gpu_memory_gib: GpuMemOpt = None,
-    kv_cache_memory: KvMemOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
-    skip_layers: SkipOpt = None,
-    max_num_batched_tokens: BatchedOpt = None,
-    engine_version: EngineVersionOpt = None,
-    pp: PpOpt = None,
-    dcp: DcpOpt = None,
-    num_gpu_blocks_override: OverrideOpt = None,
-    profile: ProfileOpt = None,
-    calibration: CalibrationOpt = None,
     output: OutputOpt = None,
     as_json: JsonOpt = False,
+    **deployment,
 ) -> None:
     """Sequences the KV pool holds against max_model_len, one curve per dtype (vLLM's rules, the same plan as
     `capacity`)."""
-    opts = {k: v for k, v in locals().items() if k not in ("model", "dtype", "as_json", "output")}
     from kvplan.app.plots import capacity_figure
     from kvplan.deployment import deployments
     from kvplan.specs.catalog import load_model_as
     from kvplan.specs.kv_formats import comparison_dtypes
 
-    m = load_model_as(model, opts.get("weight_dtype"))
-    args = _deployment_args(model=m, engine="vllm", **opts)
+    m = load_model_as(model, deployment["weight_dtype"])
+    args = _deployment_args(model=m, gpu=gpu, engine="vllm", **deployment)
     ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m), args), needs_memory=True)
     _draw(capacity_figure(ds), output, as_json)
 
@@ -773,6 +705,7 @@ def _names(values: Optional[List[str]]) -> list[str]:
 
 
 @app.command()
+@_takes(*VLLM_MEMORY, *VLLM_LAYOUT, gpu_memory_utilization=UtilNoProfileOpt)
 def sweep(
     model: Annotated[List[str], typer.Option("--model", "-m", help="models (repeat or separate with commas)")],
     gpu: Annotated[List[str], typer.Option("--gpu", "-g", help="GPUs (repeat or separate with commas)")],
@@ -789,31 +722,9 @@ def sweep(
                                                "--output's suffix)")] = None,
     columns: Annotated[Optional[str], typer.Option("--columns", help="keep only these columns "
                                                    "(comma-separated)")] = None,
-    gpu_memory_utilization: UtilNoProfileOpt = None,
-    block_size: BlockSizeOpt = None,
-    activation_gib: ActivationOpt = None,
-    non_torch_gib: NonTorchOpt = None,
-    cudagraph_gib: CudagraphOpt = None,
-    max_num_seqs: MaxSeqsOpt = None,
-    enforce_eager: EagerOpt = False,
-    language_model_only: LanguageOnlyOpt = False,
-    mamba_ssm_cache_dtype: SsmDtypeOpt = None,
-    entrypoint: EntrypointOpt = None,
-    gpu_memory_gib: GpuMemOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
     weight_read: WeightReadOpt = "streamed",
-    skip_layers: SkipOpt = None,
-    max_num_batched_tokens: BatchedOpt = None,
-    engine_version: EngineVersionOpt = None,
-    pp: PpOpt = None,
-    dcp: DcpOpt = None,
-    data_parallel_size: DpOpt = None,
-    data_parallel_size_local: DpLocalOpt = None,
-    enable_expert_parallel: EpOpt = False,
-    all2all_backend: A2aOpt = None,
-    enable_eplb: EplbOpt = False,
-    num_redundant_experts: RedundantOpt = None,
     as_json: JsonOpt = False,
+    **deployment,
 ) -> None:
     """A grid over models, GPUs, TP, KV dtypes, max_model_len, batch and context: one row per combination, with
     the capacity and crossover figures of each, written as CSV, Parquet, JSON or Markdown."""
@@ -831,16 +742,8 @@ def sweep(
             raise KvplanError(f"--json and --format {fmt} disagree; give one")
         fmt = "json"
     kind = frame_format(output, fmt)
-    options = dict(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                   activation_gib=activation_gib, non_torch_gib=non_torch_gib, cudagraph_gib=cudagraph_gib,
-                   max_num_seqs=max_num_seqs, enforce_eager=enforce_eager,
-                   language_model_only=language_model_only, mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
-                   entrypoint=entrypoint,
-                   gpu_memory_gib=gpu_memory_gib, weight_dtype=weight_dtype,
-                   max_num_batched_tokens=max_num_batched_tokens, engine_version=engine_version, pp=pp, dcp=dcp,
-                   data_parallel_size=data_parallel_size, data_parallel_size_local=data_parallel_size_local,
-                   enable_expert_parallel=enable_expert_parallel, all2all_backend=all2all_backend,
-                   enable_eplb=enable_eplb, num_redundant_experts=num_redundant_experts)
+    options = dict(deployment)
+    skip_layers = options.pop("skip_layers")
     df = run(_names(model), _names(gpu), tps=_sizes(tp, "--tp") or [1], dtypes=parse_dtypes(dtype),
              max_model_lens=_sizes(max_model_len, "--max-model-len") or [8192],
              batches=_sizes(batch, "--batch") or [1], contexts=_sizes(context, "--context") or [8192],
@@ -863,10 +766,10 @@ def sweep(
         print(f"left out: {why}", file=sys.stderr)
     for note in df.attrs.get("notes", []):
         print(f"note: {note}", file=sys.stderr)
-    version_note = newer_release_note(engine_version)
+    version_note = newer_release_note(options["engine_version"])
     if version_note:
         print(f"note: {version_note}", file=sys.stderr)
-    dp = data_parallel_size or 1
+    dp, enable_expert_parallel = options["data_parallel_size"] or 1, options["enable_expert_parallel"]
     if dp > 1 or enable_expert_parallel:
         print(f"note: figures per rank of {dp} data-parallel rank(s), each its own KV pool: the deployment holds "
               f"{dp} x kv_tokens and {dp} x max_concurrency" + (
