@@ -284,17 +284,45 @@ def engine_of(args: DeploymentArgs, prof=None) -> str:
 
 
 def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
-    """Every default decided and every value checked, once. `needs_memory`: the question is the pool's size, so a
-    GPU (or a memory total, a pool size or a block count) is required."""
+    """Every default decided and every value checked, once, in named steps (each refusal in the order a user meets
+    it). `needs_memory`: the question is the pool's size, so a GPU (or a memory total, a pool size or a block count)
+    is required."""
     notes: list[str] = []
     prof = _load_profile(args.profile)
     engine = engine_of(args, prof)
+    given = set(args.given())
+    _check_engine(args, prof, engine, given)
+    m = _resolve_model(args, prof, notes)
+    g = _resolve_gpu(args, prof, notes)
+    fmt = _resolve_kv(args, prof, m, engine, g, notes)
+    tp, pp, dcp, weight_dtype, args, layout, a2a = _resolve_layout(args, prof, given, engine, m, g, notes)
+    format_bytes_per_token(m, fmt, layout.attn_tp)  # refuses a format for the other attention layout (MLA or heads)
+    skip = _skip_value(args.kv_cache_dtype_skip_layers)
+    skipped_layers(m, fmt, skip)  # checks the indices
+    _check_numbers(args, prof, given)
+    mlen = _resolve_max_model_len(args, prof, m, engine)
+    cal, cal_source = _calibration(args.calibration, g)  # the one asked for, or one saved for this GPU
+    total, source, g, inferred = _resolve_memory(args, prof, g, cal, cal_source, engine, needs_memory, notes)
+    free = _resolve_free_memory(args, total, notes)
+    common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=weight_dtype, tp=tp,
+                  pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
+                  calibration=cal, calibration_source=cal_source, inferred_gpu=inferred, parallel=layout,
+                  a2a_backend=a2a, eplb=bool(args.enable_eplb), layout_options=layout_options(args))
+    if weight_dtype is not None:
+        weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
+    if engine == "sglang":
+        _refuse_unmodelled_sglang_pools(m)
+        return _resolve_sglang(args, prof, common, notes)
+    return _resolve_vllm(args, prof, common, notes)
+
+
+def _check_engine(args: DeploymentArgs, prof, engine: str, given: set) -> None:
+    """A known engine, the profile's own, and no option spelled for the other engine."""
     if engine not in ENGINES:
         raise KvplanError(f"--engine {args.engine}: choose vllm or sglang")
     if prof is not None and prof.engine != engine:
         raise KvplanError(f"the profile was measured with {prof.engine}, not {engine}: its overheads are "
                           f"{prof.engine}'s (drop --engine, or import a {engine} startup log)")
-    given = set(args.given())
     foreign = [n for n in (VLLM_ONLY if engine == "sglang" else SGLANG_ONLY) if n in given]
     if foreign:
         other = "vllm" if engine == "sglang" else "sglang"
@@ -303,7 +331,9 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         raise KvplanError(f"{flag(foreign[0])} applies to --engine {other}, not {engine}; {hint} (or plan with "
                           f"--engine {other})")
 
-    # the model, the GPU and the format: a profile supplies any the user did not name
+
+def _resolve_model(args: DeploymentArgs, prof, notes: list[str]) -> ModelSpec:
+    """The model named (or the profile's), with the SSM state's dtype and --language-model-only applied."""
     model = args.model
     if model is None and prof is not None:
         model = prof.model
@@ -332,6 +362,11 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         m = m.model_copy(update={"vision": None, "extra_params": {}, "replicated_params": {}})
         notes.append("language model only: the vision tower and projector are neither built nor profiled (vLLM's "
                      "--language-model-only, or --limit-mm-per-prompt with every modality at 0)")
+    return m
+
+
+def _resolve_gpu(args: DeploymentArgs, prof, notes: list[str]) -> Optional[GPUSpec]:
+    """The GPU named, else the profile's or the calibration profile's (None: no GPU yet)."""
     gpu = args.gpu
     g = gpu if isinstance(gpu, GPUSpec) or gpu is None else load_gpu(gpu)
     if prof is not None and prof.gpu:
@@ -343,6 +378,12 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if g is None and args.calibration is not None:  # the GPU the calibration profile was measured on
         g = _calibration_gpu(args.calibration)
         notes.append(f"GPU taken from the calibration profile: {g.name}, the GPU it was measured on")
+    return g
+
+
+def _resolve_kv(args: DeploymentArgs, prof, m: ModelSpec, engine: str, g: Optional[GPUSpec],
+                notes: list[str]) -> KVFormat:
+    """The KV format the engine stores: the one named (or the profile's), `auto` as the checkpoint declares it."""
     fmt_arg = args.kv_cache_dtype
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
@@ -355,16 +396,21 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     unserved = fmt.unserved(engine, g, args.engine_version)
     if unserved:  # planned when named, as a what-if (the verdicts leave it out)
         notes.append(f"{unserved}; planned with {'vLLM' if engine == 'vllm' else 'SGLang'}'s rules as if it did")
+    return fmt
 
-    # parallelism and the weights' format: what was said, else what the profile measured
-    layout = {}
+
+def _resolve_layout(args: DeploymentArgs, prof, given: set, engine: str, m: ModelSpec, g: Optional[GPUSpec],
+                    notes: list[str]):
+    """Parallelism and the weights' format: what was said, else what the profile measured. Returns (tp, pp, dcp,
+    weight dtype, the arguments with the profile's layout applied, the Parallel layout, the all-to-all backend)."""
+    sizes = {}
     for name in ("tp", "pp", "dcp"):
         v = getattr(args, name)
         if v is None:
             v = getattr(prof, name, 1) if prof is not None else 1
         check_whole(flag(name), v)
-        layout[name] = v
-    tp, pp, dcp = layout["tp"], layout["pp"], layout["dcp"]
+        sizes[name] = v
+    tp, pp, dcp = sizes["tp"], sizes["pp"], sizes["dcp"]
     weight_dtype = args.weight_dtype
     if weight_dtype is None and prof is not None:
         weight_dtype = prof.weight_dtype
@@ -376,12 +422,11 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
         raise KvplanError(f"--pp must be between 1 and {m.name}'s {m.num_layers} layers, got {pp}")
     if dcp > 1:
         _check_dcp(m, tp, dcp)
+    return tp, pp, dcp, weight_dtype, args, layout, a2a
 
-    format_bytes_per_token(m, fmt, layout.attn_tp)  # refuses a format for the other attention layout (MLA or heads)
-    skip = _skip_value(args.kv_cache_dtype_skip_layers)
-    skipped_layers(m, fmt, skip)  # checks the indices
 
-    # numbers
+def _check_numbers(args: DeploymentArgs, prof, given: set) -> None:
+    """Each number in its range, and no combination of options vLLM would ignore without a word."""
     for name in ("gpu_memory_utilization", "mem_fraction_static"):
         v = getattr(args, name)
         try:
@@ -399,8 +444,6 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if args.entrypoint is not None and args.entrypoint not in ENTRYPOINTS:
         raise KvplanError(f"--entrypoint '{args.entrypoint}': choose serve (vllm serve, the API server) or llm (the "
                           f"offline LLM class)")
-
-    # combinations vLLM would ignore without a word
     if args.kv_cache_memory_gib is not None:
         for name in ("gpu_memory_utilization", "activation_gib", "non_torch_gib", "cudagraph_gib",
                      "num_gpu_blocks_override"):
@@ -415,7 +458,10 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
                 raise KvplanError(f"the profile's measured non-KV memory replaces the modelled one, so {flag(name)} "
                                   f"has no effect with --profile; give one of the two")
 
-    # max_model_len
+
+def _resolve_max_model_len(args: DeploymentArgs, prof, m: ModelSpec, engine: str):
+    """max_model_len: a token count the model accepts, "auto" (vLLM: the longest that fits), or None (the
+    model's)."""
     mlen = args.max_model_len
     if mlen is None and prof is not None:
         mlen = prof.max_model_len
@@ -434,11 +480,14 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
             raise KvplanError(refused)
     if mlen == "auto" and engine == "sglang":
         raise KvplanError("--max-model-len auto is vLLM's; SGLang takes a context length (or its model's)")
+    return mlen
 
-    # the calibration profile: the one asked for, or one saved for this GPU
-    cal, cal_source = _calibration(args.calibration, g)
 
-    # memory: --gpu-memory-gib, the profile's measured total, the calibration's measured total, the GPU's
+def _resolve_memory(args: DeploymentArgs, prof, g: Optional[GPUSpec], cal, cal_source, engine: str,
+                    needs_memory: bool, notes: list[str]):
+    """The memory total and where it came from (--gpu-memory-gib, the profile's measured total, the calibration's,
+    the GPU's), and the GPU a total alone suggests. Returns (total bytes, source, GPU, whether the GPU was
+    inferred)."""
     total, source = 0, "not used"
     if args.gpu_memory_gib is not None:
         total, source = int(round(args.gpu_memory_gib * GiB)), "--gpu-memory-gib"
@@ -467,7 +516,11 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
             and args.num_gpu_blocks_override is None):
         raise KvplanError("capacity needs --gpu (or --gpu-memory-gib" + (", or --kv-cache-memory)" if engine == "vllm"
                                                                        else ")"))
+    return total, source, g, inferred
 
+
+def _resolve_free_memory(args: DeploymentArgs, total: int, notes: list[str]) -> Optional[int]:
+    """--free-memory-gib in bytes, within the GPU's total (a few tenths above it: the whole GPU)."""
     free = _gib_bytes(args.free_memory_gib)
     if free is not None and total and total < free <= total * 1.01:
         notes.append(f"--free-memory-gib {args.free_memory_gib:g} is above the {total / GiB:.2f} GiB total taken for "
@@ -476,24 +529,20 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     if free is not None and total and free > total:
         raise KvplanError(f"--free-memory-gib {args.free_memory_gib:g} exceeds the GPU's {total / GiB:.2f} GiB in all; "
                           f"give what nvidia-smi or torch.cuda.mem_get_info() shows free")
-    common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=weight_dtype, tp=tp,
-                  pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
-                  calibration=cal, calibration_source=cal_source, inferred_gpu=inferred, parallel=layout,
-                  a2a_backend=a2a, eplb=bool(args.enable_eplb), layout_options=layout_options(args))
-    if weight_dtype is not None:
-        weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
-    if engine == "sglang":
-        if m.state_layers:
-            raise KvplanError(f"{m.name} keeps a fixed state in {len(m.state_layers)} layers: SGLang's hybrid (Mamba) "
-                              f"pool is not modelled; plan it with --engine vllm")
-        if m.compressed is not None:
-            raise KvplanError(f"{m.name} uses DeepSeek-V4's compressed attention: SGLang's pool for it is not "
-                              f"modelled; plan it with --engine vllm")
-        if m.mla is not None and m.mla.index_head_dim:
-            raise KvplanError(f"{m.name} uses DeepSeek sparse attention: SGLang's NSA pool (the indexer's cache) is "
-                              f"not modelled; plan it with --engine vllm")
-        return _resolve_sglang(args, prof, common, notes)
-    return _resolve_vllm(args, prof, common, notes)
+    return free
+
+
+def _refuse_unmodelled_sglang_pools(m: ModelSpec) -> None:
+    """SGLang's pools kvplan does not model: hybrid (Mamba) state, DeepSeek-V4's compressed and sparse attention."""
+    if m.state_layers:
+        raise KvplanError(f"{m.name} keeps a fixed state in {len(m.state_layers)} layers: SGLang's hybrid (Mamba) "
+                          f"pool is not modelled; plan it with --engine vllm")
+    if m.compressed is not None:
+        raise KvplanError(f"{m.name} uses DeepSeek-V4's compressed attention: SGLang's pool for it is not "
+                          f"modelled; plan it with --engine vllm")
+    if m.mla is not None and m.mla.index_head_dim:
+        raise KvplanError(f"{m.name} uses DeepSeek sparse attention: SGLang's NSA pool (the indexer's cache) is "
+                          f"not modelled; plan it with --engine vllm")
 
 
 def _declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str]) -> KVFormat:
