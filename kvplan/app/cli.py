@@ -980,11 +980,38 @@ def measure(
     from 8 MB up, with L2 flushed between samples; fit t = t0 + bytes / (eta x peak bandwidth) per kernel family
     and write a calibration profile that `crossover --calibration` (and the cache) use."""
     from kvplan.errors import KvplanError
-    from kvplan.specs.calibration import MB, measure_plan
-    from kvplan.specs.catalog import load_gpu
 
-    validate_only = {"--kv-cache-dtype": dtype, "--batch": batch, "--context": context, "--layers": layers,
-                     "--calibration": calibration}
+    _refuse_measure_mixes(quick, dry_run, output, gpu, device, validate, probe, budget,
+                          {"--kv-cache-dtype": dtype, "--batch": batch, "--context": context, "--layers": layers,
+                           "--calibration": calibration})
+    if output is not None:  # refused now, not after minutes on the GPU
+        from kvplan.files import check_writable
+
+        check_writable(output)
+    if dry_run:
+        _measure_dry_run(gpu, quick, as_json)
+        return
+    if validate is not None:  # a misspelt model, dtype or size before torch and the GPU
+        batch, ctx = _validate_sizes(validate, dtype, batch, context, layers)
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+    except ImportError:
+        raise KvplanError("kvplan measure needs torch and triton: pip install torch triton (the gpu extra; "
+                          "--dry-run works without them)") from None
+    if probe:
+        _measure_probe(output, budget, as_json)
+    elif validate is not None:
+        _measure_validate(validate, dtype or "auto", batch, ctx, layers, device, calibration, as_json)
+    else:
+        _measure_sweep(quick, output, device, as_json)
+
+
+def _refuse_measure_mixes(quick, dry_run, output, gpu, device, validate, probe, budget, validate_only) -> None:
+    """measure's four paths (--dry-run, --probe, --validate, the calibration sweep) each take their own options: one
+    meant for another path is refused, not ignored."""
+    from kvplan.errors import KvplanError
+
     if validate is None:
         stray = [k for k, v in validate_only.items() if v is not None]
         if stray:
@@ -1011,70 +1038,81 @@ def measure(
             raise KvplanError("--probe times the kernels on a CUDA GPU; --device cpu runs none of it")
         if budget is not None and not 0 < budget < float("inf"):
             raise KvplanError(f"--budget {budget:g}: give a positive number of seconds")
-    if output is not None:  # refused now, not after minutes on the GPU
-        from kvplan.files import check_writable
 
-        check_writable(output)
-    if dry_run:
-        spec = load_gpu(gpu or "h100")
-        plan = measure_plan(quick, l2_bytes=int((spec.l2_mb or 50) * MB),
-                            bandwidth_bytes_per_s=spec.peak_bandwidth_bytes_per_s)
-        if as_json:
-            from dataclasses import asdict
 
-            _show(True, {"gpu": spec.name, **asdict(plan), "total_bytes": plan.total_bytes,
-                         "expected_seconds": plan.expected_seconds()}, "")
-            return
-        from kvplan.app.render import measure_plan_table
+def _measure_dry_run(gpu: Optional[str], quick: bool, as_json: bool) -> None:
+    """The calibration sweep's plan for a GPU, measuring nothing."""
+    from kvplan.specs.calibration import MB, measure_plan
+    from kvplan.specs.catalog import load_gpu
 
-        measure_plan_table(plan, spec)
+    spec = load_gpu(gpu or "h100")
+    plan = measure_plan(quick, l2_bytes=int((spec.l2_mb or 50) * MB),
+                        bandwidth_bytes_per_s=spec.peak_bandwidth_bytes_per_s)
+    if as_json:
+        from dataclasses import asdict
+
+        _show(True, {"gpu": spec.name, **asdict(plan), "total_bytes": plan.total_bytes,
+                     "expected_seconds": plan.expected_seconds()}, "")
         return
-    if validate is not None:
-        batch = 8 if batch is None else batch
-        if batch < 1 or (layers is not None and layers < 1):
-            raise KvplanError("--batch and --layers must be positive")
-        ctx = _sizes([context or "4096"], "--context")
-        if len(ctx) != 1:
-            raise KvplanError("--context: give one length")
-        from kvplan.measure.run import validate_target
+    from kvplan.app.render import measure_plan_table
 
-        validate_target(validate, dtype or "auto")  # a misspelt model or dtype before torch and the GPU
-    try:
-        import torch  # noqa: F401
-        import triton  # noqa: F401
-    except ImportError:
-        raise KvplanError("kvplan measure needs torch and triton: pip install torch triton (the gpu extra; "
-                          "--dry-run works without them)") from None
-    if probe:
-        from kvplan.measure.run import run_probe
+    measure_plan_table(plan, spec)
 
-        path, found = run_probe(output, budget)
-        if as_json:
-            _show(True, found, "")
-        else:
-            for fmt, row in found["best"].items():
-                print(f"fastest {fmt}: tile {row['tile']}, {row['num_warps']} warps, {row['num_stages']} stages, "
-                      f"{row['splits_used']} splits: {row['seconds'] * 1e6:,.1f} us, "
+
+def _validate_sizes(validate: str, dtype: Optional[str], batch: Optional[int], context: Optional[str],
+                    layers: Optional[int]) -> tuple[int, int]:
+    """--validate's batch and context, checked with its model and dtype."""
+    from kvplan.errors import KvplanError
+
+    batch = 8 if batch is None else batch
+    if batch < 1 or (layers is not None and layers < 1):
+        raise KvplanError("--batch and --layers must be positive")
+    ctx = _sizes([context or "4096"], "--context")
+    if len(ctx) != 1:
+        raise KvplanError("--context: give one length")
+    from kvplan.measure.run import validate_target
+
+    validate_target(validate, dtype or "auto")
+    return batch, ctx[0]
+
+
+def _measure_probe(output: Optional[str], budget: Optional[float], as_json: bool) -> None:
+    """--probe: the decode kernels' settings swept, the fastest of each format printed and written as JSON."""
+    from kvplan.measure.run import run_probe
+
+    path, found = run_probe(output, budget)
+    if as_json:
+        _show(True, found, "")
+    else:
+        for fmt, row in found["best"].items():
+            print(f"fastest {fmt}: tile {row['tile']}, {row['num_warps']} warps, {row['num_stages']} stages, "
+                  f"{row['splits_used']} splits: {row['seconds'] * 1e6:,.1f} us, "
+                  f"{row['bytes_per_s'] / 1e12:.2f} TB/s")
+        for method, row in found.get("flush", {}).items():
+            if "seconds" in row:
+                print(f"after a {method} flush: {row['seconds'] * 1e6:,.1f} us, "
                       f"{row['bytes_per_s'] / 1e12:.2f} TB/s")
-            for method, row in found.get("flush", {}).items():
-                if "seconds" in row:
-                    print(f"after a {method} flush: {row['seconds'] * 1e6:,.1f} us, "
-                          f"{row['bytes_per_s'] / 1e12:.2f} TB/s")
-            print(f"timed {found['timed']} of {found['planned']} configurations in {found['elapsed_s']:.0f} s"
-                  + (" (the budget ran out)" if found["stopped_at_budget"] else ""))
-        print(f"wrote the probe's findings {path}", file=sys.stderr)
-        return
-    if validate is not None:
-        from kvplan.measure.run import run_validate
+        print(f"timed {found['timed']} of {found['planned']} configurations in {found['elapsed_s']:.0f} s"
+              + (" (the budget ran out)" if found["stopped_at_budget"] else ""))
+    print(f"wrote the probe's findings {path}", file=sys.stderr)
 
-        result = run_validate(validate, dtype or "auto", batch, ctx[0], layers, device, calibration)
-        if as_json:
-            _show(True, result, "")
-            return
-        from kvplan.app.render import validate_table
 
-        validate_table(result)
+def _measure_validate(model: str, dtype: str, batch: int, context: int, layers: Optional[int], device: str,
+                      calibration: Optional[str], as_json: bool) -> None:
+    """--validate: one synthetic decode step of the model's shapes timed, beside the roofline and the prediction."""
+    from kvplan.measure.run import run_validate
+
+    result = run_validate(model, dtype, batch, context, layers, device, calibration)
+    if as_json:
+        _show(True, result, "")
         return
+    from kvplan.app.render import validate_table
+
+    validate_table(result)
+
+
+def _measure_sweep(quick: bool, output: Optional[str], device: str, as_json: bool) -> None:
+    """The calibration sweep: every kernel family timed over its sizes, fitted, and the profile written."""
     from kvplan.app.render import calibration_table, console
     from kvplan.measure.run import run_measure
 
