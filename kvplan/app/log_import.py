@@ -147,9 +147,47 @@ def import_log(text: str, source: str = "log", model: Optional[str] = None,
 
 
 def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
+    """A vLLM log: the deployment it started (_vllm_deployment), kvplan's plan of it, what the engine measured in
+    bytes consistent with its block count (_vllm_available), and the figures side by side (_vllm_figures)."""
     c, meas = log.config, log.measured
     rules = vllm_rules(log.version)
-    notes = []
+    notes: list[str] = []
+    kw, layout, total_gib = _vllm_deployment(log, m, g, rules, notes)
+    util = kw.get("gpu_memory_utilization", c.get("gpu_memory_utilization") or rules.default_gpu_memory_utilization)
+    tp, pp, weight_dtype = kw["tp"], kw["pp"], kw["weight_dtype"]
+    dtype = str(c.get("kv_cache_dtype") or "auto")
+
+    if log.failure is not None:
+        return _vllm_failure(log, m, g, kw, dtype, notes)
+    pred = capacity_of(DeploymentArgs(model=m, gpu=g, kv_cache_dtype=dtype, engine="vllm", **kw)
+                       .resolve(needs_memory=True))
+    if pred.problem:
+        notes.append(f"kvplan predicts a failure the log does not show: {pred.problem}")
+    blocks, available, avail_gib = _vllm_available(meas, pred, rules, notes)
+    mlen = pred.max_model_len
+    total = int(round(total_gib * GiB)) if total_gib is not None else pred.total_bytes
+    requested = math.ceil(total * float(util))
+    weights = int(round(meas["weights_gib"] * GiB)) if "weights_gib" in meas else pred.non_kv["weights"]
+    if c.get("kv_cache_memory_bytes") is None and requested - weights - available < 0:
+        raise KvplanError(f"the log's weights ({weights / GiB:.2f} GiB) and KV cache ({available / GiB:.2f} GiB) "
+                          f"exceed its budget ({requested / GiB:.2f} GiB): the figures do not belong to {m.name} on "
+                          f"this memory (is --model the model the log ran? is --gpu its GPU?)")
+    profile = DeploymentProfile(
+        engine="vllm", engine_version=rules.version, model=m.name, gpu=pred.gpu, tp=tp, pp=pp,
+        weight_dtype=weight_dtype, kv_cache_dtype=dtype, max_model_len=mlen, gpu_memory_utilization=float(util),
+        total_memory_bytes=total, weights_bytes=weights, overhead_bytes=requested - weights - available,
+        available_kv_bytes=available, max_num_batched_tokens=pred.non_kv["max_num_batched_tokens"],
+        max_num_seqs=pred.non_kv["max_num_seqs"], layout=layout, source=source, source_sha256=sha)
+    figures = _vllm_figures(meas, pred, blocks, available if avail_gib is not None else None,
+                            requested - weights - available)
+    config = {"model": m.name, "gpu": pred.gpu, "total_memory_gib": _gib(total), **kw, "kv_cache_dtype": dtype}
+    return LogImport("vllm", log.version, m.name, config, figures, profile, notes + pred.notes)
+
+
+def _vllm_deployment(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], rules, notes: list[str]):
+    """The deployment a vLLM log started, as DeploymentArgs keywords: (the keywords, the layout options it gave,
+    the GPU's total memory the log states in GiB or None)."""
+    c, meas = log.config, log.measured
     if log.v0 or (log.version and version_key(log.version) < (0, 19)):
         notes.append(f"vLLM {log.version or '(version not printed)'}: {'the V0 engine' if log.v0 else 'this release'}"
                      f" is planned with the rules of {rules.label}; the profile saved from this log keeps what it "
@@ -182,17 +220,13 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         kw["kv_cache_memory_gib"] = human_bytes(c["kv_cache_memory_bytes"]) / GiB
         kw.pop("gpu_memory_utilization")
         notes.append("kv_cache_memory_bytes set: the pool is the size given, not what the profile leaves")
-    dtype = str(c.get("kv_cache_dtype") or "auto")
+    return kw, layout, total_gib
 
-    if log.failure is not None:
-        return _vllm_failure(log, m, g, kw, dtype, notes)
-    pred = capacity_of(DeploymentArgs(model=m, gpu=g, kv_cache_dtype=dtype, engine="vllm", **kw)
-                       .resolve(needs_memory=True))
-    if pred.problem:
-        notes.append(f"kvplan predicts a failure the log does not show: {pred.problem}")
 
-    # what the engine measured, in bytes, consistent with its block count
-    bpb, mlen = pred.bytes_per_block, pred.max_model_len
+def _vllm_available(meas: dict, pred, rules, notes: list[str]):
+    """What the engine measured for the pool, in bytes consistent with its block count: (blocks, available bytes,
+    the available GiB the log printed or None)."""
+    bpb = pred.bytes_per_block
     blocks = meas.get("num_gpu_blocks")
     if blocks is None and "kv_tokens" in meas:
         blocks = _blocks_from_tokens(int(meas["kv_tokens"]), pred, rules.reported_tokens)
@@ -206,22 +240,14 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         notes.append("the log prints no KV memory figure: taken from its block count")
     else:  # pragma: no cover - parse_startup_log refuses such logs
         raise KvplanError("the log has neither the available KV memory nor the block count")
-    total = int(round(total_gib * GiB)) if total_gib is not None else pred.total_bytes
-    requested = math.ceil(total * float(util))
-    weights = int(round(meas["weights_gib"] * GiB)) if "weights_gib" in meas else pred.non_kv["weights"]
-    if c.get("kv_cache_memory_bytes") is None and requested - weights - available < 0:
-        raise KvplanError(f"the log's weights ({weights / GiB:.2f} GiB) and KV cache ({available / GiB:.2f} GiB) "
-                          f"exceed its budget ({requested / GiB:.2f} GiB): the figures do not belong to {m.name} on "
-                          f"this memory (is --model the model the log ran? is --gpu its GPU?)")
-    profile = DeploymentProfile(
-        engine="vllm", engine_version=rules.version, model=m.name, gpu=pred.gpu, tp=tp, pp=pp,
-        weight_dtype=weight_dtype, kv_cache_dtype=dtype, max_model_len=mlen, gpu_memory_utilization=float(util),
-        total_memory_bytes=total, weights_bytes=weights, overhead_bytes=requested - weights - available,
-        available_kv_bytes=available, max_num_batched_tokens=pred.non_kv["max_num_batched_tokens"],
-        max_num_seqs=pred.non_kv["max_num_seqs"], layout=layout, source=source, source_sha256=sha)
+    return blocks, available, avail_gib
+
+
+def _vllm_figures(meas: dict, pred, blocks, available: Optional[int], beyond_weights: int) -> list:
+    """Each figure the log printed beside kvplan's prediction of it."""
     nk = pred.non_kv
-    figures = [
-        Figure("available KV cache memory", _gib(available) if avail_gib is not None else None,
+    return [
+        Figure("available KV cache memory", _gib(available) if available is not None else None,
                _gib(pred.available_kv_bytes), "GiB"),
         Figure("KV blocks", blocks, pred.num_blocks),
         Figure("GPU KV cache size", meas.get("kv_tokens"), pred.kv_tokens, "tokens"),
@@ -235,11 +261,8 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
         # of "CUDA graph pool memory"
         Figure("CUDA-graph capture", meas.get("graph_capture_gib", meas.get("cudagraph_actual_gib")),
                _gib(nk["parts"].get("cudagraph_capture", nk["cudagraph"])), "GiB"),
-        Figure("non-KV memory beyond the weights", _gib(requested - weights - available),
-               _gib(nk["total"] - nk["weights"]), "GiB"),
+        Figure("non-KV memory beyond the weights", _gib(beyond_weights), _gib(nk["total"] - nk["weights"]), "GiB"),
     ]
-    config = {"model": m.name, "gpu": pred.gpu, "total_memory_gib": _gib(total), **kw, "kv_cache_dtype": dtype}
-    return LogImport("vllm", log.version, m.name, config, figures, profile, notes + pred.notes)
 
 
 def _vllm_failure(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], kw: dict, dtype: str,
