@@ -5,8 +5,8 @@
 
 CSV holds measured runs in the columns of NVIDIA AIConfigurator's silicon sample (aiconfigurator-core's
 aiconfigurator_core/systems/silicon_sample.csv; tests/fixtures/serving/README.md describes them): each a closed
-loop of `batch_size` clients sending requests of `isl` prompt and `osl` output tokens to one aggregated engine, with
-the mean TTFT and TPOT measured. HF_CONFIGS holds the models' config.json files, as `<org>--<name>_config.json`
+loop of `batch_size` clients per attention data-parallel rank sending requests of `isl` prompt and `osl` output
+tokens to one aggregated engine, with the mean TTFT and TPOT measured. HF_CONFIGS holds the models' config.json files, as `<org>--<name>_config.json`
 (with `<org>--<name>_hf_quant_config.json` beside a ModelOpt checkpoint's), `<org>--<name>.config.json` or
 `<org>--<name>/config.json`.
 
@@ -20,7 +20,8 @@ atomically.
 How a row becomes a deployment (the engine setup follows AIConfigurator's generator for aggregated serving; the
 rows do not record their own engine settings):
 * system -> --gpu: h100_sxm h100, h200_sxm h200, b200_sxm b200, b300_sxm b300, gb200 gb200 (SYSTEMS);
-* backend -> --engine; tp_size -> --tp; pp_size -> --pp; batch_size -> --concurrency; isl, osl as given;
+* backend -> --engine; tp_size -> --tp; pp_size -> --pp; batch_size x attention_dp_size -> --concurrency (batch_size
+  is per attention data-parallel rank: clients); isl, osl as given;
   --num-prompts 20 x the concurrency (the client's --num-requests), its clients starting at once;
 * --max-model-len isl + osl + 1500; vLLM also --max-num-seqs max_batch_size (the concurrency raised to 512 when
   smaller, else doubled: the benchmark rule) and --max-num-batched-tokens max_batch_size + isl + 1500. SGLang takes
@@ -215,6 +216,16 @@ def layout_options(engine: str, tp: int, dp: int, moe_tp: int, moe_ep: int) -> d
     return out
 
 
+def clients(row: dict) -> Optional[int]:
+    """The benchmark's client concurrency: batch_size per attention data-parallel rank, so batch_size x
+    attention_dp_size clients in all (AIConfigurator 0.12's convention, aiconfigurator_core/sdk/backends/
+    base_backend.py: global_bs = bs * attention_dp_size, concurrency = global_bs; its rows with attention_dp_size
+    recorded name that total as silicon_concurrency and in their id's cN). An empty attention_dp_size records no
+    DP degree: batch_size is then the concurrency (those rows' silicon_concurrency)."""
+    bs = _int(row, "batch_size")
+    return bs * _int(row, "attention_dp_size", 1) if bs else bs
+
+
 def engine_limits(engine: str, isl: int, osl: int, concurrency: int) -> dict:
     """The engine settings of the protocol (the module's docstring); SGLang's rows get max_model_len alone."""
     out = {"max_model_len": isl + osl + EXTRA_TOKENS}
@@ -259,7 +270,7 @@ class Scorer:
         if moe_tp * moe_ep != tp * dp:
             raise Skip("moe_tp_size x moe_ep_size differs from tp_size x attention_dp_size")
         layout = layout_options(engine, tp, dp, moe_tp, moe_ep)
-        isl, osl, conc = _int(row, "isl"), _int(row, "osl"), _int(row, "batch_size")
+        isl, osl, conc = _int(row, "isl"), _int(row, "osl"), clients(row)
         if not (isl and osl and conc):
             raise Skip("isl, osl or batch_size missing")
         gpu = SYSTEMS[system]
