@@ -206,6 +206,27 @@ def test_memory_in_use_at_the_snapshot():
     assert pre_snapshot_bytes(H100, 2, "0.33") == (522 + 500 + 24 + 512 + 328) * MiB
 
 
+def test_tp4_over_pcie_cards_bridged_in_pairs():
+    """H100 PCIe cards carry NVLink bridges joining pairs (nvlink_domain 2): TP 2 on a bridged pair talks over
+    NVLink, TP 4 spans two pairs and talks over PCIe. vLLM 0.19's custom all-reduce then stays off ("not supported
+    on more than two PCIe-only GPUs" unless every pair is NVLink-connected), there is no multicast for the
+    symmetric-memory buffer or FlashInfer's workspace, and NCCL's PCIe buffers are the estimate's 64 MiB."""
+    pcie = load_gpu("h100-pcie")
+    assert pcie.nvlink_domain_size == 2
+    assert transport(pcie, 2) == "nvlink" and transport(pcie, 4) == "pcie" and transport(H100, 8) == "nvls"
+    # TP 2 on the bridge: the context 522 MiB + PyNccl over NVLink 300 MiB + the custom all-reduce's 24 MiB
+    assert pre_snapshot_bytes(pcie, 2, "0.19") == (522 + 300 + 24) * MiB
+    # TP 4 over PCIe: the context + PyNccl's 64 MiB, nothing else
+    assert pre_snapshot_bytes(pcie, 4, "0.19") == (522 + 64) * MiB
+    # against TP 4 on H100 SXM: PyNccl with NVLS 500 MiB + 24 MiB + the 32 MiB symmetric buffer in a 512 MiB page
+    assert pre_snapshot_bytes(H100, 4, "0.19") == (522 + 500 + 24 + 512) * MiB
+    # the non-torch memory of the profile run (0.19: torch's communicator made in it): libraries 256 MiB + 64 MiB
+    m = load_model("llama-3.1-70b")
+    nk = non_kv_memory(m, pcie, total_bytes=pcie.memory_total_bytes, tp=4, weights=0, version="0.19",
+                       max_model_len=8192, max_num_batched_tokens=8192)
+    assert nk.non_torch == (256 + 64) * MiB and nk.parts["transport"] == "pcie"
+
+
 def test_mxfp4_experts_on_hopper():
     # gpt-oss-20b's 24 MoE layers of 32 experts (H = I = 2,880) under vLLM's TRITON MXFP4 backend, per layer at TP 1:
     # values transposed and padded to 64: w13 32 x 1,472 x 5,760 - 32 x 1,440 x 5,760 = 5,898,240 and w2

@@ -145,10 +145,13 @@ _SYMM_MEM_MB = {"sm90": {2: 64, 4: 32, 6: 64, 8: 64}, "sm100": {2: 8, 4: 32, 6: 
 CUDA_CONTEXT = 522 * MiB
 
 
-def transport(gpu: Optional[GPUSpec]) -> str:
-    """How the GPUs of one node talk, as NCCL and the symmetric-memory allocators see it: NVSwitch with multicast
-    (Hopper and Blackwell SXM at 900 GB/s and up), NVLink without it (A100's NVSwitch, NVLink bridges), else PCIe."""
-    if gpu is None or gpu.vendor != "nvidia":
+def transport(gpu: Optional[GPUSpec], tp: int = 1) -> str:
+    """How the `tp` GPUs of one group talk, as NCCL and the symmetric-memory allocators see it: NVSwitch with
+    multicast (Hopper and Blackwell SXM at 900 GB/s and up), NVLink without it (A100's NVSwitch, NVLink bridges),
+    else PCIe: also a group wider than the GPUs NVLink joins (PCIe cards bridged in pairs, 4 of them at TP 4). vLLM's
+    custom all-reduce then stays off (custom_all_reduce.py CustomAllreduce: "not supported on more than two PCIe-only
+    GPUs" unless every pair is NVLink-connected)."""
+    if gpu is None or gpu.vendor != "nvidia" or tp > gpu.nvlink_domain_size:
         return "pcie"
     bw = gpu.nvlink_gbps or 0
     if bw >= 900 and gpu.arch.startswith(("hopper", "blackwell")):
@@ -166,7 +169,7 @@ def pre_snapshot_bytes(gpu: Optional[GPUSpec], tp: int, version: "str | VllmRule
     group's PyNccl communicator (sends and receives only); with TP > 1 the TP group's PyNccl communicator (a second
     one for a MoE model's expert-parallel group), the custom all-reduce's buffers and the symmetric-memory buffer
     (world sizes 2, 4, 6, 8), and from 0.30 torch's NCCL process group too."""
-    kind, fam = transport(gpu), _cc_family(gpu)
+    kind, fam = transport(gpu, tp), _cc_family(gpu)
     stages = PYNCCL_COMMUNICATOR[kind] if pp > 1 else 0
     if tp < 2:
         return CUDA_CONTEXT + stages
@@ -393,7 +396,7 @@ def _non_torch(rules: VllmRules, gpu: Optional[GPUSpec], fam, tp: int, batch_byt
     # (capped at one batch's hidden states; before 0.30 only with a single pipeline stage), or by the standalone
     # FlashInfer all-reduce (0.30+), uncapped, when nothing is compiled
     fusion = not enforce_eager and (rules.flashinfer_allreduce_standalone or pp == 1)
-    link = transport(gpu)
+    link = transport(gpu, tp)
     if fusion:
         fi_workspace = flashinfer_allreduce_workspace(fam, tp, batch_bytes, link)
     elif rules.flashinfer_allreduce_standalone:
