@@ -344,6 +344,7 @@ def crossover(
     all2all_backend: A2aOpt = None,
     enable_eplb: EplbOpt = False,
     num_redundant_experts: RedundantOpt = None,
+    engine_version: EngineVersionOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Is a KV dtype a latency lever here? Bytes per token, the crossover N* where the KV read overtakes the
@@ -360,7 +361,8 @@ def crossover(
                             skip_layers=skip_layers, calibration=calibration, data_parallel_size=data_parallel_size,
                             data_parallel_size_local=data_parallel_size_local,
                             enable_expert_parallel=enable_expert_parallel, all2all_backend=all2all_backend,
-                            enable_eplb=enable_eplb, num_redundant_experts=num_redundant_experts)
+                            enable_eplb=enable_eplb, num_redundant_experts=num_redundant_experts,
+                            engine_version=engine_version)
     ds = deployments(args, _formats_for(m, dtype, args=args))
     # by default, operating points up to the model's own context
     contexts = _sizes(context, "--context") or ([c for c in (2048, 8192, 32768, 131072)
@@ -672,6 +674,7 @@ def plot_crossover(
     context: Annotated[Optional[str], typer.Option("--context", "-c", help="operating point: tokens per "
                                                    "sequence")] = None,
     skip_layers: SkipOpt = None,
+    engine_version: EngineVersionOpt = None,
     output: OutputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -686,7 +689,7 @@ def plot_crossover(
     from kvplan.specs.kv_formats import comparison_dtypes
 
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
-                                      skip_layers=skip_layers),
+                                      skip_layers=skip_layers, engine_version=engine_version),
                      _formats_for(m, dtype, comparison_dtypes(m)))
     ctx = _one_size(context, "--context") if context else None
     b = _one_size(batch, "--batch") if batch else None
