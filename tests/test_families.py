@@ -172,6 +172,31 @@ def test_zamba2_attention_adapters(tmp_path):
     assert param_count(m) - EXPECTED[ZAMBA2]["params"] == 9 * 3 * 2 * 128 * 5120
 
 
+ZAMBA2_1B = "Zyphra--Zamba2-1.2B_config.json"
+
+
+def test_zamba2_derived_fields_as_transformers_derives_them(tmp_path):
+    # Zamba2-1.2B's config leaves out what Zamba2Config computes: the shared attention 2 x 2048 wide in 16 heads of
+    # 256, the Mamba-2 mixer's 64 heads of 2 x 2048 / 64 = 64
+    m = load_model(str(CORPUS / ZAMBA2_1B))
+    assert (m.head_dim, m.shared_attention.input_size, m.state.num_heads, m.state.head_dim) == (256, 4096, 64, 64)
+    assert len(m.attention_layers) == 6 and len(m.state_layers) == 38
+    # vLLM's mamba2_state_shape: conv (4 - 1) x (4096 + 2 x 128), SSM 64 x 64 x 128, bf16
+    assert sum(state_bytes(m)) * 38 == 38 * (3 * 4352 + 64 * 64 * 128) * 2 == \
+        EXPECTED[ZAMBA2_1B]["state_bytes_per_sequence_bf16"]
+    # without n_mamba_heads Zamba2Config takes 8 heads, of 2 x 2048 / 8 = 512: in_proj loses 56 output rows
+    # (one dt per head) and A_log, D and dt_bias 56 entries each, in every one of the 38 mixers
+    cfg = json.loads((CORPUS / ZAMBA2_1B).read_text())
+    del cfg["n_mamba_heads"]
+    eight = load_model(str(_write(tmp_path, "z8_config.json", cfg)))
+    assert (eight.state.num_heads, eight.state.head_dim) == (8, 512)
+    assert EXPECTED[ZAMBA2_1B]["params"] - param_count(eight) == 38 * (56 * 2048 + 3 * 56)
+    # without layers_block_type, Zamba2Config's own 54-layer layout (the 2.7B's), which this 38-layer model lacks
+    del cfg["layers_block_type"]
+    with pytest.raises(KvplanError, match="lists 54 blocks; num_hidden_layers is 38"):
+        load_model(str(_write(tmp_path, "z_nolayout_config.json", cfg)))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # MiniMax-M1: lightning attention layers with a fixed per-head state
 

@@ -847,15 +847,25 @@ def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
     layers_block_type also run one of num_mem_blocks shared transformer blocks (attention over the hidden state
     concatenated with the embeddings, 2 x hidden wide, in attention_head_dim heads, and a gated GELU MLP), each
     such layer with its own KV cache, output projection and LoRA adapters. kvplan lays a hybrid layer out as two: the
-    shared block's attention and MLP, then the Mamba-2 mixer; the layer count is so the figure's, not vLLM's."""
-    blocks = c.items("layers_block_type", lambda t: t in ("mamba", "hybrid"), 'a list of "mamba" / "hybrid"')
+    shared block's attention and MLP, then the Mamba-2 mixer; the layer count is so the figure's, not vLLM's.
+    A field the config leaves out takes the value transformers' Zamba2Config derives for it (vLLM reads the
+    configuration transformers built): attention_hidden_size 2 x hidden_size, attention_head_dim 2 x hidden_size
+    over num_attention_heads, n_mamba_heads 8, mamba_headdim mamba_expand x hidden_size over n_mamba_heads, and
+    without layers_block_type its 54-layer default layout; "linear_attention" is the newer name of a "mamba" block."""
     layers = c.need("num_hidden_layers")
-    if not blocks or len(blocks) != layers:
-        raise KvplanError(f"{path}: field '{c.prefix}layers_block_type' is missing or does not list "
-                          f"num_hidden_layers ({layers}) blocks; Zamba2 names each layer's block there")
+    blocks = c.items("layers_block_type", lambda t: t in ("mamba", "linear_attention", "hybrid"),
+                     'a list of "mamba" / "hybrid"')
+    if blocks is None:
+        blocks = ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 3 \
+            + ["hybrid"] + ["mamba"] * 2
+    blocks = ["mamba" if b == "linear_attention" else b for b in blocks]
+    if len(blocks) != layers:
+        raise KvplanError(f"{path}: field '{c.prefix}layers_block_type' lists {len(blocks)} blocks; "
+                          f"num_hidden_layers is {layers}" + ("" if c.has("layers_block_type") else
+                                                              " (Zamba2Config's default layout has 54)"))
     hidden, heads = c.need("hidden_size"), c.need("num_attention_heads")
-    width = c.integer("attention_hidden_size", minimum=1) or 2 * hidden  # Zamba2Config's defaults
-    head_dim = c.integer("attention_head_dim", minimum=1) or width // heads
+    width = c.integer("attention_hidden_size", minimum=1) or 2 * hidden
+    head_dim = c.integer("attention_head_dim", minimum=1) or 2 * hidden // heads
     if head_dim * heads != width:
         raise KvplanError(f"{path}: attention_hidden_size {width} is not num_attention_heads {heads} x "
                           f"attention_head_dim {head_dim} (vLLM refuses it)")
@@ -865,7 +875,8 @@ def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
             mixers.append("full"), mlps.append("dense"), norms.append(0)  # the shared block's norms are its own
         mixers.append("state"), mlps.append("none"), norms.append(1)
     expand = c.integer("mamba_expand", minimum=1) or 2
-    mamba_heads, mamba_head_dim = c.need("n_mamba_heads"), c.integer("mamba_headdim", minimum=1) or 64
+    mamba_heads = c.integer("n_mamba_heads", minimum=1) or 8
+    mamba_head_dim = c.integer("mamba_headdim", minimum=1) or expand * hidden // mamba_heads
     if mamba_heads * mamba_head_dim != expand * hidden:
         raise KvplanError(f"{path}: n_mamba_heads x mamba_headdim ({mamba_heads} x {mamba_head_dim}) is not "
                           f"mamba_expand x hidden_size ({expand} x {hidden})")
