@@ -330,3 +330,20 @@ def test_zamba2_pipeline_stages_build_the_shared_blocks():
     # twice, and the embedding (tied, so the last stage loads the LM head) twice
     block = (3 * 5120 * 5120 + 2560 * 5120 + 2 * 10240 * 2560 + 2560 * 10240 + 5120 + 2560) * 2
     assert sum(stages) == one + 2 * block + 32000 * 2560 * 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# phi-msft: phi-2's configuration before its transformers port, in GPT-2-style names
+
+def test_phi_msft_reads_as_phi(tmp_path):
+    msft, hf = "microsoft--phi-2-msft_config.json", "microsoft--phi-2_config.json"
+    m = load_model(str(CORPUS / msft))
+    assert m.family == "phi" and (m.num_layers, m.hidden_size, m.intermediate_size, m.num_kv_heads) == \
+        (32, 2560, 4 * 2560, 32)
+    # the same model as the transformers-format config, tensor for tensor
+    assert param_count(m) == EXPECTED[msft]["params"] == EXPECTED[hf]["params"]
+    # n_inner given: the MLP is that wide (fc1 and fc2 with their biases shrink by 2048 columns in all 32 blocks)
+    cfg = json.loads((CORPUS / msft).read_text())
+    cfg["n_inner"] = 8192
+    narrow = load_model(str(_write(tmp_path, "narrow_config.json", cfg)))
+    assert param_count(m) - param_count(narrow) == 32 * (2 * 2560 * 2048 + 2048)

@@ -36,6 +36,11 @@ def _dt_rank(c: "_Fields", key: str, hidden: int) -> int:
     return -(-hidden // 16) if c.data.get(key, "auto") == "auto" else c.integer(key, minimum=1)
 
 
+# model types of configurations written for a checkpoint's own modelling code, read as the family transformers
+# later gave the same architecture: phi-msft (phi-1.5 and phi-2 before their transformers port) names its sizes
+# n_embd, n_layer, n_head, n_head_kv, n_inner and n_positions, with the LayerNorm-parallel-block layout of PhiConfig
+_LEGACY_FAMILIES = {"phi-msft": "phi"}
+
 # transformers' config defaults
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "falcon"}
 
@@ -934,7 +939,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     heads = c.need("num_attention_heads", "n_head")
     # ChatGLM / GLM-4 embed padded_vocab_size rows (vocab_size there is the tokenizer's)
     vocab = c.integer("padded_vocab_size", minimum=1) or c.need("vocab_size")
-    family = model_type or "unknown"
+    family = _LEGACY_FAMILIES.get(model_type, model_type) or "unknown"
     nas = _nas_layers(c, layers, hidden, heads, path) if c.data.get("block_configs") is not None else {}
     falcon = family in ("falcon", "refinedweb", "refinedwebmodel")
 
@@ -945,11 +950,12 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     elif family == "chatglm" and c.flag("multi_query_attention"):
         kv_heads = c.need("multi_query_group_num")
     else:
-        kv_heads = (c.integer("num_key_value_heads") or c.integer("num_kv_heads")
+        kv_heads = (c.integer("num_key_value_heads") or c.integer("num_kv_heads") or c.integer("n_head_kv")
                     or max(nas.get("kv_heads_per_layer") or [heads]))
     # transformers' own definition when the config omits it (ChatGLM calls it kv_channels)
     head_dim = c.integer("head_dim") or c.integer("kv_channels") or hidden // heads
-    legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox")
+    # n_inner null (or absent) means 4 x n_embd in these configurations
+    legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox") or model_type in _LEGACY_FAMILIES
     intermediate = (c.integer("dense_intermediate_size")  # MiniMax-M3: the dense layers' own width
                     or c.integer("intermediate_size") or c.integer("ffn_hidden_size")
                     or c.integer("ff_intermediate_size") or c.integer("n_inner")
