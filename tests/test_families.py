@@ -347,3 +347,33 @@ def test_phi_msft_reads_as_phi(tmp_path):
     cfg["n_inner"] = 8192
     narrow = load_model(str(_write(tmp_path, "narrow_config.json", cfg)))
     assert param_count(m) - param_count(narrow) == 32 * (2 * 2560 * 2048 + 2048)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MiMo-V2-Flash: sliding layers with twice the KV heads, V heads smaller than K's, sinks in the sliding layers
+
+MIMO = "XiaomiMiMo--MiMo-V2-Flash_config.json"
+
+
+def test_mimo_v2_flash_layers():
+    m = load_model(str(CORPUS / MIMO))
+    full = [i for i, k in enumerate(m.layer_kinds) if k == "full"]
+    assert full == [0, 5, 11, 17, 23, 29, 35, 41, 47] and len(m.attention_layers) == 48
+    assert {m.layer_kv_heads(i) for i in full} == {4} and m.kv_heads_per_layer.count(8) == 39
+    assert m.attention.sliding_window == 128 and m.v_head_dim == 128 and m.mlp_kinds[:2] == ("dense", "moe")
+    layers = kv_layers(m, kv_format("auto"))
+    # vLLM pads V from 128 to the 192 of K before its Attention layer, so a page holds 192 + 192 per KV head
+    assert {lay.bytes_per_token for lay in layers if lay.kind == "full"} == {2 * 4 * 192 * 2}
+    assert {lay.bytes_per_token for lay in layers if lay.kind == "sliding"} == {2 * 8 * 192 * 2}
+    # TP 8: one KV head per rank in both kinds of layer (the full layers' 4 replicated)
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"), tp=8)) == 48 * 2 * 192 * 2
+    from kvplan.sizing.weights import model_tensors
+    by_name = {}
+    for t in model_tensors(m):
+        by_name.setdefault(t.name, []).append(t)
+    # v_proj and o_proj at V's 128: 4 (full) or 8 (sliding) KV heads x 128 from 4096; o_proj 64 x 128 -> 4096
+    assert sorted(t.out_dim * t.in_dim * t.count for t in by_name["attn.v_proj"]) == \
+        sorted([9 * 4 * 128 * 4096, 39 * 8 * 128 * 4096])
+    assert sum(t.out_dim * t.in_dim * t.count for t in by_name["attn.o_proj"]) == 48 * 4096 * 64 * 128
+    # a sink logit per query head in the 39 sliding layers only
+    assert sum(t.numel for t in by_name["attn.sinks"]) == 39 * 64

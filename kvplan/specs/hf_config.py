@@ -537,6 +537,43 @@ def _gemma4_layers(c: "_Fields", pattern: list, layers: int, kv_heads: int, head
     return out
 
 
+_SWA_SIZES = ("swa_num_key_value_heads", "swa_head_dim", "swa_num_attention_heads", "swa_v_head_dim")
+
+
+def _swa_layers(c: "_Fields", family: str, pattern: list, layers: int, kv_heads: int, head_dim: int,
+                path: Path | str) -> dict:
+    """Sliding-window layers with sizes of their own, in MiMo-V2-Flash's names (vLLM's mimo_v2_flash.py):
+    swa_num_key_value_heads and swa_head_dim beside the full layers' num_key_value_heads and head_dim, and a V head
+    of v_head_dim (swa_v_head_dim) where K's is larger. MiMoV2FlashConfig gives a sliding layer twice the full
+    layers' KV heads and V heads of 128 where the config names none."""
+    kinds = [pattern[i % len(pattern)] for i in range(layers)]
+    swa_kv = c.integer("swa_num_key_value_heads", minimum=1) or (2 * kv_heads if family == "mimo_v2_flash"
+                                                                 else kv_heads)
+    swa_dim = c.integer("swa_head_dim", minimum=1) or head_dim
+    heads = c.need("num_attention_heads")
+    if (c.integer("swa_num_attention_heads", minimum=1) or heads) != heads:
+        raise KvplanError(f"{path}: {c.prefix}swa_num_attention_heads differs from num_attention_heads ({heads}): "
+                          f"sliding layers with query heads of their own are not modelled")
+    v_dim = c.integer("v_head_dim", minimum=1) or (128 if family == "mimo_v2_flash" else None)
+    if (c.integer("swa_v_head_dim", minimum=1) or v_dim) != v_dim:
+        raise KvplanError(f"{path}: {c.prefix}swa_v_head_dim differs from v_head_dim: V heads of two sizes are "
+                          f"not modelled")
+    out: dict[str, Any] = {}
+    if swa_kv != kv_heads:
+        out["kv_heads_per_layer"] = tuple(swa_kv if k == "sliding" else kv_heads for k in kinds)
+    if swa_dim != head_dim:
+        out["head_dims"] = tuple(swa_dim if k == "sliding" else head_dim for k in kinds)
+    if v_dim and v_dim != max(swa_dim, head_dim):
+        if v_dim > min(swa_dim, head_dim):
+            raise KvplanError(f"{path}: {c.prefix}v_head_dim {v_dim} is larger than the K head size: not modelled")
+        out["v_head_dim"] = v_dim
+    if c.flag("add_full_attention_sink_bias"):
+        out["attention_sinks"] = True
+    elif c.flag("add_swa_attention_sink_bias"):
+        out["attention_sinks"] = "sliding"
+    return out
+
+
 # transformers' Llama4VisionConfig defaults, which vLLM's Llama4ForConditionalGeneration builds the tower from when
 # a config.json has no vision_config (the published Llama 4 files)
 _LLAMA4_VISION = {"hidden_size": 768, "num_hidden_layers": 34, "num_channels": 3, "intermediate_size": 5632,
@@ -1120,6 +1157,15 @@ def _read_attention_layout(c: _Fields, family: str, layers: int, kv_heads: int, 
         pattern = ["sliding"] * (n - 1) + ["full"] if n <= layers else ["sliding"]
     elif family == "gemma2":
         pattern = ["sliding", "full"]
+    elif c.data.get("hybrid_layer_pattern") is not None:  # MiMo-V2-Flash's spelling: 1 a sliding-window layer
+        hybrid = c.items("hybrid_layer_pattern", lambda t: _is_int(t) and t in (0, 1),
+                         "a list of 0 (full attention) and 1 (sliding window)") or []
+        if len(hybrid) != layers:
+            raise KvplanError(f"{path}: {c.prefix}hybrid_layer_pattern lists {len(hybrid)} layers; "
+                              f"num_hidden_layers is {layers}")
+        pattern = ["sliding" if t else "full" for t in hybrid]
+    elif family == "mimo_v2_flash":  # MiMoV2FlashConfig's default: full attention in layer 0 and every 6th
+        pattern = ["full" if i == 0 or (i + 1) % 6 == 0 else "sliding" for i in range(layers)]
     elif family in ("llama4", "llama4_text") and c.integer("attention_chunk_size"):
         rope = c.items("no_rope_layers", lambda r: isinstance(r, (int, bool)), "a list of 0s and 1s") or [1, 1, 1, 0]
         pattern = ["chunked" if r else "full" for r in rope]
@@ -1132,10 +1178,12 @@ def _read_attention_layout(c: _Fields, family: str, layers: int, kv_heads: int, 
     out.update({k: v for k, v in nas.items() if k in ("mixers", "mlps", "norms") or len(set(v)) > 1})
     if family in ("gemma4", "gemma4_text") and pattern:
         out.update(_gemma4_layers(c, pattern, layers, kv_heads, head_dim))
+    if pattern and (family == "mimo_v2_flash" or any(c.has(k) for k in _SWA_SIZES)):
+        out.update(_swa_layers(c, family, pattern, layers, kv_heads, head_dim, path))
     if pattern:
         att: dict[str, Any] = {"pattern": pattern}
         if "sliding" in pattern:
-            att["sliding_window"] = window
+            att["sliding_window"] = c.integer("sliding_window_size", minimum=1) or window
         if "chunked" in pattern:
             att["chunk_size"] = c.integer("attention_chunk_size")
         out["attention"] = att
@@ -1179,6 +1227,18 @@ def _read_moe(c: _Fields, family: str, layers: int, intermediate: int, out: dict
         out["moe"] = moe
         if family in ("llama4", "llama4_text") and c.integer("intermediate_size_mlp"):
             out["intermediate_size"] = c.integer("intermediate_size_mlp")
+        # a MoE flag per layer (MiMo-V2-Flash's moe_layer_freq list; transformers' mlp_layer_types)
+        flags = c.data.get("moe_layer_freq")
+        types = c.items("mlp_layer_types", lambda t: t in ("dense", "sparse"), 'a list of "dense" / "sparse"')
+        if isinstance(flags, list) or types:
+            flags = [t == "sparse" for t in types] if types else c.items(
+                "moe_layer_freq", lambda t: _is_int(t) and t in (0, 1), "a list of 0 (dense MLP) and 1 (MoE)")
+            if len(flags) != layers:
+                raise KvplanError(f"{path}: {c.prefix}{'mlp_layer_types' if types else 'moe_layer_freq'} lists "
+                                  f"{len(flags)} layers; num_hidden_layers is {layers}")
+            out["mlps"] = tuple("moe" if f else "dense" for f in flags)
+        elif family == "mimo_v2_flash":  # MiMoV2FlashConfig's default: a dense first layer, MoE after
+            out["mlps"] = ("dense",) + ("moe",) * (layers - 1)
         step = c.integer("interleave_moe_layer_step", minimum=1) if family in ("llama4", "llama4_text") else None
         if step and step > 1:  # Llama 4 Maverick: MoE every step-th layer, dense MLPs between
             out["mlps"] = tuple("moe" if (i + 1) % step == 0 else "dense" for i in range(layers))
