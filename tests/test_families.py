@@ -377,3 +377,38 @@ def test_mimo_v2_flash_layers():
     assert sum(t.out_dim * t.in_dim * t.count for t in by_name["attn.o_proj"]) == 48 * 4096 * 64 * 128
     # a sink logit per query head in the 39 sliding layers only
     assert sum(t.numel for t in by_name["attn.sinks"]) == 39 * 64
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Granite 4 (granitemoehybrid): Mamba-2 or attention in each layer, experts beside a shared MLP
+
+GRANITE_H = "ibm-granite--granite-4.0-h-small_config.json"
+GRANITE_MICRO = "ibm-granite--granite-4.0-micro_config.json"
+
+
+def test_granite4_hybrid_layers_and_state():
+    m = load_model(str(CORPUS / GRANITE_H))
+    assert m.attention_layers == (5, 15, 25, 35) and len(m.state_layers) == 36
+    assert m.moe.num_experts == 72 and m.moe.shared_experts == 1 and m.moe.shared_expert_intermediate_size == 1024
+    # vLLM's mamba2_state_shape: conv (4 - 1) x (8192 + 2 x 128), SSM 128 heads x 64 x 128, bf16
+    assert sum(state_bytes(m)) == (3 * 8448 + 128 * 64 * 128) * 2 == 2147840
+    r = capacity(m, load_gpu("h100"), "auto", engine_version="0.19", max_model_len=32768)
+    # the attention block grows until a page (8 KV heads x 128 x 2 x 2 B = 4096 B a token) holds a state page:
+    # 16 x cdiv(2147840, 16 x 4096) = 528 tokens
+    assert r.fits and r.block_size == 528 and r.state_bytes_per_sequence == 36 * 2147840
+
+
+def test_granite4_attention_only_and_default_layout(tmp_path):
+    m = load_model(str(CORPUS / GRANITE_MICRO))
+    assert m.state_layers == () and len(m.attention_layers) == 40 and m.moe is None
+    assert m.intermediate_size == 8192  # no experts: the shared MLP is the dense MLP
+    # without layer_types every layer is Mamba-2 (GraniteMoeHybridConfig's default): no KV cache at all
+    cfg = json.loads((CORPUS / GRANITE_H).read_text())
+    del cfg["layer_types"]
+    allmamba = load_model(str(_write(tmp_path, "g_config.json", cfg)))
+    assert len(allmamba.state_layers) == 40 and allmamba.attention_layers == ()
+    # a Mamba-2 mixer (in_proj 4096 -> 2 x 8192 + 2 x 128 + 128, conv1d 8448 x 4 with bias, dt_bias, A_log, D,
+    # the gated norm of 8192, out_proj 8192 -> 4096) in place of attention (q, o 4096 x 4096; k, v 4096 x 1024)
+    mamba = 4096 * (2 * 8192 + 2 * 128 + 128) + 8448 * 4 + 8448 + 3 * 128 + 8192 + 8192 * 4096
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
+    assert param_count(allmamba) - EXPECTED[GRANITE_H]["params"] == 4 * (mamba - attention)

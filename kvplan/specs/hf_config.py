@@ -626,13 +626,13 @@ def _gemma4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str]
 _STATE_SPACE_TYPES = {
     "zamba": "Zamba (Mamba + shared attention)",
     "bamba": "Bamba (Mamba-2 + attention)",
-    "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
+    "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
     "lfm2": "LFM2 (short convolution + attention)",
     "plamo2": "PLaMo 2 (Mamba + attention)",
 }
 # hybrids kvplan reads layer by layer (_hybrid_layers)
 _HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                 "kimi_linear"}
+                 "kimi_linear", "granitemoehybrid"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
 
@@ -770,6 +770,8 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         return out
     if family == "kimi_linear":
         return _kimi_linear_layers(c, layers, path)
+    if family == "granitemoehybrid":
+        return _granite4_layers(c, layers, path)
     # Qwen3-Next / Qwen3.5: layer_types, or an attention layer every full_attention_interval
     types = c.items("layer_types", lambda t: isinstance(t, str), "a list of layer types")
     if not types:
@@ -788,6 +790,49 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         "ssm_cache_dtype": _dtype_of(c.text("mamba_ssm_dtype") or c.text("mamba_ssm_cache_dtype")),
     }
     out["attn_output_gate"] = c.flag("attn_output_gate") is not False
+    return out
+
+
+# Granite 4's layer names (layer_types, also read as layers_block_type), in transformers' and vLLM's spellings
+_GRANITE_SHARED = {"granitemoehybrid", "granitemoeshared"}
+_GRANITE4_MIXERS = {"mamba": "state", "linear_attention": "state", "attention": "full", "full_attention": "full"}
+
+
+def _granite4_layers(c: "_Fields", layers: int, path: Path | str) -> dict:
+    """Granite 4 (GraniteMoeHybridForCausalLM, vLLM's granitemoehybrid.py): each layer a Mamba-2 mixer or attention
+    (layer_types; every layer Mamba-2 without it, as GraniteMoeHybridConfig has it), then the routed experts
+    (num_local_experts of intermediate_size, none when 0) beside a shared MLP of shared_intermediate_size, which is
+    the dense MLP of the variants without experts. Variants whose layers are all attention have no state."""
+    types = (c.items("layer_types", lambda t: t in _GRANITE4_MIXERS, 'a list of "mamba" / "attention"')
+             or c.items("layers_block_type", lambda t: t in _GRANITE4_MIXERS, 'a list of "mamba" / "attention"')
+             or ["mamba"] * layers)
+    if len(types) != layers:
+        raise KvplanError(f"{path}: {c.prefix}layer_types lists {len(types)} layers; num_hidden_layers is {layers}")
+    out: dict[str, Any] = {"mixers": tuple(_GRANITE4_MIXERS[t] for t in types)}
+    experts = c.integer("num_local_experts") or 0
+    shared = c.integer("shared_intermediate_size")
+    shared = 1024 if shared is None else shared  # GraniteMoeHybridConfig's default
+    if not experts:
+        if shared:
+            out["intermediate_size"] = shared
+        else:
+            out["mlps"] = ("none",) * layers
+    if "state" in out["mixers"]:
+        hidden = c.need("hidden_size")
+        expand = c.integer("mamba_expand", minimum=1) or 2
+        heads = c.integer("mamba_n_heads", minimum=1) or 128
+        head_dim = (expand * hidden // heads if c.data.get("mamba_d_head", "auto") == "auto"
+                    else c.integer("mamba_d_head", minimum=1))
+        if heads * head_dim != expand * hidden:
+            raise KvplanError(f"{path}: mamba_n_heads x mamba_d_head ({heads} x {head_dim}) is not mamba_expand x "
+                              f"hidden_size ({expand} x {hidden}) (transformers and vLLM refuse it)")
+        out["state"] = {
+            "kind": "mamba2", "num_heads": heads, "head_dim": head_dim,
+            "state_size": c.integer("mamba_d_state", minimum=1) or 256,
+            "n_groups": c.integer("mamba_n_groups", minimum=1) or 1,
+            "conv_kernel": c.integer("mamba_d_conv", minimum=1) or 4,
+            "conv_bias": c.flag("mamba_conv_bias") is not False, "proj_bias": bool(c.flag("mamba_proj_bias")),
+        }
     return out
 
 
@@ -1200,7 +1245,10 @@ def _read_moe(c: _Fields, family: str, layers: int, intermediate: int, out: dict
             "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
         # Qwen2-MoE and Qwen3-Next name one shared expert by its width alone (with a sigmoid gate of its own)
-        shared_width = c.integer("shared_expert_intermediate_size") or c.integer("moe_shared_expert_intermediate_size")
+        shared_width = (c.integer("shared_expert_intermediate_size") or c.integer("moe_shared_expert_intermediate_size")
+                        # Granite's shared MLP beside the experts (GraniteMoeSharedMLP)
+                        or (c.integer("shared_intermediate_size") if family in _GRANITE_SHARED else None)
+                        or (1024 if family == "granitemoehybrid" and not c.has("shared_intermediate_size") else None))
         shared = (c.integer("n_shared_experts") or c.integer("num_shared_experts")
                   or (1 if family in ("llama4", "llama4_text") else 0)
                   or (1 if shared_width else 0))
