@@ -412,3 +412,31 @@ def test_granite4_attention_only_and_default_layout(tmp_path):
     mamba = 4096 * (2 * 8192 + 2 * 128 + 128) + 8448 * 4 + 8448 + 3 * 128 + 8192 + 8192 * 4096
     attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
     assert param_count(allmamba) - EXPECTED[GRANITE_H]["params"] == 4 * (mamba - attention)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mistral 3 / Ministral 3: Pixtral tower, patch merger and two-layer projector, with Mistral3Config's defaults
+
+MINISTRAL3 = "mistralai--Ministral-3-8B-Instruct-2512_config.json"
+# by hand from transformers' Mistral3MultiModalProjector: the patch merger's merging_layer (1024 x 2 x 2 -> 1024) and
+# RMSNorm, linear_1 (1024 -> 4096) and linear_2 (4096 -> 4096), no biases
+PROJECTOR = 1024 * 4 * 1024 + 1024 + 1024 * 4096 + 4096 * 4096
+# PixtralVisionModel: 24 layers of q, k, v, o (1024^2 each) and a gated MLP (3 x 1024 x 4096), two RMSNorms each,
+# ln_pre and the 14 x 14 patch convolution
+PIXTRAL = 24 * (4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024) + 1024 + 1024 * 3 * 14 * 14
+
+
+@pytest.mark.parametrize("drop", [(), ("vision_config", "model_type"), ("multimodal_projector_bias",),
+                                  ("vision_config",)])
+def test_mistral3_tower_and_projector_counted(tmp_path, drop):
+    # a field left out takes Mistral3Config's value: a pixtral tower (Mistral Small 3.1's without any vision_config),
+    # a projector without biases
+    cfg = json.loads((CORPUS / MINISTRAL3).read_text())
+    if len(drop) == 2:
+        del cfg[drop[0]][drop[1]]
+    elif drop:
+        del cfg[drop[0]]
+    m = load_model(str(_write(tmp_path, "m3_config.json", cfg)))
+    assert sum(m.extra_params.values()) + sum(m.replicated_params.values()) == PIXTRAL + PROJECTOR
+    assert param_count(m) == EXPECTED[MINISTRAL3]["params"] == EXPECTED[MINISTRAL3]["params_language_model"] + \
+        PIXTRAL + PROJECTOR

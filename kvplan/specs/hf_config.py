@@ -193,6 +193,16 @@ _VISION_DEFAULTS = {
 }
 
 
+# the tower a wrapper's configuration class builds where vision_config names no model_type (LlavaConfig,
+# LlavaNextConfig, LlavaOnevisionConfig, Mistral3Config, Gemma3Config)
+_WRAPPER_TOWERS = {"llava": "clip_vision_model", "llava_next": "clip_vision_model",
+                   "llava_onevision": "siglip_vision_model", "mistral3": "pixtral", "gemma3": "siglip_vision_model"}
+# and where there is no vision_config at all: Mistral3Config's sub-config defaults (Mistral Small 3.1's tower)
+_DEFAULT_TOWERS = {"mistral3": {"model_type": "pixtral", "hidden_size": 1024, "intermediate_size": 4096,
+                                "patch_size": 14, "image_size": 1540, "num_hidden_layers": 24,
+                                "num_attention_heads": 16, "head_dim": 64}}
+
+
 def _vit_layers(v: "_Fields", feature_layer: Any, kind: str) -> int:
     """The encoder layers vLLM builds: a LLaVA-style model stops at the deepest layer it takes features from
     (vision_feature_layer -2 of 24 builds 23)."""
@@ -239,9 +249,11 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
     arch = (top.text("model_type") or "").lower()
     if arch == "llama4":  # built from the config class's defaults where the file names no vision_config
         return _llama4_tower(v or _Fields({}, top.path, "vision_config."), text_hidden)
+    if (v is None or not v.data) and arch in _DEFAULT_TOWERS:
+        v = _Fields(dict(_DEFAULT_TOWERS[arch]), top.path, "vision_config.")
     if v is None or not v.data:
         return {}, {}, [], None
-    kind = (v.text("model_type") or "").lower()
+    kind = (v.text("model_type") or _WRAPPER_TOWERS.get(arch) or "").lower()
     if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
         return _qwen3_vl_tower(v)
     if kind == "gemma4_vision":
@@ -284,7 +296,7 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
                         f"and its profile run are missing from the figures"], None
     encoder = _vision_profile(top, v, family, arch, d, i, patch, channels, layers, feature_layer)
     bias = top.flag("multimodal_projector_bias")
-    bias = True if bias is None else bias
+    bias = arch != "mistral3" if bias is None else bias  # LlavaConfig's default True, Mistral3Config's False
     features = len(feature_layer) if isinstance(feature_layer, list) else 1
     if arch in ("llava", "llava_next", "llava_onevision"):
         sharded["multimodal_projector"] = d * features * text_hidden + text_hidden * text_hidden + \
