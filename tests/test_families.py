@@ -440,3 +440,25 @@ def test_mistral3_tower_and_projector_counted(tmp_path, drop):
     assert sum(m.extra_params.values()) + sum(m.replicated_params.values()) == PIXTRAL + PROJECTOR
     assert param_count(m) == EXPECTED[MINISTRAL3]["params"] == EXPECTED[MINISTRAL3]["params_language_model"] + \
         PIXTRAL + PROJECTOR
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kimi-VL: the MoonViT tower and its projector beside the DeepSeek-V3 text model
+
+KIMI_VL = "moonshotai--Kimi-VL-A3B-Instruct_config.json"
+
+
+def test_kimi_vl_moonvit_counted():
+    m = load_model(str(CORPUS / KIMI_VL))
+    d, i = 1152, 4304
+    # by hand from vLLM's moonvit.py: per block two LayerNorms, wqkv, wo, fc0, fc1 with biases; the patch
+    # convolution with bias, the 64 x 64 position table and the final LayerNorm
+    block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * i + i) + (i * d + d)
+    tower = 27 * block + (3 * 14 * 14 * d + d) + 64 * 64 * d + 2 * d
+    # kimi_vl.py's projector: LayerNorm, linear_1 over 2 x 2 merged patches, linear_2 to the text width 2048
+    projector = 2 * d + (4 * d) ** 2 + 4 * d + 4 * d * 2048 + 2048
+    assert m.extra_params["vision_tower"] + m.replicated_params["vision_tower"] == tower == 416866032
+    assert m.replicated_params["multimodal_projector"] == projector == 30679808
+    # the projector is replicated, the tower's linear layers split: one rank of TP 2 holds half of those
+    assert m.extra_params["vision_tower"] == 27 * (4 * d * d + 3 * d + 2 * d * i + i)
+    assert param_count(m) == pytest.approx(EXPECTED[KIMI_VL]["params_language_model"] + tower + projector, abs=26 * 64)

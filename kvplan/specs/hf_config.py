@@ -240,6 +240,27 @@ def _qwen3_vl_tower(v: "_Fields") -> tuple[dict, dict, list[str], None]:
              "counts the language model's alone"], None)
 
 
+def _moonvit_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], None]:
+    """Kimi-VL's MoonViT tower and projector as vLLM builds them (moonvit.py, kimi_vl.py), with MoonViTConfig's
+    defaults: a patch convolution with bias, a learned init_pos_emb_height x init_pos_emb_width position table,
+    num_hidden_layers blocks (two LayerNorms, fused wqkv and wo, a GELU MLP fc0 / fc1, all with biases; the linear
+    layers tensor-parallel) and a final LayerNorm; then the projector, replicated: a LayerNorm over the tower width,
+    linear_1 over the merge_kernel_size patches merged and linear_2 to the text width, both with biases."""
+    d, i = v.integer("hidden_size", minimum=1) or 1152, v.integer("intermediate_size", minimum=1) or 4304
+    layers, patch = v.integer("num_hidden_layers", minimum=1) or 27, v.integer("patch_size", minimum=1) or 14
+    table = (v.integer("init_pos_emb_height", minimum=1) or 64) * (v.integer("init_pos_emb_width", minimum=1) or 64)
+    kernel = v.items("merge_kernel_size", _is_int, "a list of two whole numbers such as [2, 2]") or [2, 2]
+    if len(kernel) != 2:
+        raise KvplanError(f"{v.path}: {v.prefix}merge_kernel_size: expected two whole numbers, found {len(kernel)}")
+    merged = d * kernel[0] * kernel[1]
+    sharded = layers * (4 * d * d + 3 * d + 2 * d * i + i)  # wqkv, wo, fc0, fc1; the column biases
+    rep = layers * 6 * d + 3 * patch * patch * d + d + table * d + 2 * d  # norms, row biases, conv, positions
+    projector = 2 * d + merged * merged + merged + merged * text_hidden + text_hidden
+    return ({"vision_tower": sharded}, {"vision_tower": rep, "multimodal_projector": projector},
+            ["the vision encoder's profile run (MoonViT's native resolution) is not modelled: the activation peak "
+             "counts the language model's alone"], None)
+
+
 def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], Optional[dict]]:
     """The vision tower's and projector's parameters, split across TP ranks and whole on each, as vLLM builds them
     (siglip.py, clip.py, pixtral.py; llava.py, llava_next.py, mistral3.py, gemma3_mm.py): the attention and MLP
@@ -256,6 +277,8 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
     kind = (v.text("model_type") or _WRAPPER_TOWERS.get(arch) or "").lower()
     if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
         return _qwen3_vl_tower(v)
+    if kind == "moonvit":
+        return _moonvit_tower(v, text_hidden)
     if kind == "gemma4_vision":
         sharded, rep, notes, encoder = _gemma4_tower(v, text_hidden)
         if top.section("audio_config") is not None and top.section("audio_config").data:
