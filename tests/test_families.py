@@ -362,11 +362,15 @@ def test_mimo_v2_flash_layers():
     assert {m.layer_kv_heads(i) for i in full} == {4} and m.kv_heads_per_layer.count(8) == 39
     assert m.attention.sliding_window == 128 and m.v_head_dim == 128 and m.mlp_kinds[:2] == ("dense", "moe")
     layers = kv_layers(m, kv_format("auto"))
-    # vLLM pads V from 128 to the 192 of K before its Attention layer, so a page holds 192 + 192 per KV head
-    assert {lay.bytes_per_token for lay in layers if lay.kind == "full"} == {2 * 4 * 192 * 2}
-    assert {lay.bytes_per_token for lay in layers if lay.kind == "sliding"} == {2 * 8 * 192 * 2}
+    # K of 192 and V of 128 per KV head, as vLLM 0.20 and later cache them (head_size_v)
+    assert {lay.bytes_per_token for lay in layers if lay.kind == "full"} == {4 * (192 + 128) * 2}
+    assert {lay.bytes_per_token for lay in layers if lay.kind == "sliding"} == {8 * (192 + 128) * 2}
     # TP 8: one KV head per rank in both kinds of layer (the full layers' 4 replicated)
-    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"), tp=8)) == 48 * 2 * 192 * 2
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"), tp=8)) == 48 * (192 + 128) * 2
+    # vLLM 0.19 pads V from 128 to the 192 of K before its Attention layer: a page holds 192 + 192 per KV head
+    for version, per_head in (("0.19", 192 + 192), ("0.20", 192 + 128)):
+        r = capacity(m, load_gpu("h200"), "auto", tp=8, engine_version=version, max_model_len=65536)
+        assert r.kv_bytes_per_token == 48 * per_head * 2
     from kvplan.sizing.weights import model_tensors
     by_name = {}
     for t in model_tensors(m):

@@ -13,6 +13,7 @@ from kvplan.plan.totals import deployment_totals, layout_note
 from kvplan.rules.vllm import VllmRules
 from kvplan.sizing.kv_cache import (
     LayerKV,
+    format_bytes_per_token,
     kv_bytes_per_token,
     kv_heads_per_rank,
     kv_layers,
@@ -28,8 +29,8 @@ from kvplan.sizing.vllm_memory import (
     sampler_warmup,
 )
 from kvplan.sizing.weights import pipeline_stages, weight_bytes
-from kvplan.specs.catalog import GPUSpec, ModelSpec
-from kvplan.specs.kv_formats import KVFormat
+from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
+from kvplan.specs.kv_formats import KVFormat, kv_format
 from kvplan.units import GiB
 from kvplan.xp import SCALAR
 
@@ -457,7 +458,11 @@ def plan_for(d) -> PoolPlan:
 def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat, tp: int,
                     rules: VllmRules) -> tuple[LayerKV, ...]:
     """Per-version page quirks: 0.20's SlidingWindowSpec ignores nvfp4 packing, so sliding layers cost one byte per
-    element (head + head_v) like fp8."""
+    element (head + head_v) like fp8; 0.19 caches a V head smaller than K's padded to the K head size."""
+    if rules.pads_small_v and model.v_head_dim and not model.is_mla:
+        layers = tuple(replace(lay, bytes_per_token=format_bytes_per_token(
+            model, fmt if lay.format == fmt.name else kv_format(lay.format), tp, lay.index, v_padded=True))
+            if lay.kind in ATTENTION_KINDS and lay.format not in ("state", "indexer") else lay for lay in layers)
     if rules.sliding_nvfp4_packed or fmt.family != "nvfp4" or model.is_mla:
         return layers
     return tuple(replace(lay, bytes_per_token=kv_heads_per_rank(model, tp, lay.index) * 2
