@@ -466,3 +466,26 @@ def test_kimi_vl_moonvit_counted():
     # the projector is replicated, the tower's linear layers split: one rank of TP 2 holds half of those
     assert m.extra_params["vision_tower"] == 27 * (4 * d * d + 3 * d + 2 * d * i + i)
     assert param_count(m) == pytest.approx(EXPECTED[KIMI_VL]["params_language_model"] + tower + projector, abs=26 * 64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Llama 4: chunked-local layers in KV-cache groups of their own (vLLM's hybrid manager stays on for them)
+
+SCOUT = "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json"
+
+
+def test_llama4_chunked_layers_in_their_own_groups():
+    m = load_model(str(CORPUS / SCOUT))
+    r = capacity(m, load_gpu("h100"), "auto", tp=4, engine_version="0.19", max_model_len=131072)
+    # 12 full and 36 chunked layers of one page size (2 KV heads a rank x 128 x 2 x 2 B = 1,024 B a token): groups
+    # of 12 layers, one full and three chunked (kv_cache_utils' uniform-page grouping)
+    assert r.num_kv_cache_groups == 4 and r.padding_layers == 0
+    assert r.bytes_per_block == 12 * 16 * 1024
+    # vLLM's num_gpu_blocks: the memory over group_size pages (get_num_blocks), one pool shared by the four groups
+    assert r.num_blocks == r.available_kv_bytes // (16 * 1024) // 12
+    # a request: max_model_len / 16 blocks in the full group, and in each chunked group one chunk (8,192) plus the
+    # 8,192 tokens in flight (ChunkedLocalAttentionSpec.max_memory_usage_bytes)
+    assert r.blocks_per_request == 131072 // 16 + 3 * (8192 + 8192) // 16
+    # 0.19 logs num_blocks // groups x block_size tokens (_report_kv_cache_config)
+    assert r.kv_tokens == r.num_blocks // 4 * 16
+    assert r.max_concurrency == r.num_blocks / r.blocks_per_request
