@@ -674,7 +674,6 @@ def plot_crossover(
     context: Annotated[Optional[str], typer.Option("--context", "-c", help="operating point: tokens per "
                                                    "sequence")] = None,
     skip_layers: SkipOpt = None,
-    engine_version: EngineVersionOpt = None,
     output: OutputOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -688,8 +687,9 @@ def plot_crossover(
     m = load_model_as(model, weight_dtype)
     from kvplan.specs.kv_formats import comparison_dtypes
 
+    # the figure holds no engine-release figure: a model vLLM serves only up to some release is drawn with that one's
     ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
-                                      skip_layers=skip_layers, engine_version=engine_version),
+                                      skip_layers=skip_layers, engine_version=m.vllm_until),
                      _formats_for(m, dtype, comparison_dtypes(m)))
     ctx = _one_size(context, "--context") if context else None
     b = _one_size(batch, "--batch") if batch else None
