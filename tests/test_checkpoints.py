@@ -218,7 +218,7 @@ def test_float32_checkpoints_run_in_bfloat16(tmp_path):
 
 @pytest.mark.parametrize("patch, says", [
     ({"model_type": "zamba"}, "model_type 'zamba' is Zamba"),
-    ({"model_type": "zamba2"}, "field 'layers_block_type' is missing"),
+    ({"model_type": "zamba2"}, "field 'layers_block_type' lists 54 blocks; num_hidden_layers is 32"),
     ({"hybrid_override_pattern": "M-M*-M-"}, "hybrid_override_pattern 'M-M*-M-...' has Mamba layers"),
     ({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "layer_types has 'linear_attention' layers"),
     ({"attn_type_list": [0, 0, 1]}, "attn_type_list has linear (lightning) attention layers"),

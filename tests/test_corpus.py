@@ -56,7 +56,8 @@ def test_corpus_coverage():
     assert len(CONFIGS) >= 40 and len(matched) >= 40
     families = {load_model(str(CORPUS / n)).family for n in matched}
     for fam in ("llama", "qwen3_moe", "deepseek_v3", "gpt_oss", "nemotron_h", "gptj", "phi", "starcoder2", "cohere",
-                "olmo2", "qwen2_moe", "qwen3_vl", "gemma4", "zamba2", "minimax_m1", "glm_moe_dsa", "llama4", "deepseek_v4"):
+                "olmo2", "qwen2_moe", "qwen3_vl", "gemma4", "zamba2", "minimax_m1", "glm_moe_dsa", "llama4", "deepseek_v4",
+                "mimo_v2_flash", "granitemoehybrid"):
         assert any(f == fam or f.startswith(fam) for f in families), fam
 
 

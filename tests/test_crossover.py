@@ -257,3 +257,18 @@ def test_header_names_experts_only_for_moe_models(cli, name, moe):
     # a dense model has no experts to touch: its streamed read is everything but the input-embedding table
     header = " ".join(cli("crossover", name).out.split("weights held")[0].split())
     assert header.endswith("no input-embedding table, touched experts only" if moe else "no input-embedding table")
+
+
+def test_crossover_follows_its_own_engine_version_advice(cli):
+    # MiniMax-M1 is served by vLLM up to 0.23: the refusal names --engine-version, which crossover takes, and with
+    # it the figure is the 10 softmax layers' K and V: 10 x 2 x 8 KV heads x 128 x 2 B = 40,960. The plot, which
+    # holds no release-dependent figure, is drawn with the last release that serves the model
+    from pathlib import Path
+    cfg = str(Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "MiniMaxAI--MiniMax-M1-80k_config.json")
+    r = cli("crossover", cfg, "--json")
+    assert r.code == 2 and "--engine-version 0.23 or earlier" in r.err and "Traceback" not in r.err
+    r = cli("crossover", cfg, "--engine-version", "0.23", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["kv_bytes_per_token"] == 10 * 2 * 8 * 128 * 2
+    r = cli("plot", "crossover", cfg, "--json")
+    assert r.code == 0, r.err

@@ -172,6 +172,31 @@ def test_zamba2_attention_adapters(tmp_path):
     assert param_count(m) - EXPECTED[ZAMBA2]["params"] == 9 * 3 * 2 * 128 * 5120
 
 
+ZAMBA2_1B = "Zyphra--Zamba2-1.2B_config.json"
+
+
+def test_zamba2_derived_fields_as_transformers_derives_them(tmp_path):
+    # Zamba2-1.2B's config leaves out what Zamba2Config computes: the shared attention 2 x 2048 wide in 16 heads of
+    # 256, the Mamba-2 mixer's 64 heads of 2 x 2048 / 64 = 64
+    m = load_model(str(CORPUS / ZAMBA2_1B))
+    assert (m.head_dim, m.shared_attention.input_size, m.state.num_heads, m.state.head_dim) == (256, 4096, 64, 64)
+    assert len(m.attention_layers) == 6 and len(m.state_layers) == 38
+    # vLLM's mamba2_state_shape: conv (4 - 1) x (4096 + 2 x 128), SSM 64 x 64 x 128, bf16
+    assert sum(state_bytes(m)) * 38 == 38 * (3 * 4352 + 64 * 64 * 128) * 2 == \
+        EXPECTED[ZAMBA2_1B]["state_bytes_per_sequence_bf16"]
+    # without n_mamba_heads Zamba2Config takes 8 heads, of 2 x 2048 / 8 = 512: in_proj loses 56 output rows
+    # (one dt per head) and A_log, D and dt_bias 56 entries each, in every one of the 38 mixers
+    cfg = json.loads((CORPUS / ZAMBA2_1B).read_text())
+    del cfg["n_mamba_heads"]
+    eight = load_model(str(_write(tmp_path, "z8_config.json", cfg)))
+    assert (eight.state.num_heads, eight.state.head_dim) == (8, 512)
+    assert EXPECTED[ZAMBA2_1B]["params"] - param_count(eight) == 38 * (56 * 2048 + 3 * 56)
+    # without layers_block_type, Zamba2Config's own 54-layer layout (the 2.7B's), which this 38-layer model lacks
+    del cfg["layers_block_type"]
+    with pytest.raises(KvplanError, match="lists 54 blocks; num_hidden_layers is 38"):
+        load_model(str(_write(tmp_path, "z_nolayout_config.json", cfg)))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # MiniMax-M1: lightning attention layers with a fixed per-head state
 
@@ -305,3 +330,162 @@ def test_zamba2_pipeline_stages_build_the_shared_blocks():
     # twice, and the embedding (tied, so the last stage loads the LM head) twice
     block = (3 * 5120 * 5120 + 2560 * 5120 + 2 * 10240 * 2560 + 2560 * 10240 + 5120 + 2560) * 2
     assert sum(stages) == one + 2 * block + 32000 * 2560 * 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# phi-msft: phi-2's configuration before its transformers port, in GPT-2-style names
+
+def test_phi_msft_reads_as_phi(tmp_path):
+    msft, hf = "microsoft--phi-2-msft_config.json", "microsoft--phi-2_config.json"
+    m = load_model(str(CORPUS / msft))
+    assert m.family == "phi" and (m.num_layers, m.hidden_size, m.intermediate_size, m.num_kv_heads) == \
+        (32, 2560, 4 * 2560, 32)
+    # the same model as the transformers-format config, tensor for tensor
+    assert param_count(m) == EXPECTED[msft]["params"] == EXPECTED[hf]["params"]
+    # n_inner given: the MLP is that wide (fc1 and fc2 with their biases shrink by 2048 columns in all 32 blocks)
+    cfg = json.loads((CORPUS / msft).read_text())
+    cfg["n_inner"] = 8192
+    narrow = load_model(str(_write(tmp_path, "narrow_config.json", cfg)))
+    assert param_count(m) - param_count(narrow) == 32 * (2 * 2560 * 2048 + 2048)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MiMo-V2-Flash: sliding layers with twice the KV heads, V heads smaller than K's, sinks in the sliding layers
+
+MIMO = "XiaomiMiMo--MiMo-V2-Flash_config.json"
+
+
+def test_mimo_v2_flash_layers():
+    m = load_model(str(CORPUS / MIMO))
+    full = [i for i, k in enumerate(m.layer_kinds) if k == "full"]
+    assert full == [0, 5, 11, 17, 23, 29, 35, 41, 47] and len(m.attention_layers) == 48
+    assert {m.layer_kv_heads(i) for i in full} == {4} and m.kv_heads_per_layer.count(8) == 39
+    assert m.attention.sliding_window == 128 and m.v_head_dim == 128 and m.mlp_kinds[:2] == ("dense", "moe")
+    layers = kv_layers(m, kv_format("auto"))
+    # K of 192 and V of 128 per KV head, as vLLM 0.20 and later cache them (head_size_v)
+    assert {lay.bytes_per_token for lay in layers if lay.kind == "full"} == {4 * (192 + 128) * 2}
+    assert {lay.bytes_per_token for lay in layers if lay.kind == "sliding"} == {8 * (192 + 128) * 2}
+    # TP 8: one KV head per rank in both kinds of layer (the full layers' 4 replicated)
+    assert kv_bytes_per_token(kv_layers(m, kv_format("auto"), tp=8)) == 48 * (192 + 128) * 2
+    # vLLM 0.19 pads V from 128 to the 192 of K before its Attention layer: a page holds 192 + 192 per KV head
+    for version, per_head in (("0.19", 192 + 192), ("0.20", 192 + 128)):
+        r = capacity(m, load_gpu("h200"), "auto", tp=8, engine_version=version, max_model_len=65536)
+        assert r.kv_bytes_per_token == 48 * per_head * 2
+    from kvplan.sizing.weights import model_tensors
+    by_name = {}
+    for t in model_tensors(m):
+        by_name.setdefault(t.name, []).append(t)
+    # v_proj and o_proj at V's 128: 4 (full) or 8 (sliding) KV heads x 128 from 4096; o_proj 64 x 128 -> 4096
+    assert sorted(t.out_dim * t.in_dim * t.count for t in by_name["attn.v_proj"]) == \
+        sorted([9 * 4 * 128 * 4096, 39 * 8 * 128 * 4096])
+    assert sum(t.out_dim * t.in_dim * t.count for t in by_name["attn.o_proj"]) == 48 * 4096 * 64 * 128
+    # a sink logit per query head in the 39 sliding layers only
+    assert sum(t.numel for t in by_name["attn.sinks"]) == 39 * 64
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Granite 4 (granitemoehybrid): Mamba-2 or attention in each layer, experts beside a shared MLP
+
+GRANITE_H = "ibm-granite--granite-4.0-h-small_config.json"
+GRANITE_MICRO = "ibm-granite--granite-4.0-micro_config.json"
+
+
+def test_granite4_hybrid_layers_and_state():
+    m = load_model(str(CORPUS / GRANITE_H))
+    assert m.attention_layers == (5, 15, 25, 35) and len(m.state_layers) == 36
+    assert m.moe.num_experts == 72 and m.moe.shared_experts == 1 and m.moe.shared_expert_intermediate_size == 1024
+    # vLLM's mamba2_state_shape: conv (4 - 1) x (8192 + 2 x 128), SSM 128 heads x 64 x 128, bf16
+    assert sum(state_bytes(m)) == (3 * 8448 + 128 * 64 * 128) * 2 == 2147840
+    r = capacity(m, load_gpu("h100"), "auto", engine_version="0.19", max_model_len=32768)
+    # the attention block grows until a page (8 KV heads x 128 x 2 x 2 B = 4096 B a token) holds a state page:
+    # 16 x cdiv(2147840, 16 x 4096) = 528 tokens
+    assert r.fits and r.block_size == 528 and r.state_bytes_per_sequence == 36 * 2147840
+
+
+def test_granite4_attention_only_and_default_layout(tmp_path):
+    m = load_model(str(CORPUS / GRANITE_MICRO))
+    assert m.state_layers == () and len(m.attention_layers) == 40 and m.moe is None
+    assert m.intermediate_size == 8192  # no experts: the shared MLP is the dense MLP
+    # without layer_types every layer is Mamba-2 (GraniteMoeHybridConfig's default): no KV cache at all
+    cfg = json.loads((CORPUS / GRANITE_H).read_text())
+    del cfg["layer_types"]
+    allmamba = load_model(str(_write(tmp_path, "g_config.json", cfg)))
+    assert len(allmamba.state_layers) == 40 and allmamba.attention_layers == ()
+    # a Mamba-2 mixer (in_proj 4096 -> 2 x 8192 + 2 x 128 + 128, conv1d 8448 x 4 with bias, dt_bias, A_log, D,
+    # the gated norm of 8192, out_proj 8192 -> 4096) in place of attention (q, o 4096 x 4096; k, v 4096 x 1024)
+    mamba = 4096 * (2 * 8192 + 2 * 128 + 128) + 8448 * 4 + 8448 + 3 * 128 + 8192 + 8192 * 4096
+    attention = 2 * 4096 * 4096 + 2 * 4096 * 1024
+    assert param_count(allmamba) - EXPECTED[GRANITE_H]["params"] == 4 * (mamba - attention)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Mistral 3 / Ministral 3: Pixtral tower, patch merger and two-layer projector, with Mistral3Config's defaults
+
+MINISTRAL3 = "mistralai--Ministral-3-8B-Instruct-2512_config.json"
+# by hand from transformers' Mistral3MultiModalProjector: the patch merger's merging_layer (1024 x 2 x 2 -> 1024) and
+# RMSNorm, linear_1 (1024 -> 4096) and linear_2 (4096 -> 4096), no biases
+PROJECTOR = 1024 * 4 * 1024 + 1024 + 1024 * 4096 + 4096 * 4096
+# PixtralVisionModel: 24 layers of q, k, v, o (1024^2 each) and a gated MLP (3 x 1024 x 4096), two RMSNorms each,
+# ln_pre and the 14 x 14 patch convolution
+PIXTRAL = 24 * (4 * 1024 * 1024 + 3 * 1024 * 4096 + 2 * 1024) + 1024 + 1024 * 3 * 14 * 14
+
+
+@pytest.mark.parametrize("drop", [(), ("vision_config", "model_type"), ("multimodal_projector_bias",),
+                                  ("vision_config",)])
+def test_mistral3_tower_and_projector_counted(tmp_path, drop):
+    # a field left out takes Mistral3Config's value: a pixtral tower (Mistral Small 3.1's without any vision_config),
+    # a projector without biases
+    cfg = json.loads((CORPUS / MINISTRAL3).read_text())
+    if len(drop) == 2:
+        del cfg[drop[0]][drop[1]]
+    elif drop:
+        del cfg[drop[0]]
+    m = load_model(str(_write(tmp_path, "m3_config.json", cfg)))
+    assert sum(m.extra_params.values()) + sum(m.replicated_params.values()) == PIXTRAL + PROJECTOR
+    assert param_count(m) == EXPECTED[MINISTRAL3]["params"] == EXPECTED[MINISTRAL3]["params_language_model"] + \
+        PIXTRAL + PROJECTOR
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kimi-VL: the MoonViT tower and its projector beside the DeepSeek-V3 text model
+
+KIMI_VL = "moonshotai--Kimi-VL-A3B-Instruct_config.json"
+
+
+def test_kimi_vl_moonvit_counted():
+    m = load_model(str(CORPUS / KIMI_VL))
+    d, i = 1152, 4304
+    # by hand from vLLM's moonvit.py: per block two LayerNorms, wqkv, wo, fc0, fc1 with biases; the patch
+    # convolution with bias, the 64 x 64 position table and the final LayerNorm
+    block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * i + i) + (i * d + d)
+    tower = 27 * block + (3 * 14 * 14 * d + d) + 64 * 64 * d + 2 * d
+    # kimi_vl.py's projector: LayerNorm, linear_1 over 2 x 2 merged patches, linear_2 to the text width 2048
+    projector = 2 * d + (4 * d) ** 2 + 4 * d + 4 * d * 2048 + 2048
+    assert m.extra_params["vision_tower"] + m.replicated_params["vision_tower"] == tower == 416866032
+    assert m.replicated_params["multimodal_projector"] == projector == 30679808
+    # the projector is replicated, the tower's linear layers split: one rank of TP 2 holds half of those
+    assert m.extra_params["vision_tower"] == 27 * (4 * d * d + 3 * d + 2 * d * i + i)
+    assert param_count(m) == pytest.approx(EXPECTED[KIMI_VL]["params_language_model"] + tower + projector, abs=26 * 64)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Llama 4: chunked-local layers in KV-cache groups of their own (vLLM's hybrid manager stays on for them)
+
+SCOUT = "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json"
+
+
+def test_llama4_chunked_layers_in_their_own_groups():
+    m = load_model(str(CORPUS / SCOUT))
+    r = capacity(m, load_gpu("h100"), "auto", tp=4, engine_version="0.19", max_model_len=131072)
+    # 12 full and 36 chunked layers of one page size (2 KV heads a rank x 128 x 2 x 2 B = 1,024 B a token): groups
+    # of 12 layers, one full and three chunked (kv_cache_utils' uniform-page grouping)
+    assert r.num_kv_cache_groups == 4 and r.padding_layers == 0
+    assert r.bytes_per_block == 12 * 16 * 1024
+    # vLLM's num_gpu_blocks: the memory over group_size pages (get_num_blocks), one pool shared by the four groups
+    assert r.num_blocks == r.available_kv_bytes // (16 * 1024) // 12
+    # a request: max_model_len / 16 blocks in the full group, and in each chunked group one chunk (8,192) plus the
+    # 8,192 tokens in flight (ChunkedLocalAttentionSpec.max_memory_usage_bytes)
+    assert r.blocks_per_request == 131072 // 16 + 3 * (8192 + 8192) // 16
+    # 0.19 logs num_blocks // groups x block_size tokens (_report_kv_cache_config)
+    assert r.kv_tokens == r.num_blocks // 4 * 16
+    assert r.max_concurrency == r.num_blocks / r.blocks_per_request

@@ -370,7 +370,7 @@ def _unfit(results) -> None:
 
 
 @app.command()
-@_takes("tp", "weight_dtype", "skip_layers", "calibration", *VLLM_LAYOUT, tp=TpNoProfileOpt)
+@_takes("tp", "weight_dtype", "skip_layers", "calibration", *VLLM_LAYOUT, "engine_version", tp=TpNoProfileOpt)
 def crossover(
     model: ModelArg,
     dtype: DtypesOpt = None,
@@ -618,18 +618,17 @@ def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
 
 
 @plot_app.command("crossover")
+@_takes("tp", "weight_dtype", "skip_layers", tp=TpNoProfileOpt)
 def plot_crossover(
     model: ModelArg,
     dtype: PlotDtypesOpt = None,
-    tp: TpNoProfileOpt = None,
-    weight_dtype: WeightDtypeOpt = None,
     weight_read: WeightReadOpt = "streamed",
     batch: Annotated[Optional[str], typer.Option("--batch", "-b", help="operating point: sequences")] = None,
     context: Annotated[Optional[str], typer.Option("--context", "-c", help="operating point: tokens per "
                                                    "sequence")] = None,
-    skip_layers: SkipOpt = None,
     output: OutputOpt = None,
     as_json: JsonOpt = False,
+    **deployment,
 ) -> None:
     """KV bytes per step against resident tokens for each dtype, the flat weight line, and the crossover N* of
     each dtype marked; an operating point if given."""
@@ -638,11 +637,12 @@ def plot_crossover(
     from kvplan.errors import KvplanError
     from kvplan.specs.catalog import load_model_as
 
+    weight_dtype = deployment["weight_dtype"]
     m = load_model_as(model, weight_dtype)
     from kvplan.specs.kv_formats import comparison_dtypes
 
-    ds = deployments(_deployment_args(model=m, tp=tp, weight_dtype=weight_dtype,
-                                      skip_layers=skip_layers),
+    # the figure holds no engine-release figure: a model vLLM serves only up to some release is drawn with that one's
+    ds = deployments(_deployment_args(model=m, engine_version=m.vllm_until, **deployment),
                      _formats_for(m, dtype, comparison_dtypes(m)))
     ctx = _one_size(context, "--context") if context else None
     b = _one_size(batch, "--batch") if batch else None

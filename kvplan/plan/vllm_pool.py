@@ -13,6 +13,7 @@ from kvplan.plan.totals import deployment_totals, layout_note
 from kvplan.rules.vllm import VllmRules
 from kvplan.sizing.kv_cache import (
     LayerKV,
+    format_bytes_per_token,
     kv_bytes_per_token,
     kv_heads_per_rank,
     kv_layers,
@@ -28,8 +29,8 @@ from kvplan.sizing.vllm_memory import (
     sampler_warmup,
 )
 from kvplan.sizing.weights import pipeline_stages, weight_bytes
-from kvplan.specs.catalog import GPUSpec, ModelSpec
-from kvplan.specs.kv_formats import KVFormat
+from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
+from kvplan.specs.kv_formats import KVFormat, kv_format
 from kvplan.units import GiB
 from kvplan.xp import SCALAR
 
@@ -39,8 +40,8 @@ class _LayerSpec:
     """A layer as vLLM's KV-cache manager sees it: its attention type, how many tokens one block of it holds,
     and the bytes of that block (its page)."""
 
-    kind: Literal["full", "sliding", "state"]
-    window: Optional[int]
+    kind: Literal["full", "sliding", "chunked", "state"]
+    window: Optional[int]  # a sliding layer's window, a chunked layer's chunk
     tokens_per_block: int
     page_bytes: int
     state_blocks: int = 1  # a state layer's pages per request (VllmRules.state_pages: 1, 2 or 3)
@@ -53,6 +54,8 @@ def _blocks_per_request(spec: _LayerSpec, max_model_len, in_flight: int, xp=SCAL
         # decode-context parallelism spreads each sequence's tokens over dcp ranks
         length = max_model_len if dcp == 1 else xp.ceil(max_model_len / dcp)
         return xp.ceil(length / spec.tokens_per_block)
+    if spec.kind == "chunked":  # ChunkedLocalAttentionSpec: one chunk plus the tokens in flight
+        return xp.ceil(xp.minimum(spec.window + in_flight, max_model_len) / spec.tokens_per_block)
     # SlidingWindowSpec: the window, plus the tokens in flight, plus one block because the window may start mid-block
     tokens = xp.minimum(spec.window - 1 + in_flight, max_model_len)
     return xp.ceil(tokens / spec.tokens_per_block) + 1
@@ -178,7 +181,9 @@ def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: 
     (new block size x its bytes per token) holds at least one kernel block of a skip layer. Full-attention skip
     layers keep that many tokens per block at their own size; sliding-window skip layers are padded to the shared
     page and hold the largest multiple of block_size tokens that fits.
-    Chunked-local layers are planned as full attention: vLLM turns its hybrid manager off for them by default.
+    Chunked-local layers (Llama 4) are a type of their own: vLLM keeps its hybrid manager on for them
+    (VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults to 1 in envs.py, 0.19 to 0.33), and a request holds
+    at most one chunk plus the tokens in flight of such a layer.
     One attention type: a single group, a block spans every layer. Several types (sliding + full): pages are made
     equal (scaled when one divides the other, padded otherwise), layers are split into groups of `group_size`
     layers of one type, short groups are padded, and every block of the shared pool holds one page of each layer of
@@ -192,8 +197,8 @@ def kv_cache_groups(layers: Sequence[LayerKV], block_size: int, primary_format: 
     shared_page = math.ceil(block * primary_1tok)
     specs = []
     for lay in layers:
-        kind = "sliding" if lay.kind == "sliding" else "full"
-        window = lay.window if kind == "sliding" else None
+        kind = lay.kind if lay.kind in ("sliding", "chunked") else "full"
+        window = lay.window if kind != "full" else None
         if lay.bytes_per_token <= primary_1tok or kind == "full" or not raise_block:
             specs.append(_LayerSpec(kind, window, block, math.ceil(block * lay.bytes_per_token)))
         else:
@@ -244,7 +249,7 @@ class CapacityResult:
     block_size: int
     num_kv_cache_groups: int
     padding_layers: int
-    num_blocks: int
+    num_blocks: int  # vLLM's num_gpu_blocks: the pool every KV-cache group draws from (one page a layer of a group)
     token_slots: int  # num_blocks x block_size
     kv_tokens: int  # as vLLM reports "GPU KV cache size: N tokens" (concurrency x max_model_len)
     max_model_len: int
@@ -457,7 +462,11 @@ def plan_for(d) -> PoolPlan:
 def _version_layers(layers: tuple[LayerKV, ...], model: ModelSpec, fmt: KVFormat, tp: int,
                     rules: VllmRules) -> tuple[LayerKV, ...]:
     """Per-version page quirks: 0.20's SlidingWindowSpec ignores nvfp4 packing, so sliding layers cost one byte per
-    element (head + head_v) like fp8."""
+    element (head + head_v) like fp8; 0.19 caches a V head smaller than K's padded to the K head size."""
+    if rules.pads_small_v and model.v_head_dim and not model.is_mla:
+        layers = tuple(replace(lay, bytes_per_token=format_bytes_per_token(
+            model, fmt if lay.format == fmt.name else kv_format(lay.format), tp, lay.index, v_padded=True))
+            if lay.kind in ATTENTION_KINDS and lay.format not in ("state", "indexer") else lay for lay in layers)
     if rules.sliding_nvfp4_packed or fmt.family != "nvfp4" or model.is_mla:
         return layers
     return tuple(replace(lay, bytes_per_token=kv_heads_per_rank(model, tp, lay.index) * 2
@@ -562,8 +571,6 @@ def _layout_notes(d, plan: PoolPlan, skipped: list[int]) -> list[str]:
         b = plan.binding.layers_range
         notes.append(f"pipeline stages of {', '.join(str(len(st.layers_range)) for st in plan.stages)} layers; the "
                      f"stage with layers {b.start}-{b.stop - 1} holds the fewest blocks and sets the pool")
-    if any(lay.kind == "chunked" for lay in layers):
-        notes.append("chunked-local layers are allocated as full attention (vLLM's hybrid manager is off for them)")
     return notes
 
 

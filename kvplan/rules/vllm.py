@@ -80,6 +80,9 @@ class VllmRules:
     checkpoint_state_kinds: frozenset[str] = frozenset({"mamba2", "gdn"})
     # Nemotron-H's SSM state dtype when its config names none: float16 before 0.30 (models/config.py), float32 after
     nemotron_ssm_default: str = "fp32"
+    # a V head smaller than K's (MiMo-V2-Flash's v_head_dim) is padded to the K head size before the Attention layer
+    # and cached so in 0.19 (models/mimo_v2_flash.py); from 0.20 the layer takes head_size_v and caches V at its size
+    pads_small_v: bool = False
 
     def state_pages(self, kind: str, attention_free: bool, compute_capability: Optional[str] = None,
                     key_head_dim: int = 0) -> int:
@@ -111,7 +114,8 @@ _NO_HYBRID_PREFIX = dict(hybrid_prefix_caching=False, **_LAZY)
 _MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _OLD_DTYPES,
-              subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, **_NO_HYBRID_PREFIX),
+              subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, pads_small_v=True,
+              **_NO_HYBRID_PREFIX),
     VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES, **_NO_HYBRID_PREFIX),
     VllmRules("0.25", "vLLM 0.25", 1, False, "concurrency", False, True,
               frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_NO_HYBRID_PREFIX),

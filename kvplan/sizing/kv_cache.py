@@ -166,9 +166,11 @@ def skipped_layers(model: ModelSpec, fmt: KVFormat, skip: SkipLayers) -> frozens
     return frozenset(skip)
 
 
-def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int, layer: Optional[int] = None) -> float:
+def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int, layer: Optional[int] = None,
+                           v_padded: bool = False) -> float:
     """One layer's KV bytes per token on one rank in `fmt` (layer `layer`'s, where layers differ in KV heads or
-    head size)."""
+    head size). V is cached at the model's v_head_dim where it has one (vLLM's head_size_v), or, `v_padded`,
+    padded to the K head size (what vLLM 0.19 does for MiMo-V2-Flash)."""
     bits = DTYPE_BYTES[model.dtype] * 8
     if model.mla:
         return fmt.mla_bytes_per_token(model.mla.kv_lora_rank, model.mla.qk_rope_head_dim, bits)
@@ -177,7 +179,8 @@ def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int, layer: Opti
                           f"{'multi-query' if model.num_kv_heads == 1 else 'grouped-query'} attention")
     d = model.head_dim if layer is None else model.layer_head_dim(layer)
     assert d is not None
-    return whole(kv_heads_per_rank(model, tp, layer) * fmt.bytes_per_token_per_kv_head(d, model_bits=bits))
+    dv = None if v_padded else model.v_head_dim
+    return whole(kv_heads_per_rank(model, tp, layer) * fmt.bytes_per_token_per_kv_head(d, dv, model_bits=bits))
 
 
 @per_spec

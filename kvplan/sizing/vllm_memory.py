@@ -548,7 +548,7 @@ def mxfp4_hopper_load(m: ModelSpec, tp: int, rotary: int = 0) -> tuple[int, int,
     for i, kind in enumerate(m.mlp_kinds):
         if i == 0 and rotary:
             alloc.malloc(rotary)  # the rotary cache (one, shared by the layers)
-        if m.attention_sinks:
+        if m.attention_sinks is True or (m.attention_sinks == "sliding" and m.layer_kinds[i] == "sliding"):
             alloc.malloc(q * b)
         alloc.malloc((q + 2 * kv) * hd * H * b)
         if m.qkv_bias:

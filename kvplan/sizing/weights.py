@@ -344,10 +344,11 @@ def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
         start = len(ts)
         ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
                       "attention", bias=m.qkv_bias, layers=layers)
-        for name in ("k_proj", "v_proj"):
-            ts += _linear(f"attn.{name}", kv * d, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
+        vd = m.v_head_dim or d
+        for name, width in (("k_proj", d), ("v_proj", vd)):
+            ts += _linear(f"attn.{name}", kv * width, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
                           layers=layers, loaded_copy=v_from_k and name == "v_proj")
-        ts += _linear("attn.o_proj", h, m.num_heads * d, n, "row", "attention", bias=m.o_bias, layers=layers)
+        ts += _linear("attn.o_proj", h, m.num_heads * vd, n, "row", "attention", bias=m.o_bias, layers=layers)
         if shared:
             ts[start:] = [replace(t, shared=True) for t in ts[start:]]
         if m.qk_norm_full:  # across all heads: split with them
@@ -433,7 +434,11 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts += _compressed_attention(m)
     else:
         ts += _head_attention(m, L)
-    if m.attention_sinks:
+    if m.attention_sinks == "sliding":  # the sliding-window layers' sinks only
+        sliding = tuple(i for i, k in enumerate(m.layer_kinds) if k == "sliding")
+        if sliding:
+            ts.append(Tensor("attn.sinks", m.num_heads, 1, len(sliding), "col", "attention", False, layers=sliding))
+    elif m.attention_sinks:
         ts.append(Tensor("attn.sinks", m.num_heads, 1, L, "col", "attention", False))
     ts += _shared_block_tensors(m, L)
 

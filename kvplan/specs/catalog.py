@@ -11,7 +11,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import ClassVar, Literal, Optional, Sequence
+from typing import ClassVar, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -300,7 +300,13 @@ class ModelSpec(_Frozen):
     norms_per_layer: int = Field(2, ge=0)
     norm_bias: bool = Field(False, description="LayerNorm with bias (Falcon) rather than RMSNorm")
     gated_mlp: bool = Field(True, description="SwiGLU-style gate+up+down; False: up+down only")
-    attention_sinks: bool = Field(False, description="one learned sink logit per head (gpt-oss); no KV storage")
+    attention_sinks: Union[bool, Literal["sliding"]] = Field(
+        False, description="one learned sink logit per query head in every attention layer (gpt-oss), or in the "
+        "sliding-window layers only ('sliding': MiMo-V2-Flash); no KV storage")
+    v_head_dim: Optional[int] = Field(
+        None, gt=0, le=2**16, description="V head size where it is smaller than the K head size (MiMo-V2-Flash): "
+        "v_proj and o_proj are that wide; vLLM pads V to the K head size in the cache, so the KV figures keep "
+        "the K head size for both")
     extra_params: dict[str, int] = Field(
         default_factory=dict, description="held in memory, never read by a decode step (vision tower, projector); "
         "split across tensor-parallel ranks"

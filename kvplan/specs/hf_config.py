@@ -36,6 +36,11 @@ def _dt_rank(c: "_Fields", key: str, hidden: int) -> int:
     return -(-hidden // 16) if c.data.get(key, "auto") == "auto" else c.integer(key, minimum=1)
 
 
+# model types of configurations written for a checkpoint's own modelling code, read as the family transformers
+# later gave the same architecture: phi-msft (phi-1.5 and phi-2 before their transformers port) names its sizes
+# n_embd, n_layer, n_head, n_head_kv, n_inner and n_positions, with the LayerNorm-parallel-block layout of PhiConfig
+_LEGACY_FAMILIES = {"phi-msft": "phi"}
+
 # transformers' config defaults
 _TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text", "gemma4", "gemma4_text", "falcon"}
 
@@ -188,6 +193,16 @@ _VISION_DEFAULTS = {
 }
 
 
+# the tower a wrapper's configuration class builds where vision_config names no model_type (LlavaConfig,
+# LlavaNextConfig, LlavaOnevisionConfig, Mistral3Config, Gemma3Config)
+_WRAPPER_TOWERS = {"llava": "clip_vision_model", "llava_next": "clip_vision_model",
+                   "llava_onevision": "siglip_vision_model", "mistral3": "pixtral", "gemma3": "siglip_vision_model"}
+# and where there is no vision_config at all: Mistral3Config's sub-config defaults (Mistral Small 3.1's tower)
+_DEFAULT_TOWERS = {"mistral3": {"model_type": "pixtral", "hidden_size": 1024, "intermediate_size": 4096,
+                                "patch_size": 14, "image_size": 1540, "num_hidden_layers": 24,
+                                "num_attention_heads": 16, "head_dim": 64}}
+
+
 def _vit_layers(v: "_Fields", feature_layer: Any, kind: str) -> int:
     """The encoder layers vLLM builds: a LLaVA-style model stops at the deepest layer it takes features from
     (vision_feature_layer -2 of 24 builds 23)."""
@@ -225,6 +240,27 @@ def _qwen3_vl_tower(v: "_Fields") -> tuple[dict, dict, list[str], None]:
              "counts the language model's alone"], None)
 
 
+def _moonvit_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], None]:
+    """Kimi-VL's MoonViT tower and projector as vLLM builds them (moonvit.py, kimi_vl.py), with MoonViTConfig's
+    defaults: a patch convolution with bias, a learned init_pos_emb_height x init_pos_emb_width position table,
+    num_hidden_layers blocks (two LayerNorms, fused wqkv and wo, a GELU MLP fc0 / fc1, all with biases; the linear
+    layers tensor-parallel) and a final LayerNorm; then the projector, replicated: a LayerNorm over the tower width,
+    linear_1 over the merge_kernel_size patches merged and linear_2 to the text width, both with biases."""
+    d, i = v.integer("hidden_size", minimum=1) or 1152, v.integer("intermediate_size", minimum=1) or 4304
+    layers, patch = v.integer("num_hidden_layers", minimum=1) or 27, v.integer("patch_size", minimum=1) or 14
+    table = (v.integer("init_pos_emb_height", minimum=1) or 64) * (v.integer("init_pos_emb_width", minimum=1) or 64)
+    kernel = v.items("merge_kernel_size", _is_int, "a list of two whole numbers such as [2, 2]") or [2, 2]
+    if len(kernel) != 2:
+        raise KvplanError(f"{v.path}: {v.prefix}merge_kernel_size: expected two whole numbers, found {len(kernel)}")
+    merged = d * kernel[0] * kernel[1]
+    sharded = layers * (4 * d * d + 3 * d + 2 * d * i + i)  # wqkv, wo, fc0, fc1; the column biases
+    rep = layers * 6 * d + 3 * patch * patch * d + d + table * d + 2 * d  # norms, row biases, conv, positions
+    projector = 2 * d + merged * merged + merged + merged * text_hidden + text_hidden
+    return ({"vision_tower": sharded}, {"vision_tower": rep, "multimodal_projector": projector},
+            ["the vision encoder's profile run (MoonViT's native resolution) is not modelled: the activation peak "
+             "counts the language model's alone"], None)
+
+
 def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str], Optional[dict]]:
     """The vision tower's and projector's parameters, split across TP ranks and whole on each, as vLLM builds them
     (siglip.py, clip.py, pixtral.py; llava.py, llava_next.py, mistral3.py, gemma3_mm.py): the attention and MLP
@@ -234,11 +270,15 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
     arch = (top.text("model_type") or "").lower()
     if arch == "llama4":  # built from the config class's defaults where the file names no vision_config
         return _llama4_tower(v or _Fields({}, top.path, "vision_config."), text_hidden)
+    if (v is None or not v.data) and arch in _DEFAULT_TOWERS:
+        v = _Fields(dict(_DEFAULT_TOWERS[arch]), top.path, "vision_config.")
     if v is None or not v.data:
         return {}, {}, [], None
-    kind = (v.text("model_type") or "").lower()
+    kind = (v.text("model_type") or _WRAPPER_TOWERS.get(arch) or "").lower()
     if kind in _QWEN_VL_TOWERS or (arch in _QWEN_VL_TOWERS and v.has("deepstack_visual_indexes")):
         return _qwen3_vl_tower(v)
+    if kind == "moonvit":
+        return _moonvit_tower(v, text_hidden)
     if kind == "gemma4_vision":
         sharded, rep, notes, encoder = _gemma4_tower(v, text_hidden)
         if top.section("audio_config") is not None and top.section("audio_config").data:
@@ -279,7 +319,7 @@ def vision_params(top: "_Fields", text_hidden: int) -> tuple[dict, dict, list[st
                         f"and its profile run are missing from the figures"], None
     encoder = _vision_profile(top, v, family, arch, d, i, patch, channels, layers, feature_layer)
     bias = top.flag("multimodal_projector_bias")
-    bias = True if bias is None else bias
+    bias = arch != "mistral3" if bias is None else bias  # LlavaConfig's default True, Mistral3Config's False
     features = len(feature_layer) if isinstance(feature_layer, list) else 1
     if arch in ("llava", "llava_next", "llava_onevision"):
         sharded["multimodal_projector"] = d * features * text_hidden + text_hidden * text_hidden + \
@@ -532,6 +572,43 @@ def _gemma4_layers(c: "_Fields", pattern: list, layers: int, kv_heads: int, head
     return out
 
 
+_SWA_SIZES = ("swa_num_key_value_heads", "swa_head_dim", "swa_num_attention_heads", "swa_v_head_dim")
+
+
+def _swa_layers(c: "_Fields", family: str, pattern: list, layers: int, kv_heads: int, head_dim: int,
+                path: Path | str) -> dict:
+    """Sliding-window layers with sizes of their own, in MiMo-V2-Flash's names (vLLM's mimo_v2_flash.py):
+    swa_num_key_value_heads and swa_head_dim beside the full layers' num_key_value_heads and head_dim, and a V head
+    of v_head_dim (swa_v_head_dim) where K's is larger. MiMoV2FlashConfig gives a sliding layer twice the full
+    layers' KV heads and V heads of 128 where the config names none."""
+    kinds = [pattern[i % len(pattern)] for i in range(layers)]
+    swa_kv = c.integer("swa_num_key_value_heads", minimum=1) or (2 * kv_heads if family == "mimo_v2_flash"
+                                                                 else kv_heads)
+    swa_dim = c.integer("swa_head_dim", minimum=1) or head_dim
+    heads = c.need("num_attention_heads")
+    if (c.integer("swa_num_attention_heads", minimum=1) or heads) != heads:
+        raise KvplanError(f"{path}: {c.prefix}swa_num_attention_heads differs from num_attention_heads ({heads}): "
+                          f"sliding layers with query heads of their own are not modelled")
+    v_dim = c.integer("v_head_dim", minimum=1) or (128 if family == "mimo_v2_flash" else None)
+    if (c.integer("swa_v_head_dim", minimum=1) or v_dim) != v_dim:
+        raise KvplanError(f"{path}: {c.prefix}swa_v_head_dim differs from v_head_dim: V heads of two sizes are "
+                          f"not modelled")
+    out: dict[str, Any] = {}
+    if swa_kv != kv_heads:
+        out["kv_heads_per_layer"] = tuple(swa_kv if k == "sliding" else kv_heads for k in kinds)
+    if swa_dim != head_dim:
+        out["head_dims"] = tuple(swa_dim if k == "sliding" else head_dim for k in kinds)
+    if v_dim and v_dim != max(swa_dim, head_dim):
+        if v_dim > min(swa_dim, head_dim):
+            raise KvplanError(f"{path}: {c.prefix}v_head_dim {v_dim} is larger than the K head size: not modelled")
+        out["v_head_dim"] = v_dim
+    if c.flag("add_full_attention_sink_bias"):
+        out["attention_sinks"] = True
+    elif c.flag("add_swa_attention_sink_bias"):
+        out["attention_sinks"] = "sliding"
+    return out
+
+
 # transformers' Llama4VisionConfig defaults, which vLLM's Llama4ForConditionalGeneration builds the tower from when
 # a config.json has no vision_config (the published Llama 4 files)
 _LLAMA4_VISION = {"hidden_size": 768, "num_hidden_layers": 34, "num_channels": 3, "intermediate_size": 5632,
@@ -584,13 +661,13 @@ def _gemma4_tower(v: "_Fields", text_hidden: int) -> tuple[dict, dict, list[str]
 _STATE_SPACE_TYPES = {
     "zamba": "Zamba (Mamba + shared attention)",
     "bamba": "Bamba (Mamba-2 + attention)",
-    "granitemoehybrid": "Granite 4 hybrid (Mamba-2 + attention)", "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
+    "falcon_h1": "Falcon-H1 (Mamba-2 + attention)",
     "lfm2": "LFM2 (short convolution + attention)",
     "plamo2": "PLaMo 2 (Mamba + attention)",
 }
 # hybrids kvplan reads layer by layer (_hybrid_layers)
 _HYBRIDS_READ = {"nemotron_h", "jamba", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
-                 "kimi_linear"}
+                 "kimi_linear", "granitemoehybrid"}
 _STATE_LAYER_TYPES = {"linear_attention", "mamba", "mamba2", "conv", "short_conv", "gated_delta_net",
                       "lightning_attention", "kda", "ssm"}
 
@@ -728,6 +805,8 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         return out
     if family == "kimi_linear":
         return _kimi_linear_layers(c, layers, path)
+    if family == "granitemoehybrid":
+        return _granite4_layers(c, layers, path)
     # Qwen3-Next / Qwen3.5: layer_types, or an attention layer every full_attention_interval
     types = c.items("layer_types", lambda t: isinstance(t, str), "a list of layer types")
     if not types:
@@ -746,6 +825,49 @@ def _hybrid_layers(c: "_Fields", family: str, layers: int, path: Path | str) -> 
         "ssm_cache_dtype": _dtype_of(c.text("mamba_ssm_dtype") or c.text("mamba_ssm_cache_dtype")),
     }
     out["attn_output_gate"] = c.flag("attn_output_gate") is not False
+    return out
+
+
+# Granite 4's layer names (layer_types, also read as layers_block_type), in transformers' and vLLM's spellings
+_GRANITE_SHARED = {"granitemoehybrid", "granitemoeshared"}
+_GRANITE4_MIXERS = {"mamba": "state", "linear_attention": "state", "attention": "full", "full_attention": "full"}
+
+
+def _granite4_layers(c: "_Fields", layers: int, path: Path | str) -> dict:
+    """Granite 4 (GraniteMoeHybridForCausalLM, vLLM's granitemoehybrid.py): each layer a Mamba-2 mixer or attention
+    (layer_types; every layer Mamba-2 without it, as GraniteMoeHybridConfig has it), then the routed experts
+    (num_local_experts of intermediate_size, none when 0) beside a shared MLP of shared_intermediate_size, which is
+    the dense MLP of the variants without experts. Variants whose layers are all attention have no state."""
+    types = (c.items("layer_types", lambda t: t in _GRANITE4_MIXERS, 'a list of "mamba" / "attention"')
+             or c.items("layers_block_type", lambda t: t in _GRANITE4_MIXERS, 'a list of "mamba" / "attention"')
+             or ["mamba"] * layers)
+    if len(types) != layers:
+        raise KvplanError(f"{path}: {c.prefix}layer_types lists {len(types)} layers; num_hidden_layers is {layers}")
+    out: dict[str, Any] = {"mixers": tuple(_GRANITE4_MIXERS[t] for t in types)}
+    experts = c.integer("num_local_experts") or 0
+    shared = c.integer("shared_intermediate_size")
+    shared = 1024 if shared is None else shared  # GraniteMoeHybridConfig's default
+    if not experts:
+        if shared:
+            out["intermediate_size"] = shared
+        else:
+            out["mlps"] = ("none",) * layers
+    if "state" in out["mixers"]:
+        hidden = c.need("hidden_size")
+        expand = c.integer("mamba_expand", minimum=1) or 2
+        heads = c.integer("mamba_n_heads", minimum=1) or 128
+        head_dim = (expand * hidden // heads if c.data.get("mamba_d_head", "auto") == "auto"
+                    else c.integer("mamba_d_head", minimum=1))
+        if heads * head_dim != expand * hidden:
+            raise KvplanError(f"{path}: mamba_n_heads x mamba_d_head ({heads} x {head_dim}) is not mamba_expand x "
+                              f"hidden_size ({expand} x {hidden}) (transformers and vLLM refuse it)")
+        out["state"] = {
+            "kind": "mamba2", "num_heads": heads, "head_dim": head_dim,
+            "state_size": c.integer("mamba_d_state", minimum=1) or 256,
+            "n_groups": c.integer("mamba_n_groups", minimum=1) or 1,
+            "conv_kernel": c.integer("mamba_d_conv", minimum=1) or 4,
+            "conv_bias": c.flag("mamba_conv_bias") is not False, "proj_bias": bool(c.flag("mamba_proj_bias")),
+        }
     return out
 
 
@@ -847,15 +969,25 @@ def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
     layers_block_type also run one of num_mem_blocks shared transformer blocks (attention over the hidden state
     concatenated with the embeddings, 2 x hidden wide, in attention_head_dim heads, and a gated GELU MLP), each
     such layer with its own KV cache, output projection and LoRA adapters. kvplan lays a hybrid layer out as two: the
-    shared block's attention and MLP, then the Mamba-2 mixer; the layer count is so the figure's, not vLLM's."""
-    blocks = c.items("layers_block_type", lambda t: t in ("mamba", "hybrid"), 'a list of "mamba" / "hybrid"')
+    shared block's attention and MLP, then the Mamba-2 mixer; the layer count is so the figure's, not vLLM's.
+    A field the config leaves out takes the value transformers' Zamba2Config derives for it (vLLM reads the
+    configuration transformers built): attention_hidden_size 2 x hidden_size, attention_head_dim 2 x hidden_size
+    over num_attention_heads, n_mamba_heads 8, mamba_headdim mamba_expand x hidden_size over n_mamba_heads, and
+    without layers_block_type its 54-layer default layout; "linear_attention" is the newer name of a "mamba" block."""
     layers = c.need("num_hidden_layers")
-    if not blocks or len(blocks) != layers:
-        raise KvplanError(f"{path}: field '{c.prefix}layers_block_type' is missing or does not list "
-                          f"num_hidden_layers ({layers}) blocks; Zamba2 names each layer's block there")
+    blocks = c.items("layers_block_type", lambda t: t in ("mamba", "linear_attention", "hybrid"),
+                     'a list of "mamba" / "hybrid"')
+    if blocks is None:
+        blocks = ["mamba"] + (["mamba"] * 5 + ["hybrid"]) * 7 + ["mamba"] * 4 + ["hybrid"] + ["mamba"] * 3 \
+            + ["hybrid"] + ["mamba"] * 2
+    blocks = ["mamba" if b == "linear_attention" else b for b in blocks]
+    if len(blocks) != layers:
+        raise KvplanError(f"{path}: field '{c.prefix}layers_block_type' lists {len(blocks)} blocks; "
+                          f"num_hidden_layers is {layers}" + ("" if c.has("layers_block_type") else
+                                                              " (Zamba2Config's default layout has 54)"))
     hidden, heads = c.need("hidden_size"), c.need("num_attention_heads")
-    width = c.integer("attention_hidden_size", minimum=1) or 2 * hidden  # Zamba2Config's defaults
-    head_dim = c.integer("attention_head_dim", minimum=1) or width // heads
+    width = c.integer("attention_hidden_size", minimum=1) or 2 * hidden
+    head_dim = c.integer("attention_head_dim", minimum=1) or 2 * hidden // heads
     if head_dim * heads != width:
         raise KvplanError(f"{path}: attention_hidden_size {width} is not num_attention_heads {heads} x "
                           f"attention_head_dim {head_dim} (vLLM refuses it)")
@@ -865,7 +997,8 @@ def _zamba2_model(c: "_Fields", top: "_Fields", path: Path | str) -> dict:
             mixers.append("full"), mlps.append("dense"), norms.append(0)  # the shared block's norms are its own
         mixers.append("state"), mlps.append("none"), norms.append(1)
     expand = c.integer("mamba_expand", minimum=1) or 2
-    mamba_heads, mamba_head_dim = c.need("n_mamba_heads"), c.integer("mamba_headdim", minimum=1) or 64
+    mamba_heads = c.integer("n_mamba_heads", minimum=1) or 8
+    mamba_head_dim = c.integer("mamba_headdim", minimum=1) or expand * hidden // mamba_heads
     if mamba_heads * mamba_head_dim != expand * hidden:
         raise KvplanError(f"{path}: n_mamba_heads x mamba_headdim ({mamba_heads} x {mamba_head_dim}) is not "
                           f"mamba_expand x hidden_size ({expand} x {hidden})")
@@ -923,7 +1056,7 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     heads = c.need("num_attention_heads", "n_head")
     # ChatGLM / GLM-4 embed padded_vocab_size rows (vocab_size there is the tokenizer's)
     vocab = c.integer("padded_vocab_size", minimum=1) or c.need("vocab_size")
-    family = model_type or "unknown"
+    family = _LEGACY_FAMILIES.get(model_type, model_type) or "unknown"
     nas = _nas_layers(c, layers, hidden, heads, path) if c.data.get("block_configs") is not None else {}
     falcon = family in ("falcon", "refinedweb", "refinedwebmodel")
 
@@ -934,11 +1067,12 @@ def model_from_hf_config(cfg: Any, path: Path | str) -> dict:
     elif family == "chatglm" and c.flag("multi_query_attention"):
         kv_heads = c.need("multi_query_group_num")
     else:
-        kv_heads = (c.integer("num_key_value_heads") or c.integer("num_kv_heads")
+        kv_heads = (c.integer("num_key_value_heads") or c.integer("num_kv_heads") or c.integer("n_head_kv")
                     or max(nas.get("kv_heads_per_layer") or [heads]))
     # transformers' own definition when the config omits it (ChatGLM calls it kv_channels)
     head_dim = c.integer("head_dim") or c.integer("kv_channels") or hidden // heads
-    legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox")
+    # n_inner null (or absent) means 4 x n_embd in these configurations
+    legacy_mlp = family in ("gpt2", "gptj", "gpt_bigcode", "codegen", "gpt_neox") or model_type in _LEGACY_FAMILIES
     intermediate = (c.integer("dense_intermediate_size")  # MiniMax-M3: the dense layers' own width
                     or c.integer("intermediate_size") or c.integer("ffn_hidden_size")
                     or c.integer("ff_intermediate_size") or c.integer("n_inner")
@@ -1103,6 +1237,15 @@ def _read_attention_layout(c: _Fields, family: str, layers: int, kv_heads: int, 
         pattern = ["sliding"] * (n - 1) + ["full"] if n <= layers else ["sliding"]
     elif family == "gemma2":
         pattern = ["sliding", "full"]
+    elif c.data.get("hybrid_layer_pattern") is not None:  # MiMo-V2-Flash's spelling: 1 a sliding-window layer
+        hybrid = c.items("hybrid_layer_pattern", lambda t: _is_int(t) and t in (0, 1),
+                         "a list of 0 (full attention) and 1 (sliding window)") or []
+        if len(hybrid) != layers:
+            raise KvplanError(f"{path}: {c.prefix}hybrid_layer_pattern lists {len(hybrid)} layers; "
+                              f"num_hidden_layers is {layers}")
+        pattern = ["sliding" if t else "full" for t in hybrid]
+    elif family == "mimo_v2_flash":  # MiMoV2FlashConfig's default: full attention in layer 0 and every 6th
+        pattern = ["full" if i == 0 or (i + 1) % 6 == 0 else "sliding" for i in range(layers)]
     elif family in ("llama4", "llama4_text") and c.integer("attention_chunk_size"):
         rope = c.items("no_rope_layers", lambda r: isinstance(r, (int, bool)), "a list of 0s and 1s") or [1, 1, 1, 0]
         pattern = ["chunked" if r else "full" for r in rope]
@@ -1115,10 +1258,12 @@ def _read_attention_layout(c: _Fields, family: str, layers: int, kv_heads: int, 
     out.update({k: v for k, v in nas.items() if k in ("mixers", "mlps", "norms") or len(set(v)) > 1})
     if family in ("gemma4", "gemma4_text") and pattern:
         out.update(_gemma4_layers(c, pattern, layers, kv_heads, head_dim))
+    if pattern and (family == "mimo_v2_flash" or any(c.has(k) for k in _SWA_SIZES)):
+        out.update(_swa_layers(c, family, pattern, layers, kv_heads, head_dim, path))
     if pattern:
         att: dict[str, Any] = {"pattern": pattern}
         if "sliding" in pattern:
-            att["sliding_window"] = window
+            att["sliding_window"] = c.integer("sliding_window_size", minimum=1) or window
         if "chunked" in pattern:
             att["chunk_size"] = c.integer("attention_chunk_size")
         out["attention"] = att
@@ -1135,7 +1280,10 @@ def _read_moe(c: _Fields, family: str, layers: int, intermediate: int, out: dict
             "expert_intermediate_size": c.integer("moe_intermediate_size") or intermediate,
         }
         # Qwen2-MoE and Qwen3-Next name one shared expert by its width alone (with a sigmoid gate of its own)
-        shared_width = c.integer("shared_expert_intermediate_size") or c.integer("moe_shared_expert_intermediate_size")
+        shared_width = (c.integer("shared_expert_intermediate_size") or c.integer("moe_shared_expert_intermediate_size")
+                        # Granite's shared MLP beside the experts (GraniteMoeSharedMLP)
+                        or (c.integer("shared_intermediate_size") if family in _GRANITE_SHARED else None)
+                        or (1024 if family == "granitemoehybrid" and not c.has("shared_intermediate_size") else None))
         shared = (c.integer("n_shared_experts") or c.integer("num_shared_experts")
                   or (1 if family in ("llama4", "llama4_text") else 0)
                   or (1 if shared_width else 0))
@@ -1162,6 +1310,18 @@ def _read_moe(c: _Fields, family: str, layers: int, intermediate: int, out: dict
         out["moe"] = moe
         if family in ("llama4", "llama4_text") and c.integer("intermediate_size_mlp"):
             out["intermediate_size"] = c.integer("intermediate_size_mlp")
+        # a MoE flag per layer (MiMo-V2-Flash's moe_layer_freq list; transformers' mlp_layer_types)
+        flags = c.data.get("moe_layer_freq")
+        types = c.items("mlp_layer_types", lambda t: t in ("dense", "sparse"), 'a list of "dense" / "sparse"')
+        if isinstance(flags, list) or types:
+            flags = [t == "sparse" for t in types] if types else c.items(
+                "moe_layer_freq", lambda t: _is_int(t) and t in (0, 1), "a list of 0 (dense MLP) and 1 (MoE)")
+            if len(flags) != layers:
+                raise KvplanError(f"{path}: {c.prefix}{'mlp_layer_types' if types else 'moe_layer_freq'} lists "
+                                  f"{len(flags)} layers; num_hidden_layers is {layers}")
+            out["mlps"] = tuple("moe" if f else "dense" for f in flags)
+        elif family == "mimo_v2_flash":  # MiMoV2FlashConfig's default: a dense first layer, MoE after
+            out["mlps"] = ("dense",) + ("moe",) * (layers - 1)
         step = c.integer("interleave_moe_layer_step", minimum=1) if family in ("llama4", "llama4_text") else None
         if step and step > 1:  # Llama 4 Maverick: MoE every step-th layer, dense MLPs between
             out["mlps"] = tuple("moe" if (i + 1) % step == 0 else "dense" for i in range(layers))
