@@ -656,9 +656,9 @@ def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
 
         print_json(figure_data(fig))
     elif not output:
-        import shutil
+        from kvplan.app.text_table import console_width
 
-        sys.stdout.write(text_chart(fig, columns=shutil.get_terminal_size().columns))
+        sys.stdout.write(text_chart(fig, columns=console_width()))
 
 
 @plot_app.command("crossover")

@@ -293,7 +293,14 @@ def text_chart(fig: Figure, width: int = 72, height: int = 20, columns: Optional
     for s in fig.series:
         if s.marker:
             put(*s.marker, "o")
-    lines = [fig.title]
+    def text(line: str, indent: str = "") -> list[str]:  # a line of words, wrapped to the terminal's width
+        if columns is None or len(line) <= columns:
+            return [line]
+        import textwrap
+
+        return textwrap.wrap(line, max(20, columns), subsequent_indent=indent, break_on_hyphens=False)
+
+    lines = text(fig.title)
     for r, row in enumerate(grid):
         label = ytop if r == 0 else ybot if r == height - 1 else ""
         lines.append(f"{label:>{pad}} |" + "".join(row))
@@ -309,14 +316,14 @@ def text_chart(fig: Figure, width: int = 72, height: int = 20, columns: Optional
         lines.append(" " * pad + "  " + "; ".join(axes))
     for i, s in enumerate(fig.series):
         extra = f"  o {s.marker_label}" if s.marker else (f"  {s.marker_label}" if s.marker_label else "")
-        lines.append(f"  {letters[i % 26]}  {s.label}{extra}")
+        lines += text(f"  {letters[i % 26]}  {s.label}{extra}", " " * 5)
     if fig.hline:
-        lines.append(f"  -  {fig.hline[0]}: {_num(fig.hline[1])}")
+        lines += text(f"  -  {fig.hline[0]}: {_num(fig.hline[1])}", " " * 5)
     if fig.vline:
-        lines.append(f"  :  {fig.vline[0]}")
+        lines += text(f"  :  {fig.vline[0]}", " " * 5)
     for label, _x, y in fig.points:
-        lines.append(f"     {label}: {_num(y)}")
-    lines += [f"  note: {n}" for n in fig.notes]
+        lines += text(f"     {label}: {_num(y)}", " " * 7)
+    lines += [ln for n in fig.notes for ln in text(f"  note: {n}", " " * 8)]
     return "\n".join(lines) + "\n"
 
 
