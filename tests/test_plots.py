@@ -118,3 +118,37 @@ def test_text_chart_fits_the_terminal(monkeypatch, argv, columns):
     monkeypatch.setenv("COLUMNS", "200")
     wide = _run(argv)[1].splitlines()[1:21]
     assert {len(r.split("|", 1)[1]) for r in wide} == {72}
+
+
+@pytest.mark.parametrize("dtypes", ["auto,fp8", "auto,float16,bfloat16,fp8,fp8_e4m3,fp8_e5m2,fp8_per_token_head,"
+                                    "int8_per_token_head,int4_per_token_head,turboquant_k8v4,turboquant_4bit_nc,"
+                                    "turboquant_k3v4_nc,turboquant_3bit_nc"], ids=["two", "vllm-all"])
+def test_throughput_png_is_legible(dtypes):
+    # the footer (the concurrencies and the verdict) lies inside the image, the log axes read as plain numbers
+    # (20, 30 rather than 2x10^1), every concurrency has a mark, and no two series share colour and line style
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import kvplan
+    from kvplan.app.plots import draw, throughput_figure
+
+    r = kvplan.throughput(load_model("llama-3.1-8b"), load_gpu("h100"), kv_cache_dtypes=dtypes.split(","), isl=1024, osl=1024,
+                          tpot_ms=20)
+    fig = throughput_figure(r)
+    f = draw(fig)
+    f.canvas.draw()
+    page = f.bbox
+    for t in f.texts + f.axes[0].texts:
+        box = t.get_window_extent()
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, t.get_text()
+    assert " ".join(t.get_text() for t in f.texts).split() == " ".join(fig.notes).split()  # every word of the notes
+    ticks = [t.get_text() for axis in (f.axes[0].xaxis, f.axes[0].yaxis)
+             for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)]
+    assert "10" in ticks and "20" in ticks and not any("times" in t or "^" in t for t in ticks)
+    lines = [ln for ln in f.axes[0].get_lines() if ln.get_label() in {s.label for s in fig.series}
+             or any(ln.get_label().startswith(s.label + "  (") for s in fig.series)]
+    assert len(lines) == len(fig.series) and all(ln.get_marker() not in (None, "None", "") for ln in lines)
+    looks = {(matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()) for ln in lines}
+    assert len(looks) == len(lines)
+    plt.close(f)
