@@ -240,8 +240,12 @@ def frame_to_markdown(df) -> str:
     right = [df[c].dtype.kind in "iuf" for c in df.columns]
 
     def cell(v) -> str:
-        if isinstance(v, float):
-            return "" if v != v else f"{v:.6g}"
+        if isinstance(v, float):  # whole numbers in full (15009857536, not 1.50099e+10), others to 6 digits
+            if v != v:
+                return ""
+            if v.is_integer() and abs(v) < 2**53:
+                return str(int(v))
+            return f"{v:.6g}" if abs(v) < 1e5 else f"{v:.1f}"
         return str(v).replace("|", "\\|")
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" if r else "---" for r in right) + "|"]

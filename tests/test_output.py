@@ -41,7 +41,7 @@ TABLES = [
      ["122,532", "346,132", "468,182", "131,072", "1 x 131,072", "turboquant_4bit_nc", "weights"]),
     ("crossover qwen3-30b-a3b --batch 1,64 --context 8k --gpu h100",
      ["61,887", "605,368", "33.149", "0.8053", "64 x 8,192", "weights"]),
-    ("capacity --gpu h100", ["626.92 GiB", "10,485,760", "3695.77x", "llama-4-scout-17b-16e", "97,760"]),
+    ("capacity --gpu h100", ["626.92 GiB", "10,485,760", "3,695.77x", "llama-4-scout-17b-16e", "97,760"]),
     ("formats", ["fp8_per_token_head", "turboquant_4bit_nc", "vllm,sglang", "1,152", "6.12"]),
     ("models", ["1,026.4B", "10,485,760", "507,904", "llama-4-scout-17b-16e", "fp8_block128"]),
     ("gpus", ["287.50 GiB est.", "10066.3", "126.5", "A100-PCIE-40GB"]),
@@ -248,3 +248,14 @@ def test_python_api_errors_say_what_it_takes():
 
     point = kvplan.crossover(m, "fp8", contexts=[np.int64(8192)]).operating_points[0]
     assert point.context == 8192 and point.kv_bytes == 8192 * 2 * 32 * 8 * 128
+
+
+def test_large_batches_and_concurrencies_have_thousands_separators(cli_at):
+    # batch 1,000 x context 2,048 is written like the context; Falcon-7B's 10,288.78 sequences on an MI300X (one
+    # KV head: 32 layers x 64 x 2 x 2 B = 8,192 B per token) carries its separator as every other count does
+    code, out, err = cli_at(200, "crossover", "llama3-8b", "-b", "1000", "-c", "2k")
+    assert code == 0, err
+    assert "1,000 x 2,048" in out and "1000 x" not in out
+    code, out, err = cli_at(200, "capacity", "--gpu", "mi300x")
+    assert code == 0, err
+    assert "10,288.78x" in out and "10288.78x" not in out

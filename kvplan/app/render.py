@@ -279,7 +279,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     for i in range(n_points):
         for j, r in enumerate(results):
             p = r.operating_points[i]
-            row = [f"{p.batch} x {p.context:,}" if j == 0 else "", _dname(r.dtype, model), gb(p.weight_bytes, unit=False),
+            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _dname(r.dtype, model), gb(p.weight_bytes, unit=False),
                    gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False), pct(p.saving),
                    "KV" if p.bound == "kv" else "weights"]
             if moe:
@@ -402,9 +402,9 @@ def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
     for r in results:
         row = [_dname(r.dtype, model), num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
                f"{r.token_slots:,}", f"{r.kv_tokens:,}" if r.fits else "-",
-               f"{r.max_concurrency:.2f}x" if r.fits else "does not fit"]
+               f"{r.max_concurrency:,.2f}x" if r.fits else "does not fit"]
         if dp > 1:
-            row += [f"{r.total_kv_tokens:,}" if r.fits else "-", f"{r.total_max_concurrency:.2f}x" if r.fits else "-"]
+            row += [f"{r.total_kv_tokens:,}" if r.fits else "-", f"{r.total_max_concurrency:,.2f}x" if r.fits else "-"]
         t.add_row(*row, *([_layer_list(r.skip_layers)] if any_skip else []))
     print_table(con, t)
     con.print("B/token: this rank, all layers. block B: one block across the layers of a KV-cache group. blocks: "
@@ -443,7 +443,7 @@ def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, 
             fits = "[red]no[/red]: weights > budget"
         t.add_row(key, gib(r.weight_bytes), gib(r.available_kv_bytes) if r.available_kv_bytes > 0 else "-",
                   num(r.kv_bytes_per_token), f"{r.max_model_len:,}",
-                  f"{r.max_concurrency:.2f}x" if r.fits else "-", fits)
+                  f"{r.max_concurrency:,.2f}x" if r.fits else "-", fits)
     print_table(con, t)
 
 
@@ -809,7 +809,7 @@ def evidence_table(con, evidence: dict) -> None:
 
 
 def _ratio(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.2f}x"
+    return "-" if x is None else f"{x:,.2f}x"
 
 
 def _err(x: float) -> str:

@@ -249,9 +249,15 @@ def _frame(const: dict, per_len: dict, per_bc: dict, categories: dict, problems:
             frame[c] = pd.Categorical.from_codes(values, categories=list(problems))
         elif c == "bound":
             frame[c] = pd.Categorical.from_codes(values, categories=["weights", "kv"])
+        elif c in _BYTE_COUNTS and np.all(np.isfinite(values)) and np.all(np.abs(values) < 2**53) \
+                and np.all(values == np.floor(values)):
+            frame[c] = values.astype(np.int64)  # whole byte counts written as integers (131072, not 131072.0)
         else:
             frame[c] = values
     return frame
+
+
+_BYTE_COUNTS = ("kv_bytes_per_token", "weight_bytes", "kv_bytes", "step_bytes")
 
 
 def _expected_ms(d, batches, contexts, profiles: dict):
