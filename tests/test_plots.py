@@ -152,3 +152,27 @@ def test_throughput_png_is_legible(dtypes):
     looks = {(matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()) for ln in lines}
     assert len(looks) == len(lines)
     plt.close(f)
+
+
+def test_plot_throughput_takes_throughputs_limits_and_layout(cli):
+    # --ttft-ms picks the same best concurrency as `throughput --ttft-ms`; --pp and --max-model-len reach the plan
+    import json
+
+    base = ["--gpu", "h100", "--isl", "1k", "--osl", "1k", "-d", "auto"]
+    table = json.loads(cli("throughput", "llama-3.1-8b", *base, "--ttft-ms", "300", "--json").out)
+    fig = json.loads(cli("plot", "throughput", "llama-3.1-8b", *base, "--ttft-ms", "300", "--json").out)
+    assert fig["series"][0]["marker_label"] == f"best: {table['best']['concurrency']}"
+    r = cli("plot", "throughput", "llama-3.1-8b", *base, "--pp", "2", "--json")
+    assert r.code == 0 and ", PP 2," in json.loads(r.out)["title"]
+    # 8,192 + 1,024 tokens do not fit a max_model_len of 8,192
+    r = cli("plot", "throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "8k", "--osl", "1k", "--max-model-len",
+            "8k")
+    assert r.code == 2 and "9,216 tokens exceeds the max_model_len 8,192" in r.err
+
+
+def test_usage_lines_name_arguments_in_capitals(cli):
+    for argv, usage in [(["plot", "throughput"], "kvplan plot throughput [OPTIONS] MODEL"),
+                        (["log"], "kvplan log [OPTIONS] FILES..."), (["gate"], "kvplan gate [OPTIONS] FILE"),
+                        (["capacity"], "kvplan capacity [OPTIONS] [MODEL]")]:
+        r = cli(*argv, "--help")
+        assert r.code == 0 and usage in r.out and "{" not in r.out.splitlines()[1], r.out[:300]

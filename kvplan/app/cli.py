@@ -389,6 +389,8 @@ ConcurrencyOpt = Annotated[Optional[List[str]], typer.Option(
     "holds")]
 TpotOpt = Annotated[Optional[float], typer.Option(
     "--tpot-ms", help="time-per-output-token limit: pick each dtype's best concurrency that meets it")]
+TtftOpt = Annotated[Optional[float], typer.Option(
+    "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")]
 
 
 def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
@@ -449,8 +451,7 @@ def throughput(
     concurrency: ConcurrencyOpt = None,
     dtype: DtypesOpt = None,
     tpot_ms: TpotOpt = None,
-    ttft_ms: Annotated[Optional[float], typer.Option(
-        "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")] = None,
+    ttft_ms: TtftOpt = None,
     percentile: PercentileOpt = "mean",
     num_prompts: NumPromptsOpt = None,
     request_rate: RequestRateOpt = None,
@@ -708,7 +709,10 @@ def plot_throughput(
     concurrency: ConcurrencyOpt = None,
     dtype: PlotDtypesOpt = None,
     tpot_ms: TpotOpt = None,
+    ttft_ms: TtftOpt = None,
     tp: TpNoProfileOpt = None,
+    pp: PpOpt = None,
+    max_model_len: MaxModelLenOpt = None,
     weight_dtype: WeightDtypeOpt = None,
     engine: EngineOpt = None,
     calibration: CalibrationOpt = None,
@@ -716,11 +720,11 @@ def plot_throughput(
     as_json: JsonOpt = False,
 ) -> None:
     """Output tokens/s per GPU against TPOT for each KV dtype, one point per concurrency (its Pareto curve), the
-    TPOT limit drawn and each dtype's best concurrency under it marked."""
+    TPOT limit drawn and each dtype's best concurrency under the limits (--tpot-ms, --ttft-ms) marked."""
     from kvplan.app.plots import throughput_figure
 
-    _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, None, tp=tp, weight_dtype=weight_dtype,
-                       engine=engine, calibration=calibration)
+    _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, tp=tp, pp=pp,
+                       max_model_len=max_model_len, weight_dtype=weight_dtype, engine=engine, calibration=calibration)
     _draw(throughput_figure(r), output, as_json)
 
 
@@ -1451,6 +1455,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         _fold_option_names()
     _join_wrapped_lines(command)
     _flags_without_type(command)
+    _usage_names(command)
     _exit["status"] = 0
     streams = sys.stdout, sys.stderr
     try:
@@ -1523,6 +1528,18 @@ def _flags_without_type(command) -> None:
     command.get_help_option = help_option
     for sub in getattr(command, "commands", {}).values():
         _flags_without_type(sub)
+
+
+def _usage_names(command) -> None:
+    """The usage line names an argument as the convention has it: MODEL when it is required, [FILES]... when it is
+    optional or repeats (click's get_usage_pieces; typer would write {model})."""
+    for param in command.params:
+        if getattr(param, "param_type_name", None) == "argument":
+            name = (param.metavar or param.name or "").upper()
+            piece = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+            param.get_usage_pieces = lambda ctx, piece=piece: [piece]
+    for sub in getattr(command, "commands", {}).values():
+        _usage_names(sub)
 
 
 def _discard_stdout() -> int:

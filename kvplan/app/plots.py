@@ -154,7 +154,8 @@ def throughput_figure(result) -> Figure:
     notes = [f"one point per concurrency ({', '.join(str(c) for c in sorted({r.concurrency for r in result.rows}))})"
              f"; step times: {result.profile}", result.verdict]
     return Figure(
-        title=f"{result.model} on {result.gpu}, TP {result.tp}, isl {result.isl:,} / osl {result.osl:,}: "
+        title=f"{result.model} on {result.gpu}, TP {result.tp}" + (f", PP {result.pp}" if result.pp > 1 else "")
+              + f", isl {result.isl:,} / osl {result.osl:,}: "
               "output tokens/s per GPU against TPOT",
         xlabel="TPOT (ms)", ylabel="output tokens/s per GPU", series=series,
         vline=(f"TPOT limit {result.tpot_limit_ms:g} ms", result.tpot_limit_ms) if result.tpot_limit_ms else None,
