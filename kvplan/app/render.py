@@ -729,7 +729,7 @@ def throughput_table(r, model) -> None:
         t.add_column(col, justify=just, no_wrap=True)
 
     def cells(x, mark: str = "") -> list[str]:
-        ran = f"{x.mean_running:,.0f}" + (" kv" if x.kv_limited else "")
+        ran = f"{x.mean_running:,.0f}" + (" kv" if x.kv_limited else " seqs" if x.capped_by == "max_num_seqs" else "")
         return [f"{x.tpot_ms:.2f}{mark}", f"{x.ttft_ms:,.1f}", f"{x.ttft_p99_ms:,.1f}", f"{x.output_tokens_per_s:,.0f}",
                 f"{x.output_tokens_per_s_per_gpu:,.0f}", f"{x.tokens_per_s_per_user:.1f}", ran,
                 f"{x.roofline_step_ms:.2f}"]
@@ -748,8 +748,11 @@ def throughput_table(r, model) -> None:
     con.print(f"verdict: {r.verdict}")
     for note in r.notes:
         con.print(f"note: {note}")
+    seqs = any(x.capped_by == "max_num_seqs" and not x.kv_limited for x in r.rows)
     con.print("TPOT, TTFT: the benchmark's means over its requests; running: requests running at once on average "
-              "('kv': requests waited for KV blocks or were preempted); floor ms: the roofline (bytes / peak "
+              "('kv': requests waited for KV blocks or were preempted"
+              + ("; 'seqs': requests queued for one of the scheduler's max_num_seqs slots, the pool not full"
+                 if seqs else "") + "); floor ms: the roofline (bytes / peak "
               "bandwidth) of a decode step at that batch" + ("; x: over the limits" if limits else "") + ".")
 
 def layout_tables(cmp, model) -> None:
