@@ -1474,6 +1474,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # click's usage errors (vendored inside typer) and Ctrl-C
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             message = e.format_message() or "no command given: the help above lists them (`kvplan COMMAND --help`)"
+            message = _whole_number_advice(e, message, args)
             print(f"kvplan: error: {_one_line(message)}", file=sys.stderr)
             return 2
         if type(e).__name__ == "Abort":
@@ -1481,6 +1482,34 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 130
         raise
     return rv if isinstance(rv, int) else 0
+
+
+def _whole_number_advice(e, message: str, args: List[str]) -> str:
+    """An integer option given something else: the value and what to write instead (the digits of 1e3), rather than
+    the parser's 'Input should be a valid integer, unable to parse string as an integer'."""
+    import re
+
+    param = getattr(e, "param", None)
+    if param is None or "valid integer" not in message:
+        return message
+    opts = [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    value = None
+    for i, a in enumerate(args):
+        if a in opts and i + 1 < len(args):
+            value = args[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in opts:
+            value = a.split("=", 1)[1]
+    name = max(opts, key=len) if opts else "the option"
+    if value is None:
+        return f"{name}: expected a whole number such as 8"
+    exp = re.fullmatch(r"[+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+]?([0-9]{1,3})", value.strip())
+    if exp:
+        from fractions import Fraction
+
+        x = Fraction(exp.group(1)) * 10 ** int(exp.group(2))
+        if x.denominator == 1:
+            return f"{name} '{value}': exponent notation is not taken; write the digits ({int(x)})"
+    return f"{name} '{value}': expected a whole number such as 8"
 
 
 def _command_for(args: List[str]):
