@@ -23,7 +23,12 @@ def test_crossover_figure_marks_each_crossover(name):
         below = [y for x, y in zip(s.x, s.y, strict=True) if x < s.marker[0]]
         above = [y for x, y in zip(s.x, s.y, strict=True) if x > s.marker[0]]
         assert max(below) <= w <= min(above)
-    assert fig.vline[1] == 16 * 32768 and len(fig.points) == 2
+    assert fig.vline[1] == 16 * 32768 and [p[0].split(":")[0] for p in fig.points[:2]] == [f.name for f in fmts]
+    # an MoE model's step at batch 16 touches more experts than batch 1's: its own weight read is marked too
+    more = [p for p in fig.points[2:] if p[0].startswith("weights at batch 16: ")]
+    assert len(fig.points) == 2 + len(more) and len(more) == (1 if m.moe else 0)
+    if more:
+        assert more[0][2] > w and more[0][1] == 16 * 32768
 
 
 @pytest.mark.parametrize("name", MODELS)

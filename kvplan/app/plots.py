@@ -88,7 +88,8 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
         for name, layers in firsts:
             fig.points.append((f"{name}: {kv_read_bytes(layers, batch, context) / 1e9:.3g} GB",
                                batch * context, kv_read_bytes(layers, batch, context)))
-        if model.moe and wb_b != w1:
+        if model.moe and wb_b != w1:  # the flat line is batch 1's: the operating point's own weight read beside it
+            fig.points.append((f"weights at batch {batch}: {wb_b / 1e9:.3g} GB", batch * context, wb_b))
             fig.notes.append(f"at batch {batch} the weight read grows to {wb_b / 1e9:.3g} GB (more experts touched)")
     return fig
 
