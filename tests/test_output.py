@@ -93,6 +93,9 @@ WIDE = [
     "crossover llama-3.1-8b -d turboquant_4bit_nc --weight-read all --context 128k",
     "crossover qwen3-30b-a3b --batch 1,64 --context 8k --gpu h100",
     "throughput llama-3.1-8b --gpu h100 --isl 1k --osl 1k --tpot-ms 20 -n 16,256",
+    "throughput qwen3-30b-a3b --gpu h100 --isl 1k --osl 128 -n 8 --num-prompts 50 --layout tp1 --layout tp2",
+    "capacity deepseek-v3 --gpu h200 --data-parallel-size 8 --enable-expert-parallel",
+    "plot capacity llama3-8b --gpu h100",
     f"gate {GATES}",
     f"log {LOGS / 'vllm-v1-0.33-llama31-8b-h100.log'} --gpu h100",
     f"log {' '.join(sorted(str(p) for p in (LOGS / 'vllm-0.19-h100').glob('*.log'))[:6])} "
