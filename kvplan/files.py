@@ -265,6 +265,10 @@ def write_frame(df, path: str | None, fmt: str) -> str | None:
             raise KvplanError("writing parquet needs pyarrow: pip install pyarrow (or write .csv / .json)") from None
         atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
         return None
+    whole = [c for c in df.attrs.get("whole_columns", ()) if c in df.columns and df[c].dtype.kind == "f"
+             and df[c].notna().all() and (df[c] % 1 == 0).all() and (df[c].abs() < 2**53).all()]
+    if whole:  # byte counts the frame holds as floats, written as the integers they are (131072, not 131072.0)
+        df = df.astype({c: "int64" for c in whole})
     if fmt == "csv":
         text = df.to_csv(index=False)
     elif fmt == "json":

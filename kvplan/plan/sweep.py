@@ -149,6 +149,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     frame = _frame(const, per_len, per_bc, categories, problems, n_len, n_bc)
     df = pd.DataFrame(frame, copy=False)
     df.attrs["skipped"] = skipped
+    df.attrs["whole_columns"] = [c for c in BYTE_COUNTS if c in df.columns]
     df.attrs["notes"] = list(option_notes)
     df.attrs["weight_read"] = weight_read
     df.attrs["step_profiles"] = profiles  # GPU -> the profile its expected_step_ms come from
@@ -249,15 +250,14 @@ def _frame(const: dict, per_len: dict, per_bc: dict, categories: dict, problems:
             frame[c] = pd.Categorical.from_codes(values, categories=list(problems))
         elif c == "bound":
             frame[c] = pd.Categorical.from_codes(values, categories=["weights", "kv"])
-        elif c in _BYTE_COUNTS and np.all(np.isfinite(values)) and np.all(np.abs(values) < 2**53) \
-                and np.all(values == np.floor(values)):
-            frame[c] = values.astype(np.int64)  # whole byte counts written as integers (131072, not 131072.0)
         else:
             frame[c] = values
     return frame
 
 
-_BYTE_COUNTS = ("kv_bytes_per_token", "weight_bytes", "kv_bytes", "step_bytes")
+# Byte counts held as float64 (a custom format's bytes per token may be fractional), written as integers in CSV,
+# JSON and markdown when every value is whole (kvplan.files.write_frame)
+BYTE_COUNTS = ("kv_bytes_per_token", "weight_bytes", "kv_bytes", "step_bytes")
 
 
 def _expected_ms(d, batches, contexts, profiles: dict):
