@@ -112,13 +112,25 @@ def workload(family: str, size_bytes: int, device: torch.device) -> tuple[Callab
     raise ValueError(f"unknown kernel family {family}")
 
 
+def _random_cache(shape: tuple, layout, device: torch.device) -> torch.Tensor:
+    """A paged cache of random bytes, `shape` slots of the layout, for timing: its per-token fp32 scales set to
+    1/64, so that dequantized values stay finite (random bytes read as a float32 scale reach 1e33, and the kernel's
+    arithmetic then overflows into inf and NaN, which costs the same time but is no decode step)."""
+    cache = torch.randint(0, 120, (*shape, layout.slot_bytes), dtype=torch.uint8, device=device)
+    scale = torch.tensor([1 / 64], dtype=torch.float32).view(torch.uint8).to(device)
+    for at in (layout.k_scale, layout.v_scale):
+        if at >= 0 and layout.mode in (3, 4, 6):  # int8, fp8 and int4 per token and head: one fp32 scale
+            cache[..., at:at + 4] = scale
+    return cache
+
+
 def _decode_workload(fmt: str, size_bytes: int, device: torch.device):
     from .layouts import slot_layout
 
     layout = slot_layout(fmt, HEAD_DIM)
     ctx, seqs = decode_shape(layout, size_bytes)
     blocks = seqs * ctx // BLOCK
-    cache = torch.randint(0, 120, (blocks, BLOCK, KV_HEADS, layout.slot_bytes), dtype=torch.uint8, device=device)
+    cache = _random_cache((blocks, BLOCK, KV_HEADS), layout, device)
     table = torch.arange(blocks, dtype=torch.int32, device=device).view(seqs, ctx // BLOCK)
     lens = torch.full((seqs,), ctx, dtype=torch.int32, device=device)
     q = torch.randn(seqs, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=device)
@@ -430,8 +442,7 @@ def validate_step(model, fmt_name: str, batch: int, context: int, layers: int, d
     x = {k: torch.randn(batch, k, dtype=torch.bfloat16, device=device) for _, k in mats}
     layout = slot_layout(fmt_name if fmt_name != "auto" else "bfloat16", model.head_dim)
     blocks_per_seq = -(-context // BLOCK)
-    cache = torch.randint(0, 120, (batch * blocks_per_seq, BLOCK, model.num_kv_heads, layout.slot_bytes),
-                          dtype=torch.uint8, device=device)
+    cache = _random_cache((batch * blocks_per_seq, BLOCK, model.num_kv_heads), layout, device)
     table = torch.arange(batch * blocks_per_seq, dtype=torch.int32, device=device).view(batch, blocks_per_seq)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     q = torch.randn(batch, model.num_heads, model.head_dim, dtype=torch.bfloat16, device=device)

@@ -240,8 +240,12 @@ def frame_to_markdown(df) -> str:
     right = [df[c].dtype.kind in "iuf" for c in df.columns]
 
     def cell(v) -> str:
-        if isinstance(v, float):
-            return "" if v != v else f"{v:.6g}"
+        if isinstance(v, float):  # whole numbers in full (15009857536, not 1.50099e+10), others to 6 digits
+            if v != v:
+                return ""
+            if v.is_integer() and abs(v) < 2**53:
+                return str(int(v))
+            return f"{v:.6g}" if abs(v) < 1e5 else f"{v:.1f}"
         return str(v).replace("|", "\\|")
 
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" if r else "---" for r in right) + "|"]
@@ -261,6 +265,10 @@ def write_frame(df, path: str | None, fmt: str) -> str | None:
             raise KvplanError("writing parquet needs pyarrow: pip install pyarrow (or write .csv / .json)") from None
         atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
         return None
+    whole = [c for c in df.attrs.get("whole_columns", ()) if c in df.columns and df[c].dtype.kind == "f"
+             and df[c].notna().all() and (df[c] % 1 == 0).all() and (df[c].abs() < 2**53).all()]
+    if whole:  # byte counts the frame holds as floats, written as the integers they are (131072, not 131072.0)
+        df = df.astype({c: "int64" for c in whole})
     if fmt == "csv":
         text = df.to_csv(index=False)
     elif fmt == "json":

@@ -35,7 +35,7 @@ def test_help_texts_read_as_written(cli):
     (["crossover", "llama3-8b", "--dtype", "fp8_ds_mla"], "applies only to MLA models"),
     (["crossover", "deepseek-v3", "--dtype", "turboquant_k8v4"], "does not apply to MLA models"),
     (["crossover", "llama3-8b", "--kv-cache-dtype-skip-layers", "40"], "layer 40 does not exist"),
-    (["crossover", "llama3-8b", "--tp", "abc"], "Invalid value for '--tp'"),
+    (["crossover", "llama3-8b", "--tp", "abc"], "--tp 'abc': expected a whole number such as 8"),
     (["crossover"], "Missing argument"),
     (["capacity", "llama3-8b"], "capacity needs --gpu"),
     (["capacity", "llama3-8b", "--gpu", "h100", "--gpu-memory-utilization", "1.2"], "must be in (0, 1]"),

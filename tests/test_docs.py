@@ -150,3 +150,17 @@ def test_readme_gpt_oss_failures_are_the_summarys():
     (need, tp1), (_, tp2) = left
     assert f"kvplan predicts both (at TP 1 the warm-up needs {need} GiB and {tp1} GiB are left" in readme
     assert f"at TP 2, {tp2} GiB are left)" in readme
+
+
+def test_a_benchmark_below_its_target_says_fail(capsys, monkeypatch):
+    # 627,117 rows/s against a target of 1,000,000 is a failure, and the benchmark's output says so in words
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmarks" / "_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.delenv(mod.ENV, raising=False)
+    assert mod.report(627_117, 1_000_000, "rows/s", higher_is_better=True, what="kvplan.sweep") is False
+    assert capsys.readouterr().out == "FAIL: kvplan.sweep: 627,117 rows/s, target at least 1,000,000\n"
+    assert mod.report(0.2, 0.5, "s", higher_is_better=False, what="start-up") is True
+    assert capsys.readouterr().out.startswith("PASS: start-up: 0.2 s, target at most 0.5")

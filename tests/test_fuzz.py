@@ -272,7 +272,7 @@ def _options(path: tuple[str, ...]) -> list[tuple[str, bool, str]]:
 
 OPTIONS = {path: _options(path) for path in [("capacity",), ("crossover",), ("sweep",), ("plot", "capacity"),
                                                ("plot", "crossover"), ("formats",), ("measure",), ("models", "show"),
-                                               ("gpus", "show")]}
+                                               ("gpus", "show"), ("throughput",), ("plot", "throughput")]}
 FILE_OPTIONS = {"--profile", "--calibration", "--output", "-o"}
 
 
@@ -711,6 +711,9 @@ def mutated_log(draw, env):
     out = b"\n".join(lines)
     if draw(st.integers(0, 4)) == 0:
         out = out[: draw(st.integers(0, len(out)))]
+    if draw(st.integers(0, 3)) == 0:  # a restarted server appending to the same file: two startups, or three
+        for _ in range(draw(st.integers(1, 2))):
+            out += b"\n" + logs[draw(st.sampled_from(sorted(logs)))]
     return out
 
 
@@ -809,6 +812,165 @@ def _regression_files(files: Path, env: dict) -> None:
         (files / name).write_text(json.dumps(doc))
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# 7. Inputs met in use: numbers in exponent notation, folders in the working directory named like catalog models,
+# two startups in one log, and a Hugging Face Hub that cannot be reached
+
+EXPONENTS = ["1e5", "9e-1", "1E3", "2e0", "1.5e4", "1e+3", "0e0", "-1e3", "1e5k", "8e1", "1e400", "1e-400", ".5e1"]
+NUMERIC = {path: [(n, k) for n, flag, k in opts if not flag and (k in ("integer", "float") or n in (
+    "--max-model-len", "--context", "-c", "--batch", "-b", "--isl", "--osl", "--concurrency", "-n", "--tp"))]
+    for path, opts in OPTIONS.items() if path in (("capacity",), ("crossover",), ("sweep",), ("throughput",),
+                                                  ("plot", "capacity"))}
+HEADS = {("capacity",): ["llama3-8b", "--gpu", "h100"], ("crossover",): ["llama3-8b", "--gpu", "h100"],
+         ("sweep",): ["-m", "llama3-8b", "-g", "h100"], ("plot", "capacity"): ["llama3-8b", "--gpu", "h100"],
+         ("throughput",): ["llama3-8b", "--gpu", "h100", "--isl", "1k", "--osl", "128", "-n", "1",
+                           "--num-prompts", "8"]}
+
+
+@fuzz(150)
+@given(data=st.data())
+def test_exponent_numbers(data):
+    # every numeric option given a number in exponent notation: taken as the number it is, or refused in one line
+    # naming the option
+    ran("exponents")
+    path = data.draw(st.sampled_from(sorted(NUMERIC)))
+    argv = [*path, *HEADS[path]]
+    for _ in range(data.draw(st.integers(1, 2))):
+        name, _kind = data.draw(st.sampled_from(NUMERIC[path]))
+        argv += [name, data.draw(st.sampled_from(EXPONENTS))]
+    code = check(argv)
+    if code == 2:
+        _, _, err = run(argv)
+        assert any(a in err for a in argv if a.startswith("-")) or "--" in err, err
+
+
+def test_exponent_numbers_are_the_numbers_or_refused_with_the_digits():
+    base = ["capacity", "llama3-8b", "--gpu", "h100", "--json"]
+    code, plain, err = run([*base, "--gpu-memory-utilization", "0.9"])
+    assert code == 0, err
+    code, exp, err = run([*base, "--gpu-memory-utilization", "9e-1"])  # 9 x 10^-1 is 0.9
+    assert code == 0 and json.loads(exp) == json.loads(plain), err
+    code, _, err = run([*base, "--max-model-len", "1e5"])
+    assert code == 2 and "write the digits (100000)" in err  # 1 x 10^5
+    code, _, err = run([*base, "--max-num-seqs", "1e3"])
+    assert code == 2 and err == "kvplan: error: --max-num-seqs '1e3': exponent notation is not taken; write the " \
+                                "digits (1000)\n"
+
+
+FOLDER_NAMES = ["llama3-8b", "Llama-3.1-8B", "deepseek-v3", "qwen3-30b-a3b", "snap", "adir", "h100", "config.json"]
+
+
+@fuzz(120)
+@given(data=st.data())
+def test_local_folders(data):
+    # a folder in the working directory, named like a catalog model or not, holding a config.json (valid, mutated,
+    # empty, a folder) or nothing, named bare, as ./NAME or with a trailing slash
+    env = ENV
+    ran("local folders")
+    here = fresh(env, "-cwd")
+    here.mkdir()
+    name = data.draw(st.sampled_from(FOLDER_NAMES))
+    folder = here / name
+    folder.mkdir()
+    content = data.draw(st.sampled_from(["valid", "valid", "mutated", "empty", "folder", "none", "yaml"]))
+    config = env["configs"][data.draw(st.sampled_from(sorted(env["configs"])))]
+    if content == "valid":
+        (folder / "config.json").write_text(json.dumps(config))
+    elif content == "mutated":
+        (folder / "config.json").write_text(json.dumps(data.draw(mutated(config))))
+    elif content == "empty":
+        (folder / "config.json").write_text("")
+    elif content == "folder":
+        (folder / "config.json").mkdir()
+    elif content == "yaml":
+        (folder / "model.yaml").write_text(yaml.safe_dump(env["specs"]["llama3-8b"]))
+    spelled = data.draw(st.sampled_from([name, name, f"./{name}", f"{name}/"]))
+    argv = data.draw(st.sampled_from([["crossover", spelled], ["crossover", spelled, "--json"],
+                                      ["capacity", spelled, "--gpu", "h100"], ["models", "show", spelled],
+                                      ["throughput", spelled, "--gpu", "h100", "--isl", "1k", "--osl", "128", "-n",
+                                       "1", "--num-prompts", "8"]]))
+    previous = os.getcwd()
+    os.chdir(here)
+    try:
+        check(argv)
+    finally:
+        os.chdir(previous)
+
+
+def test_a_local_folder_is_read_before_a_catalog_name(tmp_path, monkeypatch):
+    # ./llama3-8b with 16 of Llama-3-8B's 32 layers: 2 (K, V) x 16 x 8 KV heads x 128 x 2 B = 65,536 B per token,
+    # the folder's, not the catalog's 131,072; a bare relative folder name (snap) works as ./snap does
+    config = json.loads((FIXTURES / "llama3-8b.config.json").read_text())
+    for name in ("llama3-8b", "snap"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 16}))
+    monkeypatch.chdir(tmp_path)
+    for spelled in ("llama3-8b", "./llama3-8b", "snap", "snap/"):
+        code, out, err = run(["crossover", spelled, "--json"])
+        assert code == 0 and json.loads(out)["kv_bytes_per_token"] == 65536, (spelled, err)
+    (tmp_path / "adir").mkdir()
+    code, _, err = run(["crossover", "adir"])
+    assert code == 2 and "the folder adir holds no config.json" in err
+
+
+def test_two_startups_in_one_log_read_the_last(tmp_path):
+    # a server restarted onto the same log file (tee -a): the figures are the second startup's, with a note
+    first = (FIXTURES / "logs" / "vllm-v1-0.10-llama31-8b-h100.log").read_text()
+    second = (FIXTURES / "logs" / "vllm-v1-0.33-llama31-8b-h100.log").read_text()
+    both = tmp_path / "two.log"
+    both.write_text(first + second)
+    alone = tmp_path / "one.log"
+    alone.write_text(second)
+    code, out2, err = run(["log", both, "--gpu", "h100", "--json"])
+    assert code == 0, err
+    code, out1, err = run(["log", alone, "--gpu", "h100", "--json"])
+    assert code == 0, err
+    two, one = json.loads(out2), json.loads(out1)
+    assert two["figures"] == one["figures"] and two["config"] == one["config"] and two["version"] == one["version"]
+    assert any("2 startups" in n for n in two["notes"])
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed when the socket is: a connection there is refused at once
+
+
+@pytest.mark.parametrize("hub", ["offline", "refused"])
+def test_a_hub_that_cannot_be_reached(hub, tmp_path):
+    # HF_HUB_OFFLINE=1, or a Hub endpoint that refuses connections: a catalog model's id is planned from the
+    # catalog, any other id is refused in one line, and no case waits (each in a process of its own, since
+    # huggingface_hub reads these variables once, at import)
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update({"HF_HUB_CACHE": str(tmp_path / "hub"), "KVPLAN_CACHE_DIR": str(tmp_path / "cache"),
+                "HF_HUB_DISABLE_TELEMETRY": "1"})
+    if hub == "offline":
+        env["HF_HUB_OFFLINE"] = "1"
+    else:
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{_closed_port()}"
+    cases = [(["capacity", "Qwen/Qwen3-8B", "--gpu", "h100"], 0), (["crossover", "meta-llama/Llama-3.1-8B"], 0),
+             (["crossover", "org/no-such-model"], 2), (["models", "show", "org/no-such-model"], 2),
+             (["capacity", "org/no-such-model@v2", "--gpu", "h100"], 2)]
+    code = "import sys; from kvplan.app.cli import main; sys.exit(main(sys.argv[1:]))"
+    for argv, want in cases:
+        start = time.monotonic()
+        p = subprocess.run([sys.executable, "-c", code, *argv], env=env, cwd=tmp_path, capture_output=True,
+                           text=True, timeout=60)
+        took = time.monotonic() - start
+        assert p.returncode == want, (argv, p.stderr)
+        assert "Traceback" not in p.stderr and took < 15, (argv, took)
+        if want == 2:
+            lines = p.stderr.rstrip("\n").splitlines()
+            assert len(lines) == 1 and lines[0].startswith("kvplan: error: "), p.stderr
+            assert ("HF_HUB_OFFLINE" if hub == "offline" else "cannot reach the Hub") in lines[0], lines[0]
+
+
 # Each once escaped main() as a traceback, or said its error on more than one line.
 REGRESSIONS: list[list[str]] = [
     # sweep: numbers beyond 64-bit integers (OverflowError)
@@ -893,7 +1055,7 @@ def test_regression_sizes_keep_every_digit():
 FUZZ_TESTS = {"capacity", "crossover", "sweep", "plot capacity", "plot crossover", "formats", "measure",
               "models show", "gpus show", "model specs", "gpu specs", "config.json", "gate", "log",
               "deployment profile",
-              "calibration profile"}
+              "calibration profile", "exponents", "local folders"}
 
 
 def test_zz_case_count():

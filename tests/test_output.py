@@ -41,7 +41,7 @@ TABLES = [
      ["122,532", "346,132", "468,182", "131,072", "1 x 131,072", "turboquant_4bit_nc", "weights"]),
     ("crossover qwen3-30b-a3b --batch 1,64 --context 8k --gpu h100",
      ["61,887", "605,368", "33.149", "0.8053", "64 x 8,192", "weights"]),
-    ("capacity --gpu h100", ["626.92 GiB", "10,485,760", "3695.77x", "llama-4-scout-17b-16e", "97,760"]),
+    ("capacity --gpu h100", ["626.92 GiB", "10,485,760", "3,695.77x", "llama-4-scout-17b-16e", "97,760"]),
     ("formats", ["fp8_per_token_head", "turboquant_4bit_nc", "vllm,sglang", "1,152", "6.12"]),
     ("models", ["1,026.4B", "10,485,760", "507,904", "llama-4-scout-17b-16e", "fp8_block128"]),
     ("gpus", ["287.50 GiB est.", "10066.3", "126.5", "A100-PCIE-40GB"]),
@@ -60,13 +60,80 @@ def test_tables_never_cut_a_cell_short(cli_at, width, cmd, figures):
 
 
 def test_a_table_that_fits_keeps_the_console_width(cli_at):
-    # wrapping text columns is the first resort; the table grows past the terminal only when that is not enough
+    # wrapping text columns is the first resort; columns move to a second table only when that is not enough
     _, out, _ = cli_at(80, "gate", GATES)
     table = [ln for ln in out.splitlines() if ln.strip()][1:-1]
     assert max(len(ln) for ln in table) <= 80
     _, out, _ = cli_at(60, "capacity", "llama3-8b", "--gpu", "h100", "-d", "auto,fp8,turboquant_4bit_nc",
                        "--gpu-memory-gib", "79.65", "--activation-gib", "6")
-    assert any(len(ln) > 60 and "1,210,688" in ln for ln in out.splitlines())
+    assert max(len(ln) for ln in out.splitlines()) <= 60 and "1,210,688" in out
+
+
+def test_columns_that_do_not_fit_continue_below_with_the_row_labels(cli_at):
+    # throughput at 60 columns: the row labels (KV dtype, conc.) head every part, each figure once, none cut
+    _, out, _ = cli_at(60, "throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k",
+                       "-n", "16,64", "-d", "fp8")
+    headers = [ln.split() for ln in out.splitlines() if ln.startswith(" KV dtype")]
+    assert len(headers) >= 2 and all(h[:3] == ["KV", "dtype", "conc."] for h in headers)
+    names = [w for h in headers for w in h[3:]]
+    for col, n in [("TPOT", 1), ("TTFT", 2), ("p99", 1), ("tok/s", 1), ("GPU", 1), ("user", 1), ("running", 1),
+                   ("floor", 1)]:  # TTFT twice: TTFT ms and TTFT p99
+        assert names.count(col) == n, (col, names)
+    # each part lists the same rows: concurrency 16, 64 and the best, under the label fp8 once
+    assert out.count(" fp8 ") == len(headers)
+    assert max(len(ln) for ln in out.splitlines()) <= 60
+
+
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+# every command that prints a table, with the options that make its tables widest
+WIDE = [
+    "capacity llama3-8b --gpu h100 -d auto,fp8,turboquant_4bit_nc",
+    "capacity --gpu h200 --tp 8",
+    "crossover llama-3.1-8b -d fp8 --gpu h100 -c 2304,128k",
+    "crossover llama-3.1-8b -d turboquant_4bit_nc --weight-read all --context 128k",
+    "crossover qwen3-30b-a3b --batch 1,64 --context 8k --gpu h100",
+    "throughput llama-3.1-8b --gpu h100 --isl 1k --osl 1k --tpot-ms 20 -n 16,256",
+    "throughput qwen3-30b-a3b --gpu h100 --isl 1k --osl 128 -n 8 --num-prompts 50 --layout tp1 --layout tp2",
+    "capacity deepseek-v3 --gpu h200 --data-parallel-size 8 --enable-expert-parallel",
+    "plot capacity llama3-8b --gpu h100",
+    f"gate {GATES}",
+    f"log {LOGS / 'vllm-v1-0.33-llama31-8b-h100.log'} --gpu h100",
+    f"log {' '.join(sorted(str(p) for p in (LOGS / 'vllm-0.19-h100').glob('*.log'))[:6])} "
+    f"--configs {ROOT / 'tests' / 'fixtures' / 'configs'} --summary",
+    "formats", "formats turboquant_k3v4_nc", "models", "models show llama3-8b", "gpus", "gpus show h100",
+    "plot throughput llama-3.1-8b --gpu h100 --isl 1k --osl 1k -n 8,64",
+    "measure --dry-run --gpu h100",
+]
+
+
+def _widest(out: str) -> int:
+    import re
+
+    return max(len(re.sub(r"\x1b\[[0-9;]*m", "", ln)) for ln in out.splitlines())
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["piped", "terminal"])
+@pytest.mark.parametrize("width", [50, 80, 120])
+@pytest.mark.parametrize("cmd", WIDE, ids=[c.split(" /")[0][:40] for c in WIDE])
+def test_no_line_is_wider_than_the_terminal(cli_at, monkeypatch, terminal, width, cmd):
+    # COLUMNS=50, 80, 120, printed to a pipe (kvplan's plain renderer) and to a terminal (rich): every line of
+    # every command's output fits, tables included (their extra columns continue below), and no cell is cut
+    if terminal:
+        monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    code, out, err = cli_at(width, *shlex.split(cmd))
+    assert code == 0, err
+    assert "…" not in out
+    assert _widest(out) <= width, f"{cmd} at {width} columns:\n{out}"
+
+
+def test_piped_without_columns_is_80_wide(tmp_path):
+    # a pipe with no COLUMNS and no terminal on stdin, stdout or stderr: 80 columns, as rich takes it
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    for cmd in ("models", "throughput llama-3.1-8b --gpu h100 --isl 1k --osl 1k -n 8,64", "capacity --gpu h100"):
+        p = subprocess.run([_kvplan(), *shlex.split(cmd)], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert 60 < _widest(p.stdout) <= 80, cmd
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -184,3 +251,14 @@ def test_python_api_errors_say_what_it_takes():
 
     point = kvplan.crossover(m, "fp8", contexts=[np.int64(8192)]).operating_points[0]
     assert point.context == 8192 and point.kv_bytes == 8192 * 2 * 32 * 8 * 128
+
+
+def test_large_batches_and_concurrencies_have_thousands_separators(cli_at):
+    # batch 1,000 x context 2,048 is written like the context; Falcon-7B's 10,288.78 sequences on an MI300X (one
+    # KV head: 32 layers x 64 x 2 x 2 B = 8,192 B per token) carries its separator as every other count does
+    code, out, err = cli_at(200, "crossover", "llama3-8b", "-b", "1000", "-c", "2k")
+    assert code == 0, err
+    assert "1,000 x 2,048" in out and "1000 x" not in out
+    code, out, err = cli_at(200, "capacity", "--gpu", "mi300x")
+    assert code == 0, err
+    assert "10,288.78x" in out and "10288.78x" not in out

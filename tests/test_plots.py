@@ -23,7 +23,12 @@ def test_crossover_figure_marks_each_crossover(name):
         below = [y for x, y in zip(s.x, s.y, strict=True) if x < s.marker[0]]
         above = [y for x, y in zip(s.x, s.y, strict=True) if x > s.marker[0]]
         assert max(below) <= w <= min(above)
-    assert fig.vline[1] == 16 * 32768 and len(fig.points) == 2
+    assert fig.vline[1] == 16 * 32768 and [p[0].split(":")[0] for p in fig.points[:2]] == [f.name for f in fmts]
+    # an MoE model's step at batch 16 touches more experts than batch 1's: its own weight read is marked too
+    more = [p for p in fig.points[2:] if p[0].startswith("weights at batch 16: ")]
+    assert len(fig.points) == 2 + len(more) and len(more) == (1 if m.moe else 0)
+    if more:
+        assert more[0][2] > w and more[0][1] == 16 * 32768
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -118,3 +123,61 @@ def test_text_chart_fits_the_terminal(monkeypatch, argv, columns):
     monkeypatch.setenv("COLUMNS", "200")
     wide = _run(argv)[1].splitlines()[1:21]
     assert {len(r.split("|", 1)[1]) for r in wide} == {72}
+
+
+@pytest.mark.parametrize("dtypes", ["auto,fp8", "auto,float16,bfloat16,fp8,fp8_e4m3,fp8_e5m2,fp8_per_token_head,"
+                                    "int8_per_token_head,int4_per_token_head,turboquant_k8v4,turboquant_4bit_nc,"
+                                    "turboquant_k3v4_nc,turboquant_3bit_nc"], ids=["two", "vllm-all"])
+def test_throughput_png_is_legible(dtypes):
+    # the footer (the concurrencies and the verdict) lies inside the image, the log axes read as plain numbers
+    # (20, 30 rather than 2x10^1), every concurrency has a mark, and no two series share colour and line style
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import kvplan
+    from kvplan.app.plots import draw, throughput_figure
+
+    r = kvplan.throughput(load_model("llama-3.1-8b"), load_gpu("h100"), kv_cache_dtypes=dtypes.split(","), isl=1024, osl=1024,
+                          tpot_ms=20)
+    fig = throughput_figure(r)
+    f = draw(fig)
+    f.canvas.draw()
+    page = f.bbox
+    for t in f.texts + f.axes[0].texts:
+        box = t.get_window_extent()
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, t.get_text()
+    assert " ".join(t.get_text() for t in f.texts).split() == " ".join(fig.notes).split()  # every word of the notes
+    ticks = [t.get_text() for axis in (f.axes[0].xaxis, f.axes[0].yaxis)
+             for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True)]
+    assert "10" in ticks and "20" in ticks and not any("times" in t or "^" in t for t in ticks)
+    lines = [ln for ln in f.axes[0].get_lines() if ln.get_label() in {s.label for s in fig.series}
+             or any(ln.get_label().startswith(s.label + "  (") for s in fig.series)]
+    assert len(lines) == len(fig.series) and all(ln.get_marker() not in (None, "None", "") for ln in lines)
+    looks = {(matplotlib.colors.to_hex(ln.get_color()), ln.get_linestyle()) for ln in lines}
+    assert len(looks) == len(lines)
+    plt.close(f)
+
+
+def test_plot_throughput_takes_throughputs_limits_and_layout(cli):
+    # --ttft-ms picks the same best concurrency as `throughput --ttft-ms`; --pp and --max-model-len reach the plan
+    import json
+
+    base = ["--gpu", "h100", "--isl", "1k", "--osl", "1k", "-d", "auto"]
+    table = json.loads(cli("throughput", "llama-3.1-8b", *base, "--ttft-ms", "300", "--json").out)
+    fig = json.loads(cli("plot", "throughput", "llama-3.1-8b", *base, "--ttft-ms", "300", "--json").out)
+    assert fig["series"][0]["marker_label"] == f"best: {table['best']['concurrency']}"
+    r = cli("plot", "throughput", "llama-3.1-8b", *base, "--pp", "2", "--json")
+    assert r.code == 0 and ", PP 2," in json.loads(r.out)["title"]
+    # 8,192 + 1,024 tokens do not fit a max_model_len of 8,192
+    r = cli("plot", "throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "8k", "--osl", "1k", "--max-model-len",
+            "8k")
+    assert r.code == 2 and "9,216 tokens exceeds the max_model_len 8,192" in r.err
+
+
+def test_usage_lines_name_arguments_in_capitals(cli):
+    for argv, usage in [(["plot", "throughput"], "kvplan plot throughput [OPTIONS] MODEL"),
+                        (["log"], "kvplan log [OPTIONS] FILES..."), (["gate"], "kvplan gate [OPTIONS] FILE"),
+                        (["capacity"], "kvplan capacity [OPTIONS] [MODEL]")]:
+        r = cli(*argv, "--help")
+        assert r.code == 0 and usage in r.out and "{" not in r.out.splitlines()[1], r.out[:300]

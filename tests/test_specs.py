@@ -222,3 +222,25 @@ def test_yaml_spec_reports_every_missing_field_at_once(tmp_path):
     assert str(e.value) == f"{path}: fields 'tie_word_embeddings' and 'head_dim' are required"
     path.write_text(yaml.safe_dump({**spec, "tie_word_embeddings": False, "head_dim": 16}))
     assert load_model(str(path)).head_dim == 16
+
+
+def test_no_home_directory_is_created_for_the_cache(tmp_path):
+    # HOME pointing at a folder that does not exist: the command runs, and kvplan keeps no cache there rather
+    # than creating the home directory; an existing home gets its ~/.cache/kvplan as before
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("KVPLAN_CACHE_DIR", "XDG_CACHE_HOME")}
+    missing = tmp_path / "some" / "where"
+    code = "import sys; from kvplan.app.cli import main; sys.exit(main(['crossover', 'llama3-8b', '--json']))"
+    p = subprocess.run([sys.executable, "-c", code], env={**env, "HOME": str(missing)}, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "some").exists()
+    home = tmp_path / "home"
+    home.mkdir()
+    p = subprocess.run([sys.executable, "-c", code], env={**env, "HOME": str(home)}, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert any((home / ".cache" / "kvplan" / "catalog").iterdir())

@@ -1,5 +1,6 @@
 """The sweep's rows equal what `capacity` and `crossover` answer for the same configuration."""
 
+import json
 import math
 import random
 
@@ -172,3 +173,21 @@ def test_sweep_output_folder_is_named_as_a_folder(cli, tmp_path, fmt):
     r = cli("sweep", "-m", "llama3-8b", "-g", "h100", *fmt, "-o", str(tmp_path))
     assert r.code == 2 and r.err.count("\n") == 1
     assert f"--output {tmp_path} is a folder" in r.err and str(tmp_path / "sweep.csv") in r.err
+
+
+def test_files_write_whole_byte_counts_as_integers(cli, tmp_path):
+    # Llama-3-8B at batch 1 x 8,192: 2 (K, V) x 32 layers x 8 KV heads x 128 x 2 B = 131,072 B per token, and the
+    # step's KV read 8,192 x 131,072 = 1,073,741,824 B; written as those integers in CSV, JSON and markdown
+    args = ["sweep", "-m", "llama3-8b", "-g", "h100", "-b", "1", "-c", "8k", "--columns",
+            "kv_bytes_per_token,kv_bytes,step_bytes,weight_bytes,crossover_tokens"]
+    r = cli(*args)
+    head, row = r.out.splitlines()[:2]
+    cells = dict(zip(head.split(","), row.split(","), strict=True))
+    assert cells["kv_bytes_per_token"] == "131072" and cells["kv_bytes"] == "1073741824"
+    assert int(cells["step_bytes"]) == int(cells["weight_bytes"]) + 1073741824
+    assert cells["crossover_tokens"] == str(int(cells["weight_bytes"]) / 131072)  # N* = weights / B per token
+    rows = json.loads(cli(*args, "--json").out)
+    assert rows[0]["kv_bytes_per_token"] == 131072 and isinstance(rows[0]["kv_bytes"], int)
+    md = cli(*args, "--format", "markdown").out.splitlines()[2]
+    assert f"| 131072 | 1073741824 | {cells['step_bytes']} | {cells['weight_bytes']} |" in md
+    assert "e+" not in md

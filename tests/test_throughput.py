@@ -715,3 +715,28 @@ def test_request_beyond_the_models_own_length_is_not_told_to_raise_it(cli):
     assert r.code == 2 and "takes no longer sequences" in r.err and "raise --max-model-len" not in r.err
     r = cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "6k", "--osl", "4k", "--max-model-len", "8k")
     assert r.code == 2 and "raise --max-model-len (up to the model's 131,072)" in r.err
+
+
+def test_the_max_num_seqs_cap_is_named_not_the_pool(cli):
+    # --max-num-seqs 8 with 16 and 64 clients: 8 run at once, the others wait for a scheduler slot while the pool
+    # (218 sequences of 2,048 tokens on an H100 in bf16) has room; the running cell says 'seqs', never 'kv'
+    r = cli("throughput", "llama-3.1-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k", "--max-num-seqs", "8",
+            "-n", "4,8,16,64", "-d", "auto")
+    assert r.code == 0, r.err
+    lines = [ln.split() for ln in r.out.splitlines() if ln.strip() and ln.split()[0] in ("auto", "4", "8", "16", "64")]
+    by_conc = {(w[2] if w[0] == "auto" else w[0]): w for w in lines}
+    assert by_conc["16"][-3:-1] == ["8", "seqs"] and by_conc["64"][-3:-1] == ["8", "seqs"]
+    assert "seqs" not in by_conc["4"] and "seqs" not in by_conc["8"] and " kv " not in r.out
+    assert "'seqs': requests queued for one of the scheduler's max_num_seqs slots" in " ".join(r.out.split())
+    assert "pool holds" not in r.out
+
+
+def test_a_tie_reads_as_a_tie(cli):
+    # Llama-3-8B at PP 2 and 8 sequences of 1,536 tokens on average: fp8 halves a KV read of 8 x 1,536 x 131,072 B
+    # = 1.6 GB beside 16 GB of weights, and the two output rates differ by less than half a percent: the verdict
+    # says 'as many', never '+0%'
+    r = cli("throughput", "llama3-8b", "--gpu", "h100", "--isl", "1k", "--osl", "1k", "--pp", "2", "-n", "1,8")
+    assert r.code == 0, r.err
+    verdict = " ".join(r.out.split("verdict: ", 1)[1].split("\n")[:2])
+    assert "as many output tokens/s per GPU as auto" in verdict and "steps as fast" in verdict
+    assert "+0%" not in r.out and " 0% " not in r.out

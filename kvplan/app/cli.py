@@ -424,6 +424,8 @@ ConcurrencyOpt = Annotated[Optional[List[str]], typer.Option(
     "holds")]
 TpotOpt = Annotated[Optional[float], typer.Option(
     "--tpot-ms", help="time-per-output-token limit: pick each dtype's best concurrency that meets it")]
+TtftOpt = Annotated[Optional[float], typer.Option(
+    "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")]
 
 
 def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
@@ -485,8 +487,7 @@ def throughput(
     concurrency: ConcurrencyOpt = None,
     dtype: DtypesOpt = None,
     tpot_ms: TpotOpt = None,
-    ttft_ms: Annotated[Optional[float], typer.Option(
-        "--ttft-ms", help="time-to-first-token limit, with or without --tpot-ms")] = None,
+    ttft_ms: TtftOpt = None,
     percentile: PercentileOpt = "mean",
     num_prompts: NumPromptsOpt = None,
     request_rate: RequestRateOpt = None,
@@ -612,9 +613,9 @@ def _draw(fig, output: Optional[str], as_json: bool = False) -> None:
 
         print_json(figure_data(fig))
     elif not output:
-        import shutil
+        from kvplan.app.text_table import console_width
 
-        sys.stdout.write(text_chart(fig, columns=shutil.get_terminal_size().columns))
+        sys.stdout.write(text_chart(fig, columns=console_width()))
 
 
 @plot_app.command("crossover")
@@ -656,7 +657,7 @@ def plot_crossover(
 
 
 @plot_app.command("throughput")
-@_takes("tp", "weight_dtype", "engine", "calibration", tp=TpNoProfileOpt)
+@_takes("tp", "pp", "max_model_len", "weight_dtype", "engine", "calibration", tp=TpNoProfileOpt)
 def plot_throughput(
     model: ModelArg,
     gpu: GpuOpt = None,
@@ -665,15 +666,16 @@ def plot_throughput(
     concurrency: ConcurrencyOpt = None,
     dtype: PlotDtypesOpt = None,
     tpot_ms: TpotOpt = None,
+    ttft_ms: TtftOpt = None,
     output: OutputOpt = None,
     as_json: JsonOpt = False,
     **deployment,
 ) -> None:
     """Output tokens/s per GPU against TPOT for each KV dtype, one point per concurrency (its Pareto curve), the
-    TPOT limit drawn and each dtype's best concurrency under it marked."""
+    TPOT limit drawn and each dtype's best concurrency under the limits (--tpot-ms, --ttft-ms) marked."""
     from kvplan.app.plots import throughput_figure
 
-    _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, None, **deployment)
+    _, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, **deployment)
     _draw(throughput_figure(r), output, as_json)
 
 
@@ -1392,6 +1394,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         _fold_option_names()
     _join_wrapped_lines(command)
     _flags_without_type(command)
+    _usage_names(command)
     _exit["status"] = 0
     streams = sys.stdout, sys.stderr
     try:
@@ -1410,6 +1413,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # click's usage errors (vendored inside typer) and Ctrl-C
         if hasattr(e, "format_message") and hasattr(e, "exit_code"):
             message = e.format_message() or "no command given: the help above lists them (`kvplan COMMAND --help`)"
+            message = _whole_number_advice(e, message, args)
             print(f"kvplan: error: {_one_line(message)}", file=sys.stderr)
             return 2
         if type(e).__name__ == "Abort":
@@ -1417,6 +1421,34 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 130
         raise
     return rv if isinstance(rv, int) else 0
+
+
+def _whole_number_advice(e, message: str, args: List[str]) -> str:
+    """An integer option given something else: the value and what to write instead (the digits of 1e3), rather than
+    the parser's 'Input should be a valid integer, unable to parse string as an integer'."""
+    import re
+
+    param = getattr(e, "param", None)
+    if param is None or "valid integer" not in message:
+        return message
+    opts = [*getattr(param, "opts", ()), *getattr(param, "secondary_opts", ())]
+    value = None
+    for i, a in enumerate(args):
+        if a in opts and i + 1 < len(args):
+            value = args[i + 1]
+        elif "=" in a and a.split("=", 1)[0] in opts:
+            value = a.split("=", 1)[1]
+    name = max(opts, key=len) if opts else "the option"
+    if value is None:
+        return f"{name}: expected a whole number such as 8"
+    exp = re.fullmatch(r"[+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+]?([0-9]{1,3})", value.strip())
+    if exp:
+        from fractions import Fraction
+
+        x = Fraction(exp.group(1)) * 10 ** int(exp.group(2))
+        if x.denominator == 1:
+            return f"{name} '{value}': exponent notation is not taken; write the digits ({int(x)})"
+    return f"{name} '{value}': expected a whole number such as 8"
 
 
 def _command_for(args: List[str]):
@@ -1464,6 +1496,18 @@ def _flags_without_type(command) -> None:
     command.get_help_option = help_option
     for sub in getattr(command, "commands", {}).values():
         _flags_without_type(sub)
+
+
+def _usage_names(command) -> None:
+    """The usage line names an argument as the convention has it: MODEL when it is required, [FILES]... when it is
+    optional or repeats (click's get_usage_pieces; typer would write {model})."""
+    for param in command.params:
+        if getattr(param, "param_type_name", None) == "argument":
+            name = (param.metavar or param.name or "").upper()
+            piece = (name if param.required else f"[{name}]") + ("..." if param.nargs != 1 else "")
+            param.get_usage_pieces = lambda ctx, piece=piece: [piece]
+    for sub in getattr(command, "commands", {}).values():
+        _usage_names(sub)
 
 
 def _discard_stdout() -> int:

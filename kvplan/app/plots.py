@@ -44,6 +44,7 @@ class Figure:
     logx: bool = True
     logy: bool = True
     notes: list[str] = field(default_factory=list)
+    each_point: bool = False  # the series are measured points (a mark on each), not sampled curves
 
 
 def _geomspace(lo: float, hi: float, n: int) -> list[float]:
@@ -87,7 +88,8 @@ def crossover_figure(model: ModelSpec, fmts: Sequence[KVFormat], *, tp: int = 1,
         for name, layers in firsts:
             fig.points.append((f"{name}: {kv_read_bytes(layers, batch, context) / 1e9:.3g} GB",
                                batch * context, kv_read_bytes(layers, batch, context)))
-        if model.moe and wb_b != w1:
+        if model.moe and wb_b != w1:  # the flat line is batch 1's: the operating point's own weight read beside it
+            fig.points.append((f"weights at batch {batch}: {wb_b / 1e9:.3g} GB", batch * context, wb_b))
             fig.notes.append(f"at batch {batch} the weight read grows to {wb_b / 1e9:.3g} GB (more experts touched)")
     return fig
 
@@ -153,11 +155,12 @@ def throughput_figure(result) -> Figure:
     notes = [f"one point per concurrency ({', '.join(str(c) for c in sorted({r.concurrency for r in result.rows}))})"
              f"; step times: {result.profile}", result.verdict]
     return Figure(
-        title=f"{result.model} on {result.gpu}, TP {result.tp}, isl {result.isl:,} / osl {result.osl:,}: "
+        title=f"{result.model} on {result.gpu}, TP {result.tp}" + (f", PP {result.pp}" if result.pp > 1 else "")
+              + f", isl {result.isl:,} / osl {result.osl:,}: "
               "output tokens/s per GPU against TPOT",
         xlabel="TPOT (ms)", ylabel="output tokens/s per GPU", series=series,
         vline=(f"TPOT limit {result.tpot_limit_ms:g} ms", result.tpot_limit_ms) if result.tpot_limit_ms else None,
-        notes=notes)
+        notes=notes, each_point=True)
 
 
 def figure_data(fig: Figure) -> dict:
@@ -181,6 +184,19 @@ def save(fig: Figure, path: str) -> None:
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in ("png", "svg"):
         raise KvplanError(f"cannot draw {path}: use a .png or .svg name (or no --output for a terminal chart)")
+    f = draw(fig)
+    try:
+        atomic_write(path, lambda tmp: f.savefig(tmp, format=fmt))
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(f)
+
+
+def draw(fig: Figure):
+    """The figure drawn with matplotlib (a matplotlib Figure, for save to write)."""
+    from kvplan.errors import KvplanError
+
     try:
         import matplotlib
 
@@ -189,14 +205,27 @@ def save(fig: Figure, path: str) -> None:
     except ImportError:
         raise KvplanError("drawing PNG or SVG needs matplotlib: pip install matplotlib (the plot extra)") from None
 
+    import textwrap
+
     crowded = len(fig.series) > 4
-    f, ax = plt.subplots(figsize=(11 if crowded else 9, 5.5), dpi=120)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    width_in = 11 if crowded else 9
+    # the footer: each note on lines of its own, as many characters as 7-point text fits across the figure
+    footer = [ln for n in fig.notes for ln in textwrap.wrap(n, int(width_in * 72 / (7 * 0.62)))]
+    line_in = 7 * 1.35 / 72
+    height_in = 5.5 + line_in * len(footer)
+    f, ax = plt.subplots(figsize=(width_in, height_in), dpi=120)
+    # up to 20 series in 20 distinct colours (tab20's dark and light pairs), then line styles
+    colors = list(plt.get_cmap("tab20").colors) if len(fig.series) > 10 else \
+        plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if len(fig.series) > 10:
+        colors = colors[0::2] + colors[1::2]
     styles = ["-", "--", "-.", ":"]
+    shapes = "os^vDPX*<>"
     for i, s in enumerate(fig.series):
         c, ls = colors[i % len(colors)], styles[(i // len(colors)) % len(styles)]
         label = _wrap(s.label) + (f"  ({s.marker_label})" if s.marker_label else "")
-        ax.plot(s.x, s.y, label=label, color=c, linestyle=ls, linewidth=1.8)
+        mark = dict(marker=shapes[i % len(shapes)], markersize=3.5) if fig.each_point else {}
+        ax.plot(s.x, s.y, label=label, color=c, linestyle=ls, linewidth=1.8, **mark)
         if s.marker:  # its value is in the legend ("N* ..."): marks of close crossovers would overprint labels
             ax.plot(*s.marker, "o", color=c, markersize=8, markerfacecolor="white", markeredgewidth=2)
     if fig.hline:
@@ -207,6 +236,10 @@ def save(fig: Figure, path: str) -> None:
         ax.plot(x, y, "s", color="gray", markersize=5)
     ax.set_xscale("log" if fig.logx else "linear")
     ax.set_yscale("log" if fig.logy else "linear")
+    for axis, log in ((ax.xaxis, fig.logx), (ax.yaxis, fig.logy)):
+        if log:  # ticks as numbers (20, 30, 1,000), not powers of ten (2x10^1)
+            axis.set_major_formatter(_plain_log_formatter()())
+            axis.set_minor_formatter(_plain_log_formatter()(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
     if fig.points and not crowded:
         _label_points(ax, fig.points)
     ax.set_xlabel(fig.xlabel)
@@ -217,13 +250,27 @@ def save(fig: Figure, path: str) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     else:
         ax.legend(fontsize=8, loc="best")
-    if fig.notes:
-        f.text(0.01, 0.01, "; ".join(fig.notes), fontsize=7, color="dimgray")
-    f.tight_layout(rect=(0, 0.03, 1, 1))
-    try:
-        atomic_write(path, lambda tmp: f.savefig(tmp, format=fmt))
-    finally:
-        plt.close(f)
+    bottom = (0.1 + line_in * len(footer)) / height_in if footer else 0.03
+    if footer:
+        f.text(0.01, 0.1 / height_in, "\n".join(footer), fontsize=7, color="dimgray", va="bottom",
+               linespacing=1.2)
+    f.tight_layout(rect=(0, bottom, 1, 1))
+    return f
+
+
+def _plain_log_formatter():
+    """matplotlib's log-axis formatter (which ticks it labels), writing a label below a million as a plain number
+    (20, 30, 1,000) and a larger one as a power of ten, as matplotlib does."""
+    from matplotlib.ticker import LogFormatterSciNotation
+
+    class PlainLog(LogFormatterSciNotation):
+        def __call__(self, x, pos=None):
+            label = super().__call__(x, pos)
+            if not label or x >= 1e6:
+                return label
+            return f"{x:,.0f}" if x >= 1 and float(x).is_integer() else f"{x:.3g}"
+
+    return PlainLog
 
 
 def _label_points(ax, points, gap: float = 0.055) -> None:
@@ -293,7 +340,14 @@ def text_chart(fig: Figure, width: int = 72, height: int = 20, columns: Optional
     for s in fig.series:
         if s.marker:
             put(*s.marker, "o")
-    lines = [fig.title]
+    def text(line: str, indent: str = "") -> list[str]:  # a line of words, wrapped to the terminal's width
+        if columns is None or len(line) <= columns:
+            return [line]
+        import textwrap
+
+        return textwrap.wrap(line, max(20, columns), subsequent_indent=indent, break_on_hyphens=False)
+
+    lines = text(fig.title)
     for r, row in enumerate(grid):
         label = ytop if r == 0 else ybot if r == height - 1 else ""
         lines.append(f"{label:>{pad}} |" + "".join(row))
@@ -309,14 +363,14 @@ def text_chart(fig: Figure, width: int = 72, height: int = 20, columns: Optional
         lines.append(" " * pad + "  " + "; ".join(axes))
     for i, s in enumerate(fig.series):
         extra = f"  o {s.marker_label}" if s.marker else (f"  {s.marker_label}" if s.marker_label else "")
-        lines.append(f"  {letters[i % 26]}  {s.label}{extra}")
+        lines += text(f"  {letters[i % 26]}  {s.label}{extra}", " " * 5)
     if fig.hline:
-        lines.append(f"  -  {fig.hline[0]}: {_num(fig.hline[1])}")
+        lines += text(f"  -  {fig.hline[0]}: {_num(fig.hline[1])}", " " * 5)
     if fig.vline:
-        lines.append(f"  :  {fig.vline[0]}")
+        lines += text(f"  :  {fig.vline[0]}", " " * 5)
     for label, _x, y in fig.points:
-        lines.append(f"     {label}: {_num(y)}")
-    lines += [f"  note: {n}" for n in fig.notes]
+        lines += text(f"     {label}: {_num(y)}", " " * 7)
+    lines += [ln for n in fig.notes for ln in text(f"  note: {n}", " " * 8)]
     return "\n".join(lines) + "\n"
 
 

@@ -40,14 +40,17 @@ def console() -> Console:
     return Console(highlight=False, emoji=False)
 
 
-def print_table(con: Console, table: _RichTable) -> None:
-    """Print a table without cutting any cell short.
+def print_table(con: Console, table: _RichTable, keys: int = 1) -> None:
+    """Print a table within the console's width without cutting any cell short.
 
     Right-aligned columns hold numbers: they never wrap and are never truncated. Other columns hold text, which
     may wrap between words but never inside one. When the table is wider than the console, the text columns give
-    up their width first; when even the narrowest such layout does not fit, the table prints at the width it needs
-    (a line longer than the terminal is better than a lost digit).
+    up their width first; when even the narrowest such layout does not fit, the columns after the first `keys`
+    (the row labels) continue in a second table below the first, and a third below that, each repeating the row
+    labels under the one title, so that every line fits (only a single cell wider than the console can make one longer).
     """
+    import copy
+
     from kvplan.app.text_table import PlainTable
 
     if isinstance(table, PlainTable):
@@ -58,17 +61,67 @@ def print_table(con: Console, table: _RichTable) -> None:
         from rich.console import Console as _Console
 
         table, con = table.to_rich(), _Console(highlight=False, emoji=False, width=con.width)
-    cols = table.columns
-    for col in cols:
+    for col in table.columns:
         if col.justify == "right":
             col.no_wrap = True
+
+    def part(indices: list[int], first: bool) -> _RichTable:
+        sub = copy.copy(table)
+        sub.columns = []
+        for k, i in enumerate(indices):
+            col = copy.copy(table.columns[i])
+            col._index = k
+            sub.columns.append(col)
+        if not first:
+            sub.title = None
+        return sub
+
+    whole = part(list(range(len(table.columns))), True)
+    needed = _fit(con, whole)
+    if needed > con.width and len(table.columns) <= keys + 1:
+        needed = _fit(con, whole, fold_words=True)
+    if needed <= con.width or len(table.columns) <= keys + 1:
+        return _print_at(con, whole, needed)
+    keys = max(1, min(keys, len(table.columns) - 1))
+    rest = list(range(keys, len(table.columns)))
+    if table.title:  # the title spans the console, not the first part's width
+        con.print(table.title)
+    first = False
+    while rest:
+        take = [rest[0]]
+        for i in rest[1:]:
+            if _fit(con, part([*range(keys), *take, i], first)) > con.width:
+                break
+            take.append(i)
+        sub = part([*range(keys), *take], first)
+        needed = _fit(con, sub)
+        if needed > con.width:  # one column beside the labels does not fit: its words (and the labels') fold
+            needed = _fit(con, sub, fold_words=True)
+        _print_at(con, sub, needed)
+        rest, first = rest[len(take):], False
+
+
+def _fit(con: Console, table: _RichTable, fold_words: bool = False) -> int:
+    """Set the widths of a table's text columns for the console (numbers whole, text wrapped between words, the
+    narrowest text column widened first); the width the table then takes. A column made to fold (a path, a list)
+    breaks a word that does not fit, and so does every text column with fold_words; a number never breaks."""
+    cols = table.columns
+    for col in cols:
+        col.width = None
     unbounded = con.options.update_width(10**6)
     ranges = [table._measure_column(con, unbounded, col) for col in cols]
     room = con.width - table._extra_width
     if sum(r.maximum for r in ranges) <= room:
-        con.print(table)
-        return
+        return sum(r.maximum for r in ranges) + table._extra_width
     widths = [r.maximum if col.no_wrap else r.minimum for col, r in zip(cols, ranges)]
+    excess = sum(widths) - room
+    for i, col in enumerate(cols):  # a text column that may fold a word (a path, a list) gives it up, numbers kept
+        if excess > 0 and (col.overflow == "fold" or fold_words) and not col.no_wrap:
+            col.overflow = "fold"
+            cut = min(excess, widths[i] - _fold_floor(col) - table._get_padding_width(i))
+            if cut > 0:
+                widths[i] -= cut
+                excess -= cut
     wrap = [i for i, col in enumerate(cols) if not col.no_wrap and ranges[i].maximum > widths[i]]
     spare = room - sum(widths)
     while spare > 0 and wrap:
@@ -80,7 +133,20 @@ def print_table(con: Console, table: _RichTable) -> None:
             wrap.remove(i)
     for i, col in enumerate(cols):
         col.width = max(widths[i] - table._get_padding_width(i), 1)
-    needed = sum(widths) + table._extra_width
+    return sum(widths) + table._extra_width
+
+
+_NUMBER = re.compile(r"[-+~]?\d[\d,._]*(?:e[-+]?\d+)?[x%]?")
+
+
+def _fold_floor(col) -> int:
+    """The narrowest a folding text column may be: its longest number stays whole (and 8 characters at least)."""
+    return max([8] + [len(m) for cell in col._cells for m in _NUMBER.findall(str(cell))])
+
+
+def _print_at(con: Console, table: _RichTable, needed: int) -> None:
+    """Print a table laid out by _fit; one whose narrowest layout is wider than the console prints at the width it
+    needs (a line longer than the terminal is better than a lost digit)."""
     if needed <= con.width:
         con.print(table)
         return
@@ -213,7 +279,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     for i in range(n_points):
         for j, r in enumerate(results):
             p = r.operating_points[i]
-            row = [f"{p.batch} x {p.context:,}" if j == 0 else "", _dname(r.dtype, model), gb(p.weight_bytes, unit=False),
+            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _dname(r.dtype, model), gb(p.weight_bytes, unit=False),
                    gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False), pct(p.saving),
                    "KV" if p.bound == "kv" else "weights"]
             if moe:
@@ -223,7 +289,7 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
             if calibrated:
                 row.append("-" if p.calibrated_step_ms is None else f"{p.calibrated_step_ms:.3f}")
             t.add_row(*row, end_section=(j == len(results) - 1 and i < n_points - 1))
-    print_table(con, t)
+    print_table(con, t, keys=2)
     for note in dict.fromkeys(n for r in results for n in r.notes):
         con.print(f"note: {note}")
     for r in results:
@@ -336,9 +402,9 @@ def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
     for r in results:
         row = [_dname(r.dtype, model), num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
                f"{r.token_slots:,}", f"{r.kv_tokens:,}" if r.fits else "-",
-               f"{r.max_concurrency:.2f}x" if r.fits else "does not fit"]
+               f"{r.max_concurrency:,.2f}x" if r.fits else "does not fit"]
         if dp > 1:
-            row += [f"{r.total_kv_tokens:,}" if r.fits else "-", f"{r.total_max_concurrency:.2f}x" if r.fits else "-"]
+            row += [f"{r.total_kv_tokens:,}" if r.fits else "-", f"{r.total_max_concurrency:,.2f}x" if r.fits else "-"]
         t.add_row(*row, *([_layer_list(r.skip_layers)] if any_skip else []))
     print_table(con, t)
     con.print("B/token: this rank, all layers. block B: one block across the layers of a KV-cache group. blocks: "
@@ -352,7 +418,7 @@ def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
     con.print(f"vLLM {r0.engine_version} would log (per dtype):", highlight=False)
     for r in results:
         if r.fits:
-            con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), highlight=False, soft_wrap=True)
+            con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), highlight=False)
 
 
 def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, max_model_len) -> None:
@@ -377,7 +443,7 @@ def capacity_listing(rows: Sequence[tuple[str, Any]], gpu, tp: int, dtype: str, 
             fits = "[red]no[/red]: weights > budget"
         t.add_row(key, gib(r.weight_bytes), gib(r.available_kv_bytes) if r.available_kv_bytes > 0 else "-",
                   num(r.kv_bytes_per_token), f"{r.max_model_len:,}",
-                  f"{r.max_concurrency:.2f}x" if r.fits else "-", fits)
+                  f"{r.max_concurrency:,.2f}x" if r.fits else "-", fits)
     print_table(con, t)
 
 
@@ -545,7 +611,7 @@ def sglang_table(results, model, gpu) -> None:
             con.print(f"[yellow]{r.dtype}: {r.problem}[/yellow]")
     con.print("SGLang would log (per dtype):")
     for r in results:
-        con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines), soft_wrap=True)
+        con.print(f"  {_dname(r.dtype, model)}: " + " | ".join(r.log_lines))
 
 
 def measure_plan_table(plan, gpu) -> None:
@@ -609,7 +675,8 @@ def log_summary_table(data: dict) -> None:
     con = console()
     t = Table(title="Startup logs: available KV memory and weights, the log's against kvplan's", title_justify="left")
     for col in ["log", "tp", "KV log", "KV kvplan", "error", "weights error", "outcome"]:
-        t.add_column(col, justify="left" if col in ("log", "outcome") else "right")
+        t.add_column(col, justify="left" if col in ("log", "outcome") else "right",
+                     overflow="fold" if col == "log" else "ellipsis")
     failures = []
 
     def first(sentence: Optional[str]) -> str:
@@ -662,7 +729,7 @@ def throughput_table(r, model) -> None:
         t.add_column(col, justify=just, no_wrap=True)
 
     def cells(x, mark: str = "") -> list[str]:
-        ran = f"{x.mean_running:,.0f}" + (" kv" if x.kv_limited else "")
+        ran = f"{x.mean_running:,.0f}" + (" kv" if x.kv_limited else " seqs" if x.capped_by == "max_num_seqs" else "")
         return [f"{x.tpot_ms:.2f}{mark}", f"{x.ttft_ms:,.1f}", f"{x.ttft_p99_ms:,.1f}", f"{x.output_tokens_per_s:,.0f}",
                 f"{x.output_tokens_per_s_per_gpu:,.0f}", f"{x.tokens_per_s_per_user:.1f}", ran,
                 f"{x.roofline_step_ms:.2f}"]
@@ -677,12 +744,15 @@ def throughput_table(r, model) -> None:
             t.add_row(label, f"{x.concurrency:,}", *cells(x, mark))
         if best is not None:
             t.add_row("", f"best {best.concurrency:,}", *cells(best), end_section=i < len(names) - 1)
-    print_table(con, t)
+    print_table(con, t, keys=2)
     con.print(f"verdict: {r.verdict}")
     for note in r.notes:
         con.print(f"note: {note}")
+    seqs = any(x.capped_by == "max_num_seqs" and not x.kv_limited for x in r.rows)
     con.print("TPOT, TTFT: the benchmark's means over its requests; running: requests running at once on average "
-              "('kv': requests waited for KV blocks or were preempted); floor ms: the roofline (bytes / peak "
+              "('kv': requests waited for KV blocks or were preempted"
+              + ("; 'seqs': requests queued for one of the scheduler's max_num_seqs slots, the pool not full"
+                 if seqs else "") + "); floor ms: the roofline (bytes / peak "
               "bandwidth) of a decode step at that batch" + ("; x: over the limits" if limits else "") + ".")
 
 def layout_tables(cmp, model) -> None:
@@ -742,7 +812,7 @@ def evidence_table(con, evidence: dict) -> None:
 
 
 def _ratio(x: Optional[float]) -> str:
-    return "-" if x is None else f"{x:.2f}x"
+    return "-" if x is None else f"{x:,.2f}x"
 
 
 def _err(x: float) -> str:

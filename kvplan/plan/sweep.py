@@ -149,6 +149,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     frame = _frame(const, per_len, per_bc, categories, problems, n_len, n_bc)
     df = pd.DataFrame(frame, copy=False)
     df.attrs["skipped"] = skipped
+    df.attrs["whole_columns"] = [c for c in BYTE_COUNTS if c in df.columns]
     df.attrs["notes"] = list(option_notes)
     df.attrs["weight_read"] = weight_read
     df.attrs["step_profiles"] = profiles  # GPU -> the profile its expected_step_ms come from
@@ -252,6 +253,11 @@ def _frame(const: dict, per_len: dict, per_bc: dict, categories: dict, problems:
         else:
             frame[c] = values
     return frame
+
+
+# Byte counts held as float64 (a custom format's bytes per token may be fractional), written as integers in CSV,
+# JSON and markdown when every value is whole (kvplan.files.write_frame)
+BYTE_COUNTS = ("kv_bytes_per_token", "weight_bytes", "kv_bytes", "step_bytes")
 
 
 def _expected_ms(d, batches, contexts, profiles: dict):

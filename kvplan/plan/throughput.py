@@ -354,7 +354,7 @@ def _best(run: _Runs, rows, limit, tpot, ttft, percentile) -> Optional[Throughpu
 
 def _step_change(x: float) -> str:
     """A step time's change as a share, in words: "12% faster steps", "3% slower steps", or "steps as fast"."""
-    if round(abs(x) * 100) == 0:
+    if _rounds_to_zero(x):
         return "steps as fast"
     return f"{abs(x):.0%} {'faster' if x > 0 else 'slower'} steps"
 
@@ -378,9 +378,9 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
                                         f"tokens/s per GPU at concurrency {win.concurrency} under {limits}")
         second = max(others, key=lambda r: r.output_tokens_per_s)
         gain = win.output_tokens_per_s / second.output_tokens_per_s - 1
-        return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:.0%} more output tokens/s than "
-                                    f"{second.kv_cache_dtype} under {limits} ({win.concurrency} vs "
-                                    f"{second.concurrency} sequences)")
+        more = "as many output tokens/s as" if _rounds_to_zero(gain) else f"{gain:.0%} more output tokens/s than"
+        return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {more} {second.kv_cache_dtype} under {limits} "
+                                    f"({win.concurrency} vs {second.concurrency} sequences)")
     seqs = win.concurrency / base.concurrency
     gain = win.output_tokens_per_s / base.output_tokens_per_s - 1
     faster = ""
@@ -392,8 +392,15 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
         how = f"at the same {win.concurrency} sequences, with {_step_change(1 - win.tpot_ms / base.tpot_ms)}"
     else:
         how = f"with {seqs:.2g}x the sequences ({win.concurrency} vs {base.concurrency}){faster}"
-    return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {gain:+.0%} output tokens/s per GPU over {base_name} "
-                                f"under {limits}, {how}; mean context {isl + osl // 2:,} tokens")
+    more = (f"as many output tokens/s per GPU as {base_name}" if _rounds_to_zero(gain) else
+            f"{gain:+.0%} output tokens/s per GPU over {base_name}")
+    return win.kv_cache_dtype, (f"{win.kv_cache_dtype}: {more} under {limits}, {how}; mean context "
+                                f"{isl + osl // 2:,} tokens")
+
+
+def _rounds_to_zero(share: float) -> bool:
+    """A change that prints as 0% is no difference to a reader ('as many', 'steps as fast'), not a win of +0%."""
+    return round(abs(share) * 100) == 0
 
 
 @dataclass

@@ -561,9 +561,18 @@ def _load_catalog_file(kind: str, path: Path):
 _CATALOG_CACHE_VERSION = 1
 
 
-def _catalog_cache_file(path: Path) -> Path:
-    base = os.environ.get("KVPLAN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kvplan")
+def _catalog_cache_file(path: Path) -> Optional[Path]:
+    """Where a catalog file's parse is kept: KVPLAN_CACHE_DIR, else XDG_CACHE_HOME/kvplan, else ~/.cache/kvplan;
+    None when that would be under a home directory that does not exist (kvplan makes no home directory)."""
+    base = os.environ.get("KVPLAN_CACHE_DIR")
+    if not base:
+        root = os.environ.get("XDG_CACHE_HOME")
+        if not root:
+            home = os.path.expanduser("~")
+            if not os.path.isdir(home):
+                return None
+            root = os.path.join(home, ".cache")
+        base = os.path.join(root, "kvplan")
     return Path(base) / "catalog" / f"{path.parent.name}-{path.stem}.marshal"
 
 
@@ -582,6 +591,8 @@ def _catalog_data(path: Path):
     tag = (_CATALOG_CACHE_VERSION, tuple(sys.version_info[:2]))
     text = read_text(path, "YAML file")
     cached = _catalog_cache_file(path)
+    if cached is None:
+        return read_yaml(path)
     try:
         entry = marshal.loads(cached.read_bytes())
         if entry[0] == tag and entry[1] == text:
