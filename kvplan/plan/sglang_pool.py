@@ -14,9 +14,9 @@ from typing import Optional
 
 from kvplan.errors import KvplanError
 from kvplan.plan.totals import layout_note
-from kvplan.rules.sglang import (CONTEXT_GIB, MAMBA_FULL_MEMORY_RATIO, MAMBA_SLOTS_PER_REQUEST, NSA_QUANT_BLOCK,
-                                 SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO, default_mem_fraction_static,
-                                 mamba_state_bytes)
+from kvplan.rules.sglang import (CONTEXT_GIB, MAMBA_EMPTY_STATE_SLOTS, MAMBA_FULL_MEMORY_RATIO,
+                                 MAMBA_SLOTS_PER_REQUEST, NSA_QUANT_BLOCK, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO,
+                                 default_mem_fraction_static, mamba_state_bytes)
 from kvplan.sizing.kv_cache import check_tp
 from kvplan.sizing.weights import DTYPE_BYTES, weight_bytes
 from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
@@ -57,6 +57,10 @@ def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[
     kinds = model.layer_kinds
     if model.state_layers:  # a hybrid's pool counts its full-attention layers only (config.full_attention_layer_ids)
         full = sum(1 for k in kinds if k in ATTENTION_KINDS and k != "sliding")
+        if not full:  # profile_max_num_token would divide by a cell of 0 bytes
+            raise KvplanError(f"{model.name} has no full-attention layers: SGLang's hybrid pool sizes the KV of its "
+                              f"full-attention layers beside the Mamba state and has none to size; plan it with "
+                              f"--engine vllm")
         return per_layer * full, per_layer, full, sum(1 for k in kinds if k == "sliding")
     full = sum(1 for k in kinds if k != "sliding")
     return per_layer * full, per_layer, full, L - full
@@ -238,7 +242,8 @@ def state_pool(model: ModelSpec, layout: Parallel, available: float, tp: int) ->
     per_req = (conv + temporal) * n
     ratio = MAMBA_FULL_MEMORY_RATIO
     raw_gib = available / GiB * ratio / (1 + ratio)  # handle_max_mamba_cache works in GiB
-    slots = max(0, int((raw_gib * GiB) // per_req))
+    # a state of no bytes: max_mamba_cache_size is max_running_requests, or 512 when unset
+    slots = max(0, int((raw_gib * GiB) // per_req)) if per_req else MAMBA_EMPTY_STATE_SLOTS
     if model.state.kind == "gdn" and layout.attn_tp < tp:  # hybrid_gdn_config, with --enable-dp-attention
         slots //= layout.dp
     return {"kind": model.state.kind, "layers": n, "conv_bytes": conv, "temporal_bytes": temporal,

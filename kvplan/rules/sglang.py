@@ -46,6 +46,7 @@ MAMBA_FULL_MEMORY_RATIO = 0.9
 MAMBA_SSM_DTYPE = "fp32"
 MAMBA_CONV_DTYPE = "bf16"
 MAMBA_SLOTS_PER_REQUEST = 3
+MAMBA_EMPTY_STATE_SLOTS = 512  # handle_max_mamba_cache where mamba_cache_per_req is 0
 # DeepSeek sparse attention (NSA: DeepSeek-V3.2's indexer). sglang 0.5.6 server_args.py
 # _handle_model_specific_adjustments: page size 64, whatever was asked; --kv-cache-dtype auto is bfloat16 on Hopper
 # and fp8_e4m3 from SM 10 (Blackwell); only those two are accepted. mem_cache/memory_pool.py NSATokenToKVPool: the
