@@ -22,9 +22,13 @@ from typing import Any, Literal, Optional, Union
 from kvplan.errors import KvplanError, check_whole
 from kvplan.rules.sglang import (
     CONTEXT_GIB,
+    NSA_DTYPES,
+    NSA_PAGE_SIZE,
     SGLANG_DTYPES,
     SGLANG_VERSION,
     default_mem_fraction_static,
+    mamba_state_bytes,
+    nsa_default_kv_dtype,
     sglang_parallel,
 )
 from kvplan.rules.vllm import (
@@ -533,16 +537,31 @@ def _resolve_free_memory(args: DeploymentArgs, total: int, notes: list[str]) -> 
 
 
 def _refuse_unmodelled_sglang_pools(m: ModelSpec) -> None:
-    """SGLang's pools kvplan does not model: hybrid (Mamba) state, DeepSeek-V4's compressed and sparse attention."""
-    if m.state_layers:
-        raise KvplanError(f"{m.name} keeps a fixed state in {len(m.state_layers)} layers: SGLang's hybrid (Mamba) "
-                          f"pool is not modelled; plan it with --engine vllm")
+    """SGLang's pools kvplan does not model: DeepSeek-V4's compressed attention."""
     if m.compressed is not None:
         raise KvplanError(f"{m.name} uses DeepSeek-V4's compressed attention: SGLang's pool for it is not "
                           f"modelled; plan it with --engine vllm")
-    if m.mla is not None and m.mla.index_head_dim:
-        raise KvplanError(f"{m.name} uses DeepSeek sparse attention: SGLang's NSA pool (the indexer's cache) is "
-                          f"not modelled; plan it with --engine vllm")
+
+
+def is_nsa(m: ModelSpec) -> bool:
+    """DeepSeek sparse attention (an MLA model with an indexer): SGLang's NSA pool and its server defaults."""
+    return m.mla is not None and bool(m.mla.index_head_dim)
+
+
+def _nsa_kv(args: DeploymentArgs, m: ModelSpec, g: Optional[GPUSpec], fmt: KVFormat, notes: list[str]) -> KVFormat:
+    """The KV dtype SGLang stores for an NSA model (server_args.py _handle_model_specific_adjustments): auto is
+    bfloat16 on Hopper and fp8_e4m3 from SM 10, whatever the checkpoint declares; only those two are served."""
+    asked = args.kv_cache_dtype
+    name = asked.name if isinstance(asked, KVFormat) else (asked or "auto")
+    if kv_format(name).name == "auto":
+        fmt = kv_format(nsa_default_kv_dtype(g))
+        notes.append(f"auto: SGLang stores DeepSeek sparse attention's latent in {fmt.name} on "
+                     f"{g.name if g is not None else 'this GPU'} (bfloat16 before SM 10, fp8_e4m3 from it)")
+        return fmt
+    if SGLANG_DTYPES.get(fmt.name, fmt.name) not in NSA_DTYPES:
+        raise KvplanError(f"--kv-cache-dtype {fmt.name}: SGLang serves DeepSeek sparse attention ({m.name}) with "
+                          f"bfloat16 or fp8_e4m3 only (server_args.py asserts it)")
+    return fmt
 
 
 def _declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str]) -> KVFormat:
@@ -672,6 +691,16 @@ def _with_profile(d: Deployment, prof) -> Deployment:
 
 def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
     m, g, fmt = common["model"], common["gpu"], common["kv"]
+    if m.state_layers:  # SGLang's Mamba pool: a state shape it has, split over the attention ranks
+        mamba_state_bytes(m, common["parallel"].attn_tp)
+    page = int(args.page_size) if args.page_size is not None else 1
+    if is_nsa(m):
+        fmt = common["kv"] = _nsa_kv(args, m, g, fmt, notes)
+        if page != NSA_PAGE_SIZE:
+            if args.page_size is not None:
+                notes.append(f"--page-size {page}: SGLang sets page size {NSA_PAGE_SIZE} for DeepSeek sparse "
+                             f"attention (server_args.py)")
+            page = NSA_PAGE_SIZE
     if args.engine_version is not None and not args.engine_version.strip().lstrip("v").startswith(SGLANG_VERSION):
         raise KvplanError(f"--engine-version {args.engine_version}: kvplan plans SGLang with the rules of SGLang "
                           f"{SGLANG_VERSION}; drop --engine-version (or give {SGLANG_VERSION}.x)")
@@ -705,8 +734,7 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if f is None and free_before is None:
         raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
     return Deployment(**common, engine_version=SGLANG_VERSION, mem_fraction_static=f,
-                      page_size=int(args.page_size) if args.page_size is not None else 1,
-                      free_before_load_bytes=free_before,
+                      page_size=page, free_before_load_bytes=free_before,
                       measured=Measured(weights, 0, prof.source or "a startup log") if prof is not None else None,
                       notes=tuple(notes))
 
@@ -729,7 +757,12 @@ def parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optional
                                     notes)
     else:
         dp = args.dp_size if args.dp_size is not None else 1
-        layout, a2a = sglang_parallel(m, tp, dp, bool(args.enable_dp_attention), args.ep_size, args.moe_a2a_backend,
+        dpa = bool(args.enable_dp_attention)
+        if is_nsa(m) and dp > 1 and not dpa:  # server_args.py: DP attention is enabled for DeepSeek NSA
+            notes.append(f"--dp-size {dp}: SGLang enables DP attention for DeepSeek sparse attention, so the {tp} GPUs "
+                         f"run attention in {dp} groups")
+            dpa = True
+        layout, a2a = sglang_parallel(m, tp, dp, dpa, args.ep_size, args.moe_a2a_backend,
                                       args.ep_num_redundant_experts, args.moe_dense_tp_size,
                                       bool(args.enable_dp_lm_head), domain, notes)
     return layout, a2a

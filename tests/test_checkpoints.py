@@ -266,5 +266,5 @@ def test_sparse_mla_fp8_is_fp8_ds_mla():
     path = str(Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "deepseek-ai--DeepSeek-V3.2_config.json")
     d = DeploymentArgs(model=path, gpu="b200", tp=8, kv_cache_dtype="fp8").resolve()
     assert d.kv.name == "fp8_ds_mla" and any("fp8_ds_mla" in n for n in d.notes)
-    with pytest.raises(KvplanError, match="SGLang's NSA pool"):
-        DeploymentArgs(model=path, gpu="b200", tp=8, engine="sglang").resolve()
+    # SGLang keeps its own fp8 layout (NSATokenToKVPool), not vLLM's fp8_ds_mla
+    assert DeploymentArgs(model=path, gpu="b200", tp=8, engine="sglang", kv_cache_dtype="fp8").resolve().kv.name == "fp8"

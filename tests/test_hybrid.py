@@ -133,11 +133,14 @@ def test_state_read_in_every_step():
     assert p1.kv_bytes == per_seq and p8.kv_bytes == 8 * per_seq
 
 
-def test_sglang_refuses_state_models():
+def test_sglang_refuses_state_layers_it_has_no_shape_for():
+    # SGLang 0.5.6's Mamba pool holds Mamba-2 and gated-delta-net states (configs/mamba_utils.py
+    # Mamba2StateShape); Jamba's Mamba-1 layers have no shape there
     from kvplan.deployment import DeploymentArgs
 
-    with pytest.raises(KvplanError, match="SGLang's hybrid"):
-        DeploymentArgs(model=NANO, gpu="h100", engine="sglang").resolve(needs_memory=True)
+    jamba = str(Path(__file__).resolve().parent / "fixtures" / "hf-corpus" / "ai21labs--AI21-Jamba-Mini-1.5_config.json")
+    with pytest.raises(KvplanError, match="Mamba-2 and gated delta net layers only"):
+        DeploymentArgs(model=jamba, gpu="h100", tp=2, engine="sglang").resolve(needs_memory=True)
 
 
 def test_jamba_pool_by_hand():

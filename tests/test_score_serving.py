@@ -210,8 +210,9 @@ def test_sglang_block_fp8_layers_are_priced_on_the_kernel_sglang_runs(sample):
 
 def test_the_plain_tensor_parallel_sample_holds_its_accuracy(sample):
     """Every scored run of the sample (tests/fixtures/serving/sample.csv): the median TPOT and TTFT errors held where
-    they stand (11% and 41%), so that a change that worsens them shows."""
+    they stand (11% and 41%), so that a change that worsens them shows. 37 runs: the Qwen3.5 SGLang run, a hybrid
+    SGLang's Mamba pool plans, among them."""
     _, result = sample
-    assert len(result["scored"]) == 36
+    assert len(result["scored"]) == 37
     assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.12
     assert statistics.median(abs(r["errors"]["ttft"]) for r in result["scored"]) <= 0.43

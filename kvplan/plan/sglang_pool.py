@@ -14,10 +14,12 @@ from typing import Optional
 
 from kvplan.errors import KvplanError
 from kvplan.plan.totals import layout_note
-from kvplan.rules.sglang import CONTEXT_GIB, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO, default_mem_fraction_static
+from kvplan.rules.sglang import (CONTEXT_GIB, MAMBA_EMPTY_STATE_SLOTS, MAMBA_FULL_MEMORY_RATIO,
+                                 MAMBA_SLOTS_PER_REQUEST, NSA_QUANT_BLOCK, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO,
+                                 default_mem_fraction_static, mamba_state_bytes)
 from kvplan.sizing.kv_cache import check_tp
 from kvplan.sizing.weights import DTYPE_BYTES, weight_bytes
-from kvplan.specs.catalog import GPUSpec, ModelSpec
+from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
 from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
@@ -38,6 +40,11 @@ def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[
         else:  # the latent in the format's element size (fp8: 1 byte, bf16 and auto: 2)
             data = fmt.k[0]
             per_layer = latent * (bits if data.bits is None else data.bits) // 8
+        # DeepSeek sparse attention: each layer's indexer keys beside the latent, fp8 with a float32 scale per 128
+        # (model_runner.py profile_max_num_token: index_head_dim + index_head_dim // quant_block_size x 4 uint8)
+        if model.mla.index_head_dim:
+            d = model.mla.index_head_dim
+            per_layer += d + d // NSA_QUANT_BLOCK * 4
         return per_layer * L, 0.0, L, 0
     if model.kv_heads_per_layer is not None or model.head_dims is not None:
         raise KvplanError(f"{model.name}'s attention layers differ in KV heads or head size; kvplan sizes SGLang's "
@@ -48,6 +55,13 @@ def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[
     # fp8 scale per 16)
     per_layer = n * fmt.bytes_per_token_per_kv_head(model.head_dim or 0, model_bits=bits)
     kinds = model.layer_kinds
+    if model.state_layers:  # a hybrid's pool counts its full-attention layers only (config.full_attention_layer_ids)
+        full = sum(1 for k in kinds if k in ATTENTION_KINDS and k != "sliding")
+        if not full:  # profile_max_num_token would divide by a cell of 0 bytes
+            raise KvplanError(f"{model.name} has no full-attention layers: SGLang's hybrid pool sizes the KV of its "
+                              f"full-attention layers beside the Mamba state and has none to size; plan it with "
+                              f"--engine vllm")
+        return per_layer * full, per_layer, full, sum(1 for k in kinds if k == "sliding")
     full = sum(1 for k in kinds if k != "sliding")
     return per_layer * full, per_layer, full, L - full
 
@@ -82,6 +96,10 @@ class SglangPool:
     world_size: int = 1
     total_kv_tokens: int = 0  # kv_tokens x dp
     total_max_concurrency: float = 0.0  # max_concurrency x dp
+    # a hybrid's Mamba state pool (SglangStatePool's fields), an NSA model's indexer cache; absent from to_dict
+    # where the model has none
+    state: Optional[dict] = None
+    indexer: Optional[dict] = None
 
     # the quantities every engine's result names alike (kvplan.plan.vllm_pool.CapacityResult's keys)
     @property
@@ -117,7 +135,11 @@ class SglangPool:
     def to_dict(self) -> dict:
         shared = ("available_kv_bytes", "kv_tokens", "num_blocks", "block_size", "page_bytes", "max_concurrency",
                   "activation_bytes")
-        return {**asdict(self), **{k: getattr(self, k) for k in shared}}
+        d = {**asdict(self), **{k: getattr(self, k) for k in shared}}
+        for k in ("state", "indexer"):
+            if d[k] is None:
+                del d[k]
+        return d
 
 
 def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat = "auto", *, tp: int = 1,
@@ -148,17 +170,24 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     available = int((after_load / GiB - free_before / GiB * (1 - f)) * GiB)
     full_cell, swa_cell, n_full, n_swa = cell_bytes(model, fmt, layout.attn_tp)
     ctx = context_len or model.max_position_embeddings
+    state = state_pool(model, layout, available, tp) if model.state_layers else None
+    kv_room = available - (state["pool_bytes"] if state else 0)
     swa_tokens = None
     if n_swa and n_full:
         cell = full_cell + swa_full_tokens_ratio * swa_cell * n_swa
-        tokens = max(0, int(available // cell)) // page_size * page_size
+        tokens = max(0, int(kv_room // cell)) // page_size * page_size
         swa_tokens = int(tokens * swa_full_tokens_ratio) // page_size * page_size
     else:
         cell = full_cell + swa_cell * n_swa
-        tokens = max(0, int(available // cell)) // page_size * page_size
+        tokens = max(0, int(kv_room // cell)) // page_size * page_size
     if max_running_requests is None:
         max_running_requests = min(max(2048, min(4096, int(tokens / ctx * 512))), tokens // 2)
+        if state:  # init_memory_pool: at most max_mamba_cache_size // 3 with the radix cache on
+            max_running_requests = min(max_running_requests, state["max_running_requests_cap"])
     k_size = (tokens + page_size) * full_cell / 2 / GiB
+    indexer = nsa_pool(model, fmt, tokens, page_size) if model.mla and model.mla.index_head_dim else None
+    if indexer:  # what NSATokenToKVPool allocates, which is not quite what the profile counted
+        k_size = indexer["allocated_bytes"] / 2 / GiB
     storage = {"auto": model.dtype, "bfloat16": "bf16"}.get(fmt.name, fmt.name)
     torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
                    "fp8_e4m3": "torch.float8_e4m3fn", "fp8": "torch.float8_e4m3fn", "mxfp8": "torch.float8_e4m3fn",
@@ -167,21 +196,78 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     lines = [f"KV Cache is allocated. dtype: {torch_dtype}, #tokens: {tokens}, "
              + (f"KV size: {2 * k_size:.2f} GB" if model.mla else f"K size: {k_size:.2f} GB, V size: {k_size:.2f} GB"),
              f"max_total_num_tokens={tokens}, max_running_requests={max_running_requests}, context_len={ctx}"]
+    if state:  # MambaPool.__init__'s line: slots + 1 (a padding slot), GB = 2^30
+        lines.insert(0, f"Mamba Cache is allocated. max_mamba_cache_size: {state['slots']}, conv_state size: "
+                        f"{(state['slots'] + 1) * state['conv_bytes'] * state['layers'] / GiB:.2f}GB, ssm_state size: "
+                        f"{(state['slots'] + 1) * state['temporal_bytes'] * state['layers'] / GiB:.2f}GB")
     problem, notes = None, []
     if tokens < 1:
         problem = (f"{model.name}'s weights ({weights / GiB:.2f} GiB per rank) leave SGLang no KV pool at "
                    f"--mem-fraction-static {f:g}; raise --tp, use a smaller --weight-dtype, or raise "
                    f"--mem-fraction-static")
+    elif state and state["slots"] < MAMBA_SLOTS_PER_REQUEST:
+        problem = (f"{model.name}'s Mamba state ({state['bytes_per_request'] / GiB:.2f} GiB per request per rank) "
+                   f"leaves SGLang {state['slots']} state slots, too few for one request (max_mamba_cache_size // "
+                   f"{MAMBA_SLOTS_PER_REQUEST}); raise --tp or --mem-fraction-static")
     elif tokens < ctx:  # SGLang caps a request's input at max_total_num_tokens - 1 (scheduler.max_req_input_len)
         notes.append(f"the pool holds {tokens:,} tokens, fewer than one sequence of {ctx:,}: SGLang caps each "
                      f"request's input at {tokens - 1:,} tokens")
+    if state:
+        notes.append(f"Mamba state: {state['layers']} layers x ({state['conv_bytes']:,} B conv + "
+                     f"{state['temporal_bytes']:,} B ssm) = {state['bytes_per_request']:,} B per request per rank; "
+                     f"{state['slots']:,} slots take {state['memory_ratio']:g} / {1 + state['memory_ratio']:g} of the "
+                     f"pool, so max_running_requests <= {state['slots']:,} // {MAMBA_SLOTS_PER_REQUEST}")
+    if indexer and indexer["latent_bytes_per_token_per_layer"] != model.mla.latent_dim * fmt.k[0].bits // 8:
+        notes.append(f"SGLang budgets the fp8 latent at {model.mla.latent_dim} B per token per layer but stores "
+                     f"{indexer['latent_bytes_per_token_per_layer']} (scales and a bf16 rope part): the pool "
+                     f"allocates {indexer['allocated_bytes'] / GiB:.2f} GiB, beyond the {available / GiB:.2f} GiB "
+                     f"budget")
     pool = SglangPool(model.name, fmt.name, tp, f, int(free_before), int(weights), available, cell, tokens,
                       swa_tokens, page_size, max_running_requests, ctx, round(k_size, 2), lines,
                       gpu=gpu.name if gpu else None, weight_dtype=weight_dtype or model.weight_dtype,
                       fits=problem is None, problem=problem, notes=notes, dp=layout.dp, ep=layout.ep,
-                      world_size=layout.world, total_kv_tokens=tokens * layout.dp)
+                      world_size=layout.world, total_kv_tokens=tokens * layout.dp, state=state, indexer=indexer)
     pool.total_max_concurrency = pool.max_concurrency * layout.dp
     return pool
+
+
+def state_pool(model: ModelSpec, layout: Parallel, available: float, tp: int) -> dict:
+    """A hybrid's Mamba state pool on one rank, as sglang 0.5.6 splits the pool's memory (model_runner.py
+    handle_max_mamba_cache, with the radix cache on and no speculative decoding): the state takes
+    ratio / (1 + ratio) of it (mamba_full_memory_ratio 0.9), in whole requests' states (max_mamba_cache_size; a
+    gated delta net's divided by the DP-attention groups), and the full-attention KV pool the rest;
+    max_running_requests is then at most max_mamba_cache_size // 3 (init_memory_pool)."""
+    conv, temporal = mamba_state_bytes(model, layout.attn_tp)
+    n = len(model.state_layers)
+    per_req = (conv + temporal) * n
+    ratio = MAMBA_FULL_MEMORY_RATIO
+    raw_gib = available / GiB * ratio / (1 + ratio)  # handle_max_mamba_cache works in GiB
+    # a state of no bytes: max_mamba_cache_size is max_running_requests, or 512 when unset
+    slots = max(0, int((raw_gib * GiB) // per_req)) if per_req else MAMBA_EMPTY_STATE_SLOTS
+    if model.state.kind == "gdn" and layout.attn_tp < tp:  # hybrid_gdn_config, with --enable-dp-attention
+        slots //= layout.dp
+    return {"kind": model.state.kind, "layers": n, "conv_bytes": conv, "temporal_bytes": temporal,
+            "bytes_per_request": per_req, "memory_ratio": ratio, "slots": slots, "pool_bytes": slots * per_req,
+            "max_running_requests_cap": slots // MAMBA_SLOTS_PER_REQUEST}
+
+
+def nsa_pool(model: ModelSpec, fmt: KVFormat, tokens: int, page_size: int) -> dict:
+    """An NSA model's pool as NSATokenToKVPool allocates it (mem_cache/memory_pool.py) for the tokens the profile
+    counted: per layer the latent buffer of tokens + one page (bf16: (kv_lora_rank + rope) x 2 bytes; fp8: the
+    latent in fp8, a float32 scale per 128 of it and the rope part in bf16), and the indexer's buffer of
+    (tokens + page + 1) // page pages of page x (index_head_dim + index_head_dim // 128 x 4) bytes. The profile
+    (profile_max_num_token) counts an fp8 latent at (kv_lora_rank + rope) bytes, so the pool allocates more than it
+    budgeted."""
+    a, L = model.mla, model.num_layers
+    if fmt.k[0].bits == 8:
+        latent = a.kv_lora_rank + a.kv_lora_rank // NSA_QUANT_BLOCK * 4 + a.qk_rope_head_dim * 2
+    else:
+        latent = a.latent_dim * 2
+    index_row = a.index_head_dim + a.index_head_dim // NSA_QUANT_BLOCK * 4
+    pages = (tokens + page_size + 1) // page_size
+    allocated = L * ((tokens + page_size) * latent + pages * page_size * index_row)
+    return {"index_head_dim": a.index_head_dim, "indexer_bytes_per_token_per_layer": index_row,
+            "latent_bytes_per_token_per_layer": latent, "index_pages": pages, "allocated_bytes": allocated}
 
 
 def sglang_capacity(d) -> SglangPool:

@@ -36,6 +36,57 @@ def fused_shared_experts(model: ModelSpec, parallel: Parallel, a2a_backend: Opti
         return 0
     return 1
 
+# Hybrid models that keep a fixed state per request in some layers (Mamba-2, gated delta net). sglang 0.5.6
+# server_args.py ServerArgs: mamba_full_memory_ratio 0.9 (the state pool is 0.9 x the full-attention KV pool),
+# mamba_ssm_dtype "float32" (the model config's own is not read); configs/mamba_utils.py CONV_DTYPE: the conv
+# state is always bfloat16; model_runner.py MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO: with the radix cache on
+# (the default) max_running_requests is at most a third of the state slots.
+MAMBA_FULL_MEMORY_RATIO = 0.9
+MAMBA_SSM_DTYPE, MAMBA_SSM_BYTES = "fp32", 4
+MAMBA_CONV_DTYPE, MAMBA_CONV_BYTES = "bf16", 2
+MAMBA_SLOTS_PER_REQUEST = 3
+MAMBA_EMPTY_STATE_SLOTS = 512  # handle_max_mamba_cache where mamba_cache_per_req is 0
+# DeepSeek sparse attention (NSA: DeepSeek-V3.2's indexer). sglang 0.5.6 server_args.py
+# _handle_model_specific_adjustments: page size 64, whatever was asked; --kv-cache-dtype auto is bfloat16 on Hopper
+# and fp8_e4m3 from SM 10 (Blackwell); only those two are accepted. mem_cache/memory_pool.py NSATokenToKVPool: the
+# indexer's keys in fp8 with one float32 scale per quant_block_size (128) channels, uint8 storage.
+NSA_PAGE_SIZE = 64
+NSA_QUANT_BLOCK = 128
+NSA_DTYPES = ("bfloat16", "fp8_e4m3")
+
+
+def nsa_default_kv_dtype(gpu: Optional[GPUSpec]) -> str:
+    """--kv-cache-dtype auto on an NSA model (server_args.py): fp8_e4m3 on SM 10 and later, bfloat16 before."""
+    cc = gpu.compute_capability if gpu is not None else None
+    return "fp8_e4m3" if cc is not None and float(cc) >= 10 else "bfloat16"
+
+
+def mamba_state_bytes(model: ModelSpec, attn_tp: int) -> tuple[int, int]:
+    """One state layer's Mamba pool entry for one request on one attention-TP rank, as sglang 0.5.6 sizes it
+    (configs/mamba_utils.py Mamba2StateShape.create, BaseLinearStateParams.mamba_cache_per_req; the shapes
+    configs/qwen3_next.py and configs/nemotron_h.py mamba2_cache_params pass in): the conv state
+    (intermediate + 2 x n_groups x state_size) / tp channels x (conv_kernel - 1) in bfloat16, n_groups raised to tp
+    where tp does not divide it; the temporal (SSM or gated-delta-net) state heads / tp x head_dim x state_size in
+    float32. Returns (conv bytes, temporal bytes). Mamba-1, lightning attention and Kimi delta attention have no
+    shape here (SGLang 0.5.6 serves none of them through this pool) and are refused."""
+    st = model.state
+    if st is None:
+        return 0, 0
+    if st.kind not in ("mamba2", "gdn"):
+        raise KvplanError(f"{model.name}'s {st.kind} state layers: kvplan models SGLang's Mamba pool for Mamba-2 and "
+                          f"gated delta net layers only; plan it with --engine vllm")
+    # extra_groups_for_head_shards: n_groups + (tp - n_groups), i.e. tp groups, where tp does not divide them
+    groups = st.n_groups if st.n_groups % attn_tp == 0 else attn_tp
+    conv_dim = st.num_heads * st.head_dim + 2 * groups * st.state_size
+    if conv_dim % attn_tp or st.num_heads % attn_tp:
+        raise KvplanError(f"--tp {attn_tp} does not split {model.name}'s {st.num_heads} state heads "
+                          f"({conv_dim} conv channels): SGLang asserts it (mamba_utils.py divide); choose a TP that "
+                          f"divides {st.num_heads}")
+    conv = conv_dim // attn_tp * (st.conv_kernel - 1) * MAMBA_CONV_BYTES
+    temporal = st.num_heads // attn_tp * st.head_dim * st.state_size * MAMBA_SSM_BYTES
+    return conv, temporal
+
+
 # kvplan format -> SGLang's --kv-cache-dtype (the formats SGLang accepts)
 SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp8": "fp8_e4m3",
                  "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16",
