@@ -22,6 +22,7 @@ from typing import Any, Literal, Optional, Union
 from kvplan.errors import KvplanError, check_whole
 from kvplan.rules.sglang import (
     CONTEXT_GIB,
+    MAX_PREFILL_TOKENS,
     NSA_DTYPES,
     NSA_PAGE_SIZE,
     SGLANG_DTYPES,
@@ -59,8 +60,8 @@ VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_block
              "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only",
              "mamba_ssm_cache_dtype", "data_parallel_size", "data_parallel_size_local", "enable_expert_parallel",
              "all2all_backend", "enable_eplb", "num_redundant_experts")
-SGLANG_ONLY = ("mem_fraction_static", "page_size", "dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend",
-               "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
+SGLANG_ONLY = ("mem_fraction_static", "page_size", "enable_mixed_chunk", "max_prefill_tokens", "dp_size", "enable_dp_attention", "ep_size",
+               "moe_a2a_backend", "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
 LAYOUT_OPTIONS = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
                   "enable_eplb", "num_redundant_experts", "dp_size", "enable_dp_attention", "ep_size",
                   "moe_a2a_backend", "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
@@ -101,6 +102,8 @@ class DeploymentArgs:
     num_gpu_blocks_override: Optional[int] = None
     block_size: Optional[int] = None
     page_size: Optional[int] = None
+    enable_mixed_chunk: bool = False  # SGLang: prompt chunks share their step with the running requests' decodes
+    max_prefill_tokens: Optional[int] = None  # SGLang: the prompt tokens one prefill batch takes
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     entrypoint: Optional[str] = None
@@ -128,11 +131,10 @@ class DeploymentArgs:
     calibration: Any = None  # a path, or a kvplan.specs.calibration.CalibrationProfile
 
     def given(self) -> list[str]:
-        """The fields the user set (anything but None and the neutral values)."""
-        neutral = {"pp": 1, "dcp": 1, "enforce_eager": False, "language_model_only": False,
-                   "enable_expert_parallel": False, "enable_eplb": False, "enable_dp_attention": False,
-                   "enable_dp_lm_head": False}
+        """The fields the user set: anything but None, a flag's default (off), and one stage or rank (pp, dcp 1)."""
+        neutral = {"pp": 1, "dcp": 1}
         return [f.name for f in fields(self) if getattr(self, f.name) is not None
+                and getattr(self, f.name) is not (f.default if f.default is False else None)
                 and getattr(self, f.name) != neutral.get(f.name, None)]
 
     def resolve(self, *, needs_memory: bool = False) -> "Deployment":
@@ -192,6 +194,8 @@ class Deployment:
     # SGLang
     mem_fraction_static: Optional[float] = None
     page_size: Optional[int] = None
+    mixed_chunk: bool = False  # --enable-mixed-chunk
+    max_prefill_tokens: int = 0  # --max-prefill-tokens (SGLang's default when not given)
     free_before_load_bytes: Optional[int] = None  # measured by a profile
     # measured inputs
     measured: Optional[Measured] = None
@@ -443,7 +447,8 @@ def _check_numbers(args: DeploymentArgs, prof, given: set) -> None:
         _positive(name, getattr(args, name))
     for name in ("activation_gib", "non_torch_gib", "cudagraph_gib"):
         _positive(name, getattr(args, name), zero_ok=True)
-    for name in ("num_gpu_blocks_override", "block_size", "page_size", "max_num_seqs", "max_num_batched_tokens"):
+    for name in ("num_gpu_blocks_override", "block_size", "page_size", "max_num_seqs", "max_num_batched_tokens",
+                 "max_prefill_tokens"):
         _positive(name, getattr(args, name), integer=True)
     if args.entrypoint is not None and args.entrypoint not in ENTRYPOINTS:
         raise KvplanError(f"--entrypoint '{args.entrypoint}': choose serve (vllm serve, the API server) or llm (the "
@@ -734,7 +739,9 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if f is None and free_before is None:
         raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
     return Deployment(**common, engine_version=SGLANG_VERSION, mem_fraction_static=f,
-                      page_size=page, free_before_load_bytes=free_before,
+                      page_size=page, mixed_chunk=bool(args.enable_mixed_chunk),
+                      max_prefill_tokens=int(args.max_prefill_tokens or MAX_PREFILL_TOKENS),
+                      free_before_load_bytes=free_before,
                       measured=Measured(weights, 0, prof.source or "a startup log") if prof is not None else None,
                       notes=tuple(notes))
 

@@ -163,6 +163,39 @@ def test_sglang_runs_prefill_batches_and_decode_batches_apart():
     assert done == pytest.approx([0.084, 0.084], abs=1e-12)
 
 
+def test_sglang_mixed_chunks_decode_the_running_requests_in_the_prefill_step():
+    # --enable-mixed-chunk (sglang 0.5.6 scheduler.py get_new_batch_prefill: mix_with_running): the same 2 clients,
+    # 1,500-token prompts, 3 output tokens, chunked_prefill_size 1,024, the budget less one token per decoding request:
+    # step 1: prefill r0 [0, 1024)                           b=0, p=1,024  20.24 ms
+    # step 2: prefill r0 [1024, 1500), r1 [0, 548)           b=0, p=1,024  20.24 ms (40.48): r0's first token
+    # step 3: r0 decodes (its 2nd token), r1 [548, 1500)     budget 1,023; b=1, p=952: 10 + 1 + 9.52 = 20.52 ms
+    #         (61.00): r1's first token
+    # step 4: decode r0 (its 3rd: done), r1                  b=2, 12 ms (73.00)
+    # step 5: decode r1 (its 3rd)                            b=1, 11 ms (84.00)
+    lim = EngineLimits("sglang", token_budget=1024, max_seqs=64, blocks=1_000_000, blocks_for=lambda n: n,
+                       mixed_chunk=True)
+    r = simulate(linear_price, lim, isl=1500, osl=3, concurrency=2, num_prompts=2)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.04048, 0.06100], abs=1e-12)
+    assert sorted(d for _, _, d in r.per_request) == pytest.approx([0.073, 0.084], abs=1e-12)
+
+
+def test_sglang_max_prefill_tokens_caps_a_batch_beyond_its_first_request():
+    # --max-prefill-tokens 1,200 (schedule_policy.py PrefillAdder.add_one_req: a request beyond the batch's first
+    # whose prompt is at least the input tokens left waits): 3 clients, 1,000-token prompts, 2 output tokens,
+    # chunked_prefill_size 8,192:
+    # step 1: prefill r0 (1,000; 200 input tokens left: r1's 1,000 waits)   p=1,000  20 ms: r0's first token at 20
+    # step 2: prefill r1                                                     p=1,000  20 ms (40): r1's first token
+    # step 3: prefill r2                                                     p=1,000  20 ms (60): r2's first token
+    # without the cap all three are one batch: p=3,000, 40 ms, every first token at 40 ms
+    capped = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=1_000_000, blocks_for=lambda n: n,
+                          input_budget=1200)
+    r = simulate(linear_price, capped, isl=1000, osl=2, concurrency=3, num_prompts=3)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.020, 0.040, 0.060], abs=1e-12)
+    free = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=1_000_000, blocks_for=lambda n: n)
+    r = simulate(linear_price, free, isl=1000, osl=2, concurrency=3, num_prompts=3)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.040, 0.040, 0.040], abs=1e-12)
+
+
 def test_sglang_admits_what_its_token_pool_holds_with_the_expected_output():
     # a pool of 5,000 tokens: a 1,500-token prompt with 1,000 output tokens reserves 1,500 + 0.7 x 1,000 = 2,200
     # tokens at admission (new_token_ratio 0.7), so two are admitted (4,400) and the third waits

@@ -168,6 +168,12 @@ SgRedundantOpt = Annotated[Optional[int], typer.Option(
     "--ep-num-redundant-experts", help="SGLang: extra expert replicas spread over the EP ranks")]
 SgDenseTpOpt = Annotated[Optional[int], typer.Option(
     "--moe-dense-tp-size", help="SGLang, with --enable-dp-attention: 1 keeps dense MLPs whole in each attention group")]
+SgMixedChunkOpt = Annotated[bool, typer.Option(
+    "--enable-mixed-chunk", help="SGLang: a prompt chunk's step also runs the running requests' decode tokens "
+    "(mixed chunked prefill) instead of pausing them")]
+SgMaxPrefillOpt = Annotated[Optional[int], typer.Option(
+    "--max-prefill-tokens", help="SGLang: the prompt tokens one prefill batch takes beyond its first request (default "
+    "16384)")]
 SgDpLmHeadOpt = Annotated[bool, typer.Option(
     "--enable-dp-lm-head", help="SGLang, with --enable-dp-attention: the LM head whole in each attention group")]
 
@@ -191,11 +197,13 @@ DEPLOYMENT_OPTIONS: dict = {
     "enable_dp_attention": (SgDpAttnOpt, False), "ep_size": (SgEpOpt, None), "moe_a2a_backend": (SgA2aOpt, None),
     "ep_num_redundant_experts": (SgRedundantOpt, None), "moe_dense_tp_size": (SgDenseTpOpt, None),
     "enable_dp_lm_head": (SgDpLmHeadOpt, False), "calibration": (CalibrationOpt, None),
+    "enable_mixed_chunk": (SgMixedChunkOpt, False), "max_prefill_tokens": (SgMaxPrefillOpt, None),
 }
 VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
                "enable_eplb", "num_redundant_experts")
-# every option of the deployment: what `capacity` and `throughput` take
-DEPLOYMENT = tuple(DEPLOYMENT_OPTIONS)
+# every option of the deployment's pool: what `capacity` takes (and `throughput`, with the scheduler's own)
+SCHEDULER = ("enable_mixed_chunk", "max_prefill_tokens")
+DEPLOYMENT = tuple(n for n in DEPLOYMENT_OPTIONS if n not in SCHEDULER)
 # the memory options of vLLM's pool: what `sweep` and `plot capacity` take beside their own
 VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "activation_gib", "non_torch_gib", "cudagraph_gib",
                "max_num_seqs", "enforce_eager", "language_model_only", "mamba_ssm_cache_dtype", "entrypoint",

@@ -11,6 +11,7 @@ import typer
 from kvplan.app.options import (  # noqa: F401 (names typer reads from the annotations)
     ConcurrencyOpt,
     DEPLOYMENT,
+    SCHEDULER,
     DtypesOpt,
     GpuOpt,
     IslOpt,
@@ -133,7 +134,7 @@ def _with_profile(args):
 
 
 @app.command()
-@_takes(*DEPLOYMENT)
+@_takes(*DEPLOYMENT, *SCHEDULER)
 def throughput(
     model: ModelArg,
     gpu: GpuOpt = None,

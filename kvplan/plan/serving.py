@@ -82,6 +82,10 @@ class EngineLimits:
     blocks_for: Callable  # tokens held (a numpy array) -> blocks needed (numpy array)
     # steps a request sent while the engine runs waits beyond the running step before it can be scheduled
     admit_delay: int = 0
+    # SGLang's --enable-mixed-chunk: a prefill step also decodes the running requests, its chunk smaller by them
+    mixed_chunk: bool = False
+    # SGLang's --max-prefill-tokens: the prompt tokens one prefill batch takes beyond its first request (0: no cap)
+    input_budget: int = 0
     # other data-parallel ranks stepping in lockstep with this one (vLLM's DPEngineCoreProc, SGLang's attention
     # groups): each step lasts as long as the slowest rank's, so a rank's decode steps also wait out the others'
     # prompt chunks, as often as its own come (the ranks are alike)
@@ -449,11 +453,18 @@ def _schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs,
 def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs, osl: int,
                      limits: EngineLimits, capped: set):
     """One step of SGLang's scheduler (see the module's docstring): a prefill batch where one can be admitted, else a
-    decode batch of every running request. Returns (the scheduled requests, their tokens)."""
+    decode batch of every running request; with mixed chunks (--enable-mixed-chunk), the prefill batch decodes the
+    running requests too, its chunk budget less one token for each (sglang 0.5.6 managers/scheduler.py
+    get_new_batch_prefill: mix_with_running, PrefillAdder's mixed_with_decode_tokens). Returns (the scheduled
+    requests, their tokens)."""
     import numpy as np
 
     sched: dict[int, int] = {}
-    prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, limits.token_budget)
+    decoding = [r for r in running if computed[r] >= prompt_len[r]]
+    mixed = len(decoding) if limits.mixed_chunk else 0
+    inputs = limits.input_budget - mixed if limits.input_budget else None
+    prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits,
+                                   limits.token_budget - mixed, inputs)
     if cap:
         capped.add(cap)
     if prefill:
@@ -462,10 +473,9 @@ def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, output
             if r not in running:
                 running.append(r)
                 waiting.remove(r)
-    else:
-        for r in running:
-            if computed[r] >= prompt_len[r]:
-                sched[r] = 1
+    if not prefill or limits.mixed_chunk:
+        for r in decoding:
+            sched[r] = 1
     return ([np.fromiter(sched, dtype=np.int64, count=len(sched))],
             [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))])
 
@@ -481,10 +491,11 @@ def _steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
     return max(1, last_true(fits, 0, k))  # (0 steps always fit)
 
 
-def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget):
+def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget, inputs=None):
     """SGLang's next prefill batch, and what stopped it short (None, "kv pool", "max_num_seqs"): a request part-way
-    through its prompt first, then waiting ones (FCFS) while chunked_prefill_size, max_running_requests and the
-    token pool admit them. The pool admits a request when what it holds, less the tokens the running requests are
+    through its prompt first, then waiting ones (FCFS) while chunked_prefill_size (`budget`), max_prefill_tokens
+    (`inputs`: a request beyond the batch's first whose prompt left is as large stays waiting),
+    max_running_requests and the token pool admit them. The pool admits a request when what it holds, less the tokens the running requests are
     expected to add (new_token_ratio x their remaining output), holds the prompt and that share of its output."""
     batch = []
     held = sum(int(computed[r]) for r in running)
@@ -492,11 +503,17 @@ def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits
     room = limits.blocks - held - expected
     for r in [r for r in running if computed[r] < prompt_len[r]]:
         k = min(int(prompt_len[r] - computed[r]), budget)
+        if k <= 0:  # (mixed chunks: the running requests' decodes took the budget)
+            break
         batch.append((r, k))
         budget -= k
+        if inputs is not None:
+            inputs -= k
     cap = None
     for r in list(waiting):
-        if budget <= 0:
+        if budget <= 0 or (inputs is not None and inputs <= 0):
+            break
+        if inputs is not None and batch and int(prompt_len[r] - computed[r]) >= inputs:
             break
         if len(running) + len(batch) >= limits.max_seqs:
             cap = "max_num_seqs"
@@ -509,6 +526,8 @@ def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits
         batch.append((r, k))
         room -= need
         budget -= k
+        if inputs is not None:
+            inputs -= k
     return batch, cap
 
 

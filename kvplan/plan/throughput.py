@@ -140,7 +140,8 @@ def engine_limits(d):
         if d.parallel.attn_tp < d.tp:  # data-parallel attention: each group's chunk is 1/dp of it (server_args.py)
             chunk //= d.parallel.dp
         return EngineLimits("sglang", chunk, int(r.max_running_requests), int(r.max_total_num_tokens), lambda n: n,
-                            lockstep=_lockstep(d))
+                            lockstep=_lockstep(d), mixed_chunk=d.mixed_chunk,
+                            input_budget=d.max_prefill_tokens)
     from kvplan.plan.vllm_pool import plan_for
 
     plan = plan_for(d)

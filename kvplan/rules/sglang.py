@@ -23,6 +23,9 @@ SWA_FULL_TOKENS_RATIO = 0.8
 # srt/layers/quantization/fp8_utils.py dispatch_w8a8_block_fp8_linear: FlashInfer's and CUTLASS's block-fp8 paths
 # are off unless asked for, deep_gemm_wrapper/configurer.py: SGLANG_ENABLE_JIT_DEEPGEMM on by default from SM 90).
 LINEAR_KERNEL_FAMILY = {"fp8_block": "fp8"}
+# --max-prefill-tokens' default: the prompt tokens one prefill batch takes, a batch's first request whatever its size
+# (server_args.py max_prefill_tokens; managers/schedule_policy.py PrefillAdder.add_one_req)
+MAX_PREFILL_TOKENS = 16384
 
 
 def fused_shared_experts(model: ModelSpec, parallel: Parallel, a2a_backend: Optional[str]) -> int:
