@@ -7,6 +7,8 @@ from typing import Annotated, List, Optional
 
 import typer
 
+from kvplan.rules.vllm import versions_text
+
 app = typer.Typer(
     name="kvplan",
     help="What a KV-cache format buys on a given model, GPU and parallelism with vLLM or SGLang: the crossover "
@@ -79,8 +81,8 @@ WeightReadOpt = Annotated[str, typer.Option(
 EngineOpt = Annotated[Optional[str], typer.Option(
     "--engine", help="serving engine whose rules plan the pool: vllm (default) or sglang")]
 EngineVersionOpt = Annotated[Optional[str], typer.Option(
-    "--engine-version", help="vLLM version whose rules apply: 0.19 (and earlier), 0.20, 0.25, 0.28, 0.30, 0.33 "
-    "(default, newest); SGLang is planned with 0.5's rules")]
+    "--engine-version", help=f"vLLM version whose rules apply: {versions_text()}; SGLang is planned with 0.5's "
+    "rules")]
 PpOpt = Annotated[Optional[int], typer.Option("--pp", help="vLLM pipeline-parallel size: layers split over stages, "
                                               "the fewest blocks of any rank set the pool (default 1)")]
 DcpOpt = Annotated[Optional[int], typer.Option(

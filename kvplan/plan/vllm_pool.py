@@ -10,7 +10,7 @@ from typing import Literal, Optional, Sequence
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
 from kvplan.plan.totals import deployment_totals, layout_note
-from kvplan.rules.vllm import VllmRules
+from kvplan.rules.vllm import DEFAULT_VLLM, VllmRules
 from kvplan.sizing.kv_cache import (
     LayerKV,
     format_bytes_per_token,
@@ -262,7 +262,7 @@ class CapacityResult:
     skip_layers: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     engine: str = "vllm"
-    engine_version: str = "0.33"
+    engine_version: str = DEFAULT_VLLM
     pp: int = 1
     dcp: int = 1
     stage_layers: list[list[int]] = field(default_factory=list)  # [first, last + 1] per pipeline stage

@@ -138,12 +138,20 @@ def gdn_prefill_flashinfer(compute_capability: Optional[str], key_head_dim: int)
     (10.x, 12.x) with 128-wide key heads (and a CUDA 13 runtime, which kvplan assumes there); Triton elsewhere."""
     cc = compute_capability or ""
     return cc.startswith("9.") or (cc.startswith(("10.", "12.")) and key_head_dim == 128)
-DEFAULT_VLLM = "0.33"
 
 
 def version_key(v: str) -> tuple[int, int]:
     parts = [int(p) for p in v.split(".")[:2]]
     return (parts + [0])[0], (parts + [0, 0])[1]
+
+
+DEFAULT_VLLM = max(VLLM, key=version_key)  # the newest catalogued release
+
+
+def versions_text() -> str:
+    """The catalogued releases as --engine-version's help names them."""
+    names = sorted(VLLM, key=version_key)
+    return ", ".join([f"{names[0]} (and earlier)", *names[1:-1], f"{names[-1]} (default, newest)"])
 
 
 def vllm_rules(version: str | None) -> VllmRules:
