@@ -7,6 +7,11 @@ tables renamed <family>-<table>.parquet, then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
+or, to refit only the prompt-attention fits and the large all-reduces' line of a profile (seconds), keeping the
+rest as it is:
+
+    python benchmarks/fit_step_profiles.py SILICON --prefill-only hardware/profiles/step-time.yaml > new.yaml
+
 Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about forty minutes on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
 squares on relative error (log time); the share of rows of at least 64 MiB that the fit reproduces within 10% is
@@ -22,7 +27,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from kvplan.sizing.step_time import SPLIT_FIELDS, Fit, attention_call_seconds, gemm_call_seconds
+from kvplan.sizing.step_time import (SPLIT_FIELDS, Fit, attention_call_seconds, gemm_call_seconds,
+                                     prefill_attention_seconds)
 
 MB = 2**20
 # silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes, SMs):
@@ -408,6 +414,111 @@ def allreduce(df):
     return out
 
 
+def _prefill_big(d) -> np.ndarray:
+    """Which rows move at least 64 MiB of queries, keys, values and outputs (the rows the shares count)."""
+    return (d.batch_size * d.isl * (2 * d.num_heads + 2 * d.num_key_value_heads) * d.head_dim * 2
+            >= 64 * MB).to_numpy()
+
+
+def _prefill_model(p, x, flops_peak, tile):
+    tokens, heads, context, per_key = x
+    t0, c_q, mu, c_chain = (float(v) for v in p)
+    fit = Fit(t0_s=t0 * 1e-6, per_query_head_s=c_q * 1e-9, mu=mu, peak_flops=flops_peak, tile_tokens=tile,
+              per_token_chain_s=c_chain * 1e-9)
+    return prefill_attention_seconds(fit, tokens, heads, context, per_key, xp=np), fit
+
+
+def prefill_attention(df, f16):
+    """Prompt attention (the context-attention tables: batch x isl new tokens, causal, no cached prefix): t = t0 +
+    max(tokens x heads x (c_q + keys x 4 x head size / (mu x F)), c_chain x keys), keys = (isl + 1) / 2 per query
+    on average, walked in whole tiles (1, 64 or 128 tokens: the one that reproduces the rows best); c_q is a query
+    row's own cost, c_chain the longest program's serial walk where too few programs run to fill the GPU. Fitted by
+    least squares on log time (scipy), rows of >= 64 MiB of queries, keys, values and outputs weighted 1, smaller
+    ones 0.3; one fit per KV-cache dtype and head size, on full attention (window 0)."""
+    from scipy.optimize import least_squares
+
+    out = {}
+    full = df[df.window_size == 0] if "window_size" in df else df
+    for kv in ("bfloat16", "fp8"):
+        by_dim = {}
+        for hd in sorted(full.head_dim.unique()):
+            d = full[(full.kv_cache_dtype == kv) & (full.head_dim == hd)]
+            if d.empty:
+                continue
+            isl = d.isl.to_numpy(float)
+            x = (d.batch_size.to_numpy(float) * isl, d.num_heads.to_numpy(float), (isl + 1) / 2, 4.0 * hd)
+            y = d.latency.to_numpy(float) / 1e3
+            big = _prefill_big(d)
+            w = np.where(big, 1.0, 0.3)
+            best = None
+            for tile in (1, 64, 128):
+                for start in ((8, 0.3, 0.5, 50), (10, 0.1, 0.7, 0)):
+                    r = least_squares(lambda p: np.log(_prefill_model(p, x, f16, tile)[0] / y) * w, start,
+                                      bounds=([0, 0, 0.01, 0], [50, 100, 1.0, 1e5]), loss="soft_l1", f_scale=0.05)
+                    pred, fit = _prefill_model(r.x, x, f16, tile)
+                    share, rows = _share(pred, y, big)
+                    if _better(share, best):
+                        best = (share, rows, fit)
+            share, rows, fit = best
+            by_dim[int(hd)] = dict({f: getattr(fit, f) for f in PREFILL_FIELDS}, within_10pct=share,
+                                   rows_64mib=rows)
+        if by_dim:
+            out[kv] = by_dim
+    return out
+
+
+PREFILL_FIELDS = ("t0_s", "per_query_head_s", "mu", "peak_flops", "tile_tokens", "per_token_chain_s")
+# GPUs whose context-attention table contradicts itself, and the table of the same chip their prompt attention is
+# fitted from instead: H200's (vLLM 0.19) takes longer the more KV heads a call has at the same query heads (16
+# query heads, batch 1 x 8,192 tokens: 0.023 ms with 1 KV head, 1.236 ms with 16), where the attention's FLOPs do
+# not depend on them, and its rows with a KV head per query head run at a third of H100's FLOP/s (H100: 0.418 ms;
+# H200 is the same Hopper chip at the same clocks, and prompt attention is compute-bound)
+PREFILL_TABLE_OF = {"h200_sxm": "h100_sxm"}
+
+
+def prefill_for(silicon: Path, folder: str, f16: float) -> dict:
+    own = PREFILL_TABLE_OF.get(folder, folder)
+    return prefill_attention(pd.read_parquet(silicon / own / "attention-context_attention_perf.parquet"), f16)
+
+
+def update_prefill(silicon: Path, profile: Path) -> None:
+    """Refit only the prompt-attention fits and the large all-reduces' line of an existing profile (the rest of it
+    kept as it is)."""
+    text = profile.read_text()
+    doc = yaml.safe_load(text)
+    for folder, (name, peak, f16, f8, l2, sms) in GPUS.items():
+        if not (silicon / folder).is_dir() or name not in doc["gpus"]:
+            continue
+        doc["gpus"][name]["prefill_attention"] = prefill_for(silicon, folder, f16)
+        if folder in PREFILL_TABLE_OF:
+            doc["gpus"][name]["prefill_attention_table"] = PREFILL_TABLE_OF[folder]
+        large = allreduce_large(pd.read_parquet(silicon / folder / "comm-nccl_perf.parquet"))
+        for n, f in doc["gpus"][name]["allreduce"].items():
+            f.update(large.get(int(n), {}))
+    head = text.splitlines(keepends=True)[0]
+    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
+LARGE_MESSAGE_BYTES = 32 * MB
+
+
+def allreduce_large(df) -> dict:
+    """The line of large all-reduces (16-bit values, messages of 32 MiB to the table's largest, 512 MiB), by world
+    size: t = t0 + bytes / rate, fitted as allreduce's line. NCCL's rate keeps rising past the 64 MiB the small line
+    is fitted to (8 H200s: 210 GB/s at 64 MiB, 263 GB/s at 512 MiB), so a step's all-reduce of a prompt chunk's
+    hidden states (8,192 tokens of 7,168: 117 MB) takes the faster of the two lines."""
+    out = {}
+    d = df[(df.op_name == "all_reduce") & (df.nccl_dtype == "half") & (df.message_size * 2 >= LARGE_MESSAGE_BYTES)]
+    for n in sorted(d.num_gpus.unique()):
+        x = d[d.num_gpus == n]
+        byt, y = (x.message_size * 2).to_numpy(float), x.latency.to_numpy(float) / 1e3
+        coef, pred = _lstsq([np.ones_like(y), byt], y, 1 / y)
+        share, rows = _share(pred, y, np.ones_like(y, dtype=bool))
+        out[int(n)] = dict(large_message_t0_s=float(coef[0]), large_message_bytes_per_s=float(1 / coef[1]),
+                           large_message_within_10pct=share, large_message_rows=rows)
+    return out
+
+
 def main(silicon: Path) -> None:
     doc = {"schema": "kvplan-step-profiles/1",
            "source": "fits of AIConfigurator's vLLM kernel timings (ai-dynamo/aiconfigurator @095f58a, Apache-2.0); "
@@ -423,11 +534,18 @@ def main(silicon: Path) -> None:
             "attention": attention(read("attention-generation_attention_perf"), peak, l2, sms),
             "gemm": gemm(read("gemm-gemm_perf"), peak, f16, f8, sms),
             "moe": moe(read("moe-moe_perf"), peak, f16, f8),
-            "allreduce": allreduce(read("comm-nccl_perf")),
+            "allreduce": {n: dict(f, **allreduce_large(read("comm-nccl_perf")).get(n, {}))
+                          for n, f in allreduce(read("comm-nccl_perf")).items()},
         }
+        doc["gpus"][name]["prefill_attention"] = prefill_for(silicon, folder, f16)
+        if folder in PREFILL_TABLE_OF:
+            doc["gpus"][name]["prefill_attention_table"] = PREFILL_TABLE_OF[folder]
     sys.stdout.write("# kvplan's bundled step-time profiles: written by benchmarks/fit_step_profiles.py, do not edit\n")
     sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if len(sys.argv) > 3 and sys.argv[2] == "--prefill-only":
+        update_prefill(Path(sys.argv[1]), Path(sys.argv[3]))
+    else:
+        main(Path(sys.argv[1]))

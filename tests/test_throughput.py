@@ -740,3 +740,90 @@ def test_a_tie_reads_as_a_tie(cli):
     verdict = " ".join(r.out.split("verdict: ", 1)[1].split("\n")[:2])
     assert "as many output tokens/s per GPU as auto" in verdict and "steps as fast" in verdict
     assert "+0%" not in r.out and " 0% " not in r.out
+
+
+# -- prompt attention and large all-reduces -----------------------------------------------------------------------
+
+PREFILL_SAMPLE = [r for r in csv.DictReader(
+    line for line in (ROOT / "tests" / "fixtures" / "silicon-prefill-sample.csv").read_text().splitlines()
+    if not line.startswith("#"))]
+PREFILL_GROUPS = sorted({(r["gpu"], r["kv_cache_dtype"], int(r["head_dim"])) for r in PREFILL_SAMPLE})
+
+
+def _prefill_predict(row) -> float:
+    from kvplan.sizing.step_time import prefill_attention_seconds
+
+    fit = bundled_profile(load_gpu(GPU_OF[row["gpu"]])).prefill_attention[row["kv_cache_dtype"]][int(row["head_dim"])]
+    b, isl, h, hd = (int(row[k]) for k in ("batch_size", "isl", "num_heads", "head_dim"))
+    # causal over isl new tokens: each query sees (isl + 1) / 2 keys on average, 4 x head_dim FLOPs per key
+    return prefill_attention_seconds(fit, b * isl, h, (isl + 1) / 2, 4 * hd)
+
+
+@pytest.mark.parametrize("gpu, kv, hd", PREFILL_GROUPS)
+def test_prefill_attention_fit_reproduces_its_rows_as_claimed(gpu, kv, hd):
+    # the share of the context-attention rows (>= 64 MiB of q, k, v, o) the fit states it reproduces within 10%,
+    # against a seeded sample of 40 of them copied into the fixture (binomial spread at n = 40: about +-0.08)
+    rows = [r for r in PREFILL_SAMPLE if (r["gpu"], r["kv_cache_dtype"], int(r["head_dim"])) == (gpu, kv, hd)]
+    share = sum(abs(_prefill_predict(r) / (float(r["latency_ms"]) / 1e3) - 1) < 0.10 for r in rows) / len(rows)
+    claimed = FITS[load_gpu(GPU_OF[gpu]).name]["prefill_attention"][kv][hd]["within_10pct"]
+    assert abs(share - claimed) <= 0.2
+
+
+def test_prefill_attention_at_8k_tokens_h100():
+    # H100 context_attention_perf (vLLM 0.19.0 flash-attn): batch 1, isl 8,192, 16 query and 16 KV heads of 128,
+    # bf16: 0.418357 ms. Causal FLOPs 4 x 128 x 8,192 x 8,192.5 / 2... = 8,192 x 4,096.5 x 16 x 512 = 2.749e11, i.e.
+    # 657 TFLOP/s; the fit (mu 0.759 of 989.4 TFLOP/s plus a query row's cost) within 10%
+    row = {"gpu": "h100_sxm", "kv_cache_dtype": "bfloat16", "batch_size": 1, "isl": 8192, "num_heads": 16,
+           "head_dim": 128}
+    assert _prefill_predict(row) == pytest.approx(0.418357e-3, rel=0.10)
+    assert 8192 * 4096.5 * 16 * 512 / 0.418357e-3 == pytest.approx(657e12, rel=0.01)
+
+
+def test_h200_prompt_attention_is_h100s():
+    # H200's context-attention table contradicts itself (16 query heads, batch 1 x 8,192 tokens: 0.023 ms with one
+    # KV head, 1.236 ms with 16, where the FLOPs are the same), so it takes H100's fits (the same Hopper chip)
+    assert FITS["H200-SXM-141GB"]["prefill_attention"] == FITS["H100-SXM5-80GB"]["prefill_attention"]
+    assert FITS["H200-SXM-141GB"]["prefill_attention_table"] == "h100_sxm"
+
+
+def _dsv3_h200_tp8():
+    from kvplan.deployment import deployments
+    from kvplan.specs.catalog import load_model_as
+    from kvplan.specs.kv_formats import kv_format
+
+    d = deployments(DeploymentArgs(model=load_model_as(str(ROOT / "tests" / "fixtures" / "deepseek-v3.config.json")),
+                                   gpu="h200", tp=8, engine="sglang"), [kv_format("auto")])[0]
+    return step_model(d)
+
+
+def test_mla_prompt_attention_runs_unabsorbed():
+    # DeepSeek-V3 on 8 H200s, one step of 8,192 prompt tokens attending to 4,096 keys each on average: MLA's prompt
+    # runs as multi-head attention with keys of 128 + 64 and values of 128, 2 x 192 + 2 x 128 = 640 FLOPs per (head,
+    # key), 128 / 8 = 16 heads per rank. Per layer, H100's bf16 head-128 fit (H200 takes it):
+    f = FITS["H100-SXM5-80GB"]["prefill_attention"]["bfloat16"][128]
+    per_layer = f["t0_s"] + 8192 * 16 * (f["per_query_head_s"] + 4096 * 640 / (f["mu"] * 989.4e12))
+    assert per_layer == pytest.approx(0.510e-3, rel=0.01)  # 131,072 x (0.32 + 3.49) ns
+    sm = _dsv3_h200_tp8()
+    decode_only = sm.step(0, 0).attention_s  # the decode calls' fixed cost at batch 0
+    assert sm.step(0, 0, prefill_tokens=8192, prefill_context=4096).attention_s - decode_only == \
+        pytest.approx(61 * per_layer, rel=1e-6)
+
+
+def test_large_allreduce_takes_the_large_message_line():
+    # H200 comm-nccl_perf, all_reduce of half on 8 GPUs (two identical runs): 67,108,864 values (134 MB) 0.56364 ms,
+    # 134,217,728 (268 MB) 1.05492 ms, 268,435,456 (537 MB) 2.04583 ms; 33,554,432 (67 MB) 0.31929 ms: a slope of
+    # (2.04583 - 0.31929) ms / 469.8 MB = 3.67 ps/B (272 GB/s) where the small-message line has 176 GB/s
+    f = FITS["H200-SXM-141GB"]["allreduce"][8]
+    assert 1 / f["large_message_bytes_per_s"] == pytest.approx((2.04583 - 0.31929) * 1e-3 / (536870912 - 67108864),
+                                                               rel=0.03)
+    from kvplan.sizing.step_time import allreduce_seconds
+
+    ar = bundled_profile(load_gpu("h200")).allreduce[8]
+    assert allreduce_seconds(ar, 134217728) == pytest.approx(0.56364e-3, rel=0.10)
+    # small messages keep the small line (16 KiB: 17.8 us + 16,384 / 176 GB/s)
+    assert allreduce_seconds(ar, 16384) == pytest.approx(ar.t0_s + 16384 / ar.bytes_per_s, rel=1e-12)
+    # DeepSeek-V3 TP 8, 8,192 tokens of 7,168 bf16 values: 117.4 MB, 2 x 61 of them on the large line
+    sm = _dsv3_h200_tp8()
+    per = f["large_message_t0_s"] + 8192 * 7168 * 2 / f["large_message_bytes_per_s"]
+    assert per == pytest.approx(0.504e-3, rel=0.01)
+    assert sm.step(0, 0, prefill_tokens=8192).allreduce_s == pytest.approx(122 * per, rel=1e-9)

@@ -81,6 +81,9 @@ class Fit:
     mu: Optional[float] = None  # achieved fraction of peak FLOP/s where the kernel is compute-bound
     peak_flops: Optional[float] = None
     bytes_per_s: Optional[float] = None  # all-reduce: message bytes per second
+    # all-reduce: the line of large messages (NCCL's bandwidth protocol, its pipeline full), where it is faster
+    large_message_t0_s: float = 0.0
+    large_message_bytes_per_s: Optional[float] = None
     # decode attention: the kernel's tile of tokens, and the streaming rate its grid sustains per KV head and per
     # (sequence, KV head) pair when it runs too few programs to load the memory system
     tile_tokens: int = 1
@@ -123,6 +126,7 @@ class StepProfile:
     moe: dict
     allreduce: dict  # world size -> Fit
     measured: frozenset = frozenset()  # families a calibration profile replaced
+    prefill_attention: dict = field(default_factory=dict)  # "bfloat16" / "fp8" -> {head size: Fit}
 
 
 @lru_cache(maxsize=1)
@@ -156,7 +160,8 @@ def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
                        peak_bandwidth_bytes_per_s=float(g["peak_bandwidth_bytes_per_s"]),
                        attention={k: _attention_fits(v) for k, v in g["attention"].items()},
                        gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),
-                       allreduce=_fits(g["allreduce"], int))
+                       allreduce=_fits(g["allreduce"], int),
+                       prefill_attention={k: _fits(v, int) for k, v in (g.get("prefill_attention") or {}).items()})
 
 
 def bundled_gpus() -> list[str]:
@@ -196,7 +201,7 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
             measured.add(f"attention {key}")
     name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
     return StepProfile(base.gpu, name, base.peak_bandwidth_bytes_per_s, attention, gemm, base.moe, base.allreduce,
-                       frozenset(measured))
+                       frozenset(measured), base.prefill_attention)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -259,6 +264,39 @@ def allreduce_fit(profile: StepProfile, world: int) -> Optional[Fit]:
         return None
     sizes = sorted(profile.allreduce)
     return profile.allreduce[next((s for s in sizes if s >= world), sizes[-1])]
+
+
+def allreduce_seconds(f: Fit, nbytes, xp=SCALAR):
+    """One all-reduce of `nbytes`: t0 + bytes / rate, or the large messages' own line where it is the faster."""
+    t = f.t0_s + nbytes / (f.bytes_per_s or 1e11)
+    if f.large_message_bytes_per_s:
+        t = xp.minimum(t, f.large_message_t0_s + nbytes / f.large_message_bytes_per_s)
+    return t
+
+
+def prefill_attention_fit(profile: StepProfile, fmt_family: str, flops_per_key_head: float) -> Optional[Fit]:
+    """The prompt-attention fit for a cache format family (fp8's where the cache is fp8 and the profile has it,
+    else bf16's), of the head size whose FLOPs per key (4 x head size: QK^T and PV) are nearest the model's; None
+    where the profile has no prompt-attention fit."""
+    by_dtype = profile.prefill_attention
+    fits = (by_dtype.get("fp8") if fmt_family == "fp8" else None) or by_dtype.get("bfloat16")
+    if not fits:
+        return None
+    hd = min(fits, key=lambda h: abs(math.log(4 * h / max(flops_per_key_head, 1))))
+    return fits[hd]
+
+
+def prefill_attention_seconds(fit: Fit, tokens, q_heads: int, context, flops_per_key_head: float, xp=SCALAR):
+    """One layer's attention of `tokens` prompt tokens that each attend to `context` keys on average (causal over a
+    prompt of L tokens: (L + 1) / 2), `q_heads` query heads on this rank, `flops_per_key_head` FLOPs per (query head,
+    key): t0 + max(tokens x heads x (c_q + keys x flops / (mu F)), c_chain x context), the keys walked in whole tiles
+    of tile_tokens; c_q is a query row's own cost (its load, softmax finish, output write), c_chain the serial walk
+    of the longest program where too few run to fill the GPU."""
+    keys = context
+    if fit.tile_tokens > 1:
+        keys = xp.maximum(xp.ceil(context / fit.tile_tokens), 1) * fit.tile_tokens
+    work = tokens * q_heads * (fit.per_query_head_s + keys * flops_per_key_head / (fit.mu * fit.peak_flops))
+    return fit.t0_s + xp.maximum(work, fit.per_token_chain_s * context)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -507,6 +545,12 @@ class StepModel:
         # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
         self.query_quant = fam == "fp8" and not m.mla
         self.ar_fit = allreduce_fit(profile, tp)
+        # a prompt's attention: MLA runs it unabsorbed, as multi-head attention over keys of the nope and rope
+        # parts and values of v_head_dim (vLLM 0.19 MLACommonImpl._forward_prefill, SGLang's MHA path for
+        # extends), FLOPs per (query head, key) 2 x (qk_nope + qk_rope) + 2 x v_head_dim
+        self.prefill_flops = (2 * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim) + 2 * m.mla.v_head_dim
+                              if m.mla else 4 * (m.head_dim or 128))
+        self.prefill_fit = prefill_attention_fit(profile, self.attn_family, self.prefill_flops)
         self.eplb = d.eplb
         # the all-to-all's sustained NVLink rate per GPU: 60% of one direction of the GPU's NVLink (DeepEP's
         # low-latency kernels reach 230-270 GB/s on an H200 of 450 GB/s each way: AIConfigurator's DeepEP tables)
@@ -586,7 +630,7 @@ class StepModel:
             t += batch * n * self.bf16_bytes_per_token / 2 * self.dequant_s
         return t
 
-    def _allreduce(self, tokens):
+    def _allreduce(self, tokens, xp=SCALAR):
         """The step's collectives: under plain TP within one NVLink domain, two all-reduces per layer (after the
         attention and after the MLP); otherwise each part's own (kvplan.specs.parallel.Parallel): the attention's
         all-reduce over its group, the dense layers' over theirs (a gather and a scatter of every attention group's
@@ -597,24 +641,22 @@ class StepModel:
         if lay.tp_only and lay.attn_tp <= lay.domain:
             if self.ar_fit is None:
                 return 0.0
-            f = self.ar_fit
-            per = f.t0_s + tokens * row / (f.bytes_per_s or 1e11)
-            return 2 * m.num_layers * per
+            return 2 * m.num_layers * allreduce_seconds(self.ar_fit, tokens * row, xp)
         kinds = m.mlp_kinds
         n_moe = sum(1 for x in kinds if x == "moe")
         n_dense = sum(1 for x in kinds if x == "dense")
-        t = m.num_layers * self._collective(lay.attn_tp, tokens * row)
+        t = m.num_layers * self._collective(lay.attn_tp, tokens * row, xp)
         dense_g = lay.dense_tp
-        t = t + n_dense * self._collective(dense_g, tokens * dense_g / lay.attn_tp * row)
+        t = t + n_dense * self._collective(dense_g, tokens * dense_g / lay.attn_tp * row, xp)
         if n_moe:
             if self.a2a in ("deepep_low_latency", "deepep_high_throughput", "deepep"):
                 t = t + n_moe * self._all_to_all(tokens)
             else:
                 g = lay.moe_group
-                t = t + n_moe * self._collective(g, tokens * g / lay.attn_tp * row)
+                t = t + n_moe * self._collective(g, tokens * g / lay.attn_tp * row, xp)
         return t
 
-    def _collective(self, ranks: int, nbytes):
+    def _collective(self, ranks: int, nbytes, xp=SCALAR):
         """One all-reduce (or an all-gather and a reduce-scatter of the same bytes) over `ranks` GPUs: the NVLink
         fit for the group's size; across NVLink domains, the network's share on top (each node's GPUs carry their
         slice over their own NICs: 2 (N - 1) / N of the bytes / GPUs per node, per GPU) and its latency."""
@@ -622,7 +664,7 @@ class StepModel:
             return 0.0
         lay = self.layout
         f = allreduce_fit(self.profile, min(ranks, lay.domain))
-        t = 0.0 if f is None else f.t0_s + nbytes / (f.bytes_per_s or 1e11)
+        t = 0.0 if f is None else allreduce_seconds(f, nbytes, xp)
         nodes = lay.domains(ranks)
         if nodes > 1:
             per_node = min(ranks, lay.domain)
@@ -647,8 +689,19 @@ class StepModel:
         return out
 
     def _prefill_attention(self, tokens, context, xp=SCALAR):
-        """Attention of `tokens` new tokens that see `context` earlier tokens each on average (compute-bound:
-        QK^T and PV at the bf16 GEMM's achieved FLOP/s)."""
+        """Attention of `tokens` new tokens that see `context` earlier tokens each on average: the profile's
+        prompt-attention fit (prefill_attention_seconds) per attention layer, a compressed layer's entries counted
+        as its keys; without one, compute-bound: QK^T and PV at the bf16 GEMM's achieved FLOP/s."""
+        pf = self.prefill_fit
+        if pf is not None:
+            if xp is SCALAR and not tokens:
+                return 0.0
+            total = 0.0
+            for window, entry_tokens, count in self._prefill_classes:
+                n = context if window is None else xp.minimum(context, window)
+                total = total + count * prefill_attention_seconds(pf, tokens, self.q_heads, n / entry_tokens,
+                                                                  self.prefill_flops, xp)
+            return total if xp is SCALAR else xp.where(tokens > 0, total, 0.0)
         f = self.small_fit
         if not (f.mu and f.peak_flops):
             return 0.0
@@ -677,7 +730,7 @@ class StepModel:
         s.gemm_s, s.moe_s = self._weights(tokens, xp, batch)
         s.attention_s = (self._attention(batch, context, xp)
                          + self._prefill_attention(prefill_tokens, prefill_context, xp))
-        s.allreduce_s = self._allreduce(tokens)
+        s.allreduce_s = self._allreduce(tokens, xp)
         s.small_kernels_s = self._small_kernels(tokens)
         s.engine_s = self._engine(batch)
         return s
@@ -721,7 +774,7 @@ class StepModel:
                 n = np.arange(start, start + TOKEN_BLOCK, dtype=np.float64)
                 block = blocks[i // TOKEN_BLOCK] = tuple(
                     np.broadcast_to(np.asarray(x, dtype=np.float64), n.shape).tolist()
-                    for x in (*self._weights(n, np), self._allreduce(n), self._small_kernels(n)))
+                    for x in (*self._weights(n, np), self._allreduce(n, np), self._small_kernels(n)))
             j = i % TOKEN_BLOCK
             gemm, moe, allreduce, small = block[0][j], block[1][j], block[2][j], block[3][j]
         else:  # a pipeline stage's share of the tokens
