@@ -218,7 +218,7 @@ def _takes(*names: str, **declared):
     import inspect
 
     def add(command):
-        sig = inspect.signature(command, eval_str=True)
+        sig = inspect.signature(command)  # (the commands' modules hold their annotations evaluated)
         own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         at = next((i for i, p in enumerate(own) if p.name in ("output", "as_json")), len(own))
         taken = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=DEPLOYMENT_OPTIONS[n][1],

@@ -1,7 +1,6 @@
 """The planning commands: crossover, throughput, capacity, the plots, sweep and gate. Each parses, calls the library and
 renders; the arithmetic is kvplan's."""
 
-from __future__ import annotations
 
 import sys
 from typing import Annotated, List, Optional
