@@ -165,6 +165,11 @@ def test_a_folder_or_file_on_disk_wins_over_the_catalog(cli, fixtures, tmp_path,
         r = cli("crossover", name, "--json")
         assert r.code == 0, r.err
         assert json.loads(r.out)["kv_bytes_per_token"] == per_token, name
+    # the clash is said where the folder stands in for a catalog name, and only there
+    from kvplan.specs.catalog import load_model
+
+    assert "not the catalog's Llama-3.1-8B" in load_model("Llama-3.1-8B").origin
+    assert load_model("./Llama-3.1-8B").origin is None and load_model("snap").origin is None
     (tmp_path / "spec").write_text((fixtures / "tiny-model.yaml").read_text())  # a YAML spec without its suffix
     assert cli("crossover", "spec", "--json").code == 0
     # a folder without a config.json is no model: said so, and the catalog name still works beside such a folder

@@ -681,35 +681,13 @@ def load_model(name_or_path: str, checkpoint: bool = False, unquantized: bool = 
         if looks_like_repo_id(name_or_path):
             return _model_for_repo_id(name_or_path, checkpoint, unquantized)
     if _looks_like_path(name_or_path):
-        path = Path(name_or_path)
-        hint = "name a catalog model, a YAML spec or a config.json"
-        if path.is_dir() and (path / "config.json").is_file():  # a local snapshot
-            path = path / "config.json"
-        if path.suffix == ".json":
-            from kvplan.specs.hf_config import model_from_hf_config
-
-            cfg = read_json(path, "file", hint)
-            quant = _modelopt_file(path)
-            if quant is not None and isinstance(cfg, dict) and not cfg.get("quantization_config"):
-                q = read_json(quant, "file", "pass the hf_quant_config.json ModelOpt wrote beside the config")
-                q = q.get("quantization", q) if isinstance(q, dict) else q
-                cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **q} if isinstance(q, dict) else q}
-                declared_in = "hf_quant_config.json"
-            else:
-                declared_in = "config.json quantization_config"
-            if unquantized and isinstance(cfg, dict):
-                cfg = _without_quantization(cfg)
-            fields = model_from_hf_config(cfg, path)
-            if fields.get("kv_cache_dtype_declared"):
-                decl = fields["kv_cache_dtype_declared"]
-                fields["kv_cache_dtype_declared"] = {**decl, "source": f"{declared_in} {decl['source']}"}
-            held, unreadable = checkpoint_tensors(path.parent)
-            if held:
-                fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]
-            elif unreadable:
-                fields["checkpoint_unavailable"] = unreadable
-            return _build(ModelSpec, fields, path)
-        return _build(ModelSpec, read_yaml(path, "file", hint), path)
+        m = _model_from_path(name_or_path, unquantized)
+        shadowed = _shadowed_catalog_name(name_or_path)
+        if shadowed is None:
+            return m
+        note = (f"'{name_or_path}' is the {'folder' if _is_dir(name_or_path) else 'file'} of that name here, not the "
+                f"catalog's {shadowed} (a path on disk wins; run elsewhere, or rename it, for the catalog model)")
+        return m.model_copy(update={"origin": "; ".join(filter(None, (m.origin, note)))})
     try:
         return _resolve("models", name_or_path)
     except KvplanError:
@@ -718,6 +696,49 @@ def load_model(name_or_path: str, checkpoint: bool = False, unquantized: bool = 
                               "snapshot folder (config.json inside), a config.json or a YAML spec, or name a catalog "
                               "model (`kvplan models` lists them)") from None
         raise
+
+
+def _shadowed_catalog_name(name: str) -> Optional[str]:
+    """The catalog model a bare name read from disk (a folder or file here, no path spelled) would otherwise name."""
+    if name.endswith((".yaml", ".yml", ".json")) or os.sep in name or name.startswith("."):
+        return None  # spelled as a path: no catalog name was meant
+    try:
+        return _resolve("models", name).name
+    except KvplanError:
+        return None
+
+
+def _model_from_path(name_or_path: str, unquantized: bool) -> ModelSpec:
+    """A model read from a YAML spec, a config.json or a snapshot folder."""
+    path = Path(name_or_path)
+    hint = "name a catalog model, a YAML spec or a config.json"
+    if path.is_dir() and (path / "config.json").is_file():  # a local snapshot
+        path = path / "config.json"
+    if path.suffix == ".json":
+        from kvplan.specs.hf_config import model_from_hf_config
+
+        cfg = read_json(path, "file", hint)
+        quant = _modelopt_file(path)
+        if quant is not None and isinstance(cfg, dict) and not cfg.get("quantization_config"):
+            q = read_json(quant, "file", "pass the hf_quant_config.json ModelOpt wrote beside the config")
+            q = q.get("quantization", q) if isinstance(q, dict) else q
+            cfg = {**cfg, "quantization_config": {"quant_method": "modelopt", **q} if isinstance(q, dict) else q}
+            declared_in = "hf_quant_config.json"
+        else:
+            declared_in = "config.json quantization_config"
+        if unquantized and isinstance(cfg, dict):
+            cfg = _without_quantization(cfg)
+        fields = model_from_hf_config(cfg, path)
+        if fields.get("kv_cache_dtype_declared"):
+            decl = fields["kv_cache_dtype_declared"]
+            fields["kv_cache_dtype_declared"] = {**decl, "source": f"{declared_in} {decl['source']}"}
+        held, unreadable = checkpoint_tensors(path.parent)
+        if held:
+            fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]
+        elif unreadable:
+            fields["checkpoint_unavailable"] = unreadable
+        return _build(ModelSpec, fields, path)
+    return _build(ModelSpec, read_yaml(path, "file", hint), path)
 
 
 def _is_dir(name: str) -> bool:
