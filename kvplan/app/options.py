@@ -231,12 +231,19 @@ def _takes(*names: str, **declared):
 
 def _show(as_json: bool, data, table: str, *args) -> None:
     """Print `data` as JSON, or call the named table renderer with `args`."""
-    from kvplan.app import render
-
     if as_json:
-        render.print_json(data)
-    else:
-        getattr(render, table)(*args)
+        from kvplan.app.render import print_json
+
+        print_json(data)
+        return
+    from kvplan.app import render_plans
+
+    draw = getattr(render_plans, table, None)
+    if draw is None:
+        from kvplan.app import render_tools
+
+        draw = getattr(render_tools, table)
+    draw(*args)
 
 
 MAX_SIZE = 2**53  # the largest token count or batch: beyond it float64 arithmetic no longer holds whole numbers

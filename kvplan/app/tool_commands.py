@@ -237,7 +237,7 @@ def _measure_dry_run(gpu: Optional[str], quick: bool, as_json: bool) -> None:
         _show(True, {"gpu": spec.name, **asdict(plan), "total_bytes": plan.total_bytes,
                      "expected_seconds": plan.expected_seconds()}, "")
         return
-    from kvplan.app.render import measure_plan_table
+    from kvplan.app.render_tools import measure_plan_table
 
     measure_plan_table(plan, spec)
 
@@ -289,14 +289,15 @@ def _measure_validate(model: str, dtype: str, batch: int, context: int, layers: 
     if as_json:
         _show(True, result, "")
         return
-    from kvplan.app.render import validate_table
+    from kvplan.app.render_tools import validate_table
 
     validate_table(result)
 
 
 def _measure_sweep(quick: bool, output: Optional[str], device: str, as_json: bool) -> None:
     """The calibration sweep: every kernel family timed over its sizes, fitted, and the profile written."""
-    from kvplan.app.render import calibration_table, console
+    from kvplan.app.render import console
+    from kvplan.app.render_tools import calibration_table
     from kvplan.measure.run import run_measure
 
     path, profile = run_measure(quick=quick, output=output, device_name=device, console=console())
@@ -352,7 +353,7 @@ def quality(
     if missing:
         raise KvplanError(f"kvplan quality needs {' and '.join(missing)} (the quality extra): pip install "
                           f"{' '.join(missing)}")
-    from kvplan.app import render
+    from kvplan.app import render_tools
 
     if synthetic:
         from kvplan.quality.run import resolve_device
@@ -371,7 +372,7 @@ def quality(
     from kvplan.quality.run import load_text, run_quality
 
     body = load_text(text, dataset)
-    result = run_quality(model, formats, body, tokens, device, skip, progress=render.QualityProgress())
+    result = run_quality(model, formats, body, tokens, device, skip, progress=render_tools.QualityProgress())
     _show(as_json, result.to_dict(), "quality_table", result)
 
 
