@@ -3,3 +3,4 @@
 
 MiB = 2**20
 GiB = 2**30
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # bytes per element of a model or state dtype

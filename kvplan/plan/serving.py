@@ -494,9 +494,10 @@ def _steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
 def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget, inputs=None):
     """SGLang's next prefill batch, and what stopped it short (None, "kv pool", "max_num_seqs"): a request part-way
     through its prompt first, then waiting ones (FCFS) while chunked_prefill_size (`budget`), max_prefill_tokens
-    (`inputs`: a request beyond the batch's first whose prompt left is as large stays waiting),
-    max_running_requests and the token pool admit them. The pool admits a request when what it holds, less the tokens the running requests are
-    expected to add (new_token_ratio x their remaining output), holds the prompt and that share of its output."""
+    (`inputs`: a request beyond the batch's first whose prompt left is as large stays waiting), max_running_requests
+    and the token pool admit them. The pool admits a request when what it holds, less the tokens the running
+    requests are expected to add (new_token_ratio x their remaining output), holds the prompt and that share of its
+    output."""
     batch = []
     held = sum(int(computed[r]) for r in running)
     expected = SGLANG_INIT_NEW_TOKEN_RATIO * sum(int(osl - outputs[r]) for r in running)

@@ -42,9 +42,7 @@ def cell_bytes(model: ModelSpec, fmt: KVFormat, tp: int, dcp: int = 1) -> tuple[
             per_layer = latent * (bits if data.bits is None else data.bits) // 8
         # DeepSeek sparse attention: each layer's indexer keys beside the latent, fp8 with a float32 scale per 128
         # (model_runner.py profile_max_num_token: index_head_dim + index_head_dim // quant_block_size x 4 uint8)
-        if model.mla.index_head_dim:
-            d = model.mla.index_head_dim
-            per_layer += d + d // NSA_QUANT_BLOCK * 4
+        per_layer += model.mla.indexer_bytes_per_token
         return per_layer * L, 0.0, L, 0
     if model.kv_heads_per_layer is not None or model.head_dims is not None:
         raise KvplanError(f"{model.name}'s attention layers differ in KV heads or head size; kvplan sizes SGLang's "
@@ -263,7 +261,7 @@ def nsa_pool(model: ModelSpec, fmt: KVFormat, tokens: int, page_size: int) -> di
         latent = a.kv_lora_rank + a.kv_lora_rank // NSA_QUANT_BLOCK * 4 + a.qk_rope_head_dim * 2
     else:
         latent = a.latent_dim * 2
-    index_row = a.index_head_dim + a.index_head_dim // NSA_QUANT_BLOCK * 4
+    index_row = a.indexer_bytes_per_token
     pages = (tokens + page_size + 1) // page_size
     allocated = L * ((tokens + page_size) * latent + pages * page_size * index_row)
     return {"index_head_dim": a.index_head_dim, "indexer_bytes_per_token_per_layer": index_row,

@@ -13,6 +13,7 @@ from typing import Optional
 from kvplan.errors import KvplanError, check_whole
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.parallel import Parallel
+from kvplan.units import DTYPE_BYTES
 
 SGLANG_VERSION = "0.5"  # the release whose rules these are
 CONTEXT_GIB = 0.5  # CUDA context and NCCL before SGLang's baseline (not a source constant; a log pins it)
@@ -39,14 +40,15 @@ def fused_shared_experts(model: ModelSpec, parallel: Parallel, a2a_backend: Opti
         return 0
     return 1
 
+
 # Hybrid models that keep a fixed state per request in some layers (Mamba-2, gated delta net). sglang 0.5.6
 # server_args.py ServerArgs: mamba_full_memory_ratio 0.9 (the state pool is 0.9 x the full-attention KV pool),
 # mamba_ssm_dtype "float32" (the model config's own is not read); configs/mamba_utils.py CONV_DTYPE: the conv
 # state is always bfloat16; model_runner.py MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO: with the radix cache on
 # (the default) max_running_requests is at most a third of the state slots.
 MAMBA_FULL_MEMORY_RATIO = 0.9
-MAMBA_SSM_DTYPE, MAMBA_SSM_BYTES = "fp32", 4
-MAMBA_CONV_DTYPE, MAMBA_CONV_BYTES = "bf16", 2
+MAMBA_SSM_DTYPE = "fp32"
+MAMBA_CONV_DTYPE = "bf16"
 MAMBA_SLOTS_PER_REQUEST = 3
 MAMBA_EMPTY_STATE_SLOTS = 512  # handle_max_mamba_cache where mamba_cache_per_req is 0
 # DeepSeek sparse attention (NSA: DeepSeek-V3.2's indexer). sglang 0.5.6 server_args.py
@@ -85,8 +87,8 @@ def mamba_state_bytes(model: ModelSpec, attn_tp: int) -> tuple[int, int]:
         raise KvplanError(f"--tp {attn_tp} does not split {model.name}'s {st.num_heads} state heads "
                           f"({conv_dim} conv channels): SGLang asserts it (mamba_utils.py divide); choose a TP that "
                           f"divides {st.num_heads}")
-    conv = conv_dim // attn_tp * (st.conv_kernel - 1) * MAMBA_CONV_BYTES
-    temporal = st.num_heads // attn_tp * st.head_dim * st.state_size * MAMBA_SSM_BYTES
+    conv = conv_dim // attn_tp * (st.conv_kernel - 1) * DTYPE_BYTES[MAMBA_CONV_DTYPE]
+    temporal = st.num_heads // attn_tp * st.head_dim * st.state_size * DTYPE_BYTES[MAMBA_SSM_DTYPE]
     return conv, temporal
 
 

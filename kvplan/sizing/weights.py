@@ -16,11 +16,11 @@ from kvplan.errors import KvplanError, did_you_mean
 from kvplan.memo import per_spec
 from kvplan.specs.parallel import Parallel, layout_of
 from kvplan.specs.catalog import ModelSpec
+from kvplan.units import DTYPE_BYTES  # noqa: F401 (also imported from here)
 
 Shard = Literal["col", "row", "rep", "kv", "vocab"]
 Part = Literal["embed", "lm_head", "attention", "state", "mlp", "expert", "shared_expert", "router", "norm", "extra"]
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # vLLM pads the vocabulary of VocabParallelEmbedding / ParallelLMHead to a multiple of 64 (DEFAULT_VOCAB_PADDING_SIZE).
 VOCAB_PADDING = 64
