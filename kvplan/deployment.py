@@ -397,7 +397,7 @@ def _resolve_kv(args: DeploymentArgs, prof, m: ModelSpec, engine: str, g: Option
         fmt_arg = prof.kv_cache_dtype
     fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
     fmt = _declared_kv(m, fmt, engine, notes)
-    if m.mla is not None and m.mla.index_head_dim and fmt.name in ("fp8", "fp8_e4m3") and engine != "sglang":
+    if m.sparse_mla and fmt.name in ("fp8", "fp8_e4m3") and engine != "sglang":
         # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
         fmt = kv_format("fp8_ds_mla")
         notes.append("fp8 on a sparse-attention MLA model is vLLM's fp8_ds_mla: 656 B per token per layer")
@@ -548,11 +548,6 @@ def _refuse_unmodelled_sglang_pools(m: ModelSpec) -> None:
                           f"modelled; plan it with --engine vllm")
 
 
-def is_nsa(m: ModelSpec) -> bool:
-    """DeepSeek sparse attention (an MLA model with an indexer): SGLang's NSA pool and its server defaults."""
-    return m.mla is not None and bool(m.mla.index_head_dim)
-
-
 def _nsa_kv(args: DeploymentArgs, m: ModelSpec, g: Optional[GPUSpec], fmt: KVFormat, notes: list[str]) -> KVFormat:
     """The KV dtype SGLang stores for an NSA model (server_args.py _handle_model_specific_adjustments): auto is
     bfloat16 on Hopper and fp8_e4m3 from SM 10, whatever the checkpoint declares; only those two are served."""
@@ -699,7 +694,7 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if m.state_layers:  # SGLang's Mamba pool: a state shape it has, split over the attention ranks
         mamba_state_bytes(m, common["parallel"].attn_tp)
     page = int(args.page_size) if args.page_size is not None else 1
-    if is_nsa(m):
+    if m.sparse_mla:  # SGLang's NSA pool and its server defaults
         fmt = common["kv"] = _nsa_kv(args, m, g, fmt, notes)
         if page != NSA_PAGE_SIZE:
             if args.page_size is not None:
@@ -765,7 +760,7 @@ def parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optional
     else:
         dp = args.dp_size if args.dp_size is not None else 1
         dpa = bool(args.enable_dp_attention)
-        if is_nsa(m) and dp > 1 and not dpa:  # server_args.py: DP attention is enabled for DeepSeek NSA
+        if m.sparse_mla and dp > 1 and not dpa:  # server_args.py: DP attention is enabled for DeepSeek NSA
             notes.append(f"--dp-size {dp}: SGLang enables DP attention for DeepSeek sparse attention, so the {tp} GPUs "
                          f"run attention in {dp} groups")
             dpa = True

@@ -183,7 +183,7 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
         if state:  # init_memory_pool: at most max_mamba_cache_size // 3 with the radix cache on
             max_running_requests = min(max_running_requests, state["max_running_requests_cap"])
     k_size = (tokens + page_size) * full_cell / 2 / GiB
-    indexer = nsa_pool(model, fmt, tokens, page_size) if model.mla and model.mla.index_head_dim else None
+    indexer = nsa_pool(model, fmt, tokens, page_size) if model.sparse_mla else None
     if indexer:  # what NSATokenToKVPool allocates, which is not quite what the profile counted
         k_size = indexer["allocated_bytes"] / 2 / GiB
     storage = {"auto": model.dtype, "bfloat16": "bf16"}.get(fmt.name, fmt.name)

@@ -209,7 +209,7 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
             continue
         f = auto if i in skipped else fmt
         b, auto_bytes = per_token(f, i), per_token(auto, i)
-        if model.mla is not None and model.mla.index_head_dim:
+        if model.sparse_mla:
             # sparse attention: the latent cache grows with the sequence but a step reads the index_topk best
             # tokens; the indexer's own keys are a second cache of the layer, all of them read every step (a layer
             # reusing an earlier indexer's choice has none)

@@ -394,10 +394,15 @@ class ModelSpec(_Frozen):
         return self.intermediate_sizes[i] if self.intermediate_sizes is not None else self.intermediate_size
 
     @property
+    def sparse_mla(self) -> bool:
+        """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5): MLA whose layers pick their keys with an indexer."""
+        return self.mla is not None and bool(self.mla.index_head_dim)
+
+    @property
     @per_spec
     def indexer_layers(self) -> tuple[int, ...]:
         """The attention layers holding a sparse-attention indexer (and its key cache)."""
-        if self.mla is None or not self.mla.index_head_dim:
+        if not self.sparse_mla:
             return ()
         return tuple(i for i in self.attention_layers if self.indexed is None or self.indexed[i])
 
