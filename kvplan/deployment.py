@@ -133,9 +133,8 @@ class DeploymentArgs:
     def given(self) -> list[str]:
         """The fields the user set: anything but None, a flag's default (off), and one stage or rank (pp, dcp 1)."""
         neutral = {"pp": 1, "dcp": 1}
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None
-                and getattr(self, f.name) is not (f.default if f.default is False else None)
-                and getattr(self, f.name) != neutral.get(f.name, None)]
+        return [f.name for f in fields(self) if (v := getattr(self, f.name)) is not None
+                and not (v is False and f.default is False) and v != neutral.get(f.name)]
 
     def resolve(self, *, needs_memory: bool = False) -> "Deployment":
         return resolve(self, needs_memory=needs_memory)
