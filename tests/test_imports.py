@@ -49,7 +49,7 @@ LAYERS = [
     ("rules", _folder("rules")),  # what each engine release does
     ("sizing", _folder("sizing")),  # what a model costs one rank: tensors, caches, memory, step time
     ("kernels", _folder("kernels")),  # the GPU kernels and their timing harness (installed as kvplan.kernels)
-    ("deployment", {"deployment"}),  # one deployment's options resolved
+    ("deployment", _folder("deployment")),  # one deployment's options resolved
     ("plan", _folder("plan")),  # the questions: capacity, crossover, throughput and its simulation, sweep
     ("api", {"api"}),  # the library's keyword functions, each building the deployment value
     ("measure", _folder("measure")),  # measuring this GPU

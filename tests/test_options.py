@@ -172,7 +172,8 @@ def test_every_deployment_field_is_one_flag_and_one_gate_key():
     from dataclasses import fields
 
     from kvplan.app.gates import Options
-    from kvplan.deployment import DeploymentArgs, flag
+    from kvplan.deployment import DeploymentArgs
+    from kvplan.deployment.options import flag
 
     # SGLang's scheduler settings shape the benchmark, not the pool: `throughput` takes them, `capacity` does not
     scheduler = {"enable_mixed_chunk", "max_prefill_tokens"}
@@ -191,7 +192,8 @@ def test_throughput_takes_every_deployment_option():
     by the resolved deployment, or refused by it, as for capacity), beside its own benchmark options."""
     from dataclasses import fields
 
-    from kvplan.deployment import DeploymentArgs, flag
+    from kvplan.deployment import DeploymentArgs
+    from kvplan.deployment.options import flag
 
     deployment = {flag(f.name) for f in fields(DeploymentArgs) if f.name != "model"}
     own = {"--isl", "--osl", "--concurrency", "--tpot-ms", "--ttft-ms", "--percentile", "--num-prompts",

@@ -236,7 +236,7 @@ def test_a_startup_log_of_a_data_parallel_run_recovers_its_layout(cli, tmp_path)
 
 
 def test_layout_spelling():
-    from kvplan.deployment import layout_label, parse_layout
+    from kvplan.deployment.layout import layout_label, parse_layout
     from kvplan.errors import KvplanError
 
     assert parse_layout("tp8") == {"tp": 8}

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from kvplan.app.startup_log import StartupLog, parse_startup_log
-from kvplan.deployment import LAYOUT_OPTIONS, SGLANG_ONLY, VLLM_ONLY, DeploymentArgs, flag, parallel_layout
+from kvplan.deployment import DeploymentArgs
+from kvplan.deployment.layout import parallel_layout
+from kvplan.deployment.options import LAYOUT_OPTIONS, SGLANG_ONLY, VLLM_ONLY, flag
 from kvplan.errors import KvplanError
 from kvplan.plan.sglang_pool import sglang_pool
 from kvplan.plan.vllm_pool import capacity_of

@@ -8,13 +8,15 @@ from typing import Annotated, List, Optional
 import typer
 
 from kvplan.app.options import (  # noqa: F401 (names typer reads from the annotations)
-    ConcurrencyOpt,
     DEPLOYMENT,
+    JSON_HELP,
     SCHEDULER,
+    VLLM_LAYOUT,
+    VLLM_MEMORY,
+    ConcurrencyOpt,
     DtypesOpt,
     GpuOpt,
     IslOpt,
-    JSON_HELP,
     JsonOpt,
     ModelArg,
     NumPromptsOpt,
@@ -27,8 +29,6 @@ from kvplan.app.options import (  # noqa: F401 (names typer reads from the annot
     TpotOpt,
     TtftOpt,
     UtilNoProfileOpt,
-    VLLM_LAYOUT,
-    VLLM_MEMORY,
     WeightReadOpt,
     _deployment_args,
     _exit,
@@ -163,7 +163,8 @@ def throughput(
                            request_rate, **opts)
         _show(as_json, r.to_dict(), "throughput_table", r, m)
         return
-    from kvplan.deployment import engine_of, layout_label, parse_layout
+    from kvplan.deployment import engine_of
+    from kvplan.deployment.layout import layout_label, parse_layout
     from kvplan.errors import KvplanError
     from kvplan.plan.throughput import compare_layouts
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from kvplan.errors import KvplanError
+
+if TYPE_CHECKING:
+    from kvplan.specs.gpu import GPUSpec
 
 SCHEMA = "kvplan-calibration/1"
 MB = 2**20
@@ -247,3 +250,25 @@ def find_calibration(gpu_names: list[str]) -> Optional[Path]:
         except OSError:  # a cache directory that cannot be searched holds nothing kvplan can use
             return None
     return None
+
+
+def calibration_for(path, gpu: Optional[GPUSpec]) -> tuple:
+    """The calibration profile asked for, or one saved for this GPU in kvplan's cache; (None, "") without. One
+    measured on another GPU than --gpu is refused."""
+    if path is None and gpu is None:
+        return None, ""
+    if isinstance(path, CalibrationProfile):
+        return path, "a calibration profile"
+    explicit = path is not None
+    if path is None and gpu is not None:
+        found = find_calibration([gpu.smi_name or "", gpu.name])
+        path = str(found) if found else None
+    if path is None:
+        return None, ""
+    cal = load_calibration(path)
+    measured = str(cal.device.get("name") or "")
+    if explicit and gpu is not None and measured and measured not in (gpu.name, gpu.smi_name):
+        raise KvplanError(f"the calibration profile {path} was measured on {measured}, not {gpu.name}; measure this "
+                          f"GPU (`kvplan measure`) or drop --gpu")
+    return cal, str(path)
+

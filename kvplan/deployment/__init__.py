@@ -15,68 +15,52 @@ does not read is refused by name rather than dropped.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
+from kvplan.deployment.kv import declared_kv, nsa_kv, skip_value
+from kvplan.deployment.layout import check_dcp, layout_options, parallel_layout
+from kvplan.deployment.options import (
+    ENGINES,
+    ENTRYPOINTS,
+    LAYOUT_OPTIONS,
+    OTHER_SPELLING,
+    SGLANG_ONLY,
+    VLLM_BLOCK_MULTIPLE,
+    VLLM_ONLY,
+    check_positive,
+    flag,
+)
+from kvplan.deployment.value import Deployment, Measured
 from kvplan.errors import KvplanError, check_whole
 from kvplan.rules.sglang import (
     CONTEXT_GIB,
     MAX_PREFILL_TOKENS,
-    NSA_DTYPES,
     NSA_PAGE_SIZE,
     SGLANG_DTYPES,
     SGLANG_VERSION,
     default_mem_fraction_static,
     mamba_state_bytes,
-    nsa_default_kv_dtype,
-    sglang_parallel,
 )
 from kvplan.rules.vllm import (
     backend_block_size,
     newer_release_note,
     serve_defaults,
     version_key,
-    vllm_parallel,
     vllm_rules,
 )
-from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
+from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, skipped_layers
 from kvplan.sizing.weights import weight_format
-from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model_as
+from kvplan.specs.catalog import (
+    GPUSpec,
+    ModelSpec,
+    gpu_by_memory,
+    load_catalog,
+    load_gpu,
+    load_model_as,
+)
 from kvplan.specs.kv_formats import KVFormat, kv_format
-from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
-
-ENGINES = ("vllm", "sglang")
-ENTRYPOINTS = ("serve", "llm")
-# vLLM takes a block size its attention backends support: FlashAttention and Triton take multiples of 16
-# (v1/attention/backends: MultipleOf(16)); the MLA backends pick theirs among multiples of 16 as well
-VLLM_BLOCK_MULTIPLE = 16
-
-# Options one engine reads and the other does not. kvplan plans SGLang's pool at PP 1, without vLLM's memory
-# profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
-VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_gib",
-             "max_num_seqs", "max_num_batched_tokens", "entrypoint", "enforce_eager", "activation_gib",
-             "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only",
-             "mamba_ssm_cache_dtype", "data_parallel_size", "data_parallel_size_local", "enable_expert_parallel",
-             "all2all_backend", "enable_eplb", "num_redundant_experts")
-SGLANG_ONLY = ("mem_fraction_static", "page_size", "enable_mixed_chunk", "max_prefill_tokens", "dp_size", "enable_dp_attention", "ep_size",
-               "moe_a2a_backend", "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
-LAYOUT_OPTIONS = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
-                  "enable_eplb", "num_redundant_experts", "dp_size", "enable_dp_attention", "ep_size",
-                  "moe_a2a_backend", "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
-# each engine's spelling of the same idea, for the hint when the other engine's is given
-OTHER_SPELLING = {"data_parallel_size": "dp_size", "dp_size": "data_parallel_size",
-                  "enable_expert_parallel": "ep_size", "ep_size": "enable_expert_parallel",
-                  "all2all_backend": "moe_a2a_backend", "moe_a2a_backend": "all2all_backend",
-                  "num_redundant_experts": "ep_num_redundant_experts",
-                  "ep_num_redundant_experts": "num_redundant_experts"}
-# what a field is called on the command line (and, with underscores, in a gate file)
-FLAGS = {"kv_cache_dtype": "--kv-cache-dtype", "kv_cache_memory_gib": "--kv-cache-memory"}
-
-
-def flag(name: str) -> str:
-    return FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 @dataclass(frozen=True)
@@ -140,145 +124,17 @@ class DeploymentArgs:
         return resolve(self, needs_memory=needs_memory)
 
 
-@dataclass(frozen=True)
-class Measured:
-    """Non-KV memory a startup log measured (a deployment profile): the weights (None where the layout differs
-    from the one measured, so they are modelled) and everything beyond them. `base` is the profile's own
-    configuration when this one differs from it in what the non-KV memory depends on: the overhead is then
-    re-based by the modelled difference between the two."""
-
-    weights: Optional[int]
-    overhead: int
-    source: str
-    base: Optional["Deployment"] = None
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """A resolved deployment: every default decided, every value checked. Build it with DeploymentArgs.resolve()."""
-
-    model: ModelSpec
-    gpu: Optional[GPUSpec]
-    engine: Literal["vllm", "sglang"]
-    engine_version: str
-    kv: KVFormat
-    skip: Optional[tuple]  # None: the format's own; ("none",); ("sliding_window",); or layer indices
-    weight_dtype: Optional[str]  # None: the checkpoint's own
-    tp: int
-    pp: int
-    dcp: int
-    total_bytes: int  # device memory (0 where only the pool size or a block count was given)
-    memory_source: str
-    free_memory_bytes: Optional[int]  # free before the engine starts, where the user gave it
-    max_model_len: Union[int, Literal["auto"], None]  # None: the model's own
-    # how the model is cut across the GPUs (a plain TP layout unless data or expert parallelism was asked for)
-    parallel: Parallel = Parallel()
-    a2a_backend: Optional[str] = None  # how MoE layers exchange tokens across DP ranks, where they do
-    eplb: bool = False
-    layout_options: tuple = ()  # the layout options given, as sorted (name, value) pairs
-    # vLLM
-    gpu_memory_utilization: Optional[float] = None
-    block_size: Optional[int] = None  # what was asked or the attention backend's default
-    block_size_given: bool = False
-    max_num_seqs: Optional[int] = None
-    max_num_batched_tokens: Optional[int] = None
-    entrypoint: str = "serve"
-    enforce_eager: bool = False
-    language_model_only: bool = False
-    kv_cache_memory_bytes: Optional[int] = None
-    num_gpu_blocks_override: Optional[int] = None
-    activation_bytes: Optional[int] = None
-    non_torch_bytes: Optional[int] = None
-    cudagraph_bytes: Optional[int] = None
-    # SGLang
-    mem_fraction_static: Optional[float] = None
-    page_size: Optional[int] = None
-    mixed_chunk: bool = False  # --enable-mixed-chunk
-    max_prefill_tokens: int = 0  # --max-prefill-tokens (SGLang's default when not given)
-    free_before_load_bytes: Optional[int] = None  # measured by a profile
-    # measured inputs
-    measured: Optional[Measured] = None
-    calibration: Any = None
-    calibration_source: str = ""
-    notes: tuple[str, ...] = ()
-    inferred_gpu: bool = False
-
-    @property
-    def flat_allowance(self) -> bool:
-        """--activation-gib alone: one flat allowance for everything beyond the weights."""
-        return self.activation_bytes is not None and self.non_torch_bytes is None and self.cudagraph_bytes is None
-
-    @property
-    def rules(self):
-        return vllm_rules(self.engine_version)
-
-    def to_dict(self) -> dict:
-        """The deployment as plain values: what every command reports it ran."""
-        out = {
-            "model": self.model.name, "gpu": self.gpu.name if self.gpu else None, "engine": self.engine,
-            "engine_version": self.engine_version, "kv_cache_dtype": self.kv.name,
-            "kv_cache_dtype_skip_layers": list(self.skip) if self.skip is not None else None,
-            "weight_dtype": self.weight_dtype or self.model.weight_dtype, "tp": self.tp, "pp": self.pp,
-            "dcp": self.dcp, "total_memory_bytes": self.total_bytes, "memory_source": self.memory_source,
-            "max_model_len": self.max_model_len,
-        }
-        p = self.parallel
-        if not p.tp_only:
-            out.update(dp=p.dp, ep=p.ep, attention_tp=p.attn_tp, moe_tp=p.moe_tp, world_size=p.world,
-                       nvlink_domains=p.domains(p.world),
-                       redundant_experts=p.redundant_experts, a2a_backend=self.a2a_backend, eplb=self.eplb)
-        if self.engine == "vllm":
-            out.update(gpu_memory_utilization=self.gpu_memory_utilization, block_size=self.block_size,
-                       max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                       entrypoint=self.entrypoint, enforce_eager=self.enforce_eager,
-                       language_model_only=self.language_model_only,
-                       kv_cache_memory_bytes=self.kv_cache_memory_bytes,
-                       num_gpu_blocks_override=self.num_gpu_blocks_override,
-                       activation_bytes=self.activation_bytes, non_torch_bytes=self.non_torch_bytes,
-                       cudagraph_bytes=self.cudagraph_bytes)
-        else:
-            out.update(mem_fraction_static=self.mem_fraction_static, page_size=self.page_size)
-        out["profile"] = self.measured.source if self.measured else None
-        out["calibration"] = self.calibration_source or None
-        out["notes"] = list(self.notes)
-        return out
-
-
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _positive(name: str, value, *, zero_ok: bool = False, integer: bool = False) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise KvplanError(f"{flag(name)} must be a number, got {value!r}")
-    if integer and not float(value).is_integer():
-        raise KvplanError(f"{flag(name)} must be a whole number, got {value}")
-    if value < 0 or (value == 0 and not zero_ok) or value in (float("inf"),):
-        raise KvplanError(f"{flag(name)} must be {'non-negative' if zero_ok else 'positive'}, got {value}")
 
 
 def _load_profile(p):
     if p is None or not isinstance(p, str):
         return p
-    from kvplan.specs.profile import load_profile  # (only a deployment given a profile reads one)
+    from kvplan.specs.profile import (
+        load_profile,  # (only a deployment given a profile reads one)
+    )
 
     return load_profile(p)
-
-
-def _skip_value(v) -> Optional[tuple]:
-    """The skip-layer option in any of its spellings: '0,1,30', 'none', 'sliding_window', 5, [0, 1]."""
-    if v is None or isinstance(v, tuple):
-        return v
-    if isinstance(v, bool):
-        raise KvplanError(f"--kv-cache-dtype-skip-layers: expected layer indices, 'none' or 'sliding_window', got {v}")
-    if isinstance(v, int):
-        v = str(v)
-    elif isinstance(v, list):
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
-            raise KvplanError(f"--kv-cache-dtype-skip-layers: expected a list of layer indices, got {v}")
-        v = ",".join(map(str, v))
-    return parse_skip_layers(str(v))
 
 
 def engine_of(args: DeploymentArgs, prof=None) -> str:
@@ -304,7 +160,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     fmt = _resolve_kv(args, prof, m, engine, g, notes)
     tp, pp, dcp, weight_dtype, args, layout, a2a = _resolve_layout(args, prof, given, engine, m, g, notes)
     format_bytes_per_token(m, fmt, layout.attn_tp)  # refuses a format for the other attention layout (MLA or heads)
-    skip = _skip_value(args.kv_cache_dtype_skip_layers)
+    skip = skip_value(args.kv_cache_dtype_skip_layers)
     skipped_layers(m, fmt, skip)  # checks the indices
     _check_numbers(args, prof, given)
     mlen = _resolve_max_model_len(args, prof, m, engine)
@@ -395,7 +251,7 @@ def _resolve_kv(args: DeploymentArgs, prof, m: ModelSpec, engine: str, g: Option
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
     fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
-    fmt = _declared_kv(m, fmt, engine, notes)
+    fmt = declared_kv(m, fmt, engine, notes)
     if m.sparse_mla and fmt.name in ("fp8", "fp8_e4m3") and engine != "sglang":
         # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
         fmt = kv_format("fp8_ds_mla")
@@ -428,7 +284,7 @@ def _resolve_layout(args: DeploymentArgs, prof, given: set, engine: str, m: Mode
     if not 1 <= pp <= m.num_layers:
         raise KvplanError(f"--pp must be between 1 and {m.name}'s {m.num_layers} layers, got {pp}")
     if dcp > 1:
-        _check_dcp(m, tp, dcp)
+        check_dcp(m, tp, dcp)
     return tp, pp, dcp, weight_dtype, args, layout, a2a
 
 
@@ -437,18 +293,18 @@ def _check_numbers(args: DeploymentArgs, prof, given: set) -> None:
     for name in ("gpu_memory_utilization", "mem_fraction_static"):
         v = getattr(args, name)
         try:
-            _positive(name, v)
+            check_positive(name, v)
         except KvplanError:
             raise KvplanError(f"{flag(name)} must be in (0, 1], got {v}") from None
         if v is not None and v > 1:
             raise KvplanError(f"{flag(name)} must be in (0, 1], got {v}")
     for name in ("gpu_memory_gib", "kv_cache_memory_gib", "free_memory_gib"):
-        _positive(name, getattr(args, name))
+        check_positive(name, getattr(args, name))
     for name in ("activation_gib", "non_torch_gib", "cudagraph_gib"):
-        _positive(name, getattr(args, name), zero_ok=True)
+        check_positive(name, getattr(args, name), zero_ok=True)
     for name in ("num_gpu_blocks_override", "block_size", "page_size", "max_num_seqs", "max_num_batched_tokens",
                  "max_prefill_tokens"):
-        _positive(name, getattr(args, name), integer=True)
+        check_positive(name, getattr(args, name), integer=True)
     if args.entrypoint is not None and args.entrypoint not in ENTRYPOINTS:
         raise KvplanError(f"--entrypoint '{args.entrypoint}': choose serve (vllm serve, the API server) or llm (the "
                           f"offline LLM class)")
@@ -481,7 +337,7 @@ def _resolve_max_model_len(args: DeploymentArgs, prof, m: ModelSpec, engine: str
     elif mlen == -1:
         mlen = "auto"
     elif mlen is not None:
-        _positive("max_model_len", mlen, integer=True)
+        check_positive("max_model_len", mlen, integer=True)
         mlen = int(mlen)
         refused = max_len_refusal(m, mlen, engine)
         if refused:
@@ -545,48 +401,6 @@ def _refuse_unmodelled_sglang_pools(m: ModelSpec) -> None:
     if m.compressed is not None:
         raise KvplanError(f"{m.name} uses DeepSeek-V4's compressed attention: SGLang's pool for it is not "
                           f"modelled; plan it with --engine vllm")
-
-
-def _nsa_kv(args: DeploymentArgs, m: ModelSpec, g: Optional[GPUSpec], fmt: KVFormat, notes: list[str]) -> KVFormat:
-    """The KV dtype SGLang stores for an NSA model (server_args.py _handle_model_specific_adjustments): auto is
-    bfloat16 on Hopper and fp8_e4m3 from SM 10, whatever the checkpoint declares; only those two are served."""
-    asked = args.kv_cache_dtype
-    name = asked.name if isinstance(asked, KVFormat) else (asked or "auto")
-    if kv_format(name).name == "auto":
-        fmt = kv_format(nsa_default_kv_dtype(g))
-        notes.append(f"auto: SGLang stores DeepSeek sparse attention's latent in {fmt.name} on "
-                     f"{g.name if g is not None else 'this GPU'} (bfloat16 before SM 10, fp8_e4m3 from it)")
-        return fmt
-    if SGLANG_DTYPES.get(fmt.name, fmt.name) not in NSA_DTYPES:
-        raise KvplanError(f"--kv-cache-dtype {fmt.name}: SGLang serves DeepSeek sparse attention ({m.name}) with "
-                          f"bfloat16 or fp8_e4m3 only (server_args.py asserts it)")
-    return fmt
-
-
-def _declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str]) -> KVFormat:
-    """The KV format the engine stores for a checkpoint that declares its KV-cache quantization: `auto` becomes
-    the declared format where the engine reads the declaration (vLLM: EngineArgs.create_engine_config ->
-    resolve_kv_cache_dtype_string; SGLang: configure_kv_cache_dtype; see hf_config.declared_kv_cache), and vLLM
-    stores fp8 for a compressed-tensors kv_cache_scheme whatever was asked (Attention.__init__). An explicit
-    dtype wins otherwise, as in the engines."""
-    decl = m.kv_cache_dtype_declared
-    if decl is None:
-        return fmt
-    name = "vLLM" if engine == "vllm" else "SGLang"
-    if engine in decl.forced_in and fmt.name not in ("auto", decl.dtype):
-        notes.append(f"{name} stores an {decl.dtype} KV cache for this checkpoint whatever --kv-cache-dtype says "
-                     f"({decl.source}; model_executor/layers/attention/attention.py): {fmt.name} planned as "
-                     f"{decl.dtype}")
-        return kv_format(decl.dtype)
-    if fmt.name != "auto":
-        return fmt
-    if engine not in decl.engines:
-        notes.append(f"auto: the checkpoint's KV-cache declaration ({decl.source}) is not one {name} reads, so it "
-                     f"stores the model dtype")
-        return fmt
-    notes.append(f"auto: the checkpoint declares an fp8 KV cache ({decl.source}), so {name} stores "
-                 f"{decl.dtype}; --kv-cache-dtype bfloat16 keeps a 16-bit cache")
-    return kv_format(decl.dtype)
 
 
 def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) -> Deployment:
@@ -694,7 +508,7 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
         mamba_state_bytes(m, common["parallel"].attn_tp)
     page = int(args.page_size) if args.page_size is not None else 1
     if m.sparse_mla:  # SGLang's NSA pool and its server defaults
-        fmt = common["kv"] = _nsa_kv(args, m, g, fmt, notes)
+        fmt = common["kv"] = nsa_kv(args.kv_cache_dtype, m, g, fmt, notes)
         if page != NSA_PAGE_SIZE:
             if args.page_size is not None:
                 notes.append(f"--page-size {page}: SGLang sets page size {NSA_PAGE_SIZE} for DeepSeek sparse "
@@ -740,85 +554,23 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
                       notes=tuple(notes))
 
 
-def layout_options(args: DeploymentArgs) -> tuple:
-    """The data- and expert-parallel options `args` sets, as sorted (name, value) pairs."""
-    neutral = (None, False)
-    return tuple(sorted((n, getattr(args, n)) for n in LAYOUT_OPTIONS if getattr(args, n) not in neutral))
-
-
-def parallel_layout(args: DeploymentArgs, engine: str, m: ModelSpec, g: Optional[GPUSpec], tp: int, pp: int,
-                     notes: list[str]) -> tuple[Parallel, Optional[str]]:
-    """The layout the engine builds from its data- and expert-parallel options (kvplan.rules.vllm.vllm_parallel,
-    kvplan.rules.sglang.sglang_parallel): a plain TP layout when none is given."""
-    domain = g.nvlink_domain_size if g is not None else 8
-    if engine == "vllm":
-        dp = args.data_parallel_size if args.data_parallel_size is not None else 1
-        layout, a2a = vllm_parallel(m, tp, pp, dp, args.data_parallel_size_local, bool(args.enable_expert_parallel),
-                                    bool(args.enable_eplb), args.num_redundant_experts, args.all2all_backend, domain,
-                                    notes)
-    else:
-        dp = args.dp_size if args.dp_size is not None else 1
-        dpa = bool(args.enable_dp_attention)
-        if m.sparse_mla and dp > 1 and not dpa:  # server_args.py: DP attention is enabled for DeepSeek NSA
-            notes.append(f"--dp-size {dp}: SGLang enables DP attention for DeepSeek sparse attention, so the {tp} GPUs "
-                         f"run attention in {dp} groups")
-            dpa = True
-        layout, a2a = sglang_parallel(m, tp, dp, dpa, args.ep_size, args.moe_a2a_backend,
-                                      args.ep_num_redundant_experts, args.moe_dense_tp_size,
-                                      bool(args.enable_dp_lm_head), domain, notes)
-    return layout, a2a
-
-
 def _gib_bytes(v: Optional[float]) -> Optional[int]:
     return None if v is None else int(round(v * GiB))
 
 
-def _check_dcp(m: ModelSpec, tp: int, dcp: int) -> None:
-    """vLLM's rule (config/parallel.py, config/model.py): decode-context parallelism reuses TP ranks, so it divides
-    TP; on GQA and MQA models it shards the tokens of KV heads that TP replicates, so TP must exceed the KV heads,
-    DCP cannot exceed tp // kv_heads, and it divides the query heads per KV head. MLA has none of these limits."""
-    if tp % dcp:
-        raise KvplanError(f"--dcp {dcp} must divide --tp {tp} (decode-context parallelism reuses the TP ranks)")
-    if not m.is_mla:
-        most = tp // m.num_kv_heads
-        if most < dcp:
-            raise KvplanError(
-                f"--dcp {dcp}: vLLM shards the tokens of KV heads that TP replicates, and TP {tp} over "
-                f"{m.name}'s {m.num_kv_heads} KV heads replicates " + ("none" if most <= 1 else f"each {most}x")
-                + f"; the largest DCP at TP {tp} is {max(1, most)} (raise --tp to {m.num_kv_heads * dcp})")
-        q_per_kv = m.num_heads // m.num_kv_heads
-        if q_per_kv % dcp:
-            raise KvplanError(f"--dcp {dcp} must divide {m.name}'s {q_per_kv} query heads per KV head (vLLM's rule "
-                              f"for GQA/MQA)")
-
-
 def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
-    """The calibration profile asked for, or one saved for this GPU in kvplan's cache; (None, "") without. One
-    measured on another GPU than --gpu is refused."""
+    """The calibration profile asked for, or one saved for this GPU (kvplan.specs.calibration.calibration_for);
+    (None, "") with neither a profile nor a GPU, without reading the calibration module."""
     if path is None and gpu is None:
         return None, ""
-    from kvplan.specs.calibration import CalibrationProfile, find_calibration, load_calibration
+    from kvplan.specs.calibration import calibration_for
 
-    if isinstance(path, CalibrationProfile):
-        return path, "a calibration profile"
-    explicit = path is not None
-    if path is None and gpu is not None:
-        found = find_calibration([gpu.smi_name or "", gpu.name])
-        path = str(found) if found else None
-    if path is None:
-        return None, ""
-    cal = load_calibration(path)
-    measured = str(cal.device.get("name") or "")
-    if explicit and gpu is not None and measured and measured not in (gpu.name, gpu.smi_name):
-        raise KvplanError(f"the calibration profile {path} was measured on {measured}, not {gpu.name}; measure this "
-                          f"GPU (`kvplan measure`) or drop --gpu")
-    return cal, str(path)
+    return calibration_for(path, gpu)
 
 
 def _calibration_gpu(path) -> GPUSpec:
     """The catalog GPU a calibration profile was measured on (its device name: the catalog's, or nvidia-smi's)."""
     from kvplan.specs.calibration import CalibrationProfile, load_calibration
-    from kvplan.specs.catalog import load_catalog
 
     cal = path if isinstance(path, CalibrationProfile) else load_calibration(path)
     where = "the calibration profile" if isinstance(path, CalibrationProfile) else f"the calibration profile {path}"
@@ -847,58 +599,3 @@ def max_len_refusal(m, mlen: int, engine: str = "vllm") -> Optional[str]:
             f"{'vLLM' if engine == 'vllm' else 'SGLang'} refuses it (lower it, or use a spec with a longer context)")
 
 
-_LAYOUT_TOKEN = re.compile(r"^(tp|pp|dp|ep)(\d*)$")
-
-
-def parse_layout(spec: str, engine: str = "vllm") -> dict:
-    """A layout written compactly, for comparing several in one command: comma-separated tp<N>, pp<N>, dp<N> and ep
-    (vLLM: --enable-expert-parallel, experts over tp x dp) or ep<N> (SGLang: --ep-size N). Under SGLang, dp<N> is
-    data-parallel attention in N groups of the --tp GPUs (--dp-size N --enable-dp-attention). Returns the
-    DeploymentArgs fields it sets: 'tp8' -> {tp: 8}; 'tp1,dp8,ep' -> {tp: 1, data_parallel_size: 8,
-    enable_expert_parallel: True}."""
-    out: dict = {}
-    for raw in str(spec).lower().replace(" ", "").split(","):
-        m = _LAYOUT_TOKEN.match(raw)
-        if not m or (m.group(1) != "ep" and not m.group(2)) or (m.group(2) and int(m.group(2)) < 1):
-            raise KvplanError(f"--layout '{spec}': '{raw}' is not tp<N>, pp<N>, dp<N> or ep[<N>] (e.g. tp8, or "
-                              f"tp1,dp8,ep)")
-        kind, n = m.group(1), int(m.group(2)) if m.group(2) else None
-        if kind in out or (kind == "ep" and ("enable_expert_parallel" in out or "ep_size" in out)):
-            raise KvplanError(f"--layout '{spec}': {kind} given twice")
-        if kind in ("tp", "pp"):
-            out[kind] = n
-        elif kind == "dp":
-            if engine == "sglang":
-                out.update(dp_size=n, enable_dp_attention=True)
-            else:
-                out["data_parallel_size"] = n
-        elif engine == "sglang":
-            if n is None:
-                raise KvplanError(f"--layout '{spec}': SGLang's expert parallelism takes a size: ep<N>")
-            out["ep_size"] = n
-        else:
-            out["enable_expert_parallel"] = True
-            if n is not None:
-                out["_ep_check"] = n
-    check = out.pop("_ep_check", None)
-    if check is not None:
-        tp, dp = out.get("tp", 1), out.get("data_parallel_size", 1)
-        if check != tp * dp:
-            raise KvplanError(f"--layout '{spec}': vLLM's expert parallelism spans tp x dp = {tp * dp} GPUs, not "
-                              f"{check}; write ep alone")
-    return out
-
-
-def layout_label(fields_: dict) -> str:
-    """The compact spelling of a layout's fields (parse_layout's inverse, for tables)."""
-    parts = [f"tp{fields_.get('tp', 1)}"]
-    if fields_.get("pp", 1) > 1:
-        parts.append(f"pp{fields_['pp']}")
-    dp = fields_.get("data_parallel_size") or fields_.get("dp_size")
-    if dp and dp > 1:
-        parts.append(f"dp{dp}")
-    if fields_.get("enable_expert_parallel"):
-        parts.append("ep")
-    if fields_.get("ep_size"):
-        parts.append(f"ep{fields_['ep_size']}")
-    return ",".join(parts)
