@@ -1,7 +1,5 @@
 """The GPU spec: memory as CUDA reports it, bandwidth, tensor-core rates, NVLink and its domain."""
 
-from __future__ import annotations
-
 from typing import ClassVar, Literal, Optional
 
 from pydantic import Field

@@ -2,8 +2,6 @@
 experts, state layers, vision tower), and the per-layer view derived from it. Everything a model costs
 (parameters, weight bytes, KV bytes) lives in kvplan.sizing."""
 
-from __future__ import annotations
-
 from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
