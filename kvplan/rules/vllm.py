@@ -258,6 +258,10 @@ def vllm_parallel(model, tp: int, pp: int, dp: int, dp_local: Optional[int], exp
         raise KvplanError("--enable-eplb balances experts over expert-parallel ranks: vLLM refuses it without "
                           "--enable-expert-parallel (ParallelConfig: 'enable_expert_parallel must be True to use "
                           "EPLB')")
+    if eplb and tp * dp <= 1:
+        raise KvplanError(f"--enable-eplb: vLLM refuses EPLB on one GPU (ParallelConfig: 'EPLB requires tensor, "
+                          f"prefill-context, or data parallelism', the EP group being TP x DP ranks; got TP={tp}, "
+                          f"DP={dp}); raise --tp or --data-parallel-size, or drop --enable-eplb")
     if redundant and not eplb:
         raise KvplanError(f"--num-redundant-experts {redundant}: vLLM places redundant experts only with EPLB "
                           f"(ParallelConfig refuses num_redundant_experts > 0 without --enable-eplb); add "
