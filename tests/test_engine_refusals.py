@@ -56,6 +56,18 @@ RULES = [
      "128 experts + 1 redundant do not divide over 4 EP ranks; give --num-redundant-experts 4"),
     ("SGLang's KV dtypes", "sglang/srt/server_args.py ServerArgs.add_cli_args (--kv-cache-dtype choices)",
      dict(engine="sglang", kv_cache_dtype="fp8_per_token_head"), "SGLang has no KV cache dtype 'fp8_per_token_head'"),
+    ("SGLang: DP attention groups divide TP", "sglang/srt/server_args.py ServerArgs._handle_data_parallelism "
+     "(assert self.tp_size % self.dp_size == 0)",
+     dict(model="qwen3-30b-a3b", engine="sglang", tp=4, dp_size=3, enable_dp_attention=True),
+     "--dp-size 3 must divide --tp 4 with --enable-dp-attention"),
+    ("SGLang: the DP LM head needs DP attention", "sglang/srt/server_args.py ServerArgs._handle_data_parallelism "
+     "('Please enable dp attention when setting enable_dp_lm_head.')",
+     dict(model="qwen3-30b-a3b", engine="sglang", tp=4, dp_size=2, enable_dp_lm_head=True),
+     "--enable-dp-lm-head applies with --enable-dp-attention"),
+    ("SGLang: moe_dense_tp_size 1 or unset", "sglang/srt/server_args.py ServerArgs.check_server_args "
+     "('moe_dense_tp_size only support 1 and None currently')",
+     dict(model="qwen3-30b-a3b", engine="sglang", tp=4, dp_size=2, enable_dp_attention=True, moe_dense_tp_size=4),
+     "--moe-dense-tp-size 4: SGLang supports only 1"),
 ]
 
 
