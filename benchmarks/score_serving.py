@@ -85,11 +85,11 @@ from kvplan.specs.kv_formats import parse_dtypes
 PROMPTS_PER_CLIENT = 20
 WARMUP_PER_CLIENT = 0
 from kvplan.sizing.step_time import bundled_profile
-from kvplan.sizing.weights import weight_format
+from kvplan.sizing.weight_formats import weight_format
 
 SYSTEMS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200"}
 ENGINES = ("vllm", "sglang")
-# AIConfigurator's quant modes -> kvplan weight formats (kvplan.sizing.weights.WEIGHT_FORMATS)
+# AIConfigurator's quant modes -> kvplan weight formats (kvplan.sizing.weight_formats.WEIGHT_FORMATS)
 QUANT_MODES = {"": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block128", "nvfp4": "nvfp4",
                "int4_wo": "int4_g128"}
 # a precision's published checkpoints, tried before the base model's own: (organisation or None for any, suffix)

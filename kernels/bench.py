@@ -418,7 +418,7 @@ def validate_step(model, fmt_name: str, batch: int, context: int, layers: int, d
     (dense matrices, and the MoE experts one token touches) and the paged decode attention of `batch` sequences
     of `context` tokens in `fmt_name`, replayed as one CUDA graph where it can be captured (as the engines run
     their decode steps). Returns the measured median seconds and the bytes read."""
-    from kvplan.sizing.weights import model_tensors
+    from kvplan.sizing.model_tensors import model_tensors
 
     from .gemv import gemv, quantize_fp8_weights
     from .layouts import slot_layout

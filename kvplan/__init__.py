@@ -38,7 +38,7 @@ _EXPORTS = {
     "kv_format": "specs.kv_formats", "KVFormat": "specs.kv_formats", "KV_FORMATS": "specs.kv_formats",
     "ModelSpec": "specs.catalog", "GPUSpec": "specs.catalog", "load_model": "specs.catalog",
     "load_gpu": "specs.catalog",
-    "param_count": "sizing.weights", "weight_bytes": "sizing.weights",
+    "param_count": "sizing.model_tensors", "weight_bytes": "sizing.weights",
     "run_quality": "quality.run", "QualityResult": "quality.run", "run_synthetic": "quality.synthetic",
     "evidence_for": "specs.kv_evidence",
     "KvplanError": "errors",

@@ -8,7 +8,9 @@ import pytest
 
 from kvplan import capacity, load_gpu, load_model
 from kvplan.errors import KvplanError
-from kvplan.sizing.weights import param_count, weight_bytes, weight_format
+from kvplan.sizing.model_tensors import param_count
+from kvplan.sizing.weight_formats import weight_format
+from kvplan.sizing.weights import weight_bytes
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 GiB = 2**30

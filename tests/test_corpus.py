@@ -9,7 +9,7 @@ import pytest
 
 from kvplan.errors import KvplanError
 from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers
-from kvplan.sizing.weights import param_count
+from kvplan.sizing.model_tensors import param_count
 from kvplan.specs.catalog import load_model
 from kvplan.specs.kv_formats import kv_format
 

@@ -11,7 +11,8 @@ import pytest
 from kvplan.api import capacity
 from kvplan.errors import KvplanError
 from kvplan.sizing.kv_cache import check_tp, kv_bytes_per_token, kv_layers, state_bytes
-from kvplan.sizing.weights import param_count, weight_bytes
+from kvplan.sizing.model_tensors import param_count
+from kvplan.sizing.weights import weight_bytes
 from kvplan.specs.catalog import load_gpu, load_model
 from kvplan.specs.kv_formats import kv_format
 
@@ -256,7 +257,9 @@ def test_modelopt_mixed_precision():
     # delta nets' projections; what it does not name (embedding, router, b/a projections, vision tower) stays bf16
     assert (m.weight_dtype, m.weight_scope, m.attention_weight_dtype, m.lm_head_weight_dtype) == \
         ("nvfp4", "mlp", "fp8", "nvfp4")
-    from kvplan.sizing.weights import WEIGHT_FORMATS, model_tensors, tensor_bytes_per_rank
+    from kvplan.sizing.model_tensors import model_tensors
+    from kvplan.sizing.weight_formats import WEIGHT_FORMATS
+    from kvplan.sizing.weights import tensor_bytes_per_rank
     nvfp4, fp8 = WEIGHT_FORMATS["nvfp4"], WEIGHT_FORMATS["fp8"]
     by_name = {t.name: t for t in model_tensors(m)}
     expected = {
@@ -371,7 +374,7 @@ def test_mimo_v2_flash_layers():
     for version, per_head in (("0.19", 192 + 192), ("0.20", 192 + 128)):
         r = capacity(m, load_gpu("h200"), "auto", tp=8, engine_version=version, max_model_len=65536)
         assert r.kv_bytes_per_token == 48 * per_head * 2
-    from kvplan.sizing.weights import model_tensors
+    from kvplan.sizing.model_tensors import model_tensors
     by_name = {}
     for t in model_tensors(m):
         by_name.setdefault(t.name, []).append(t)

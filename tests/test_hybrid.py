@@ -10,7 +10,7 @@ import pytest
 from kvplan import capacity, crossover, load_gpu, load_model
 from kvplan.errors import KvplanError
 from kvplan.sizing.kv_cache import state_bytes
-from kvplan.sizing.weights import param_count
+from kvplan.sizing.model_tensors import param_count
 
 CONFIGS = Path(__file__).resolve().parent / "fixtures" / "configs"
 NANO = str(CONFIGS / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.config.json")

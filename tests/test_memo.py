@@ -4,7 +4,8 @@ from dataclasses import dataclass
 
 from kvplan import load_model
 from kvplan.memo import per_spec
-from kvplan.sizing.weights import model_tensors, weight_bytes
+from kvplan.sizing.model_tensors import model_tensors
+from kvplan.sizing.weights import weight_bytes
 
 
 def test_same_spec_same_answer_other_spec_its_own():

@@ -248,7 +248,7 @@ def test_mxfp4_experts_on_hopper():
 
 
 def test_caching_allocator_blocks():
-    from kvplan.sizing.weights import allocated_bytes
+    from kvplan.sizing.caching_allocator import allocated_bytes
 
     # 9 MiB opens a 20 MiB segment and splits (11 MiB left over); a second 9 MiB takes 9 of those 11 and splits
     # again (2 MiB left); a 9.5 MiB pair leaves 1 MiB, too little to split, so the second holds 10.5 MiB
@@ -263,8 +263,8 @@ def test_caching_allocator_blocks():
 
 
 def test_hopper_swizzle_keeps_one_result():
+    from kvplan.sizing.caching_allocator import CachingAllocator
     from kvplan.sizing.vllm_memory import _swizzle_scale, _swizzle_value
-    from kvplan.sizing.weights import CachingAllocator
 
     # gpt-oss-20b's w13 at TP 1: 32 experts x 1,440 bytes (2,880 fp4 inputs) padded to 1,472 x 5,760 outputs =
     # 271,319,040 B (258.75 MiB); every temporary of that size opens a 260 MiB segment (1.25 MiB split off), and

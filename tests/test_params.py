@@ -3,7 +3,8 @@ Hugging Face safetensors totals and the architecture arithmetic in the reference
 
 import pytest
 
-from kvplan.sizing.weights import active_param_count, param_count, weight_bytes
+from kvplan.sizing.model_tensors import active_param_count, param_count
+from kvplan.sizing.weights import weight_bytes
 from kvplan.specs.catalog import catalog_dir, load_catalog, load_model
 
 MODELS = load_catalog("models")

@@ -14,7 +14,7 @@ import pytest
 from kvplan.app.cli import main
 from kvplan.app.log_import import import_log
 from kvplan.app.startup_log import parse_startup_log
-from kvplan.sizing.weights import allocator_rounding
+from kvplan.sizing.weight_allocations import allocator_rounding
 from kvplan.specs.catalog import model_for_repo
 from kvplan.specs.hub import find_config
 

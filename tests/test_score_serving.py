@@ -176,8 +176,8 @@ def test_weight_only_int4_experts_are_priced_as_measured_serving_runs_them(sampl
     64 clients): their TPOT is predicted within 12% (the B200 run of 64 clients with 8,192-token prompts at -11%: its
     decode steps share many a step with a prompt chunk, whose MLA attention is priced unabsorbed). With the collected Marlin MoE timings' fit (about 12% of the
     bandwidth) the same runs came out 60-190% slow: measured serving adds 18-21 ms from 4 to 64 clients, those
-    timings 56-65 ms (kvplan.sizing.weights.moe_family)."""
-    from kvplan.sizing.weights import moe_family
+    timings 56-65 ms (kvplan.sizing.weight_formats.moe_family)."""
+    from kvplan.sizing.weight_formats import moe_family
 
     assert moe_family("int4_g32_sym") == moe_family("int4_g128") == "bfloat16"
     assert moe_family("fp8_block128") == "fp8_block" and moe_family("nvfp4") == "nvfp4"

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.sizing.weights import param_count
+from kvplan.sizing.model_tensors import param_count
 from kvplan.specs.catalog import load_gpu, load_model
 
 

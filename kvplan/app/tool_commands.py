@@ -436,7 +436,7 @@ def formats(
 
 def _model_row(key: str, m) -> dict:
     from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers
-    from kvplan.sizing.weights import param_count
+    from kvplan.sizing.model_tensors import param_count
     from kvplan.specs.kv_formats import kv_format
 
     kinds = m.layer_kinds
@@ -492,7 +492,7 @@ def models_show(
     """Show one model spec, with its computed parameter count and, for a snapshot folder or a Hugging Face id, the
     checkpoint's own from its safetensors headers (no weights downloaded), and whether the two agree."""
     from kvplan.errors import KvplanError, UnmodelledWeights
-    from kvplan.sizing.weights import active_param_count, param_count
+    from kvplan.sizing.model_tensors import active_param_count, param_count
     from kvplan.specs.catalog import load_model
 
     try:

@@ -50,7 +50,7 @@ from kvplan.rules.vllm import (
     vllm_rules,
 )
 from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, skipped_layers
-from kvplan.sizing.weights import weight_format
+from kvplan.sizing.weight_formats import weight_format
 from kvplan.specs.catalog import (
     GPUSpec,
     ModelSpec,

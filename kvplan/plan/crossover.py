@@ -24,10 +24,10 @@ from kvplan.sizing.kv_cache import (
     step_figures,
     weight_read_bytes,
 )
-from kvplan.sizing.weights import DTYPE_BYTES, WeightBytes, weight_bytes
+from kvplan.sizing.weights import WeightBytes, weight_bytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
-from kvplan.units import GiB
+from kvplan.units import DTYPE_BYTES, GiB
 
 
 @dataclass(frozen=True)

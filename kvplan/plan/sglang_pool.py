@@ -18,7 +18,8 @@ from kvplan.rules.sglang import (CONTEXT_GIB, MAMBA_EMPTY_STATE_SLOTS, MAMBA_FUL
                                  MAMBA_SLOTS_PER_REQUEST, NSA_QUANT_BLOCK, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO,
                                  default_mem_fraction_static, mamba_state_bytes)
 from kvplan.sizing.kv_cache import check_tp
-from kvplan.sizing.weights import DTYPE_BYTES, weight_bytes
+from kvplan.sizing.weights import weight_bytes
+from kvplan.units import DTYPE_BYTES
 from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
 from kvplan.specs.parallel import Parallel

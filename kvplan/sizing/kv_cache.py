@@ -28,16 +28,12 @@ from typing import Literal, Optional, Sequence
 
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
-from kvplan.sizing.weights import (
-    DTYPE_BYTES,
-    VOCAB_PADDING,
-    WeightBytes,
-    gemm_family,
-    model_tensors,
-    padded_vocab,
-)
+from kvplan.sizing.model_tensors import VOCAB_PADDING, model_tensors, padded_vocab
+from kvplan.sizing.weight_formats import gemm_family
+from kvplan.sizing.weights import WeightBytes
 from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format, whole
+from kvplan.units import DTYPE_BYTES
 from kvplan.xp import SCALAR
 
 WeightRead = Literal["streamed", "all"]

@@ -4,7 +4,8 @@ profiles, the sampler passes, where cuBLAS's workspace lands, whether the CUDA-g
 field of the version's rules in kvplan.rules.vllm:
 
   weights     parameters on this rank in their checkpoint format, plus the rotary cos/sin caches, in the torch
-              caching allocator's blocks (kvplan.sizing.weights.allocated_bytes: what memory_allocated counts)
+              caching allocator's blocks (kvplan.sizing.caching_allocator.allocated_bytes: what memory_allocated
+              counts)
   activation  the peak of the profile run: one forward over max_num_batched_tokens (the widest layer's live
               tensors, the MoE workspace) and the dummy sampler over min(max_num_seqs, tokens) rows x vocab (on top
               of the MoE workspace, which the workspace manager keeps)
@@ -36,9 +37,10 @@ from typing import Optional
 
 from kvplan.memo import per_spec
 from kvplan.rules.vllm import VllmRules, serve_defaults, vllm_rules  # noqa: F401 (serve_defaults: re-exported)
-from kvplan.sizing.weights import DTYPE_BYTES, allocator_rounding, padded_vocab
+from kvplan.sizing.model_tensors import padded_vocab
+from kvplan.sizing.weight_allocations import allocator_rounding
 from kvplan.specs.catalog import GPUSpec, ModelSpec
-from kvplan.units import GiB, MiB
+from kvplan.units import DTYPE_BYTES, GiB, MiB
 
 # models whose rotary cos/sin cache vLLM keeps in float32 (get_rope(..., dtype=torch.float32) in gpt_oss.py,
 # minimax_text_01.py, bailing_moe_linear.py)
@@ -530,13 +532,13 @@ def mxfp4_hopper_load(m: ModelSpec, tp: int, rotary: int = 0) -> tuple[int, int,
     quantization/utils/mxfp4_utils.py _swizzle_mxfp4) through temporaries as large as the experts, and the
     checkpoint-layout experts are freed only after; later layers' results and temporaries land in those freed
     segments, and the segments they leave partly used survive the empty_cache() of DeviceMemoryProfiler. Replayed
-    through kvplan.sizing.weights.CachingAllocator in construction order (gpt_oss.py: the embedding; per layer the
+    through kvplan.sizing.caching_allocator.CachingAllocator in construction order (gpt_oss.py: the embedding; per layer the
     sinks, qkv
     and o projections, the router, w13, its scales, w2, its scales and the biases (Mxfp4MoEMethod.create_weights),
     the norms; the final norm and the LM head), then the conversion layer by layer. Returns zeros for other models."""
     if m.weight_dtype != "mxfp4" or m.moe is None or "moe" not in m.mlp_kinds:
         return 0, 0, 0
-    from kvplan.sizing.weights import CachingAllocator
+    from kvplan.sizing.caching_allocator import CachingAllocator
 
     b, H, E = DTYPE_BYTES[m.dtype], m.hidden_size, m.moe.num_experts
     Ir = _round_up(m.moe.expert_intermediate_size // tp, 64)  # mxfp4_round_up_hidden_size_and_intermediate_size

@@ -52,7 +52,7 @@ class Parallel(NamedTuple):
         return self.ep * self.moe_tp
 
     def tp_for(self, part: str) -> int:
-        """The tensor-parallel degree a tensor of `part` (kvplan.sizing.weights.Part) is split by."""
+        """The tensor-parallel degree a tensor of `part` (kvplan.sizing.model_tensors.Part) is split by."""
         if part in ("attention", "state", "extra", "norm"):
             return self.attn_tp
         if part in ("mlp", "shared_expert"):
