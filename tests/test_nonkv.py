@@ -2,17 +2,19 @@
 bf16, TP 1, H100 SXM, `vllm serve` defaults: 8,192 batched tokens, 1,024 sequences, vocab 128,256)."""
 
 from kvplan import load_gpu, load_model
-from kvplan.sizing.vllm_memory import (
-    LIBRARY_NON_TORCH,
-    TORCH_NCCL_COMMUNICATOR,
+from kvplan.rules.vllm import serve_defaults
+from kvplan.sizing.vllm_activation import forward_peak
+from kvplan.sizing.vllm_cudagraphs import (
     _capture_sizes,
-    _forward_peak,
     fa3_split_accumulators,
-    non_kv_memory,
     per_graph_bytes,
     piece_kernels,
+)
+from kvplan.sizing.vllm_memory import non_kv_memory
+from kvplan.sizing.vllm_non_torch import (
+    LIBRARY_NON_TORCH,
+    TORCH_NCCL_COMMUNICATOR,
     pre_snapshot_bytes,
-    serve_defaults,
     transport,
 )
 
@@ -48,7 +50,7 @@ def test_serve_defaults():
 
 
 def test_forward_terms():
-    peak, parts = _forward_peak(L31, 8192, 1, 2)
+    peak, parts = forward_peak(L31, 8192, 1, 2)
     assert parts["mlp"] == 8192 * 2 * (4096 + 3 * 14336) == 736 * MiB   # residual + gate_up + act
     assert parts["attention"] == 8192 * 2 * (2 * 4096 + 3 * 4096 + 3 * 1024) == 368 * MiB
     assert peak == 736 * MiB
@@ -56,7 +58,7 @@ def test_forward_terms():
 
 def test_eager_mlp_and_pipeline_stages():
     # eager (-O0 / --enforce-eager): the caller still holds the RMSNorm output while the MLP runs: 800 MiB
-    peak, parts = _forward_peak(L31, 8192, 1, 2, eager=True)
+    peak, parts = forward_peak(L31, 8192, 1, 2, eager=True)
     assert parts["mlp"] == 8192 * 2 * (2 * 4096 + 3 * 14336) == 800 * MiB
     # PP 2 on 0.30 (whose sampler pass stays below the MLP): the first stage holds the forward only (736 MiB +
     # the 32 MiB cuBLAS workspace lands in consumed memory, not here); the last stage also keeps the persistent
@@ -136,7 +138,7 @@ def test_flashinfer_attention_workspace_on_sm100():
     ds = load_model("deepseek-v3")
     nk_ds = non_kv_memory(ds, b200, total_bytes=b200.memory_total_bytes, tp=8, weights=0, version="0.33",
                           max_model_len=4096)
-    f_ds = _forward_peak(ds, 1024, 8, 2, with_moe_workspace=False)[0]
+    f_ds = forward_peak(ds, 1024, 8, 2, with_moe_workspace=False)[0]
     # DeepSeek-V3's 61 layers: 0.2 x 62 = 12.4 -> 12 MiB piecewise, 0.15 x 62 = 9.3 -> 10 MiB full
     assert nk_ds.cudagraph == 2 * f_ds + 32 * MiB + 82 * 12 * MiB + 82 * 10 * MiB
 
@@ -233,7 +235,7 @@ def test_mxfp4_experts_on_hopper():
     # 32 x 1,472 x 2,880 - 32 x 1,440 x 2,880 = 2,949,120; the swizzled scales beside the checkpoint's, rows padded
     # to 256: 32 x 5,888 x 90 + 32 x 3,072 x 90 = 25,804,800; biases in float32: 32 x (5,760 + 2,880) x 2 = 552,960.
     # 35,205,120 B a layer, 844,922,880 in all: 12.83 + 0.79 = 13.62 GiB against the 13.64 vLLM 0.19 loads
-    from kvplan.sizing.vllm_memory import mxfp4_hopper_repack
+    from kvplan.sizing.vllm_mxfp4_hopper import mxfp4_hopper_repack
 
     m = load_model("gpt-oss-20b")
     assert mxfp4_hopper_repack(m, 1) == 24 * 35_205_120
@@ -264,7 +266,7 @@ def test_caching_allocator_blocks():
 
 def test_hopper_swizzle_keeps_one_result():
     from kvplan.sizing.caching_allocator import CachingAllocator
-    from kvplan.sizing.vllm_memory import _swizzle_scale, _swizzle_value
+    from kvplan.sizing.vllm_mxfp4_hopper import _swizzle_scale, _swizzle_value
 
     # gpt-oss-20b's w13 at TP 1: 32 experts x 1,440 bytes (2,880 fp4 inputs) padded to 1,472 x 5,760 outputs =
     # 271,319,040 B (258.75 MiB); every temporary of that size opens a 260 MiB segment (1.25 MiB split off), and
@@ -309,7 +311,7 @@ def test_gpt_oss_capture_on_hopper():
     # 2. the widest piece at 1,024 tokens: the MoE's hidden states and router logits, plus matmul_ogs's fused SwiGLU
     # output and the scatter's scratchpad, 1,024 x 4 x (2,880 + 2,880) x 2 B: 59,080,704 B = 56 MiB
     f_cg = 1024 * 2 * 2 * 2880 + 1024 * 32 * 2 + 8 * 1024 * 4 + 1024 * 4 * (2880 + 2880) * 2
-    assert _forward_peak(m, 1024, 1, 2, with_moe_workspace=False)[0] == f_cg == 59_080_704
+    assert forward_peak(m, 1024, 1, 2, with_moe_workspace=False)[0] == f_cg == 59_080_704
     # 3. per graph: a layer's piece launches 8 - 3 + 10 = 15 kernels, so piecewise 0.2 x 15/8 x 25 pieces = 9.4
     # -> 10 MiB and full 0.15 x 18/11 x 25 = 6.1 -> 6 MiB (vLLM's samples: 6 and 8 MiB; 7.5 a graph on average
     # in what the capture took beyond the pools)

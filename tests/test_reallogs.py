@@ -176,7 +176,7 @@ def test_mxfp4_conversion_fragments(tp, log_gib):
     # gpt-oss-20b's OOM message: "X GiB is reserved by PyTorch but unallocated", with no free block as large as
     # the 393 MiB of bf16 logits it then asked for; the replayed conversion leaves 1.93 and 1.39 GiB, in blocks of at
     # most 129 and 67 MiB
-    from kvplan.sizing.vllm_memory import mxfp4_hopper_load
+    from kvplan.sizing.vllm_mxfp4_hopper import mxfp4_hopper_load
 
     _, frag, largest = mxfp4_hopper_load(model_for_repo("openai/gpt-oss-20b", [CONFIGS]), tp)
     assert abs(frag / 2**30 - log_gib) < 0.25

@@ -21,7 +21,7 @@ from kvplan.errors import KvplanError
 from kvplan.plan.sglang_pool import sglang_pool
 from kvplan.plan.vllm_pool import capacity_of
 from kvplan.rules.vllm import version_key, vllm_rules
-from kvplan.sizing.vllm_memory import pre_snapshot_bytes
+from kvplan.sizing.vllm_non_torch import pre_snapshot_bytes
 from kvplan.specs.catalog import (
     GPUSpec,
     ModelSpec,

@@ -19,15 +19,8 @@ from kvplan.sizing.kv_cache import (
     kv_layers,
     skipped_indices,
 )
-from kvplan.sizing.vllm_memory import (
-    FRAGMENTATION_SEEN,
-    NonKVMemory,
-    all2all_buffer_bytes,
-    flat_allowance,
-    non_kv_memory,
-    pre_snapshot_bytes,
-    sampler_warmup,
-)
+from kvplan.sizing.vllm_memory import FRAGMENTATION_SEEN, NonKVMemory, flat_allowance, non_kv_memory, sampler_warmup
+from kvplan.sizing.vllm_non_torch import all2all_buffer_bytes, pre_snapshot_bytes
 from kvplan.sizing.weights import pipeline_stages, weight_bytes
 from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format

@@ -39,13 +39,23 @@ from typing import Optional
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
 from kvplan.rules.sglang import LINEAR_KERNEL_FAMILY, fused_shared_experts
-from kvplan.sizing.kv_cache import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
+from kvplan.sizing.kv_cache import (
+    attention_flops_per_token_head,
+    format_bytes_per_token,
+    kv_heads_per_rank,
+    kv_layers,
+)
 from kvplan.sizing.model_tensors import model_tensors
 from kvplan.sizing.weight_formats import gemm_family, moe_family
-from kvplan.sizing.weights import _own_format, _quantized, format_and_scope, tensor_bytes_per_rank
-from kvplan.units import DTYPE_BYTES
+from kvplan.sizing.weights import (
+    _own_format,
+    _quantized,
+    format_and_scope,
+    tensor_bytes_per_rank,
+)
 from kvplan.specs.catalog import GPUSpec, ModelSpec, _catalog_data, catalog_dir
 from kvplan.specs.kv_formats import kv_format
+from kvplan.units import DTYPE_BYTES
 from kvplan.xp import SCALAR
 
 SMALL_KERNELS_PER_LAYER = 4  # fused add+RMSNorm twice, rotary + cache write, SiLU-and-mul

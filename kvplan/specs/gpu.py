@@ -68,3 +68,16 @@ class GPUSpec(_Frozen):
     @property
     def peak_bandwidth_bytes_per_s(self) -> float:
         return self.peak_bandwidth_tbps * 1e12
+
+
+def cc_family(gpu: Optional[GPUSpec]) -> Optional[str]:
+    """The architecture family the engines' and FlashInfer's per-GPU tables key on ("sm90" Hopper, "sm100" and
+    "sm103" Blackwell), from the compute capability; None for other GPUs and for none."""
+    cc = (gpu.compute_capability or "") if gpu else ""
+    if cc.startswith("9."):
+        return "sm90"
+    if cc == "10.3":
+        return "sm103"
+    if cc.startswith("10."):
+        return "sm100"
+    return None
