@@ -11,7 +11,8 @@ from kvplan.errors import KvplanError
 from kvplan.files import type_name
 from kvplan.plan.crossover import CrossoverResult, crossover_of
 from kvplan.plan.throughput import ThroughputResult, throughput_of
-from kvplan.plan.vllm_pool import CapacityResult, PoolPlan, capacity_of, plan_for
+from kvplan.plan.vllm_capacity import CapacityResult, capacity_of
+from kvplan.plan.vllm_pool import PoolPlan, plan_for
 from kvplan.sizing.kv_cache import SkipLayers, WeightRead
 from kvplan.specs.catalog import GPUSpec, ModelSpec, load_model_as
 from kvplan.specs.kv_formats import KVFormat, comparison_dtypes

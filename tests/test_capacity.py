@@ -6,7 +6,7 @@ import pytest
 
 from kvplan.api import capacity
 from kvplan.errors import KvplanError
-from kvplan.plan.vllm_pool import kv_cache_groups
+from kvplan.plan.vllm_kv_groups import kv_cache_groups
 from kvplan.sizing.kv_cache import kv_layers
 from kvplan.specs.catalog import load_gpu, load_model
 from kvplan.specs.kv_formats import kv_format

@@ -193,7 +193,7 @@ def test_language_model_only():
     # granite-vision without its tower: the weights drop by the tower and projector (412,984,944 + 13,637,632
     # parameters in bf16 = 0.79 GiB) and the profile run no longer holds the 8,289 image embeddings
     from kvplan.deployment import DeploymentArgs
-    from kvplan.plan.vllm_pool import capacity_of
+    from kvplan.plan.vllm_capacity import capacity_of
 
     path = str(CONFIGS / "ibm-granite--granite-vision-3.3-2b.config.json")
     kw = dict(model=path, gpu="h100", gpu_memory_gib=79.19, gpu_memory_utilization=0.95, max_model_len=8192,

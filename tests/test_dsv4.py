@@ -11,7 +11,7 @@ import pytest
 from kvplan.api import capacity
 from kvplan.deployment import DeploymentArgs
 from kvplan.errors import KvplanError
-from kvplan.plan.vllm_pool import packed_kv_cache_groups
+from kvplan.plan.vllm_kv_groups import packed_kv_cache_groups
 from kvplan.sizing.kv_cache import kv_bytes_per_token, kv_layers
 from kvplan.sizing.model_tensors import param_count
 from kvplan.specs.catalog import load_model

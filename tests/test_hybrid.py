@@ -180,7 +180,7 @@ def test_mamba_ssm_cache_dtype_option():
     # --mamba-ssm-cache-dtype float16 halves Nemotron-3-Nano's SSM state (its config says float32):
     # 23 x (36,864 + 64 x 64 x 128 x 2 B) = 24,965,120 B a sequence
     from kvplan.deployment import DeploymentArgs
-    from kvplan.plan.vllm_pool import capacity_of
+    from kvplan.plan.vllm_capacity import capacity_of
 
     d = DeploymentArgs(model=NANO, gpu="b200", mamba_ssm_cache_dtype="float16").resolve(needs_memory=True)
     assert capacity_of(d).state_bytes_per_sequence == 23 * (36_864 + 1_048_576)

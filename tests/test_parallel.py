@@ -13,7 +13,7 @@ import pytest
 
 from kvplan.deployment import DeploymentArgs
 from kvplan.plan.sglang_pool import sglang_capacity
-from kvplan.plan.vllm_pool import capacity_of
+from kvplan.plan.vllm_capacity import capacity_of
 from kvplan.sizing.weights import weight_bytes
 
 GiB = 2**30

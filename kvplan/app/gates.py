@@ -325,7 +325,7 @@ class GateReport:
 
 def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
     from kvplan.plan.crossover import crossover_of
-    from kvplan.plan.vllm_pool import capacity_of
+    from kvplan.plan.vllm_capacity import capacity_of
 
     results = []
     for g in gates:

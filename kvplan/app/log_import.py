@@ -19,7 +19,7 @@ from kvplan.deployment.layout import parallel_layout
 from kvplan.deployment.options import LAYOUT_OPTIONS, SGLANG_ONLY, VLLM_ONLY, flag
 from kvplan.errors import KvplanError
 from kvplan.plan.sglang_pool import sglang_pool
-from kvplan.plan.vllm_pool import capacity_of
+from kvplan.plan.vllm_capacity import capacity_of
 from kvplan.rules.vllm import version_key, vllm_rules
 from kvplan.sizing.vllm_non_torch import pre_snapshot_bytes
 from kvplan.specs.catalog import (

@@ -215,7 +215,7 @@ def capacity(
         results = [sglang_capacity(d) for d in ds]
         table = "sglang_table"
     else:
-        from kvplan.plan.vllm_pool import capacity_of
+        from kvplan.plan.vllm_capacity import capacity_of
 
         results = [capacity_of(d) for d in ds]
         table = "capacity_table"
@@ -231,7 +231,7 @@ def _capacity_listing(args, fmts, as_json: bool) -> None:
     from dataclasses import replace
 
     from kvplan.errors import KvplanError
-    from kvplan.plan.vllm_pool import capacity_of
+    from kvplan.plan.vllm_capacity import capacity_of
     from kvplan.specs.catalog import catalog_entries
 
     if len(fmts) != 1:

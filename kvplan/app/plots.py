@@ -98,7 +98,8 @@ def capacity_figure(deployments: Sequence, lengths: Optional[Sequence[int]] = No
     """Sequences the pool holds against max_model_len, one curve per resolved Deployment (kvplan.deployment), by
     vLLM's concurrency: the same plan `capacity` computes."""
     from kvplan.errors import KvplanError
-    from kvplan.plan.vllm_pool import plan_for, pool_problem
+    from kvplan.plan.vllm_pool import plan_for
+    from kvplan.plan.vllm_problems import pool_problem
 
     d0 = deployments[0]
     model, gpu = d0.model, d0.gpu

@@ -100,7 +100,7 @@ class SglangPool:
     state: Optional[dict] = None
     indexer: Optional[dict] = None
 
-    # the quantities every engine's result names alike (kvplan.plan.vllm_pool.CapacityResult's keys)
+    # the quantities every engine's result names alike (kvplan.plan.vllm_capacity.CapacityResult's keys)
     @property
     def available_kv_bytes(self) -> int:
         return self.available_bytes

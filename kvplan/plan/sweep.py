@@ -12,7 +12,8 @@ from typing import Sequence
 
 from kvplan.deployment import DeploymentArgs, max_len_refusal
 from kvplan.errors import KvplanError
-from kvplan.plan.vllm_pool import _longest_fitting, length_problem, plan_for, pool_problem, sampler_problem
+from kvplan.plan.vllm_pool import plan_for
+from kvplan.plan.vllm_problems import length_problem, longest_fitting, pool_problem, sampler_problem
 from kvplan.sizing.kv_cache import (
     SkipLayers,
     WeightRead,
@@ -197,7 +198,7 @@ def _problem_codes(d, plan, lens, cap: dict, problems: dict):
         return codes
     for i in np.flatnonzero(~np.asarray(cap["fits"], dtype=bool) & (codes < 0)):
         mlen = int(lens[i])
-        longest = _longest_fitting(plan.blocks_per_request, plan.num_blocks - 1, mlen)
+        longest = longest_fitting(plan.blocks_per_request, plan.num_blocks - 1, mlen)
         codes[i] = code(length_problem(plan, mlen, int(cap["blocks_per_request"][i]), longest))
     if (codes < 0).any():
         sampler, _ = sampler_problem(d, plan)

@@ -115,7 +115,7 @@ def _no_room(d, length: int) -> str:
     """Why the pool holds no request of `length` tokens: the capacity problem (weights that do not fit, ...)."""
     why = None
     if d.engine == "vllm":
-        from kvplan.plan.vllm_pool import capacity_of
+        from kvplan.plan.vllm_capacity import capacity_of
 
         r = capacity_of(replace(d, max_model_len=length))
         why = r.problem
