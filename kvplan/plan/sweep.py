@@ -8,7 +8,7 @@ with numpy arrays, so every row equals what `capacity` and `crossover` answer fo
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 from kvplan.deployment import DeploymentArgs, max_len_refusal
 from kvplan.errors import KvplanError
@@ -41,9 +41,9 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
           dtypes: Sequence[str | KVFormat] = ("auto",), max_model_lens: Sequence[int] = (8192,),
           batches: Sequence[int] = (1,), contexts: Sequence[int] = (8192,),
           weight_read: WeightRead = "streamed", baseline: str = "auto", skip: SkipLayers = None, **options):
-    """One row per combination, in the order of the arguments (the last axis varies fastest). (One pass over the
-    configurations, each adding its figures to the columns, is this function; the axes' checks and the columns'
-    assembly are _axes and _frame.)
+    """One row per combination, in the order of the arguments (the last axis varies fastest). (This function is the
+    pass over the configurations; a configuration's decode-step figures are _step_figures', they join the columns
+    in _append, the axes are checked in _axes and the columns assembled in _frame.)
 
     Every other option of a vLLM deployment (kvplan.deployment.DeploymentArgs: gpu_memory_utilization, block_size,
     activation_gib, weight_dtype, pp, dcp, engine_version, max_num_batched_tokens, ...) applies to every row, and
@@ -70,26 +70,15 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
                               for m in models])
     gspecs = _unique_by_name([g if isinstance(g, GPUSpec) else load_gpu(g) for g in gpus])
     fmts = _unique_by_name([d if isinstance(d, KVFormat) else kv_format(d) for d in dtypes])
-    lens, bs, cs = _axes(max_model_lens, batches, contexts)
-    # the numeric grid, max_model_len slowest and context fastest
-    n_len, n_bc = lens.size, bs.size * cs.size
-    grid_b = np.repeat(bs, cs.size)  # over (batch, context)
-    grid_c = np.tile(cs, bs.size)
-
+    grid = _Grid.of(*_axes(max_model_lens, batches, contexts))
     skipped: list[str] = []
     profiles: dict[str, str] = {}
     problems: dict[str, int] = {}  # why a row does not fit -> its code in the `problem` column
     base_fmt = kv_format(baseline)
-    if weight_read not in ("streamed", "all"):
-        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
-    if "engine" in options and options["engine"] not in (None, "vllm"):
-        raise KvplanError("sweep plans vLLM's pool; --engine sglang is not swept (use `kvplan capacity --engine sglang`)")
+    _check_options(weight_read, options)
     weight_dtype = options.get("weight_dtype")
     # one entry per configuration kept: its constant figures, its figures over max_model_len, over (batch, context)
-    const: dict[str, list] = {c: [] for c in _CONST}
-    per_len: dict[str, list] = {c: [] for c in _PER_LEN}
-    per_bc: dict[str, list] = {c: [] for c in _PER_BC}
-    grid_bf, grid_cf = grid_b.astype(np.float64), grid_c.astype(np.float64)
+    const, per_len, per_bc = ({c: [] for c in cols} for cols in (_CONST, _PER_LEN, _PER_BC))
     option_notes: dict = {}
     for (mi, m), (gi, g), tp, (fi, fmt) in itertools.product(enumerate(mspecs), enumerate(gspecs), tps,
                                                                enumerate(fmts)):
@@ -101,60 +90,102 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
         except KvplanError as e:
             skipped.append(f"{m.name} {g.name} tp{tp} {fmt.name}: {e}")
             continue
-        layers = plan.layers
         lay = d.parallel  # with data or expert parallelism, a rank's: the attention's TP, the layout's weights
-        kv_tp = lay.attn_tp
-        base_layers = kv_layers(m, base_fmt, kv_tp, ("none",))
+        base_layers = kv_layers(m, base_fmt, lay.attn_tp, ("none",))
         wb = weight_bytes(m, lay, weight_dtype)
-        wdtype = weight_dtype or m.weight_dtype
-
         try:
-            cap = plan.per_length(lens, np)  # over max_model_len
+            cap = plan.per_length(grid.lens, np)  # over max_model_len
             _check_int64(plan.weights, plan.available, plan.num_blocks, cap["blocks_per_request"], cap["kv_tokens"])
         except OverflowError:
             skipped.append(f"{m.name} {g.name} tp{tp} {fmt.name}: its pool figures exceed the sweep's 64-bit "
                            "columns; lower the sizes given (memory, --max-num-batched-tokens, --max-num-seqs)")
             continue
-        # in floating point, as the scalar path's figures are: batch x context x bytes would overflow 64-bit integers
-        step = step_figures(m, layers, base_layers, wb, grid_bf, grid_cf, weight_read, kv_tp, g, wdtype, xp=np,
-                            params_read=params_read_per_token(m, kv_tp))
-        curve = crossover_curve(layers)  # N* at each batch's weight read, the curve built once
-        nstar_b = [crossover_at_batch(curve, w, int(b)) for b, w in zip(bs, step["weight_bytes"][::cs.size],
-                                                                            strict=True)]
-        w1 = step_figures(m, layers, base_layers, wb, 1, 1, weight_read, kv_tp, None, wdtype)["weight_bytes"]
-
-        const["model"].append(mi)
-        const["gpu"].append(gi)
-        const["dtype"].append(fi)
-        const["tp"].append(tp)
-        const["weight_bytes_held"].append(plan.weights)
-        const["available_kv_bytes"].append(plan.available)
-        const["kv_bytes_per_token"].append(kv_bytes_per_token(layers))
-        const["num_blocks"].append(plan.num_blocks)
-        const["crossover_tokens"].append(curve.solve(w1))
-        per_len["max_model_len"].append(lens)
-        for key in ("blocks_per_request", "max_concurrency", "kv_tokens"):
-            per_len[key].append(cap[key])
-        codes = _problem_codes(d, plan, lens, cap, problems)
-        per_len["problem"].append(codes)
-        per_len["fits"].append(codes < 0)
-        per_bc["batch"].append(grid_b)
-        per_bc["context"].append(grid_c)
-        for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
-            per_bc[key].append(step[key])
-        per_bc["bound"].append(step["kv_bound"])
-        per_bc["expected_step_ms"].append(_expected_ms(d, grid_bf, grid_cf, profiles))
-        per_bc["crossover_tokens_at_batch"].append(np.repeat([np.nan if x is None else x for x in nstar_b], cs.size))
+        step, nstar_b, nstar = _step_figures(m, g, plan, base_layers, wb, lay.attn_tp, weight_read,
+                                             weight_dtype or m.weight_dtype, grid)
+        _append((const, per_len, per_bc), (mi, gi, fi, tp), plan, grid, cap, step, nstar_b, nstar,
+                _problem_codes(d, plan, grid.lens, cap, problems), _expected_ms(d, grid.bf, grid.cf, profiles))
 
     categories = {"model": [m.name for m in mspecs], "gpu": [g.name for g in gspecs], "dtype": [f.name for f in fmts]}
-    frame = _frame(const, per_len, per_bc, categories, problems, n_len, n_bc)
+    frame = _frame(const, per_len, per_bc, categories, problems, grid.lens.size, grid.b.size)
     df = pd.DataFrame(frame, copy=False)
-    df.attrs["skipped"] = skipped
-    df.attrs["whole_columns"] = [c for c in BYTE_COUNTS if c in df.columns]
-    df.attrs["notes"] = list(option_notes)
-    df.attrs["weight_read"] = weight_read
-    df.attrs["step_profiles"] = profiles  # GPU -> the profile its expected_step_ms come from
+    df.attrs.update(skipped=skipped, whole_columns=[c for c in BYTE_COUNTS if c in df.columns],
+                    notes=list(option_notes), weight_read=weight_read,
+                    step_profiles=profiles)  # step_profiles: GPU -> the profile its expected_step_ms come from
     return df
+
+
+def _check_options(weight_read: str, options: dict) -> None:
+    """The sweep's own refusals: a --weight-read it does not know, an engine other than vLLM."""
+    if weight_read not in ("streamed", "all"):
+        raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
+    if "engine" in options and options["engine"] not in (None, "vllm"):
+        raise KvplanError("sweep plans vLLM's pool; --engine sglang is not swept (use `kvplan capacity --engine sglang`)")
+
+
+class _Grid(NamedTuple):
+    """The numeric axes: max_model_len (slowest), and (batch, context) flattened with context fastest, as integers
+    and as floats."""
+
+    lens: Any
+    bs: Any
+    cs: Any
+    b: Any  # the batch of each (batch, context)
+    c: Any  # the context of each (batch, context)
+    bf: Any
+    cf: Any
+
+    @classmethod
+    def of(cls, lens, bs, cs) -> "_Grid":
+        import numpy as np
+
+        b, c = np.repeat(bs, cs.size), np.tile(cs, bs.size)
+        return cls(lens, bs, cs, b, c, b.astype(np.float64), c.astype(np.float64))
+
+
+def _step_figures(m: ModelSpec, g: GPUSpec, plan, base_layers, wb, kv_tp: int, weight_read: WeightRead,
+                  wdtype: str, grid: _Grid):
+    """One configuration's decode-step figures over (batch, context), N* at each batch's weight read, and N* at
+    batch 1 (its crossover_tokens)."""
+    import numpy as np
+
+    layers = plan.layers
+    # in floating point, as the scalar path's figures are: batch x context x bytes would overflow 64-bit integers
+    step = step_figures(m, layers, base_layers, wb, grid.bf, grid.cf, weight_read, kv_tp, g, wdtype, xp=np,
+                        params_read=params_read_per_token(m, kv_tp))
+    curve = crossover_curve(layers)  # N* at each batch's weight read, the curve built once
+    nstar_b = [crossover_at_batch(curve, w, int(b)) for b, w in zip(grid.bs, step["weight_bytes"][::grid.cs.size],
+                                                                        strict=True)]
+    w1 = step_figures(m, layers, base_layers, wb, 1, 1, weight_read, kv_tp, None, wdtype)["weight_bytes"]
+    return step, nstar_b, curve.solve(w1)
+
+
+def _append(columns: tuple, ids: tuple, plan, grid: _Grid, cap: dict, step: dict, nstar_b: list, nstar, codes,
+            expected_ms) -> None:
+    """One configuration's figures added to the columns: its constants, its figures over max_model_len (`cap`, the
+    problem `codes`), and over (batch, context) (`step`, N* per batch, the step model's `expected_ms`)."""
+    import numpy as np
+
+    const, per_len, per_bc = columns
+    for key, value in zip(("model", "gpu", "dtype", "tp"), ids, strict=True):
+        const[key].append(value)
+    const["weight_bytes_held"].append(plan.weights)
+    const["available_kv_bytes"].append(plan.available)
+    const["kv_bytes_per_token"].append(kv_bytes_per_token(plan.layers))
+    const["num_blocks"].append(plan.num_blocks)
+    const["crossover_tokens"].append(nstar)
+    per_len["max_model_len"].append(grid.lens)
+    for key in ("blocks_per_request", "max_concurrency", "kv_tokens"):
+        per_len[key].append(cap[key])
+    per_len["problem"].append(codes)
+    per_len["fits"].append(codes < 0)
+    per_bc["batch"].append(grid.b)
+    per_bc["context"].append(grid.c)
+    for key in ("weight_bytes", "kv_bytes", "step_bytes", "saving", "step_ms"):
+        per_bc[key].append(step[key])
+    per_bc["bound"].append(step["kv_bound"])
+    per_bc["expected_step_ms"].append(expected_ms)
+    per_bc["crossover_tokens_at_batch"].append(np.repeat([np.nan if x is None else x for x in nstar_b],
+                                                         grid.cs.size))
 
 
 # The columns by how they vary: one value per configuration, one per max_model_len, one per (batch, context)
