@@ -187,11 +187,30 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     indexer = nsa_pool(model, fmt, tokens, page_size) if model.sparse_mla else None
     if indexer:  # what NSATokenToKVPool allocates, which is not quite what the profile counted
         k_size = indexer["allocated_bytes"] / 2 / GiB
+    lines = _log_lines(model, fmt, state, tokens, k_size, max_running_requests, ctx)
+    problem, notes = _problem_and_notes(model, fmt, f, weights, available, tokens, ctx, state, indexer)
+    pool = SglangPool(model.name, fmt.name, tp, f, int(free_before), int(weights), available, cell, tokens,
+                      swa_tokens, page_size, max_running_requests, ctx, round(k_size, 2), lines,
+                      gpu=gpu.name if gpu else None, weight_dtype=weight_dtype or model.weight_dtype,
+                      fits=problem is None, problem=problem, notes=notes, dp=layout.dp, ep=layout.ep,
+                      world_size=layout.world, total_kv_tokens=tokens * layout.dp, state=state, indexer=indexer)
+    pool.total_max_concurrency = pool.max_concurrency * layout.dp
+    return pool
+
+
+# SGLang's KV storage dtypes as its log names them (torch's dtype names)
+_TORCH_DTYPES = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
+                 "fp8_e4m3": "torch.float8_e4m3fn", "fp8": "torch.float8_e4m3fn", "mxfp8": "torch.float8_e4m3fn",
+                 "fp8_e5m2": "torch.float8_e5m2", "nvfp4": "torch.float4_e2m1fn_x2",
+                 "fp4_mx_block16": "torch.float4_e2m1fn_x2", "fp4_e2m1": "torch.float4_e2m1fn_x2"}
+
+
+def _log_lines(model: ModelSpec, fmt: KVFormat, state: Optional[dict], tokens: int, k_size: float,
+               max_running_requests: int, ctx: int) -> list[str]:
+    """The lines SGLang's startup log prints for this pool: the Mamba cache's (a hybrid's), the KV cache's and the
+    scheduler's token and request limits."""
     storage = {"auto": model.dtype, "bfloat16": "bf16"}.get(fmt.name, fmt.name)
-    torch_dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32",
-                   "fp8_e4m3": "torch.float8_e4m3fn", "fp8": "torch.float8_e4m3fn", "mxfp8": "torch.float8_e4m3fn",
-                   "fp8_e5m2": "torch.float8_e5m2", "nvfp4": "torch.float4_e2m1fn_x2",
-                   "fp4_mx_block16": "torch.float4_e2m1fn_x2", "fp4_e2m1": "torch.float4_e2m1fn_x2"}.get(storage, storage)
+    torch_dtype = _TORCH_DTYPES.get(storage, storage)
     lines = [f"KV Cache is allocated. dtype: {torch_dtype}, #tokens: {tokens}, "
              + (f"KV size: {2 * k_size:.2f} GB" if model.mla else f"K size: {k_size:.2f} GB, V size: {k_size:.2f} GB"),
              f"max_total_num_tokens={tokens}, max_running_requests={max_running_requests}, context_len={ctx}"]
@@ -199,6 +218,13 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
         lines.insert(0, f"Mamba Cache is allocated. max_mamba_cache_size: {state['slots']}, conv_state size: "
                         f"{(state['slots'] + 1) * state['conv_bytes'] * state['layers'] / GiB:.2f}GB, ssm_state size: "
                         f"{(state['slots'] + 1) * state['temporal_bytes'] * state['layers'] / GiB:.2f}GB")
+    return lines
+
+
+def _problem_and_notes(model: ModelSpec, fmt: KVFormat, f: float, weights: float, available: int, tokens: int,
+                       ctx: int, state: Optional[dict], indexer: Optional[dict]) -> tuple[Optional[str], list[str]]:
+    """Why SGLang does not start with this pool (None when it does), and what a reader of its figures should know:
+    a pool shorter than one sequence, the Mamba state's share, an fp8 latent stored larger than budgeted."""
     problem, notes = None, []
     if tokens < 1:
         problem = (f"{model.name}'s weights ({weights / GiB:.2f} GiB per rank) leave SGLang no KV pool at "
@@ -221,13 +247,7 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
                      f"{indexer['latent_bytes_per_token_per_layer']} (scales and a bf16 rope part): the pool "
                      f"allocates {indexer['allocated_bytes'] / GiB:.2f} GiB, beyond the {available / GiB:.2f} GiB "
                      f"budget")
-    pool = SglangPool(model.name, fmt.name, tp, f, int(free_before), int(weights), available, cell, tokens,
-                      swa_tokens, page_size, max_running_requests, ctx, round(k_size, 2), lines,
-                      gpu=gpu.name if gpu else None, weight_dtype=weight_dtype or model.weight_dtype,
-                      fits=problem is None, problem=problem, notes=notes, dp=layout.dp, ep=layout.ep,
-                      world_size=layout.world, total_kv_tokens=tokens * layout.dp, state=state, indexer=indexer)
-    pool.total_max_concurrency = pool.max_concurrency * layout.dp
-    return pool
+    return problem, notes
 
 
 def state_pool(model: ModelSpec, layout: Parallel, available: float, tp: int) -> dict:
