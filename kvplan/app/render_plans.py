@@ -19,6 +19,7 @@ from kvplan.app.render import (
 
 
 def crossover_tables(results: Sequence, model, gpu) -> None:
+    """`kvplan crossover`'s output: the weights read per step, the N* table, and the operating points' table."""
     con = console()
     r0 = results[0]
     convention = ("every parameter once (--weight-read all)" if r0.weight_read == "all"
@@ -29,6 +30,14 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     con.print(f"weights held per rank: {gib(r0.weight_bytes_held)}   read per step at batch 1: "
               f"{gb(r0.weight_bytes)} ({sci(r0.weight_bytes, 4)} B)")
 
+    _nstar_table(con, results, model)
+    if r0.operating_points:
+        _operating_points_table(con, results, model, gpu)
+
+
+def _nstar_table(con, results: Sequence, model) -> None:
+    """The crossover table: each KV dtype's bytes per token and N*, and with skip layers the N* without them."""
+    r0 = results[0]
     t = Table(title="Crossover N*: cached tokens of one sequence at which the KV read equals the weight read",
               title_justify="left")
     t.add_column("KV dtype", no_wrap=True)
@@ -52,8 +61,11 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     print_table(con, t)
     con.print("KV B/token: this rank, all layers, skip layers included. `kvplan formats` has the byte layouts.")
 
-    if not r0.operating_points:
-        return
+
+def _operating_points_table(con, results: Sequence, model, gpu) -> None:
+    """The bytes (and with a GPU the roofline time) of one decode step at each operating point per KV dtype, then
+    the results' notes, the break-even contexts and what the columns mean."""
+    r0 = results[0]
     timed = r0.operating_points[0].step_ms is not None
     t = Table(title="Operating points: bytes one decode step moves per rank"
               + (f", roofline on {gpu.name} ({gpu.peak_bandwidth_tbps} TB/s peak)" if timed else ""),
@@ -103,7 +115,6 @@ def crossover_tables(results: Sequence, model, gpu) -> None:
     if calibrated:
         note += " expected ms: the step model (see the note naming its profile)."
     con.print(note)
-
 
 def _dname(dtype: str, model) -> str:
     """'auto' is the model's dtype (DeepSeek-V4's fp8_ds_mla on vLLM): say which."""
