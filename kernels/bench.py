@@ -229,26 +229,18 @@ def _decode_matches(fmt: str, lens: list[int], d: int, kv_heads: int, heads: int
     import importlib
 
     from .layouts import slot_layout
-    from .paged_attention import dequantize_cache, make_cache, paged_decode, write_kv
+    from .paged_attention import make_cache
 
     layout = slot_layout(fmt, d)
     family = layout.fmt.family
     bs = BLOCK
-    need = [-(-n // bs) for n in lens]
-    table = torch.zeros(len(lens), max(max(need), 1), dtype=torch.int32)
-    perm = torch.randperm(max(sum(need), 1), generator=gen)
-    used = 0
-    for s, b in enumerate(need):
-        table[s, :b] = perm[used:used + b].to(torch.int32)
-        used += b
+    need, table = _block_table(lens, bs, gen)
     cache, _ = make_cache(fmt, max(sum(need), 1), bs, kv_heads, d)
     ctx = torch.tensor(lens, dtype=torch.int32)
     q = torch.randn(len(lens), heads, d, generator=gen).to(torch.bfloat16)
     ks = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
     vs = [torch.randn(n, kv_heads, d, generator=gen) for n in lens]
     slots = [table[s, torch.arange(n) // bs].long() * bs + torch.arange(n) % bs for s, n in enumerate(lens)]
-    extra: dict = {}
-    is_int4 = fmt.startswith("int4")
     if family == "kivi":
         kivi = importlib.import_module(f"{__package__}.kivi_attention")
         residual = kivi.make_residual(len(lens), layout, kv_heads, torch.float32)
@@ -260,25 +252,7 @@ def _decode_matches(fmt: str, lens: list[int], d: int, kv_heads: int, heads: int
             return kivi.paged_decode_kivi(q.to(device), cache.to(device), residual.to(device), layout,
                                           table.to(device), ctx.to(device), splits=splits)
     else:
-        if is_int4:
-            mod = importlib.import_module(f"{__package__}.int4_attention")
-            write, deq, launch = mod.write_kv_int4, mod.dequantize_cache_int4, mod.paged_decode_int4
-        elif family == "nvfp4":
-            mod = importlib.import_module(f"{__package__}.nvfp4_attention")
-            kg = mod.global_scale(torch.cat(ks)) if sum(lens) else 1.0
-            vg = mod.global_scale(torch.cat(vs)) if sum(lens) else 1.0
-            extra = {"k_global": kg, "v_global": vg}
-            write = lambda c, lay, sl, k, v: mod.write_kv_nvfp4(c, lay, sl, k, v, kg, vg)  # noqa: E731
-            deq = lambda c, lay: mod.dequantize_cache_nvfp4(c, lay, kg, vg)  # noqa: E731
-            launch = mod.paged_decode_nvfp4
-        elif family == "turboquant":
-            mod = importlib.import_module(f"{__package__}.turboquant_attention")
-            write, deq, launch = mod.write_kv_turboquant, mod.dequantize_cache_turboquant, mod.paged_decode_turboquant
-        else:
-            extra = {"k_scale": 0.05, "v_scale": 0.05}
-            write = lambda c, lay, sl, k, v: write_kv(c, lay, sl, k, v, 0.05, 0.05)  # noqa: E731
-            deq = lambda c, lay: dequantize_cache(c, lay, 0.05, 0.05)  # noqa: E731
-            launch = paged_decode
+        write, deq, launch, extra = _format_kernels(fmt, family, ks, vs, sum(lens))
         for s in range(len(lens)):
             if lens[s]:
                 write(cache, layout, slots[s], ks[s], vs[s])
@@ -290,13 +264,7 @@ def _decode_matches(fmt: str, lens: list[int], d: int, kv_heads: int, heads: int
         def run(splits):
             return launch(q.to(device), cache.to(device), layout, table.to(device), ctx.to(device), splits=splits,
                           **extra)
-    ref = torch.zeros(len(lens), heads, d)
-    for s, n in enumerate(lens):
-        if n:
-            k = k_seq[s].repeat_interleave(heads // kv_heads, 1)
-            v = v_seq[s].repeat_interleave(heads // kv_heads, 1)
-            p = (torch.einsum("hd,nhd->hn", q[s].float(), k) / d ** 0.5).softmax(-1)
-            ref[s] = torch.einsum("hn,nhd->hd", p, v)
+    ref = _reference_decode(q, k_seq, v_seq, lens, heads, kv_heads, d)
     for splits in (None, 3):
         out = run(splits).float().cpu()
         if not torch.isfinite(out).all() or not bool((out[0] == 0).all()):
@@ -304,6 +272,62 @@ def _decode_matches(fmt: str, lens: list[int], d: int, kv_heads: int, heads: int
         if not torch.allclose(out, ref, atol=2e-2, rtol=2e-2):
             return False
     return True
+
+
+def _block_table(lens: list[int], bs: int, gen: torch.Generator):
+    """The blocks each sequence of `lens` tokens needs, and a block table giving them distinct blocks in random
+    order."""
+    need = [-(-n // bs) for n in lens]
+    table = torch.zeros(len(lens), max(max(need), 1), dtype=torch.int32)
+    perm = torch.randperm(max(sum(need), 1), generator=gen)
+    used = 0
+    for s, b in enumerate(need):
+        table[s, :b] = perm[used:used + b].to(torch.int32)
+        used += b
+    return need, table
+
+
+def _format_kernels(fmt: str, family: str, ks: list, vs: list, total: int):
+    """A paged format's write, dequantize and decode functions, and the decode's extra arguments (its scales; an
+    NVFP4 cache's global scales from the `total` tokens of K and V `ks`, `vs`)."""
+    import importlib
+
+    from .paged_attention import dequantize_cache, paged_decode, write_kv
+
+    extra: dict = {}
+    if fmt.startswith("int4"):
+        mod = importlib.import_module(f"{__package__}.int4_attention")
+        write, deq, launch = mod.write_kv_int4, mod.dequantize_cache_int4, mod.paged_decode_int4
+    elif family == "nvfp4":
+        mod = importlib.import_module(f"{__package__}.nvfp4_attention")
+        kg = mod.global_scale(torch.cat(ks)) if total else 1.0
+        vg = mod.global_scale(torch.cat(vs)) if total else 1.0
+        extra = {"k_global": kg, "v_global": vg}
+        write = lambda c, lay, sl, k, v: mod.write_kv_nvfp4(c, lay, sl, k, v, kg, vg)  # noqa: E731
+        deq = lambda c, lay: mod.dequantize_cache_nvfp4(c, lay, kg, vg)  # noqa: E731
+        launch = mod.paged_decode_nvfp4
+    elif family == "turboquant":
+        mod = importlib.import_module(f"{__package__}.turboquant_attention")
+        write, deq, launch = mod.write_kv_turboquant, mod.dequantize_cache_turboquant, mod.paged_decode_turboquant
+    else:
+        extra = {"k_scale": 0.05, "v_scale": 0.05}
+        write = lambda c, lay, sl, k, v: write_kv(c, lay, sl, k, v, 0.05, 0.05)  # noqa: E731
+        deq = lambda c, lay: dequantize_cache(c, lay, 0.05, 0.05)  # noqa: E731
+        launch = paged_decode
+    return write, deq, launch, extra
+
+
+def _reference_decode(q, k_seq, v_seq, lens: list[int], heads: int, kv_heads: int, d: int):
+    """Attention of each sequence's query over its K and V, in float32 on the CPU (GQA: each KV head serves
+    heads // kv_heads query heads); zeros for an empty sequence."""
+    ref = torch.zeros(len(lens), heads, d)
+    for s, n in enumerate(lens):
+        if n:
+            k = k_seq[s].repeat_interleave(heads // kv_heads, 1)
+            v = v_seq[s].repeat_interleave(heads // kv_heads, 1)
+            p = (torch.einsum("hd,nhd->hn", q[s].float(), k) / d ** 0.5).softmax(-1)
+            ref[s] = torch.einsum("hn,nhd->hd", p, v)
+    return ref
 
 
 def _kivi_sequences(kivi, cache, residual, layout, table, lens):
