@@ -261,7 +261,12 @@ def _kivi_decode_kernel(
 ):
     """One (sequence, KV head, split): the split's token groups, then (in the last split) the residual window.
     G_PAD: the GQA group padded to a power of two, 4 at least (its hi and lo halves side by side fill the 8 columns
-    of a tensor-core product); WIDEN: the interpreter's path for the codes (`_unpack_f16`)."""
+    of a tensor-core product); WIDEN: the interpreter's path for the codes (`_unpack_f16`).
+    It stays one function: both loops update the same online-softmax state (m_i, l_i and the [PER, G, 2 G_PAD]
+    accumulator, whose layout changes between them) in registers, and Triton inlines every @triton.jit helper, so
+    splitting the loops out would only pass that state and a dozen constexprs through parameter lists without
+    changing the compiled kernel; the pieces that stand alone (program_coords, _unpack_f16, split_fp16,
+    fold_pairs, store_split_stats) already are helpers."""
     seq, kv_head, split, row, heads, g_ok = program_coords(group, G_PAD)
     NB: tl.constexpr = D * BITS // 8  # code bytes per token and side
     PER: tl.constexpr = D // G  # key channels whose scale and zero a token carries; value channel groups per token
