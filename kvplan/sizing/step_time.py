@@ -39,12 +39,7 @@ from typing import Optional
 from kvplan.errors import KvplanError
 from kvplan.memo import per_spec
 from kvplan.rules.sglang import LINEAR_KERNEL_FAMILY, fused_shared_experts
-from kvplan.sizing.kv_cache import (
-    attention_flops_per_token_head,
-    format_bytes_per_token,
-    kv_heads_per_rank,
-    kv_layers,
-)
+from kvplan.sizing.kv_cache import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
 from kvplan.sizing.model_tensors import model_tensors
 from kvplan.sizing.weight_formats import gemm_family, moe_family
 from kvplan.sizing.weights import (
