@@ -33,13 +33,13 @@ from kvplan.rules.sglang import (
     sglang_parallel,
 )
 from kvplan.rules.vllm import (
-    backend_block_size,
     newer_release_note,
     serve_defaults,
     version_key,
     vllm_parallel,
     vllm_rules,
 )
+from kvplan.rules.vllm_backends import Choice, backend_for, facts_of, what_if
 from kvplan.sizing.kv_cache import check_tp, format_bytes_per_token, parse_skip_layers, skipped_layers
 from kvplan.sizing.weights import weight_format
 from kvplan.specs.catalog import GPUSpec, ModelSpec, gpu_by_memory, load_gpu, load_model_as
@@ -56,6 +56,7 @@ VLLM_BLOCK_MULTIPLE = 16
 # Options one engine reads and the other does not. kvplan plans SGLang's pool at PP 1, without vLLM's memory
 # profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
 VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_gib",
+             "attention_backend",
              "max_num_seqs", "max_num_batched_tokens", "entrypoint", "enforce_eager", "activation_gib",
              "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only",
              "mamba_ssm_cache_dtype", "data_parallel_size", "data_parallel_size_local", "enable_expert_parallel",
@@ -101,6 +102,7 @@ class DeploymentArgs:
     kv_cache_memory_gib: Optional[float] = None
     num_gpu_blocks_override: Optional[int] = None
     block_size: Optional[int] = None
+    attention_backend: Optional[str] = None  # vLLM's --attention-backend: a backend name, or auto
     page_size: Optional[int] = None
     enable_mixed_chunk: bool = False  # SGLang: prompt chunks share their step with the running requests' decodes
     max_prefill_tokens: Optional[int] = None  # SGLang: the prompt tokens one prefill batch takes
@@ -180,6 +182,7 @@ class Deployment:
     gpu_memory_utilization: Optional[float] = None
     block_size: Optional[int] = None  # what was asked or the attention backend's default
     block_size_given: bool = False
+    attention_backend: Optional[Choice] = None  # the backend vLLM runs and the block it sets
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     entrypoint: str = "serve"
@@ -261,7 +264,9 @@ def _positive(name: str, value, *, zero_ok: bool = False, integer: bool = False)
 def _load_profile(p):
     if p is None or not isinstance(p, str):
         return p
-    from kvplan.specs.profile import load_profile  # (only a deployment given a profile reads one)
+    from kvplan.specs.profile import (
+        load_profile,  # (only a deployment given a profile reads one)
+    )
 
     return load_profile(p)
 
@@ -615,8 +620,8 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     if args.block_size is not None and int(args.block_size) % VLLM_BLOCK_MULTIPLE:
         raise KvplanError(f"--block-size {args.block_size}: vLLM's attention backends take multiples of "
                           f"{VLLM_BLOCK_MULTIPLE} (16, 32, 48, 64, ...); no backend supports it")
-    block = (int(args.block_size) if args.block_size is not None
-             else backend_block_size(m.is_mla, g.compute_capability if g else None, fmt.name))
+    backend = _resolve_attention_backend(args, common, rules.version, notes)
+    block = int(args.block_size) if args.block_size is not None else backend.block_size
     entrypoint = args.entrypoint or "serve"
     # batch defaults are taken at the model's own length, so that the pool does not depend on max_model_len
     defaults = serve_defaults(common["total_bytes"], g, rules, m.max_position_embeddings, entrypoint)
@@ -627,7 +632,7 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
                      seqs is not None, batched is not None)
     d = Deployment(
         **common, engine_version=rules.version, gpu_memory_utilization=float(util), block_size=block,
-        block_size_given=args.block_size is not None,
+        block_size_given=args.block_size is not None, attention_backend=backend,
         max_num_seqs=seqs or defaults.max_num_seqs,
         max_num_batched_tokens=batched or defaults.max_num_batched_tokens, entrypoint=entrypoint,
         enforce_eager=bool(args.enforce_eager), language_model_only=bool(args.language_model_only),
@@ -639,6 +644,30 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     if prof is not None:
         d = _with_profile(d, prof)
     return d
+
+
+def _resolve_attention_backend(args: DeploymentArgs, common: dict, release: str, notes: list[str]) -> Choice:
+    """The attention backend vLLM runs (kvplan.rules.vllm_backends.backend_for): --attention-backend validated
+    alone, refused in one line where it cannot serve; else the selector's first that serves. Where none serves
+    the format on this GPU, vLLM refuses to start: the plan goes on as a what-if, said so, with the blocks of a
+    backend that lists the format elsewhere (kvplan.rules.vllm_backends.what_if)."""
+    m, g, fmt, layout = common["model"], common["gpu"], common["kv"], common["parallel"]
+    asked = args.attention_backend
+    asked = None if asked is None or str(asked).strip().lower() == "auto" else str(asked)
+    platform = "rocm" if g is not None and g.vendor == "amd" else "cuda"
+    block = int(args.block_size) if args.block_size is not None else None
+    facts = facts_of(m, layout.attn_tp, common["dcp"])
+    try:
+        return backend_for(facts, g.compute_capability if g else None, fmt.name, release, asked, block, platform,
+                           g.name if g else "this GPU")
+    except KvplanError as e:
+        if asked is not None:
+            raise
+        plan = what_if(facts, fmt.name, release)
+        if not fmt.unserved("vllm", g, args.engine_version):  # (a format no engine serves is said to be a what-if)
+            notes.append(f"what-if: {e}; planned as if one did, with {plan.family.split(', ')[-1]} "
+                         f"({plan.block_size})")
+        return replace(plan, block_size=block or plan.block_size)
 
 
 def _scheduler_rules(seqs: int, batched: int, max_model_len, notes: list[str], seqs_given: bool,
@@ -797,7 +826,11 @@ def _calibration(path, gpu: Optional[GPUSpec]) -> tuple:
     measured on another GPU than --gpu is refused."""
     if path is None and gpu is None:
         return None, ""
-    from kvplan.specs.calibration import CalibrationProfile, find_calibration, load_calibration
+    from kvplan.specs.calibration import (
+        CalibrationProfile,
+        find_calibration,
+        load_calibration,
+    )
 
     if isinstance(path, CalibrationProfile):
         return path, "a calibration profile"
