@@ -108,6 +108,22 @@ def test_flash_attn_refuses_e5m2_by_name():
     assert backend_for(LLAMA, "9.0", "fp8_e5m2", "0.19", requested="FLASH_ATTN").family == "FA3"
 
 
+def test_attention_backend_option(cli):
+    r = cli("capacity", "llama3-8b", "--gpu", "h100", "-d", "fp8_e5m2", "--attention-backend", "FLASH_ATTN")
+    assert r.code == 2 and r.err.count("\n") <= 1 and "FLASHINFER serves it" in r.err and "Traceback" not in r.err
+    r = cli("capacity", "llama3-8b", "--gpu", "h100", "--engine", "sglang", "--attention-backend", "FLASH_ATTN")
+    assert r.code == 2 and "--attention-backend applies to --engine vllm" in r.err
+    r = cli("capacity", "deepseek-v3", "--gpu", "b200", "--tp", "8", "--attention-backend", "cutlass_mla", "--json")
+    assert r.code == 0, r.err
+    import json
+
+    d = json.loads(r.out)
+    assert d["block_size"] == 128 and "attention backend for auto: CUTLASS_MLA (CUTLASS MLA), block 128 " \
+        "(--attention-backend)" in d["notes"]
+    r = cli("capacity", "llama3-8b", "--gpu", "a100", "--attention-backend", "FLASHMLA")
+    assert r.code == 2 and "non-MLA not supported" in r.err
+
+
 def test_sinks():
     # gpt-oss (attention sinks): A100 -> FA needs 9.0 for sinks, FlashInfer's need TRTLLM (10.x) -> Triton
     f = facts_of(load_model("gpt-oss-20b"))

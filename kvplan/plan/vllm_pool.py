@@ -536,6 +536,10 @@ def _layout_notes(d, plan: PoolPlan, skipped: list[int]) -> list[str]:
     their own layout, padding layers, a raised block, an overridden block count, pipeline stages, chunked layers."""
     model, fmt, layers, groups, num_blocks = d.model, plan.fmt, plan.layers, plan.groups, plan.num_blocks
     notes: list[str] = []
+    b = d.attention_backend
+    if b is not None and b.name != "none":  # the backend vLLM runs and the block it set (or --block-size)
+        notes.append(f"attention backend for {fmt.name}: {b.label}, block {d.block_size}"
+                     f"{' (--block-size)' if d.block_size_given else ''}{' (--attention-backend)' if b.requested else ''}")
     state = [lay for lay in layers if lay.kind == "state"]
     if state:
         per_seq = sum(lay.fixed_bytes for lay in state)
