@@ -190,7 +190,8 @@ DEPLOYMENT_OPTIONS: dict = {
     "engine": (EngineOpt, None), "engine_version": (EngineVersionOpt, None),
     "gpu_memory_utilization": (UtilOpt, None), "max_model_len": (MaxModelLenOpt, None),
     "max_num_seqs": (MaxSeqsOpt, None), "max_num_batched_tokens": (BatchedOpt, None),
-    "block_size": (BlockSizeOpt, None), "attention_backend": (AttentionBackendOpt, None), "skip_layers": (SkipOpt, None),
+    "block_size": (BlockSizeOpt, None), "attention_backend": (AttentionBackendOpt, None),
+    "skip_layers": (SkipOpt, None),
     "mamba_ssm_cache_dtype": (SsmDtypeOpt, None), "activation_gib": (ActivationOpt, None),
     "non_torch_gib": (NonTorchOpt, None), "cudagraph_gib": (CudagraphOpt, None), "enforce_eager": (EagerOpt, False),
     "language_model_only": (LanguageOnlyOpt, False), "entrypoint": (EntrypointOpt, None),
@@ -211,9 +212,10 @@ VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_
 SCHEDULER = ("enable_mixed_chunk", "max_prefill_tokens")
 DEPLOYMENT = tuple(n for n in DEPLOYMENT_OPTIONS if n not in SCHEDULER)
 # the memory options of vLLM's pool: what `sweep` and `plot capacity` take beside their own
-VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "attention_backend", "activation_gib", "non_torch_gib", "cudagraph_gib",
-               "max_num_seqs", "enforce_eager", "language_model_only", "mamba_ssm_cache_dtype", "entrypoint",
-               "gpu_memory_gib", "weight_dtype", "skip_layers", "max_num_batched_tokens", "engine_version", "pp", "dcp")
+VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "attention_backend", "activation_gib", "non_torch_gib",
+               "cudagraph_gib", "max_num_seqs", "enforce_eager", "language_model_only", "mamba_ssm_cache_dtype",
+               "entrypoint", "gpu_memory_gib", "weight_dtype", "skip_layers", "max_num_batched_tokens",
+               "engine_version", "pp", "dcp")
 
 
 def _takes(*names: str, **declared):

@@ -538,8 +538,8 @@ def _layout_notes(d, plan: PoolPlan, skipped: list[int]) -> list[str]:
     notes: list[str] = []
     b = d.attention_backend
     if b is not None and b.name != "none":  # the backend vLLM runs and the block it set (or --block-size)
-        notes.append(f"attention backend for {fmt.name}: {b.label}, block {d.block_size}"
-                     f"{' (--block-size)' if d.block_size_given else ''}{' (--attention-backend)' if b.requested else ''}")
+        given = (" (--block-size)" if d.block_size_given else "") + (" (--attention-backend)" if b.requested else "")
+        notes.append(f"attention backend for {fmt.name}: {b.label}, block {d.block_size}{given}")
     state = [lay for lay in layers if lay.kind == "state"]
     if state:
         per_seq = sum(lay.fixed_bytes for lay in state)
