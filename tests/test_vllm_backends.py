@@ -151,3 +151,37 @@ def test_no_format_plans_silently_on_a_backend_that_cannot_serve_it(model, gpu):
         entry = backend(b.name, d.engine_version)
         why = refusals(entry, d.engine_version, (int(g.compute_capability[0:-2]), 0), facts_of(m), d.kv.name)
         assert not why, (name, b.name, why)
+
+
+def _selector_lines():
+    """(log, head_size, kv_cache_dtype, use_mla, has_sink, chosen, potential) from vLLM 0.19.0's own startup logs
+    on H100 (tests/fixtures/logs/vllm-0.19-h100: the DEBUG line platforms/cuda.py prints with the
+    AttentionSelectorConfig, and its 'Using X attention backend out of potential backends: [...]')."""
+    from pathlib import Path
+
+    cfg = re.compile(r"AttentionSelectorConfig\(head_size=(\d+), dtype=[\w.]+, kv_cache_dtype=(\w+), block_size=None, "
+                     r"use_mla=(\w+), has_sink=(\w+)")
+    using = re.compile(r"Using (\w+) attention backend out of potential backends: \[([^\]]*)\]")
+    out = []
+    for log in sorted((Path(__file__).parent / "fixtures/logs/vllm-0.19-h100").glob("*.log")):
+        text = log.read_text()
+        c, u = cfg.search(text), using.search(text)
+        if c and u:
+            out.append((log.name, int(c[1]), c[2], c[3] == "True", c[4] == "True", u[1],
+                        tuple(re.findall(r"'(\w+)'", u[2]))))
+    return out
+
+
+def test_selector_matches_vllm_019_logs():
+    # vLLM 0.19.0 printed which backends were valid and which it used; the matrix must give the same list, in the
+    # same order, for the same selector input on H100 (9.0)
+    from kvplan.rules.vllm_backends import priorities
+
+    cases = _selector_lines()
+    assert len(cases) >= 20 and any(c[4] for c in cases)  # gpt-oss's sinks are among them
+    for log, head, dtype, mla, sink, chosen, potential in cases:
+        f = AttentionFacts(head_size=head, num_heads=8, mla=mla, sinks=sink)
+        valid = tuple(n for n in priorities("0.19", (9, 0), f, dtype)
+                      if not refusals(backend(n, "0.19"), "0.19", (9, 0), f, dtype))
+        assert valid == potential, log
+        assert backend_for(f, "9.0", dtype, "0.19").name == chosen, log
