@@ -185,3 +185,20 @@ def test_selector_matches_vllm_019_logs():
                       if not refusals(backend(n, "0.19"), "0.19", (9, 0), f, dtype))
         assert valid == potential, log
         assert backend_for(f, "9.0", dtype, "0.19").name == chosen, log
+
+
+def test_log_import_says_when_vllm_ran_another_backend():
+    # vLLM 0.19.0 on H100 ran Llama-3.1-8B on FLASH_ATTN, as the matrix plans; a log naming another backend is said
+    from pathlib import Path
+
+    from kvplan.app.log_import import import_log
+
+    fixtures = Path(__file__).parent / "fixtures"
+    log = fixtures / "logs/vllm-0.19-h100/meta-llama-llama-3-1-8b---h100-80gb--tp1pp1dp1--4096.log"
+    text = log.read_text()
+    same = import_log(text, log.name, configs=[fixtures / "configs"])
+    assert not any("attention backend;" in n for n in same.notes)
+    other = import_log(text.replace("Using FLASH_ATTN attention backend", "Using TRITON_ATTN attention backend"),
+                       log.name, configs=[fixtures / "configs"])
+    assert any(n.startswith("the log's vLLM ran the TRITON_ATTN attention backend; kvplan planned FLASH_ATTN (FA3)")
+               for n in other.notes)
