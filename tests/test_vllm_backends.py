@@ -202,3 +202,19 @@ def test_log_import_says_when_vllm_ran_another_backend():
                        log.name, configs=[fixtures / "configs"])
     assert any(n.startswith("the log's vLLM ran the TRITON_ATTN attention backend; kvplan planned FLASH_ATTN (FA3)")
                for n in other.notes)
+
+
+@pytest.mark.parametrize("gpu, dtype, tp, name, block", [
+    # SM90 sparse list (0.30+): FLASH_ATTN_MLA_SPARSE (16-bit, index_topk, MultipleOf(64)) then FLASHMLA_SPARSE
+    ("h100", "auto", 8, "FLASH_ATTN_MLA_SPARSE", 64), ("h100", "fp8", 8, "FLASHMLA_SPARSE", 64),
+    # SM100, 16-bit: at most 16 heads per rank (128 / TP 8) puts FA4's sparse MLA first; 128 heads FlashMLA's
+    ("b200", "auto", 8, "FLASH_ATTN_MLA_SPARSE_FA4", 64), ("b200", "auto", 1, "FLASHMLA_SPARSE", 64),
+    # SM100, quantized: FlashInfer's sparse MLA first, but it refuses fp8_ds_mla (what vLLM stores for fp8)
+    ("b200", "fp8", 8, "FLASHMLA_SPARSE", 64),
+])
+def test_deepseek_v32_sparse(gpu, dtype, tp, name, block):
+    from pathlib import Path
+
+    cfg = Path(__file__).parent / "fixtures/hf-corpus/deepseek-ai--DeepSeek-V3.2_config.json"
+    d = DeploymentArgs(model=str(cfg), gpu=gpu, kv_cache_dtype=dtype, tp=tp).resolve()
+    assert (d.attention_backend.name, d.block_size) == (name, block)
