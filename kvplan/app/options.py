@@ -212,7 +212,7 @@ VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_
 SCHEDULER = ("enable_mixed_chunk", "max_prefill_tokens")
 DEPLOYMENT = tuple(n for n in DEPLOYMENT_OPTIONS if n not in SCHEDULER)
 # the memory options of vLLM's pool: what `sweep` and `plot capacity` take beside their own
-VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "attention_backend", "activation_gib", "non_torch_gib",
+VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "activation_gib", "non_torch_gib",
                "cudagraph_gib", "max_num_seqs", "enforce_eager", "language_model_only", "mamba_ssm_cache_dtype",
                "entrypoint", "gpu_memory_gib", "weight_dtype", "skip_layers", "max_num_batched_tokens",
                "engine_version", "pp", "dcp")
