@@ -95,7 +95,8 @@ def test_pipeline_stages_take_the_fewest_blocks():
     for st in plan.stages:
         assert st.weights == weight_bytes(m, 8, stage=st.layers_range).total
         pool = requested - st.weights - 6 * GiB
-        # FlashMLA's 64-token blocks of one 656-byte latent per layer
+        # 64-token blocks of one 656-byte latent per layer: no dense-MLA backend of vLLM 0.33 lists fp8_ds_mla, so
+        # the plan is a what-if with the blocks of the one that does, the sparse FlashMLA ([64])
         assert st.num_blocks == pool // (len(st.layers_range) * 64 * 656)
     # the embedding sits on the first stage and the LM head on the last; the 16-layer stage binds
     assert plan.binding.layers_range == range(30, 46)
@@ -138,10 +139,13 @@ def test_capacity_cli_new_options(cli):
     assert r.code == 2 and "--pp must be between 1 and" in r.err
 
 
-@pytest.mark.parametrize("gpu, dtype, block", [("h200", "auto", 64), ("b200", "auto", 128), ("a100", "auto", 16),
-                                               ("a100", "fp8_ds_mla", 64)])
+@pytest.mark.parametrize("gpu, dtype, block", [("h200", "auto", 16), ("h200", "fp8", 64), ("b200", "auto", 32),
+                                               ("a100", "auto", 16), ("a100", "fp8_ds_mla", 64)])
 def test_mla_backend_block_sizes(gpu, dtype, block):
-    # vLLM picks FlashMLA on SM90 (64-token blocks), CUTLASS MLA on SM100 (128), Triton MLA elsewhere (16)
+    # vLLM 0.33's selector (platforms/cuda.py _get_backend_priorities) on SM90 tries FLASH_ATTN_MLA first, which
+    # stores only a 16-bit cache in MultipleOf(16) blocks (16), then FlashMLA ([64]) for fp8; on SM100 FlashInfer
+    # MLA ([32, 64]: 16 does not divide by 32, so 32); Triton MLA elsewhere (16). No dense MLA backend lists
+    # fp8_ds_mla: a what-if, planned with the blocks of the sparse FlashMLA that does ([64])
     r = capacity(load_model("deepseek-v3"), load_gpu(gpu), dtype, tp=8, kv_cache_memory_gib=20, max_model_len=8192)
     assert r.block_size == block
     assert capacity(load_model("llama3-8b"), load_gpu(gpu), tp=1).block_size == 16

@@ -65,6 +65,7 @@ BASE = {
 DEPLOYMENT_VALUES = {
     "--gpu": "a100", "--tp": "2", "--gpu-memory-utilization": "0.8", "--max-model-len": "4096",
     "--kv-cache-dtype": "auto", "--block-size": "32", "--activation-gib": "6", "--non-torch-gib": "1",
+    "--attention-backend": "FLASHINFER",
     "--cudagraph-gib": "1", "--max-num-seqs": "64", "--enforce-eager": None, "--entrypoint": "llm",
     "--language-model-only": None, "--mamba-ssm-cache-dtype": "float16",
     "--gpu-memory-gib": "70", "--free-memory-gib": "60", "--kv-cache-memory": "40", "--weight-dtype": "fp8",

@@ -1,6 +1,8 @@
 """Which engine serves which KV format on which GPU: a property of each catalog entry (formats.Serves, each
 citing its engine source), used where `-d all` is expanded and by the verdicts."""
 
+from pathlib import Path
+
 import pytest
 
 from kvplan.app.cli import _formats_for
@@ -32,7 +34,9 @@ def test_all_means_what_the_engine_serves_here(engine, gpu):
 @pytest.mark.parametrize("name", sorted(CATALOG))
 def test_a_format_named_that_vllm_cannot_run_here_is_marked(name, gpu):
     f, g = CATALOG[name], load_gpu(gpu)
-    m = load_model("deepseek-v3" if f.applies_to == "mla" else "qwen3-32b")
+    # the DeepSeek sparse-attention latents are stored only by the sparse-MLA backends: planned on DeepSeek-V3.2
+    sparse = Path(__file__).parent / "fixtures/hf-corpus/deepseek-ai--DeepSeek-V3.2_config.json"
+    m = str(sparse) if name.endswith("_ds_mla") else load_model("deepseek-v3" if f.applies_to == "mla" else "qwen3-32b")
     d = DeploymentArgs(model=m, gpu=gpu, kv_cache_dtype=name, tp=8 if f.applies_to == "mla" else 1).resolve()
     marked = any(n.startswith("what-if:") for n in d.notes)
     assert marked == (not f.served_on("vllm", g)), d.notes

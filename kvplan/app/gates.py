@@ -109,6 +109,7 @@ class Options(_Strict):
     max_model_len: Optional[Union[Literal["auto"], int]] = Field(None, ge=1)
     gpu_memory_utilization: Optional[float] = Field(None, gt=0, le=1)  # default: the engine version's
     block_size: Optional[int] = Field(None, ge=1)
+    attention_backend: Optional[str] = None  # vLLM's --attention-backend (auto: the selector's)
     activation_gib: Optional[float] = Field(None, ge=0)
     non_torch_gib: Optional[float] = Field(None, ge=0)
     cudagraph_gib: Optional[float] = Field(None, ge=0)

@@ -161,8 +161,12 @@ def _import_vllm(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: st
 
     if log.failure is not None:
         return _vllm_failure(log, m, g, kw, dtype, notes)
-    pred = capacity_of(DeploymentArgs(model=m, gpu=g, kv_cache_dtype=dtype, engine="vllm", **kw)
-                       .resolve(needs_memory=True))
+    d = DeploymentArgs(model=m, gpu=g, kv_cache_dtype=dtype, engine="vllm", **kw).resolve(needs_memory=True)
+    pred = capacity_of(d)
+    used = c.get("attention_backend_used")
+    if used and d.attention_backend is not None and used != d.attention_backend.name:
+        notes.append(f"the log's vLLM ran the {used} attention backend; kvplan planned {d.attention_backend.label}, "
+                     f"block {d.block_size} (pass --attention-backend {used} to plan the log's)")
     if pred.problem:
         notes.append(f"kvplan predicts a failure the log does not show: {pred.problem}")
     blocks, available, avail_gib = _vllm_available(meas, pred, rules, notes)
@@ -211,6 +215,8 @@ def _vllm_deployment(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], rules,
               block_size=int(c["block_size"]) if c.get("block_size") else None, weight_dtype=weight_dtype,
               max_num_seqs=c.get("max_num_seqs"), max_num_batched_tokens=c.get("max_num_batched_tokens"),
               enforce_eager=bool(c.get("enforce_eager", False)), entrypoint=c.get("entrypoint", "serve"))
+    if c.get("attention_backend"):  # --attention-backend: plan with the backend the log's run was given
+        kw["attention_backend"] = str(c["attention_backend"])
     layout = _layout_given(c, VLLM_LAYOUT, notes)
     kw.update(layout)
     if "entrypoint" not in c and not (c.get("max_num_batched_tokens") and c.get("max_num_seqs")):

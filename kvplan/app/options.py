@@ -95,8 +95,12 @@ UtilNoProfileOpt = Annotated[Optional[float], typer.Option(
     "--gpu-memory-utilization", help="vLLM: fraction of TOTAL memory it may use (default: vLLM's: 0.92 from 0.20 "
     "on, 0.9 before)")]
 BlockSizeOpt = Annotated[Optional[int], typer.Option(
-    "--block-size", help="vLLM: tokens per KV block, a multiple of 16 (default: the attention backend's: 16, or 64 "
-    "for MLA on FlashMLA, 128 on CUTLASS MLA)")]
+    "--block-size", help="vLLM: tokens per KV block, a multiple of 16 (default: the attention backend's, e.g. 16 "
+    "on FlashAttention, 32 on FlashInfer MLA, 64 on FlashMLA, 128 on CUTLASS MLA)")]
+AttentionBackendOpt = Annotated[Optional[str], typer.Option(
+    "--attention-backend", help="vLLM: the attention backend, as vLLM names it (FLASH_ATTN, FLASHINFER, TRITON_ATTN, "
+    "FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, TRITON_MLA, ...; any case); refused where it cannot serve the model, "
+    "dtype and GPU. Default auto: the one vLLM's selector picks")]
 ActivationOpt = Annotated[Optional[float], typer.Option(
     "--activation-gib", help="vLLM, GiB. Alone: one flat allowance for everything beyond the weights (the "
     "back-of-envelope 6.0); with --non-torch-gib or --cudagraph-gib: the activation peak only. Default: vLLM's "
@@ -186,7 +190,8 @@ DEPLOYMENT_OPTIONS: dict = {
     "engine": (EngineOpt, None), "engine_version": (EngineVersionOpt, None),
     "gpu_memory_utilization": (UtilOpt, None), "max_model_len": (MaxModelLenOpt, None),
     "max_num_seqs": (MaxSeqsOpt, None), "max_num_batched_tokens": (BatchedOpt, None),
-    "block_size": (BlockSizeOpt, None), "skip_layers": (SkipOpt, None),
+    "block_size": (BlockSizeOpt, None), "attention_backend": (AttentionBackendOpt, None),
+    "skip_layers": (SkipOpt, None),
     "mamba_ssm_cache_dtype": (SsmDtypeOpt, None), "activation_gib": (ActivationOpt, None),
     "non_torch_gib": (NonTorchOpt, None), "cudagraph_gib": (CudagraphOpt, None), "enforce_eager": (EagerOpt, False),
     "language_model_only": (LanguageOnlyOpt, False), "entrypoint": (EntrypointOpt, None),
@@ -207,9 +212,10 @@ VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_
 SCHEDULER = ("enable_mixed_chunk", "max_prefill_tokens")
 DEPLOYMENT = tuple(n for n in DEPLOYMENT_OPTIONS if n not in SCHEDULER)
 # the memory options of vLLM's pool: what `sweep` and `plot capacity` take beside their own
-VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "activation_gib", "non_torch_gib", "cudagraph_gib",
-               "max_num_seqs", "enforce_eager", "language_model_only", "mamba_ssm_cache_dtype", "entrypoint",
-               "gpu_memory_gib", "weight_dtype", "skip_layers", "max_num_batched_tokens", "engine_version", "pp", "dcp")
+VLLM_MEMORY = ("gpu_memory_utilization", "block_size", "activation_gib", "non_torch_gib",
+               "cudagraph_gib", "max_num_seqs", "enforce_eager", "language_model_only", "mamba_ssm_cache_dtype",
+               "entrypoint", "gpu_memory_gib", "weight_dtype", "skip_layers", "max_num_batched_tokens",
+               "engine_version", "pp", "dcp")
 
 
 def _takes(*names: str, **declared):

@@ -114,6 +114,7 @@ _VLLM_CONFIG_KEYS = {
     "data_parallel_size": "data_parallel_size", "data_parallel_size_local": "data_parallel_size_local",
     "enable_expert_parallel": "enable_expert_parallel", "all2all_backend": "all2all_backend",
     "enable_eplb": "enable_eplb", "num_redundant_experts": "num_redundant_experts",
+    "attention_backend": "attention_backend",
 }
 
 
@@ -214,6 +215,10 @@ def _parse_vllm(text: str) -> StartupLog:
             log.measured[key] = _f(last if isinstance(last, str) else last[0])
     if "kv_tokens" in log.measured:
         log.measured["kv_tokens"] = int(log.measured["kv_tokens"])
+    # the backend the selector took (platforms/cuda.py get_attn_backend_cls, 0.19+)
+    used = re.findall(r"Using (\w+) attention backend out of potential backends", text)
+    if used:
+        log.config["attention_backend_used"] = used[-1]
     if re.search(r"Engine core initialization failed|WorkerProc failed|ValidationError|Error: ", text):
         log.failure = _vllm_failure(text)
     if log.config.get("dtype") == "auto":

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Optional, Union
 
+from kvplan.deployment.backend import resolve_attention_backend
 from kvplan.deployment.kv import declared_kv, nsa_kv, skip_value
 from kvplan.deployment.layout import check_dcp, layout_options, parallel_layout
 from kvplan.deployment.options import (
@@ -43,7 +44,6 @@ from kvplan.rules.sglang import (
     mamba_state_bytes,
 )
 from kvplan.rules.vllm import (
-    backend_block_size,
     newer_release_note,
     serve_defaults,
     version_key,
@@ -85,6 +85,7 @@ class DeploymentArgs:
     kv_cache_memory_gib: Optional[float] = None
     num_gpu_blocks_override: Optional[int] = None
     block_size: Optional[int] = None
+    attention_backend: Optional[str] = None  # vLLM's --attention-backend: a backend name, or auto
     page_size: Optional[int] = None
     enable_mixed_chunk: bool = False  # SGLang: prompt chunks share their step with the running requests' decodes
     max_prefill_tokens: Optional[int] = None  # SGLang: the prompt tokens one prefill batch takes
@@ -429,8 +430,8 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     if args.block_size is not None and int(args.block_size) % VLLM_BLOCK_MULTIPLE:
         raise KvplanError(f"--block-size {args.block_size}: vLLM's attention backends take multiples of "
                           f"{VLLM_BLOCK_MULTIPLE} (16, 32, 48, 64, ...); no backend supports it")
-    block = (int(args.block_size) if args.block_size is not None
-             else backend_block_size(m.is_mla, g.compute_capability if g else None, fmt.name))
+    backend = resolve_attention_backend(args, common, rules.version, notes)
+    block = int(args.block_size) if args.block_size is not None else backend.block_size
     entrypoint = args.entrypoint or "serve"
     # batch defaults are taken at the model's own length, so that the pool does not depend on max_model_len
     defaults = serve_defaults(common["total_bytes"], g, rules, m.max_position_embeddings, entrypoint)
@@ -441,7 +442,7 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
                      seqs is not None, batched is not None)
     d = Deployment(
         **common, engine_version=rules.version, gpu_memory_utilization=float(util), block_size=block,
-        block_size_given=args.block_size is not None,
+        block_size_given=args.block_size is not None, attention_backend=backend,
         max_num_seqs=seqs or defaults.max_num_seqs,
         max_num_batched_tokens=batched or defaults.max_num_batched_tokens, entrypoint=entrypoint,
         enforce_eager=bool(args.enforce_eager), language_model_only=bool(args.language_model_only),

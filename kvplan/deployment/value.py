@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from kvplan.rules.vllm import vllm_rules
+from kvplan.rules.vllm_backends import Choice
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat
 from kvplan.specs.parallel import Parallel
@@ -52,6 +53,7 @@ class Deployment:
     gpu_memory_utilization: Optional[float] = None
     block_size: Optional[int] = None  # what was asked or the attention backend's default
     block_size_given: bool = False
+    attention_backend: Optional[Choice] = None  # the backend vLLM runs and the block it sets
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     entrypoint: str = "serve"

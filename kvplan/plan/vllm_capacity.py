@@ -9,7 +9,12 @@ from typing import Optional
 from kvplan.plan.totals import deployment_totals, layout_note
 from kvplan.plan.vllm_kv_groups import state_pages
 from kvplan.plan.vllm_pool import PoolPlan, plan_for
-from kvplan.plan.vllm_problems import length_problem, longest_fitting, pool_problem, sampler_problem
+from kvplan.plan.vllm_problems import (
+    length_problem,
+    longest_fitting,
+    pool_problem,
+    sampler_problem,
+)
 from kvplan.rules.vllm import DEFAULT_VLLM
 from kvplan.sizing.kv_cache import kv_bytes_per_token, skipped_indices
 
@@ -131,6 +136,10 @@ def _layout_notes(d, plan: PoolPlan, skipped: list[int]) -> list[str]:
     their own layout, padding layers, a raised block, an overridden block count, pipeline stages, chunked layers."""
     model, fmt, layers, groups, num_blocks = d.model, plan.fmt, plan.layers, plan.groups, plan.num_blocks
     notes: list[str] = []
+    b = d.attention_backend
+    if b is not None and b.name != "none":  # the backend vLLM runs and the block it set (or --block-size)
+        given = (" (--block-size)" if d.block_size_given else "") + (" (--attention-backend)" if b.requested else "")
+        notes.append(f"attention backend for {fmt.name}: {b.label}, block {d.block_size}{given}")
     state = [lay for lay in layers if lay.kind == "state"]
     if state:
         per_seq = sum(lay.fixed_bytes for lay in state)

@@ -179,22 +179,6 @@ def newer_release_note(version: str | None) -> Optional[str]:
             f"planned with {newest}'s rules")
 
 
-def backend_block_size(is_mla: bool, compute_capability: str | None, cache_dtype: str) -> int:
-    """The block size vLLM settles on when --block-size is not given: 16 (CacheConfig.DEFAULT_BLOCK_SIZE), unless
-    the attention backend it selects supports only others (get_supported_kernel_block_sizes): MLA models run
-    FlashMLA on SM90 ([64]; also the sparse fp8_ds_mla / nvfp4_ds_mla kernels) and CUTLASS MLA on SM100 ([128]);
-    elsewhere the Triton MLA backend takes 16. Multi-head attention backends (FlashAttention, FlashInfer, Triton,
-    TurboQuant) take 16."""
-    if not is_mla:
-        return 16
-    cc = compute_capability or ""
-    if cache_dtype in ("fp8_ds_mla", "nvfp4_ds_mla") or cc.startswith("9."):
-        return 64
-    if cc.startswith("10."):
-        return 128
-    return 16
-
-
 @dataclass(frozen=True)
 class ServeDefaults:
     """The scheduler budget `vllm serve` or `LLM(...)` takes when the user sets none."""
