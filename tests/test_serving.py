@@ -197,14 +197,45 @@ def test_sglang_max_prefill_tokens_caps_a_batch_beyond_its_first_request():
 
 
 def test_sglang_admits_what_its_token_pool_holds_with_the_expected_output():
-    # a pool of 5,000 tokens: a 1,500-token prompt with 1,000 output tokens reserves 1,500 + 0.7 x 1,000 = 2,200
-    # tokens at admission (new_token_ratio 0.7), so two are admitted (4,400) and the third waits
+    # a pool of 5,000 tokens, 1,500-token prompts, 1,000 output tokens (sglang 0.5.9 schedule_policy.py
+    # PrefillAdder.add_one_req: a request is admitted while its prompt + output (up to 4,096) is below what the pool
+    # has left, less the running requests' new_token_ratio x remaining output and what the batch took):
+    # step 1: r0 needs 2,500 < 5,000: admitted, 2,500 left; r1 needs 2,500, not below 2,500: waits
+    #         prefill r0: p=1,500, 10 + 15 = 25 ms; r0's first token at 25 ms
+    # step 2: 5,000 - 1,500 held - 0.7 x 999 = 2,800.7 left: r1 admitted (300.7 left), r2 waits; 25 ms (50 ms)
+    # step 3: 5,000 - 3,000 - 0.7 x 999 x 2 = 601.4: r2 waits for a finish; r0 and r1 decode their 999 tokens
+    #         together, 12 ms a batch: both done at 50 + 999 x 12 = 12,038 ms
+    # (with 0.7 x the output reserved for a new request too, 2,200 each, r0 and r1 were one batch, first at 40 ms)
     lim = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=5_000, blocks_for=lambda n: n)
     r = simulate(linear_price, lim, isl=1500, osl=1000, concurrency=3, num_prompts=3)
     assert r.max_running == 2 and r.capped_by == "kv pool"
     assert sorted(s for s, _, _ in r.per_request) == [0.0, 0.0, 0.0]
-    third = max(r.per_request, key=lambda x: x[1])
-    assert third[1] > min(d for _, _, d in r.per_request)  # its first token after one of the two finished
+    first = sorted(f for _, f, _ in r.per_request)
+    assert first[:2] == pytest.approx([0.025, 0.050], abs=1e-12)
+    assert sorted(d for _, _, d in r.per_request)[:2] == pytest.approx([12.038, 12.038], abs=1e-9)
+    assert first[2] > 12.038  # the third's first token after the two finished
+
+
+def test_sglang_new_token_ratio_falls_each_decode_batch_and_a_full_pool_retracts():
+    # 2 clients, 100-token prompts, 1,000 output tokens, a pool of 1,850 tokens (sglang 0.5.9 scheduler.py: the
+    # ratio starts at 0.7 and each decode batch lowers it by (0.7 - 0.7 x 0.14) / 600 = 0.0010033, update_running_batch;
+    # schedule_batch.py retract_decode):
+    # step 1: r0 needs 100 + 1,000 = 1,100 < 1,850: admitted (750 left), r1 waits; prefill r0, 11 ms
+    # then r1 waits while 1,850 - (100 + k) - (0.7 - 0.0010033 k)(999 - k) <= 1,100, k the decode batches run: it is
+    #         admitted after k = 80 (ratio 0.61973: 1,100.47 left), at 11 + 80 x 11 = 891 ms; prefilled alone,
+    #         11 ms: its first token at 902 ms
+    # r0 (180 tokens held, 81 outputs) and r1 (100, 1) decode together, 12 ms a batch, until the pool is full:
+    #         (1,850 - 280) / 2 = 785 batches (10,322 ms); the next batch finds no room: r1, the fewer outputs
+    #         (786), is retracted (its 885 tokens freed), to compute 100 + 786 tokens again; the ratio becomes
+    #         (866 + 20) / 1,001 = 0.885
+    # r0 decodes its last 134 alone (r1 needs 886 + 214 = 1,100, above 1,850 - 965 - 0.885 x 134 = 766): done at
+    #         10,322 + 134 x 11 = 11,796 ms
+    # r1's 886 tokens: 10 + 8.86 ms (11,814.86), then its last 213 tokens alone, 11 ms each: done at 14,157.86 ms
+    lim = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=1_850, blocks_for=lambda n: n)
+    r = simulate(linear_price, lim, isl=100, osl=1000, concurrency=2, num_prompts=2)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.011, 0.902], abs=1e-9)
+    assert sorted(d for _, _, d in r.per_request) == pytest.approx([11.796, 14.15786], abs=1e-9)
+    assert r.preemptions == 1 and r.capped_by == "kv pool"
 
 
 def test_a_request_sent_while_a_step_runs_waits_for_the_scheduled_one():
