@@ -216,25 +216,39 @@ def test_sglang_admits_what_its_token_pool_holds_with_the_expected_output():
     assert first[2] > 12.038  # the third's first token after the two finished
 
 
-def test_sglang_new_token_ratio_falls_each_decode_batch_and_a_full_pool_retracts():
-    # 2 clients, 100-token prompts, 1,000 output tokens, a pool of 1,850 tokens (sglang 0.5.9 scheduler.py: the
-    # ratio starts at 0.7 and each decode batch lowers it by (0.7 - 0.7 x 0.14) / 600 = 0.0010033, update_running_batch;
-    # schedule_batch.py retract_decode):
-    # step 1: r0 needs 100 + 1,000 = 1,100 < 1,850: admitted (750 left), r1 waits; prefill r0, 11 ms
-    # then r1 waits while 1,850 - (100 + k) - (0.7 - 0.0010033 k)(999 - k) <= 1,100, k the decode batches run: it is
-    #         admitted after k = 80 (ratio 0.61973: 1,100.47 left), at 11 + 80 x 11 = 891 ms; prefilled alone,
-    #         11 ms: its first token at 902 ms
-    # r0 (180 tokens held, 81 outputs) and r1 (100, 1) decode together, 12 ms a batch, until the pool is full:
-    #         (1,850 - 280) / 2 = 785 batches (10,322 ms); the next batch finds no room: r1, the fewer outputs
-    #         (786), is retracted (its 885 tokens freed), to compute 100 + 786 tokens again; the ratio becomes
-    #         (866 + 20) / 1,001 = 0.885
-    # r0 decodes its last 134 alone (r1 needs 886 + 214 = 1,100, above 1,850 - 965 - 0.885 x 134 = 766): done at
-    #         10,322 + 134 x 11 = 11,796 ms
-    # r1's 886 tokens: 10 + 8.86 ms (11,814.86), then its last 213 tokens alone, 11 ms each: done at 14,157.86 ms
+def test_sglang_a_refusal_while_requests_run_waits_for_one_to_finish():
+    # 2 clients, 100-token prompts, 1,000 output tokens, a pool of 1,850 tokens (sglang 0.5.9 scheduler.py
+    # get_new_batch_prefill: a refusal marks the running batch full, and no prefill is tried until it shrinks):
+    # step 1: r0 needs 100 + 1,000 = 1,100 < 1,850: admitted; r1 refused (750 left), but no request ran: the
+    #         prefill batch becomes the running batch, not full. Prefill r0: 11 ms
+    # step 2: 1,850 - 100 - 0.7 x 999 = 1,050.7 left, not above 1,100: r1 refused while r0 runs: full
+    # r0 decodes its 999 tokens alone (11 ms each, though new_token_ratio falls to 0.098 and would admit r1 after
+    #         80 of them): done at 11 + 999 x 11 = 11,000 ms; r1 prefilled (11 ms: first token at 11,011 ms) and
+    #         decoded alone: done at 22,000 ms
     lim = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=1_850, blocks_for=lambda n: n)
     r = simulate(linear_price, lim, isl=100, osl=1000, concurrency=2, num_prompts=2)
-    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.011, 0.902], abs=1e-9)
-    assert sorted(d for _, _, d in r.per_request) == pytest.approx([11.796, 14.15786], abs=1e-9)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.011, 11.011], abs=1e-9)
+    assert sorted(d for _, _, d in r.per_request) == pytest.approx([11.0, 22.0], abs=1e-9)
+    assert r.max_running == 1 and r.capped_by == "kv pool"
+
+
+def test_sglang_retracts_when_a_decode_batch_finds_the_pool_full():
+    # 2 clients, 100-token prompts, 1,000 output tokens, a pool of 1,950 tokens, chunked_prefill_size 100 (one prompt
+    # a step; schedule_batch.py retract_decode):
+    # step 1: prefill r0 (the chunk budget spent: r1 is not tried), 11 ms; its first token at 11 ms
+    # step 2: 1,950 - 100 - 0.7 x 999 = 1,150.7 left, above r1's 1,100: prefill r1, 11 ms; first token at 22 ms
+    # r0 and r1 (100 tokens each, 1 output) decode together, 12 ms a batch, until the pool is full:
+    #         (1,950 - 200) / 2 = 875 batches (10,522 ms); the next batch finds no room for 2 tokens: of the two,
+    #         alike (876 outputs), the later in the batch, r1, is retracted (its 975 tokens freed), to compute 100 +
+    #         876 tokens again; new_token_ratio becomes (876 + 20) / 1,001 = 0.895
+    # r1 needs 976 + 124 = 1,100, above 1,950 - 975 - 0.895 x 124 = 864: refused while r0 runs its last 124 tokens
+    #         alone, 11 ms each: r0 done at 10,522 + 1,364 = 11,886 ms
+    # r1's 976 tokens in chunks of 100: 9 x 11 + 10.76 ms (11,995.76), then its last 123 tokens, 11 ms each: done
+    #         at 13,348.76 ms
+    lim = EngineLimits("sglang", token_budget=100, max_seqs=64, blocks=1_950, blocks_for=lambda n: n)
+    r = simulate(linear_price, lim, isl=100, osl=1000, concurrency=2, num_prompts=2)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.011, 0.022], abs=1e-9)
+    assert sorted(d for _, _, d in r.per_request) == pytest.approx([11.886, 13.34876], abs=1e-9)
     assert r.preemptions == 1 and r.capped_by == "kv pool"
 
 

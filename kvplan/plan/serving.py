@@ -32,7 +32,8 @@ otherwise all running requests decode. The token pool is per token (page size 1)
 what the pool has free, less what the running requests are expected to add (new_token_ratio x their remaining
 output, at most 4,096 each) and what the batch's earlier requests take (prompt and output up to 4,096), exceeds its
 prompt and its output up to 4,096 (PrefillAdder.add_one_req, _update_prefill_budget). new_token_ratio starts at 0.7
-and each decode batch lowers it toward 0.098 over 600 batches (Scheduler.update_running_batch); a decode batch
+and each decode batch lowers it toward 0.098 over 600 batches (Scheduler.update_running_batch); a refusal while
+requests run stops the prefill batches until one of them finishes (running_batch.batch_is_full); a decode batch
 whose next tokens the pool cannot hold retracts the requests with the fewest output tokens until it can, keeping at
 least one (ScheduleBatch.retract_decode): their KV freed, they rejoin the waiting queue's end and compute their
 prompt and outputs again, and new_token_ratio becomes (tokens decoded + 20 per request) / (max_new_tokens + 1)
@@ -241,6 +242,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     # them has a chunk: 1 - (1 - share)^others
     lock_steps, lock_chunks, lock_extra = 0, 0, 0.0
     sg_ratio = SGLANG_INIT_NEW_TOKEN_RATIO  # SGLang's new_token_ratio
+    sg_full = False  # SGLang's running_batch.batch_is_full: no prefill is tried until the running batch shrinks
 
     def lock_wait() -> float:
         """What a decode step of this rank waits for the other ranks' chunks, on average."""
@@ -293,8 +295,8 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             eligible[list(waiting)] = np.minimum(eligible[list(waiting)], steps)
         # -- the step's schedule ------------------------------------------------------------------------------------
         if limits.policy == "sglang":
-            sched_r, sched_k, sg_ratio, lost = _schedule_sglang(running, waiting, prompt_len, computed, outputs, osl,
-                                                                limits, capped, sg_ratio, isl)
+            sched_r, sched_k, sg_ratio, sg_full, lost = _schedule_sglang(
+                running, waiting, prompt_len, computed, outputs, osl, limits, capped, sg_ratio, sg_full, isl)
             preemptions += lost
             preempted = lost > 0
         else:
@@ -315,7 +317,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
         pctx = float(((computed[pre] + pre_k / 2) * pre_k).sum() / p) if p else 0.0
         # -- a stretch of identical decode steps: nothing arrives, completes a prompt or waits to be admitted -------
         # (a request still waiting was refused admission this step, and stays refused until one finishes: the free
-        # blocks only shrink as the batch grows; under SGLang until new_token_ratio has fallen far enough)
+        # blocks only shrink as the batch grows; SGLang tries no prefill until the running batch shrinks)
         k_steps = 1
         if p == 0 and b == len(running) and not preempted:
             k_steps = int((osl - outputs[dec]).min())
@@ -329,12 +331,6 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
                 k_steps = _steps_with_blocks(table, computed[dec], held[dec], free, k_steps)
             else:  # the token pool holds every request's next k tokens; each of the k batches lowers the ratio
                 k_steps = max(1, min(k_steps, (limits.blocks - int(computed[dec].sum())) // b))
-                if waiting and len(running) < limits.max_seqs:
-                    front = waiting[0]
-                    need = int(prompt_len[front] - computed[front]) + min(int(osl - outputs[front]),
-                                                                          SGLANG_CLIP_MAX_NEW_TOKENS)
-                    k_steps = _sglang_refused_for(limits.blocks, computed[dec], osl - outputs[dec], sg_ratio, need,
-                                                  k_steps)
                 sg_ratio = max(sg_ratio - (k_steps - 1) * SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
         if k_steps > 1:
             dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0)
@@ -386,6 +382,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             held[ended] = 0
             finished_order += ended
             in_flight -= len(ended)
+            sg_full = False
             send_due(t)
             if request_rate is None and len(finished_order) >= C:
                 sim_end = _steady_end(finished_order, sent, first, done_at, C, gen_stats, sim_end, t, busy_area)
@@ -475,23 +472,31 @@ def _schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs,
 
 
 def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs, osl: int,
-                     limits: EngineLimits, capped: set, ratio: float, isl: int):
+                     limits: EngineLimits, capped: set, ratio: float, full: bool, isl: int):
     """One step of SGLang's scheduler (see the module's docstring): a prefill batch where one can be admitted, else a
     decode batch of every running request, retracting where the pool cannot hold their next tokens; with mixed
     chunks (--enable-mixed-chunk), the prefill batch decodes the running requests too, its chunk budget less one
     token for each (sglang 0.5.6 managers/scheduler.py get_new_batch_prefill: mix_with_running, PrefillAdder's
-    mixed_with_decode_tokens). Returns (the scheduled requests, their tokens), the new new_token_ratio and the count
-    retracted."""
+    mixed_with_decode_tokens). A prefill batch refused a request (the pool or max_running_requests) while requests
+    ran marks the running batch full, and no prefill is tried again until it shrinks (a request finishing or
+    retracted) or a prompt is part-way (get_new_batch_prefill: batch_is_full; a refusal while none ran is lost
+    when the prefill batch becomes the running batch, get_next_batch_to_run, as it is after a mixed one). Returns (the scheduled requests, their
+    tokens), the new new_token_ratio and batch_is_full, and the count retracted."""
     import numpy as np
 
     sched: dict[int, int] = {}
     decoding = [r for r in running if computed[r] >= prompt_len[r]]
     mixed = len(decoding) if limits.mixed_chunk else 0
     inputs = limits.input_budget - mixed if limits.input_budget else None
-    prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits,
-                                   limits.token_budget - mixed, inputs, ratio)
+    chunked = len(decoding) < len(running)
+    prefill, cap = [], None
+    if waiting and not full or chunked:
+        prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits,
+                                       limits.token_budget - mixed, inputs, ratio)
     if cap:
         capped.add(cap)
+        # (with mixed chunks the running batch's requests join the prefill batch, which becomes the running batch)
+        full = full or (bool(decoding) and not (limits.mixed_chunk and prefill))
     retracted = 0
     if prefill:
         for r, k in prefill:
@@ -502,7 +507,8 @@ def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, output
     elif decoding:  # a decode batch (Scheduler.update_running_batch)
         free = limits.blocks - int(computed[running].sum())
         if free < len(decoding):  # check_decode_mem fails: retract_decode
-            keep = sorted(decoding, key=lambda r: (int(outputs[r]), -int(isl)), reverse=True)
+            # (most outputs first, then the shorter prompt: alike here; the sort keeps the running order of ties)
+            keep = sorted(decoding, key=lambda r: int(outputs[r]), reverse=True)
             while len(keep) > 1 and (not retracted or free < len(keep)):
                 r = keep.pop()
                 free += int(computed[r])
@@ -511,6 +517,7 @@ def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, output
                 running.remove(r)
                 waiting.append(r)
                 retracted += 1
+            full = False
             decoding = keep
             ratio = min(1.0, (int(outputs[keep].sum()) + SGLANG_RETRACT_DECODE_STEPS * len(keep))
                         / (osl * len(keep) + 1))
@@ -521,7 +528,7 @@ def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, output
         for r in decoding:
             sched[r] = 1
     return ([np.fromiter(sched, dtype=np.int64, count=len(sched))],
-            [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))], ratio, retracted)
+            [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))], ratio, full, retracted)
 
 
 def _steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
@@ -533,26 +540,6 @@ def _steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
     if fits(k):
         return k
     return max(1, last_true(fits, 0, k))  # (0 steps always fit)
-
-
-def _sglang_refused_for(pool: int, held, left, ratio: float, need: int, k: int) -> int:
-    """The decode batches, up to k, after which SGLang admits the waiting queue's front (`need`: its prompt left and
-    output up to CLIP_MAX_NEW_TOKENS), the decoding requests holding `held` tokens with `left` outputs to go and
-    `ratio` the new_token_ratio the next check would use (it falls each batch, while the held tokens grow): the
-    check of _sglang_prefill after j more batches, for each j."""
-    import numpy as np
-
-    b = held.size
-    j = np.arange(1, k + 1, dtype=np.float64)
-    r = np.maximum(ratio - (j - 1) * SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
-    clip = SGLANG_CLIP_MAX_NEW_TOKENS
-    if int(left.max()) <= clip:
-        expected = float(left.sum()) - b * j
-    else:
-        expected = np.minimum(left[None, :] - j[:, None], clip).sum(axis=1)
-    room = pool - float(held.sum()) - b * j - r * expected
-    ok = np.flatnonzero(need < room)
-    return int(j[ok[0]]) if ok.size else k
 
 
 def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget, inputs=None,
