@@ -12,6 +12,12 @@ rest as it is:
 
     python benchmarks/fit_step_profiles.py SILICON --prefill-only hardware/profiles/step-time.yaml > new.yaml
 
+or only the all-reduce the engines replay in their CUDA graphs (graph_allreduce: vLLM's custom all-reduce, from
+<gpu>/comm-custom_allreduce_perf.parquet, the table aiconfigurator-core 0.12.0's wheel ships as
+systems/data/<gpu>/comm/vllm/0.19.0/custom_allreduce_perf.parquet, 0.14.0 for A100):
+
+    python benchmarks/fit_step_profiles.py SILICON --graph-allreduce-only hardware/profiles/step-time.yaml > new.yaml
+
 Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about forty minutes on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
 squares on relative error (log time); the share of rows of at least 64 MiB that the fit reproduces within 10% is
@@ -414,6 +420,40 @@ def allreduce(df):
     return out
 
 
+# vLLM's custom all-reduce takes messages below 8 MiB (distributed/device_communicators/custom_all_reduce.py:
+# CustomAllreduce max_size 8192 x 1024, should_custom_ar), on 2, 4, 6 or 8 GPUs (_SUPPORTED_WORLD_SIZES)
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * MB
+
+
+def graph_allreduce(df):
+    """vLLM's custom all-reduce of 16-bit values replayed in a CUDA graph (kernel_source vLLM_custom_graph), by world
+    size: t = t0 + bytes / rate over the messages it takes (below CUSTOM_ALLREDUCE_MAX_BYTES; message_size counts
+    elements, as in the NCCL table). No launch or staging copy: a third of NCCL's fixed cost on 8 H200s."""
+    out = {}
+    d = df[(df.op_name == "all_reduce") & (df.kernel_source == "vLLM_custom_graph")
+           & (df.message_size * 2 < CUSTOM_ALLREDUCE_MAX_BYTES)]
+    for n in sorted(d.num_gpus.unique()):
+        x = d[d.num_gpus == n]
+        byt, y = (x.message_size * 2).to_numpy(float), x.latency.to_numpy(float) / 1e3
+        coef, pred = _lstsq([np.ones_like(y), byt], y, 1 / y)
+        share, rows = _share(pred, y, np.ones_like(y, dtype=bool))
+        out[int(n)] = dict(t0_s=float(coef[0]), bytes_per_s=float(1 / coef[1]),
+                           max_bytes=CUSTOM_ALLREDUCE_MAX_BYTES, within_10pct=share, rows=rows)
+    return out
+
+
+def update_graph_allreduce(silicon: Path, profile: Path) -> None:
+    """Add (or refit) only the graph_allreduce fits of an existing profile, the rest kept as it is."""
+    text = profile.read_text()
+    doc = yaml.safe_load(text)
+    for folder, (name, *_) in GPUS.items():
+        table = silicon / folder / "comm-custom_allreduce_perf.parquet"
+        if table.is_file() and name in doc["gpus"]:
+            doc["gpus"][name]["graph_allreduce"] = graph_allreduce(pd.read_parquet(table))
+    head = text.splitlines(keepends=True)[0]
+    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
 def _prefill_big(d) -> np.ndarray:
     """Which rows move at least 64 MiB of queries, keys, values and outputs (the rows the shares count)."""
     return (d.batch_size * d.isl * (2 * d.num_heads + 2 * d.num_key_value_heads) * d.head_dim * 2
@@ -547,5 +587,7 @@ def main(silicon: Path) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[2] == "--prefill-only":
         update_prefill(Path(sys.argv[1]), Path(sys.argv[3]))
+    elif len(sys.argv) > 3 and sys.argv[2] == "--graph-allreduce-only":
+        update_graph_allreduce(Path(sys.argv[1]), Path(sys.argv[3]))
     else:
         main(Path(sys.argv[1]))

@@ -173,10 +173,12 @@ def test_expert_and_data_parallel_runs_hold_their_accuracy(score_serving):
 
 def test_weight_only_int4_experts_are_priced_as_measured_serving_runs_them(sample):
     """Kimi-K2.5's int4 experts (compressed-tensors, group 32) on TP 8, the sample's four runs (B200 and H200, 4 and
-    64 clients): their TPOT is predicted within 12% (the B200 run of 64 clients with 8,192-token prompts at -11%: its
-    decode steps share many a step with a prompt chunk, whose MLA attention is priced unabsorbed). With the collected Marlin MoE timings' fit (about 12% of the
-    bandwidth) the same runs came out 60-190% slow: measured serving adds 18-21 ms from 4 to 64 clients, those
-    timings 56-65 ms (kvplan.sizing.weight_formats.moe_family)."""
+    64 clients): their TPOT is predicted within 25%, fast (-23% and -14% at 4 clients, -15% and -4% at 64). Priced
+    with NCCL's all-reduce (27 us a call on 8 B200s against the 8 us of the custom all-reduce the decode graphs
+    replay) they came within 12%, that over-priced collective standing in for costs of the step kvplan does not
+    price. With the collected Marlin MoE timings' fit (about 12% of the bandwidth) the same runs came out 60-190%
+    slow: measured serving adds 18-21 ms from 4 to 64 clients, those timings 56-65 ms
+    (kvplan.sizing.weight_formats.moe_family)."""
     from kvplan.sizing.weight_formats import moe_family
 
     assert moe_family("int4_g32_sym") == moe_family("int4_g128") == "bfloat16"
@@ -187,7 +189,7 @@ def test_weight_only_int4_experts_are_priced_as_measured_serving_runs_them(sampl
     assert sorted((r["inputs"]["system"], r["inputs"]["concurrency"]) for r in kimi) == [
         ("b200_sxm", 4), ("b200_sxm", 64), ("h200_sxm", 4), ("h200_sxm", 64)]
     for r in kimi:
-        assert abs(r["errors"]["tpot"]) <= 0.12, (r["id"], r["errors"])
+        assert -0.25 <= r["errors"]["tpot"] <= 0.0, (r["id"], r["errors"])
 
 
 def test_sglang_block_fp8_layers_are_priced_on_the_kernel_sglang_runs(sample):
@@ -211,9 +213,12 @@ def test_sglang_block_fp8_layers_are_priced_on_the_kernel_sglang_runs(sample):
 
 def test_the_plain_tensor_parallel_sample_holds_its_accuracy(sample):
     """Every scored run of the sample (tests/fixtures/serving/sample.csv): the median TPOT and TTFT errors held where
-    they stand (11% and 41%), so that a change that worsens them shows. 37 runs: the Qwen3.5 SGLang run, a hybrid
-    SGLang's Mamba pool plans, among them."""
+    they stand (15% and 39%), so that a change that worsens them shows. 37 runs: the Qwen3.5 SGLang run, a hybrid
+    SGLang's Mamba pool plans, among them. Pricing the decode graphs' custom all-reduce (instead of NCCL's call)
+    moved the TPOT median from 11% to 15% on these runs: SGLang's DeepSeek runs closer (B200, 4 clients: +30% to
+    +4%), vLLM's 4-client TP 8 runs from about 0 to 14-23% fast; on AIConfigurator's whole silicon sample (1,512
+    runs scored) it moved the median from 15.9% to 14.5% and the share within 20% from 57% to 64%."""
     _, result = sample
     assert len(result["scored"]) == 37
-    assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.12
+    assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.16
     assert statistics.median(abs(r["errors"]["ttft"]) for r in result["scored"]) <= 0.43

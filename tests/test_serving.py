@@ -197,14 +197,59 @@ def test_sglang_max_prefill_tokens_caps_a_batch_beyond_its_first_request():
 
 
 def test_sglang_admits_what_its_token_pool_holds_with_the_expected_output():
-    # a pool of 5,000 tokens: a 1,500-token prompt with 1,000 output tokens reserves 1,500 + 0.7 x 1,000 = 2,200
-    # tokens at admission (new_token_ratio 0.7), so two are admitted (4,400) and the third waits
+    # a pool of 5,000 tokens, 1,500-token prompts, 1,000 output tokens (sglang 0.5.9 schedule_policy.py
+    # PrefillAdder.add_one_req: a request is admitted while its prompt + output (up to 4,096) is below what the pool
+    # has left, less the running requests' new_token_ratio x remaining output and what the batch took):
+    # step 1: r0 needs 2,500 < 5,000: admitted, 2,500 left; r1 needs 2,500, not below 2,500: waits
+    #         prefill r0: p=1,500, 10 + 15 = 25 ms; r0's first token at 25 ms
+    # step 2: 5,000 - 1,500 held - 0.7 x 999 = 2,800.7 left: r1 admitted (300.7 left), r2 waits; 25 ms (50 ms)
+    # step 3: 5,000 - 3,000 - 0.7 x 999 x 2 = 601.4: r2 waits for a finish; r0 and r1 decode their 999 tokens
+    #         together, 12 ms a batch: both done at 50 + 999 x 12 = 12,038 ms
+    # (with 0.7 x the output reserved for a new request too, 2,200 each, r0 and r1 were one batch, first at 40 ms)
     lim = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=5_000, blocks_for=lambda n: n)
     r = simulate(linear_price, lim, isl=1500, osl=1000, concurrency=3, num_prompts=3)
     assert r.max_running == 2 and r.capped_by == "kv pool"
     assert sorted(s for s, _, _ in r.per_request) == [0.0, 0.0, 0.0]
-    third = max(r.per_request, key=lambda x: x[1])
-    assert third[1] > min(d for _, _, d in r.per_request)  # its first token after one of the two finished
+    first = sorted(f for _, f, _ in r.per_request)
+    assert first[:2] == pytest.approx([0.025, 0.050], abs=1e-12)
+    assert sorted(d for _, _, d in r.per_request)[:2] == pytest.approx([12.038, 12.038], abs=1e-9)
+    assert first[2] > 12.038  # the third's first token after the two finished
+
+
+def test_sglang_a_refusal_while_requests_run_waits_for_one_to_finish():
+    # 2 clients, 100-token prompts, 1,000 output tokens, a pool of 1,850 tokens (sglang 0.5.9 scheduler.py
+    # get_new_batch_prefill: a refusal marks the running batch full, and no prefill is tried until it shrinks):
+    # step 1: r0 needs 100 + 1,000 = 1,100 < 1,850: admitted; r1 refused (750 left), but no request ran: the
+    #         prefill batch becomes the running batch, not full. Prefill r0: 11 ms
+    # step 2: 1,850 - 100 - 0.7 x 999 = 1,050.7 left, not above 1,100: r1 refused while r0 runs: full
+    # r0 decodes its 999 tokens alone (11 ms each, though new_token_ratio falls to 0.098 and would admit r1 after
+    #         80 of them): done at 11 + 999 x 11 = 11,000 ms; r1 prefilled (11 ms: first token at 11,011 ms) and
+    #         decoded alone: done at 22,000 ms
+    lim = EngineLimits("sglang", token_budget=8192, max_seqs=64, blocks=1_850, blocks_for=lambda n: n)
+    r = simulate(linear_price, lim, isl=100, osl=1000, concurrency=2, num_prompts=2)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.011, 11.011], abs=1e-9)
+    assert sorted(d for _, _, d in r.per_request) == pytest.approx([11.0, 22.0], abs=1e-9)
+    assert r.max_running == 1 and r.capped_by == "kv pool"
+
+
+def test_sglang_retracts_when_a_decode_batch_finds_the_pool_full():
+    # 2 clients, 100-token prompts, 1,000 output tokens, a pool of 1,950 tokens, chunked_prefill_size 100 (one prompt
+    # a step; schedule_batch.py retract_decode):
+    # step 1: prefill r0 (the chunk budget spent: r1 is not tried), 11 ms; its first token at 11 ms
+    # step 2: 1,950 - 100 - 0.7 x 999 = 1,150.7 left, above r1's 1,100: prefill r1, 11 ms; first token at 22 ms
+    # r0 and r1 (100 tokens each, 1 output) decode together, 12 ms a batch, until the pool is full:
+    #         (1,950 - 200) / 2 = 875 batches (10,522 ms); the next batch finds no room for 2 tokens: of the two,
+    #         alike (876 outputs), the later in the batch, r1, is retracted (its 975 tokens freed), to compute 100 +
+    #         876 tokens again; new_token_ratio becomes (876 + 20) / 1,001 = 0.895
+    # r1 needs 976 + 124 = 1,100, above 1,950 - 975 - 0.895 x 124 = 864: refused while r0 runs its last 124 tokens
+    #         alone, 11 ms each: r0 done at 10,522 + 1,364 = 11,886 ms
+    # r1's 976 tokens in chunks of 100: 9 x 11 + 10.76 ms (11,995.76), then its last 123 tokens, 11 ms each: done
+    #         at 13,348.76 ms
+    lim = EngineLimits("sglang", token_budget=100, max_seqs=64, blocks=1_950, blocks_for=lambda n: n)
+    r = simulate(linear_price, lim, isl=100, osl=1000, concurrency=2, num_prompts=2)
+    assert sorted(f for _, f, _ in r.per_request) == pytest.approx([0.011, 0.022], abs=1e-9)
+    assert sorted(d for _, _, d in r.per_request) == pytest.approx([11.886, 13.34876], abs=1e-9)
+    assert r.preemptions == 1 and r.capped_by == "kv pool"
 
 
 def test_a_request_sent_while_a_step_runs_waits_for_the_scheduled_one():

@@ -29,10 +29,15 @@ modelled: a step is either a prefill batch or a decode batch. Whenever requests 
 max_running_requests admit one, the next step is a prefill batch of waiting requests (FCFS) up to
 chunked_prefill_size prompt tokens, a longer prompt split into chunks that continue in the next prefill batches;
 otherwise all running requests decode. The token pool is per token (page size 1); a request is admitted only when
-the pool holds its prompt plus its expected remaining output, estimated as SGLang does with new_token_ratio
-(SGLANG_INIT_NEW_TOKEN_RATIO 0.7 of max_new_tokens; the decay toward 0.1 between retractions is left out), and a
-decode step that finds the pool full retracts the request with the most tokens left... (left out: the pool is sized
-so the estimate holds; retraction is not modelled).
+what the pool has free, less what the running requests are expected to add (new_token_ratio x their remaining
+output, at most 4,096 each) and what the batch's earlier requests take (prompt and output up to 4,096), exceeds its
+prompt and its output up to 4,096 (PrefillAdder.add_one_req, _update_prefill_budget). new_token_ratio starts at 0.7
+and each decode batch lowers it toward 0.098 over 600 batches (Scheduler.update_running_batch); a refusal while
+requests run stops the prefill batches until one of them finishes (running_batch.batch_is_full); a decode batch
+whose next tokens the pool cannot hold retracts the requests with the fewest output tokens until it can, keeping at
+least one (ScheduleBatch.retract_decode): their KV freed, they rejoin the waiting queue's end and compute their
+prompt and outputs again, and new_token_ratio becomes (tokens decoded + 20 per request) / (max_new_tokens + 1)
+over the requests left.
 
 Clients, as the benchmarks drive them:
 - a closed loop of C clients (`--max-concurrency C`): all C send at once, each sends its next request when the last
@@ -65,7 +70,15 @@ from kvplan.search import last_true
 Policy = Literal["vllm", "sglang"]
 PERCENTILES = (50, 90, 99)
 VLLM_BENCH_NUM_PROMPTS = 1000  # vllm bench serve --num-prompts' default (benchmarks/serve.py)
-SGLANG_INIT_NEW_TOKEN_RATIO = 0.7  # sglang/srt/managers/schedule_policy.py: the output share a new request reserves
+# SGLang's output reservation (sglang 0.5.9 srt/environ.py, managers/scheduler.py Scheduler.__init__ and
+# update_running_batch): new_token_ratio starts at SGLANG_INIT_NEW_TOKEN_RATIO x schedule_conservativeness (1.0), and
+# each decode batch lowers it by (init - min) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS down to
+# init x SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR; a retraction resets it (ScheduleBatch.retract_decode)
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
+SGLANG_NEW_TOKEN_RATIO_DECAY = (SGLANG_INIT_NEW_TOKEN_RATIO - SGLANG_MIN_NEW_TOKEN_RATIO) / 600
+SGLANG_RETRACT_DECODE_STEPS = 20
+SGLANG_CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py CLIP_MAX_NEW_TOKENS: the most output tokens one reserves
 CONTEXT_GRID = 16  # tokens between the contexts a step is priced at (and interpolated between)
 STEADY_TOLERANCE = 1e-3  # two generations whose mean figures agree this closely are one periodic pattern
 
@@ -228,6 +241,8 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     # steps are, as running means; the other ranks, alike, make a decode step wait that long as often as one of
     # them has a chunk: 1 - (1 - share)^others
     lock_steps, lock_chunks, lock_extra = 0, 0, 0.0
+    sg_ratio = SGLANG_INIT_NEW_TOKEN_RATIO  # SGLang's new_token_ratio
+    sg_full = False  # SGLang's running_batch.batch_is_full: no prefill is tried until the running batch shrinks
 
     def lock_wait() -> float:
         """What a decode step of this rank waits for the other ranks' chunks, on average."""
@@ -280,8 +295,10 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             eligible[list(waiting)] = np.minimum(eligible[list(waiting)], steps)
         # -- the step's schedule ------------------------------------------------------------------------------------
         if limits.policy == "sglang":
-            sched_r, sched_k = _schedule_sglang(running, waiting, prompt_len, computed, outputs, osl, limits, capped)
-            preempted = False
+            sched_r, sched_k, sg_ratio, sg_full, lost = _schedule_sglang(
+                running, waiting, prompt_len, computed, outputs, osl, limits, capped, sg_ratio, sg_full, isl)
+            preemptions += lost
+            preempted = lost > 0
         else:
             sched_r, sched_k, free, lost = _schedule_vllm(running, waiting, prompt_len, computed, outputs, held, free,
                                                           limits, table, isl, capped, eligible, steps)
@@ -300,7 +317,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
         pctx = float(((computed[pre] + pre_k / 2) * pre_k).sum() / p) if p else 0.0
         # -- a stretch of identical decode steps: nothing arrives, completes a prompt or waits to be admitted -------
         # (a request still waiting was refused admission this step, and stays refused until one finishes: the free
-        # blocks only shrink as the batch grows)
+        # blocks only shrink as the batch grows; SGLang tries no prefill until the running batch shrinks)
         k_steps = 1
         if p == 0 and b == len(running) and not preempted:
             k_steps = int((osl - outputs[dec]).min())
@@ -312,6 +329,9 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
                 k_steps = max(1, min(k_steps, int(eligible[waiting[0]]) - steps))
             if limits.policy == "vllm":
                 k_steps = _steps_with_blocks(table, computed[dec], held[dec], free, k_steps)
+            else:  # the token pool holds every request's next k tokens; each of the k batches lowers the ratio
+                k_steps = max(1, min(k_steps, (limits.blocks - int(computed[dec].sum())) // b))
+                sg_ratio = max(sg_ratio - (k_steps - 1) * SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
         if k_steps > 1:
             dt_each = cost(b, ctx + (k_steps - 1) / 2, 0, 0.0)
             if limits.lockstep:
@@ -362,6 +382,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             held[ended] = 0
             finished_order += ended
             in_flight -= len(ended)
+            sg_full = False
             send_due(t)
             if request_rate is None and len(finished_order) >= C:
                 sim_end = _steady_end(finished_order, sent, first, done_at, C, gen_stats, sim_end, t, busy_area)
@@ -451,33 +472,63 @@ def _schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs,
 
 
 def _schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs, osl: int,
-                     limits: EngineLimits, capped: set):
+                     limits: EngineLimits, capped: set, ratio: float, full: bool, isl: int):
     """One step of SGLang's scheduler (see the module's docstring): a prefill batch where one can be admitted, else a
-    decode batch of every running request; with mixed chunks (--enable-mixed-chunk), the prefill batch decodes the
-    running requests too, its chunk budget less one token for each (sglang 0.5.6 managers/scheduler.py
-    get_new_batch_prefill: mix_with_running, PrefillAdder's mixed_with_decode_tokens). Returns (the scheduled
-    requests, their tokens)."""
+    decode batch of every running request, retracting where the pool cannot hold their next tokens; with mixed
+    chunks (--enable-mixed-chunk), the prefill batch decodes the running requests too, its chunk budget less one
+    token for each (sglang 0.5.6 managers/scheduler.py get_new_batch_prefill: mix_with_running, PrefillAdder's
+    mixed_with_decode_tokens). A prefill batch refused a request (the pool or max_running_requests) while requests
+    ran marks the running batch full, and no prefill is tried again until it shrinks (a request finishing or
+    retracted) or a prompt is part-way (get_new_batch_prefill: batch_is_full; a refusal while none ran is lost
+    when the prefill batch becomes the running batch, get_next_batch_to_run, as it is after a mixed one). Returns (the scheduled requests, their
+    tokens), the new new_token_ratio and batch_is_full, and the count retracted."""
     import numpy as np
 
     sched: dict[int, int] = {}
     decoding = [r for r in running if computed[r] >= prompt_len[r]]
     mixed = len(decoding) if limits.mixed_chunk else 0
     inputs = limits.input_budget - mixed if limits.input_budget else None
-    prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits,
-                                   limits.token_budget - mixed, inputs)
+    chunked = len(decoding) < len(running)
+    prefill, cap = [], None
+    if waiting and not full or chunked:
+        prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits,
+                                       limits.token_budget - mixed, inputs, ratio)
     if cap:
         capped.add(cap)
+        # (with mixed chunks the running batch's requests join the prefill batch, which becomes the running batch)
+        full = full or (bool(decoding) and not (limits.mixed_chunk and prefill))
+    retracted = 0
     if prefill:
         for r, k in prefill:
             sched[r] = k
             if r not in running:
                 running.append(r)
                 waiting.remove(r)
+    elif decoding:  # a decode batch (Scheduler.update_running_batch)
+        free = limits.blocks - int(computed[running].sum())
+        if free < len(decoding):  # check_decode_mem fails: retract_decode
+            # (most outputs first, then the shorter prompt: alike here; the sort keeps the running order of ties)
+            keep = sorted(decoding, key=lambda r: int(outputs[r]), reverse=True)
+            while len(keep) > 1 and (not retracted or free < len(keep)):
+                r = keep.pop()
+                free += int(computed[r])
+                computed[r] = 0
+                prompt_len[r] = isl + outputs[r]
+                running.remove(r)
+                waiting.append(r)
+                retracted += 1
+            full = False
+            decoding = keep
+            ratio = min(1.0, (int(outputs[keep].sum()) + SGLANG_RETRACT_DECODE_STEPS * len(keep))
+                        / (osl * len(keep) + 1))
+            capped.add("kv pool")
+        else:
+            ratio = max(ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
     if not prefill or limits.mixed_chunk:
         for r in decoding:
             sched[r] = 1
     return ([np.fromiter(sched, dtype=np.int64, count=len(sched))],
-            [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))])
+            [np.fromiter(sched.values(), dtype=np.int64, count=len(sched))], ratio, full, retracted)
 
 
 def _steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
@@ -491,16 +542,19 @@ def _steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
     return max(1, last_true(fits, 0, k))  # (0 steps always fit)
 
 
-def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget, inputs=None):
+def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget, inputs=None,
+                    ratio: float = SGLANG_INIT_NEW_TOKEN_RATIO):
     """SGLang's next prefill batch, and what stopped it short (None, "kv pool", "max_num_seqs"): a request part-way
     through its prompt first, then waiting ones (FCFS) while chunked_prefill_size (`budget`), max_prefill_tokens
     (`inputs`: a request beyond the batch's first whose prompt left is as large stays waiting), max_running_requests
-    and the token pool admit them. The pool admits a request when what it holds, less the tokens the running
-    requests are expected to add (new_token_ratio x their remaining output), holds the prompt and that share of its
-    output."""
+    and the token pool admit them (PrefillAdder: rem_total_tokens, the free pool less the running requests'
+    expected output, `ratio` x what is left of it up to CLIP_MAX_NEW_TOKENS, less what the batch's requests took:
+    their prompt tokens and output up to CLIP_MAX_NEW_TOKENS; a request is admitted while its prompt left and that
+    output are below it)."""
+    clip = SGLANG_CLIP_MAX_NEW_TOKENS
     batch = []
     held = sum(int(computed[r]) for r in running)
-    expected = SGLANG_INIT_NEW_TOKEN_RATIO * sum(int(osl - outputs[r]) for r in running)
+    expected = ratio * sum(min(int(osl - outputs[r]), clip) for r in running)
     room = limits.blocks - held - expected
     for r in [r for r in running if computed[r] < prompt_len[r]]:
         k = min(int(prompt_len[r] - computed[r]), budget)
@@ -508,6 +562,7 @@ def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits
             break
         batch.append((r, k))
         budget -= k
+        room -= k
         if inputs is not None:
             inputs -= k
     cap = None
@@ -519,13 +574,13 @@ def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits
         if len(running) + len(batch) >= limits.max_seqs:
             cap = "max_num_seqs"
             break
-        need = int(prompt_len[r] - computed[r]) + SGLANG_INIT_NEW_TOKEN_RATIO * osl
-        if need > room:
+        out_left = min(int(osl - outputs[r]), clip)
+        if int(prompt_len[r] - computed[r]) + out_left >= room:
             cap = "kv pool"
             break
         k = min(int(prompt_len[r] - computed[r]), budget)
         batch.append((r, k))
-        room -= need
+        room -= k + (out_left if k == int(prompt_len[r] - computed[r]) else 0)
         budget -= k
         if inputs is not None:
             inputs -= k

@@ -19,7 +19,9 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
   split); one fit per head size and range of query heads per KV head (and for calls with a single KV head where
   the timings set them apart); for an fp8 cache also the kernel that quantizes the query; a state layer (Mamba,
   gated delta net) reads and writes its state at the same rate;
-* all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate;
+* all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate: the
+  engines' custom all-reduce replayed in a CUDA graph where the step is one the graphs replay and the message is
+  below its 8 MiB (graph_tokens), NCCL's otherwise;
 * the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
 
@@ -126,6 +128,8 @@ class StepProfile:
     allreduce: dict  # world size -> Fit
     measured: frozenset = frozenset()  # families a calibration profile replaced
     prefill_attention: dict = field(default_factory=dict)  # "bfloat16" / "fp8" -> {head size: Fit}
+    # world size -> Fit of the engines' custom all-reduce replayed in a CUDA graph (its max_bytes beside it)
+    graph_allreduce: dict = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -160,7 +164,9 @@ def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
                        attention={k: _attention_fits(v) for k, v in g["attention"].items()},
                        gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),
                        allreduce=_fits(g["allreduce"], int),
-                       prefill_attention={k: _fits(v, int) for k, v in (g.get("prefill_attention") or {}).items()})
+                       prefill_attention={k: _fits(v, int) for k, v in (g.get("prefill_attention") or {}).items()},
+                       graph_allreduce={int(n): (Fit(t0_s=f["t0_s"], bytes_per_s=f["bytes_per_s"]), f["max_bytes"])
+                                        for n, f in (g.get("graph_allreduce") or {}).items()})
 
 
 def bundled_gpus() -> list[str]:
@@ -200,7 +206,7 @@ def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optiona
             measured.add(f"attention {key}")
     name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
     return StepProfile(base.gpu, name, base.peak_bandwidth_bytes_per_s, attention, gemm, base.moe, base.allreduce,
-                       frozenset(measured), base.prefill_attention)
+                       frozenset(measured), base.prefill_attention, base.graph_allreduce)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -263,6 +269,32 @@ def allreduce_fit(profile: StepProfile, world: int) -> Optional[Fit]:
         return None
     sizes = sorted(profile.allreduce)
     return profile.allreduce[next((s for s in sizes if s >= world), sizes[-1])]
+
+
+# the world sizes the engines' custom all-reduce runs on (vLLM's distributed/device_communicators/
+# custom_all_reduce.py CustomAllreduce._SUPPORTED_WORLD_SIZES; SGLang's custom_all_reduce.py the same)
+CUSTOM_ALLREDUCE_WORLDS = (2, 4, 6, 8)
+
+
+def graph_tokens(d) -> int:
+    """The most tokens a step of `d` replays from a CUDA graph (0: none): vLLM's largest capture size, 512, or
+    rules.max_capture_sm100 on Blackwell, at most twice max_num_seqs, 1,024 for gpt-oss (config/compilation.py,
+    GptOssForCausalLMConfig; piecewise graphs take mixed steps too), nothing with --enforce-eager; SGLang's
+    cuda_graph_max_bs (decode batches only: a prefill batch runs eagerly; kvplan gives a prefill step of no more
+    tokens the graph's price too)."""
+    if getattr(d, "enforce_eager", False):
+        return 0
+    gpu = d.gpu
+    if d.engine == "sglang":
+        from kvplan.rules.sglang import default_chunked_prefill_and_decode_bs
+
+        return default_chunked_prefill_and_decode_bs((gpu.smi_total_mib or gpu.memory_total_gib * 1024) / 1024,
+                                                     d.tp)[1]
+    from kvplan.sizing.vllm_cudagraphs import max_capture_size
+    from kvplan.specs.gpu import cc_family
+
+    rules = getattr(d, "rules", None)
+    return max_capture_size(d.model, cc_family(gpu) if rules is not None else None, rules, d.max_num_seqs)
 
 
 def allreduce_seconds(f: Fit, nbytes, xp=SCALAR):
@@ -544,6 +576,12 @@ class StepModel:
         # (model_executor/layers/attention/attention.py: Attention.query_quant, FlashAttention and FlashInfer)
         self.query_quant = fam == "fp8" and not m.mla
         self.ar_fit = allreduce_fit(profile, tp)
+        # the engines' custom all-reduce inside a CUDA graph, for a step the graphs replay (kernel timings of vLLM's
+        # custom all-reduce replayed in a graph: no launch or staging copy, about 5 us on 8 Hopper GPUs where NCCL's
+        # call costs 18); NCCL's fit for larger messages and eager steps
+        self.graph_ar = (profile.graph_allreduce.get(tp) if tp in CUSTOM_ALLREDUCE_WORLDS and d.gpu is not None
+                         else None)
+        self.graph_tokens = graph_tokens(d) if self.graph_ar else 0
         # a prompt's attention: MLA runs it unabsorbed, as multi-head attention over keys of the nope and rope
         # parts and values of v_head_dim (vLLM 0.19 MLACommonImpl._forward_prefill, SGLang's MHA path for
         # extends), FLOPs per (query head, key) 2 x (qk_nope + qk_rope) + 2 x v_head_dim
@@ -640,7 +678,13 @@ class StepModel:
         if lay.tp_only and lay.attn_tp <= lay.domain:
             if self.ar_fit is None:
                 return 0.0
-            return 2 * m.num_layers * allreduce_seconds(self.ar_fit, tokens * row, xp)
+            t = allreduce_seconds(self.ar_fit, tokens * row, xp)
+            if self.graph_tokens:
+                fit, most = self.graph_ar
+                graphed = (tokens <= self.graph_tokens) & (tokens * row < most)
+                tg = allreduce_seconds(fit, tokens * row, xp)
+                t = xp.where(graphed, xp.minimum(t, tg), t)
+            return 2 * m.num_layers * t
         kinds = m.mlp_kinds
         n_moe = sum(1 for x in kinds if x == "moe")
         n_dense = sum(1 for x in kinds if x == "dense")

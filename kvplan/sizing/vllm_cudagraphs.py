@@ -84,6 +84,16 @@ def _capture_sizes(max_cg: int) -> list[int]:
 
 
 
+def max_capture_size(m: ModelSpec, fam: Optional[str], rules: VllmRules, max_num_seqs: Optional[int]) -> int:
+    """vLLM's largest CUDA-graph capture size (config/compilation.py): twice max_num_seqs, at most 512 (or
+    rules.max_capture_sm100 on Blackwell, `fam` sm100 or sm103); gpt-oss raises it to 1,024
+    (GptOssForCausalLMConfig)."""
+    if m.family == "gpt_oss":
+        return 1024
+    cap = rules.max_capture_sm100 if fam in ("sm100", "sm103") else 512
+    return min(2 * max_num_seqs, cap) if max_num_seqs else cap
+
+
 def cudagraph_memory(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, b: int, fam, rules: VllmRules, T: int,
                       R_max: int, cublas: int, enforce_eager: bool) -> tuple:
     """What vLLM's CUDA graphs take on one rank: (the estimate its budget subtracts, what the capture holds, FA3's
@@ -91,10 +101,7 @@ def cudagraph_memory(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, b: int, fam,
     estimate = capture = splits = 0
     n_pw = n_full = 0
     if not enforce_eager:
-        # gpt-oss raises the largest capture size to 1,024 (GptOssForCausalLMConfig): 83 graphs per mode
-        cap_max = 1024 if m.family == "gpt_oss" else min(
-            R_max * 2, rules.max_capture_sm100 if fam in ("sm100", "sm103") else 512)
-        cap_max = min(cap_max, T)
+        cap_max = min(max_capture_size(m, fam, rules, R_max), T)  # gpt-oss: 1,024, 83 graphs per mode
         sizes = _capture_sizes(cap_max)
         full_sizes = [s for s in sizes if s <= R_max]
         n_pw, n_full = len(sizes), len(full_sizes)
