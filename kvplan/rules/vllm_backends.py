@@ -21,6 +21,7 @@ Paths are relative to the vllm package.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from kvplan.errors import KvplanError
 
@@ -126,6 +127,7 @@ def _cc(text: str | None) -> tuple[int, int] | None:
         return None
 
 
+@lru_cache(maxsize=None)
 def _key(v: str) -> tuple[int, int]:
     major, minor = (v.strip().lstrip("v").split(".") + ["0"])[:2]
     return int(major), int(minor)
@@ -381,6 +383,7 @@ BACKENDS: tuple[Backend, ...] = (_FA, _FLASHINFER, _TRITON, _FLEX, _TURBOQUANT, 
                                  _DSV4, _ROCM_ATTN, *_CHANGES)
 
 
+@lru_cache(maxsize=None)
 def backend(name: str, release: str) -> Backend | None:
     """The entry of backend `name` in `release` (the newest entry not after it; None before it exists)."""
     rel = _key(read_release(release))
@@ -491,6 +494,7 @@ def backend_names(release: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(b.name for b in BACKENDS if _key(b.since) <= rel))
 
 
+@lru_cache(maxsize=4096)  # a pure function of hashable values: a sweep asks it once per configuration
 def backend_for(facts: AttentionFacts, compute_capability: str | None, cache_dtype: str, release: str,
                 requested: str | None = None, block_size: int | None = None, platform: str = "cuda",
                 gpu_name: str = "this GPU") -> Choice:
