@@ -65,9 +65,8 @@ def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequ
                ttft_ms: Optional[float] = None, percentile: str = "mean", num_prompts: Optional[int] = None,
                request_rate: Optional[float] = None, **options) -> ThroughputResult:
     """The throughput table for a model on a GPU, as `kvplan throughput` prints it: `kv_cache_dtypes` defaults to
-    the model's own and the engine's fp8 cache (fp8_ds_mla on MLA models under vLLM), `options` are
-    kvplan.deployment.DeploymentArgs
-    fields (tp, weight_dtype, engine, calibration, max_num_batched_tokens, ...).
+    the model's own and the engine's fp8 cache, `options` are kvplan.deployment.DeploymentArgs fields (tp,
+    weight_dtype, engine, calibration, max_num_batched_tokens, ...).
 
         >>> r = throughput("llama-3.1-8b", "h100", isl=1024, osl=1024, concurrency=[16])
         >>> [round(x.tpot_ms, 1) for x in r.rows]   # doctest: +SKIP

@@ -1,6 +1,7 @@
 """The crossover arithmetic of the seed texts, figure by figure, with the hand arithmetic beside each assertion."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -187,9 +188,16 @@ def test_crossover_table(cli):
 
 
 def test_crossover_all_dtypes_on_mla(cli):
+    """-d all is what vLLM's MLA backends store: on dense DeepSeek-V3 the 16-bit caches and plain fp8 (FlashMLA's
+    supported_kv_cache_dtypes: auto, float16, bfloat16, fp8; fp8_e4m3 with FlashInfer's and CUTLASS's MLA); on
+    DeepSeek-V3.2's sparse attention fp8 is stored as fp8_ds_mla (FlashMLASparseBackend: "fp8" an alias for it), once,
+    and nvfp4_ds_mla."""
     r = cli("crossover", "deepseek-v3", "--dtype", "all", "--json")
     names = [d["dtype"] for d in json.loads(r.out)]
-    assert "fp8_ds_mla" in names and "turboquant_k8v4" not in names
+    assert names == ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3"]
+    sparse = Path(__file__).parent / "fixtures/hf-corpus/deepseek-ai--DeepSeek-V3.2_config.json"
+    r = cli("crossover", str(sparse), "--dtype", "all", "--json")
+    assert [d["dtype"] for d in json.loads(r.out)] == ["auto", "float16", "bfloat16", "fp8_ds_mla", "nvfp4_ds_mla"]
 
 
 def test_operating_points_beyond_the_gpu_and_the_fitted_range_are_noted(l8):

@@ -687,8 +687,9 @@ def test_throughput_open_loop_at_a_request_rate(cli):
 
 @pytest.mark.parametrize("command", [["throughput"], ["plot", "throughput"]])
 def test_sglang_default_dtypes_on_an_mla_model_are_sglangs(cli, command):
-    """Without -d, the comparison is the model's own cache and the engine's fp8: fp8_ds_mla is vLLM's MLA layout,
-    and SGLang stores DeepSeek's latent as plain fp8 (its --kv-cache-dtype fp8_e4m3)."""
+    """Without -d, the comparison is the model's own cache and the engine's fp8: SGLang stores DeepSeek's latent as
+    plain fp8 (its --kv-cache-dtype fp8_e4m3), and so do vLLM's dense MLA backends (FlashMLA's
+    supported_kv_cache_dtypes: auto, float16, bfloat16, fp8; fp8_ds_mla is its sparse backend's layout)."""
     import json
 
     from kvplan.rules.sglang import SGLANG_DTYPES
@@ -704,7 +705,7 @@ def test_sglang_default_dtypes_on_an_mla_model_are_sglangs(cli, command):
         assert [s["label"] for s in data["series"]] == ["auto", "fp8"]
     vllm = json.loads(cli("throughput", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--isl", "1k", "--osl", "1k",
                           "-n", "16", "--json").out)
-    assert {row["kv_cache_dtype"] for row in vllm["rows"]} == {"auto", "fp8_ds_mla"}
+    assert {row["kv_cache_dtype"] for row in vllm["rows"]} == {"auto", "fp8"}
 
 
 def test_api_throughput_default_dtypes_follow_the_engine():

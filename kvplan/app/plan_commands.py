@@ -35,6 +35,7 @@ from kvplan.app.options import (  # noqa: F401 (names typer reads from the annot
     _formats_for,
     _names,
     _one_size,
+    _served_here,
     _show,
     _sizes,
     _takes,
@@ -71,7 +72,7 @@ def crossover(
         raise KvplanError(f"--weight-read '{weight_read}': choose 'streamed' or 'all'")
     m = load_model_as(model, deployment["weight_dtype"])
     args = _deployment_args(model=m, gpu=gpu, **deployment)
-    ds = deployments(args, _formats_for(m, dtype, args=args))
+    ds = _served_here(deployments(args, _formats_for(m, dtype, args=args)), dtype)
     # by default, operating points up to the model's own context
     contexts = _sizes(context, "--context") or ([c for c in (2048, 8192, 32768, 131072)
                                                  if c <= m.max_position_embeddings] or [m.max_position_embeddings])
@@ -111,7 +112,8 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
         raise KvplanError("--gpu is required: step times and the pool are the GPU's (e.g. --gpu h100)")
     m = load_model_as(model, deployment.get("weight_dtype"))
     args = _with_profile(_deployment_args(model=m, gpu=gpu, **deployment))
-    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m, engine_of(args)), args), needs_memory=True)
+    ds = _served_here(deployments(args, _formats_for(m, dtype, comparison_dtypes(m, engine_of(args)), args),
+                                  needs_memory=True), dtype)
     r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
                       _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
                       request_rate=request_rate)
@@ -354,7 +356,7 @@ def plot_capacity(
 
     m = load_model_as(model, deployment["weight_dtype"])
     args = _deployment_args(model=m, gpu=gpu, engine="vllm", **deployment)
-    ds = deployments(args, _formats_for(m, dtype, comparison_dtypes(m), args), needs_memory=True)
+    ds = _served_here(deployments(args, _formats_for(m, dtype, comparison_dtypes(m), args), needs_memory=True), dtype)
     _draw(capacity_figure(ds), output, as_json)
 
 

@@ -171,7 +171,8 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     common = dict(model=m, gpu=g, engine=engine, kv=fmt, skip=skip, weight_dtype=weight_dtype, tp=tp,
                   pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
                   calibration=cal, calibration_source=cal_source, inferred_gpu=inferred, parallel=layout,
-                  a2a_backend=a2a, eplb=bool(args.enable_eplb), layout_options=layout_options(args))
+                  a2a_backend=a2a, eplb=bool(args.enable_eplb), layout_options=layout_options(args),
+                  unserved=fmt.unserved(engine, g, args.engine_version))
     if weight_dtype is not None:
         weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
     if engine == "sglang":
@@ -430,7 +431,8 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     if args.block_size is not None and int(args.block_size) % VLLM_BLOCK_MULTIPLE:
         raise KvplanError(f"--block-size {args.block_size}: vLLM's attention backends take multiples of "
                           f"{VLLM_BLOCK_MULTIPLE} (16, 32, 48, 64, ...); no backend supports it")
-    backend = resolve_attention_backend(args, common, rules.version, notes)
+    backend, no_backend = resolve_attention_backend(args, common, rules.version, notes)
+    common = {**common, "unserved": common["unserved"] or no_backend}
     block = int(args.block_size) if args.block_size is not None else backend.block_size
     entrypoint = args.entrypoint or "serve"
     # batch defaults are taken at the model's own length, so that the pool does not depend on max_model_len
@@ -510,6 +512,7 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     page = int(args.page_size) if args.page_size is not None else 1
     if m.sparse_mla:  # SGLang's NSA pool and its server defaults
         fmt = common["kv"] = nsa_kv(args.kv_cache_dtype, m, g, fmt, notes)
+        common["unserved"] = fmt.unserved("sglang", g, args.engine_version)
         if page != NSA_PAGE_SIZE:
             if args.page_size is not None:
                 notes.append(f"--page-size {page}: SGLang sets page size {NSA_PAGE_SIZE} for DeepSeek sparse "

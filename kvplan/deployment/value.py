@@ -75,6 +75,9 @@ class Deployment:
     calibration: Any = None
     calibration_source: str = ""
     notes: tuple[str, ...] = ()
+    # why the engine, release and GPU cannot run this KV format (its catalog entry, or no attention backend of vLLM's
+    # serving it here): planned as a what-if, never a verdict; None where it runs
+    unserved: Optional[str] = None
     inferred_gpu: bool = False
 
     @property

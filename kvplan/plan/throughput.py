@@ -289,8 +289,8 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     for d, lim in zip(ds, limits):
         if lim < 1:
             notes.append(f"{d.kv.name}: {_no_room(d, isl + osl)}")
-        if d.kv.unserved(d.engine, d.gpu):
-            notes.append(f"{d.kv.name}: {d.kv.unserved(d.engine, d.gpu)}; left out of the verdict")
+        if d.unserved:
+            notes.append(f"{d.kv.name}: {d.unserved}; left out of the verdict")
     return ThroughputResult(model=m.name, gpu=d0.gpu.name, tp=d0.tp, pp=d0.pp, isl=isl, osl=osl, engine=d0.engine,
                             tpot_limit_ms=tpot_ms, ttft_limit_ms=ttft_ms, rows=rows, best=best, winner=winner,
                             verdict=verdict, profile="; ".join(profiles), notes=notes, percentile=percentile,
@@ -362,7 +362,7 @@ def _step_change(x: float) -> str:
 
 def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
              percentile: str = "mean") -> tuple[Optional[str], str]:
-    runnable = {d.kv.name for d in ds if d.kv.served_on(d.engine, d.gpu)}  # a what-if is never the verdict
+    runnable = {d.kv.name for d in ds if not d.unserved}  # a what-if is never the verdict
     found = {k: v for k, v in best.items() if v is not None and k in runnable}
     which = "" if percentile == "mean" else f" {percentile}"
     limits = " and ".join(x for x in (f"TPOT{which} <= {tpot:g} ms" if tpot else "",

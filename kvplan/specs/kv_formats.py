@@ -509,9 +509,11 @@ def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "aut
 
 
 def comparison_dtypes(model, engine: str = "vllm") -> list[str]:
-    """The KV dtypes a comparison shows by default: the model's own and the engine's fp8 cache for it (under vLLM
-    fp8_ds_mla for MLA, the only fp8 layout its MLA backends store; SGLang stores an MLA latent as plain fp8). A
-    checkpoint that declares an fp8 KV cache stores fp8 under auto: its comparison is with a 16-bit cache."""
+    """The KV dtypes a comparison shows by default: the model's own and the engine's fp8 cache for it (vLLM's
+    dense MLA backends store an MLA latent as plain fp8, FlashMLA's supported_kv_cache_dtypes in
+    v1/attention/backends/mla/flashmla.py; on a sparse-attention MLA model vLLM stores fp8 as fp8_ds_mla, which
+    the deployment resolves; SGLang stores plain fp8). A checkpoint that declares an fp8 KV cache stores fp8 under
+    auto: its comparison is with a 16-bit cache. `engine` is kept for callers; both engines compare with fp8."""
     if getattr(model, "kv_cache_dtype_declared", None) is not None:
         return ["auto", "bfloat16"]
-    return ["auto", "fp8_ds_mla" if model.is_mla and str(engine).lower() == "vllm" else "fp8"]
+    return ["auto", "fp8"]
