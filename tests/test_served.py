@@ -97,3 +97,29 @@ def test_sglang_fp4_e2m1_served_up_to_0_5_15_and_refused_after():
     # DeepSeek-V3's latent (512 + 64) in MLATokenToKVPoolFP4: 576 / 2 + 576 / 16 = 324 B per layer
     assert cell_bytes(load_model("deepseek-v3"), f, 8)[0] == 324 * 61
     assert f.unserved("vllm", b200) == "what-if: vLLM does not serve fp4_e2m1; SGLang up to 0.5.15 does on B200"
+
+
+@pytest.mark.parametrize("gpu", ["a100", "h100", "b200", "mi300x"])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+@pytest.mark.parametrize("model", ["llama-3-8b", "deepseek-v3"])
+def test_every_format_is_served_marked_or_refused(model, engine, gpu):
+    """Every catalog format, on each engine and GPU (a ROCm one among them): refused, or planned with the reason the
+    engine cannot run it carried and said (a what-if), or run by the engine (under vLLM on an attention backend its
+    selector picks); -d all keeps only the last, and a throughput verdict over them names none of the others."""
+    from kvplan.app.options import _served_here
+    from kvplan.errors import KvplanError
+
+    m = load_model(model)
+    planned = []
+    for name in sorted(CATALOG):
+        try:
+            d = DeploymentArgs(model=m, gpu=gpu, engine=engine, kv_cache_dtype=name).resolve()
+        except KvplanError:
+            continue
+        planned.append(d)
+        if d.unserved:
+            assert d.unserved.startswith("what-if") and any("what-if" in n for n in d.notes), (name, d.notes)
+        elif engine == "vllm":
+            assert d.attention_backend is not None and d.attention_backend.name != "none", name
+    assert planned and all(d.unserved is None for d in _served_here(planned, ["all"]))
+    assert len({d.kv.name for d in _served_here(planned, ["all"])}) == len(_served_here(planned, ["all"]))
