@@ -33,8 +33,12 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from kvplan.sizing.step_time import (SPLIT_FIELDS, Fit, attention_call_seconds, gemm_call_seconds,
-                                     prefill_attention_seconds)
+from kvplan.sizing.kernel_seconds import (
+    attention_call_seconds,
+    gemm_call_seconds,
+    prefill_attention_seconds,
+)
+from kvplan.sizing.step_fits import SPLIT_FIELDS, Fit
 
 MB = 2**20
 # silicon folder -> (kvplan GPU name, peak bandwidth B/s, dense bf16 FLOP/s, dense fp8 FLOP/s, L2 bytes, SMs):

@@ -84,7 +84,7 @@ from kvplan.specs.kv_formats import parse_dtypes
 # error from 51% to 63% on these runs, so the measured phase is taken to start afresh
 PROMPTS_PER_CLIENT = 20
 WARMUP_PER_CLIENT = 0
-from kvplan.sizing.step_time import bundled_profile
+from kvplan.sizing.step_fits import bundled_profile
 from kvplan.sizing.weight_formats import weight_format
 
 SYSTEMS = {"h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300", "gb200": "gb200"}

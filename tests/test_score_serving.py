@@ -198,7 +198,7 @@ def test_sglang_block_fp8_layers_are_priced_on_the_kernel_sglang_runs(sample):
     per-tensor fp8 GEMM at decode sizes: 20.3 against 10.0 us for 4 x 1536 x 7168 on B200). Priced as the per-tensor
     fp8 GEMM, the sample's eight SGLang DeepSeek fp8 runs have a median TPOT error of 17%, where vLLM's block-fp8
     fit gave 68% (0.176 to 1.336 too slow)."""
-    from kvplan.sizing.step_time import bundled_profile, gemm_fit
+    from kvplan.sizing.step_fits import bundled_profile, gemm_fit
     from kvplan.specs.catalog import load_gpu
 
     p = bundled_profile(load_gpu("h200"))

@@ -12,16 +12,15 @@ import pytest
 import yaml
 
 from kvplan.deployment import DeploymentArgs
-from kvplan.sizing.step_time import (
+from kvplan.sizing.kernel_seconds import attention_call_seconds, gemm_call_seconds
+from kvplan.sizing.step_fits import (
     SPLIT_FIELDS,
     Fit,
-    attention_call_seconds,
     attention_fit,
     bundled_profile,
-    gemm_call_seconds,
-    step_model,
     with_calibration,
 )
+from kvplan.sizing.step_time import step_model
 from kvplan.specs.catalog import load_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -765,7 +764,7 @@ PREFILL_GROUPS = sorted({(r["gpu"], r["kv_cache_dtype"], int(r["head_dim"])) for
 
 
 def _prefill_predict(row) -> float:
-    from kvplan.sizing.step_time import prefill_attention_seconds
+    from kvplan.sizing.kernel_seconds import prefill_attention_seconds
 
     fit = bundled_profile(load_gpu(GPU_OF[row["gpu"]])).prefill_attention[row["kv_cache_dtype"]][int(row["head_dim"])]
     b, isl, h, hd = (int(row[k]) for k in ("batch_size", "isl", "num_heads", "head_dim"))
@@ -830,7 +829,7 @@ def test_large_allreduce_takes_the_large_message_line():
     f = FITS["H200-SXM-141GB"]["allreduce"][8]
     assert 1 / f["large_message_bytes_per_s"] == pytest.approx((2.04583 - 0.31929) * 1e-3 / (536870912 - 67108864),
                                                                rel=0.03)
-    from kvplan.sizing.step_time import allreduce_seconds
+    from kvplan.sizing.kernel_seconds import allreduce_seconds
 
     ar = bundled_profile(load_gpu("h200")).allreduce[8]
     assert allreduce_seconds(ar, 134217728) == pytest.approx(0.56364e-3, rel=0.10)

@@ -335,7 +335,8 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
             d = g.deployment_args().resolve(needs_memory=bool(needed & {"capacity", "throughput"}))
             priced = [k for k in _set_requirements(g) if REQUIREMENTS[k].needs == "throughput"]
             if priced and d.gpu is not None:
-                from kvplan.sizing.step_time import bundled_gpus, has_profile
+                from kvplan.sizing.step_fits import bundled_gpus
+                from kvplan.sizing.step_time import has_profile
 
                 if not has_profile(d):
                     raise KvplanError(

@@ -33,16 +33,34 @@ kernel's fit with their own bytes plus fp8's measured conversion cost per elemen
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Optional
 
 from kvplan.errors import KvplanError
-from kvplan.memo import per_spec
-from kvplan.rules.sglang import LINEAR_KERNEL_FAMILY, fused_shared_experts
-from kvplan.sizing.kv_cache import attention_flops_per_token_head, format_bytes_per_token, kv_heads_per_rank, kv_layers
+from kvplan.rules.sglang import fused_shared_experts
+from kvplan.sizing.kernel_seconds import (
+    allreduce_seconds,
+    attention_call_seconds,
+    gemm_call_seconds,
+    prefill_attention_seconds,
+)
+from kvplan.sizing.kv_cache import (
+    attention_flops_per_token_head,
+    format_bytes_per_token,
+    kv_heads_per_rank,
+    kv_layers,
+)
 from kvplan.sizing.model_tensors import model_tensors
+from kvplan.sizing.step_fits import (
+    StepProfile,
+    allreduce_fit,
+    attention_fit,
+    bundled_gpus,
+    bundled_profile,
+    gemm_fit,
+    prefill_attention_fit,
+    with_calibration,
+)
 from kvplan.sizing.weight_formats import gemm_family, moe_family
 from kvplan.sizing.weights import (
     _own_format,
@@ -50,7 +68,7 @@ from kvplan.sizing.weights import (
     format_and_scope,
     tensor_bytes_per_rank,
 )
-from kvplan.specs.catalog import GPUSpec, ModelSpec, _catalog_data, catalog_dir
+from kvplan.specs.catalog import ModelSpec
 from kvplan.specs.kv_formats import kv_format
 from kvplan.units import DTYPE_BYTES
 from kvplan.xp import SCALAR
@@ -72,203 +90,8 @@ SAMPLER_KERNELS = 8  # logits copy, temperature, top-k/top-p, softmax, sampling,
 HOST_GAP_S = 100e-6
 
 
-@dataclass(frozen=True)
-class Fit:
-    t0_s: float
-    eta: float = 1.0
-    per_sequence_head_s: float = 0.0
-    per_query_head_s: float = 0.0
-    per_token_chain_s: float = 0.0  # a split's serial walk over one sequence's tokens (the floor at low batch)
-    mu: Optional[float] = None  # achieved fraction of peak FLOP/s where the kernel is compute-bound
-    peak_flops: Optional[float] = None
-    bytes_per_s: Optional[float] = None  # all-reduce: message bytes per second
-    # all-reduce: the line of large messages (NCCL's bandwidth protocol, its pipeline full), where it is faster
-    large_message_t0_s: float = 0.0
-    large_message_bytes_per_s: Optional[float] = None
-    # decode attention: the kernel's tile of tokens, and the streaming rate its grid sustains per KV head and per
-    # (sequence, KV head) pair when it runs too few programs to load the memory system
-    tile_tokens: int = 1
-    stream_per_kv_head_bytes_per_s: Optional[float] = None
-    stream_per_sequence_head_bytes_per_s: Optional[float] = None
-    # decode attention: how the fixed per-head work and the streaming combine, (fixed^p + stream^p)^(1/p) (other
-    # programs stream while one does its own work; p = 1 adds them); and the L2 a replayed call's cache is read from
-    # as far as it fits (l2_bytes, each such byte costing l2_cost of a DRAM byte), which only the timing tables see
-    blend_exponent: float = 1.0
-    l2_bytes: float = 0.0
-    l2_cost: float = 1.0
-    # decode attention: a kernel that stops splitting the context once (sequences x KV heads) fills 80% of its
-    # program slots runs one program per pair, in waves; a last partial wave slows the stream by util^wave_exponent
-    wave_slots: int = 0
-    wave_exponent: float = 0.0
-    # decode attention: a kernel that splits each (sequence, KV head) pair's context over the program slots the pairs
-    # leave free, splits = min(ceil(context / split_tokens), max(1, floor(split_slots / pairs))) (the TRT-LLM decode
-    # kernels FlashInfer runs on Blackwell), each split walking context / splits; it then combines the splits'
-    # partial results at a cost per split, in a thread-block cluster's shared memory up to CLUSTER_SPLITS splits and
-    # through global memory beyond
-    split_slots: int = 0
-    split_tokens: int = 256
-    combine_per_split_s: float = 0.0
-    combine_per_split_global_s: float = 0.0
-    # GEMMs: (t0, eta, cap, mu, q) per range of tokens, the kernel configuration changing between them; see
-    # gemm_call_seconds
-    buckets: tuple = ()
-    per_expert_s: float = 0.0  # fused MoE: each touched expert's own cost
-    within_10pct: Optional[float] = None  # share of the source rows of >= 64 MiB the fit reproduces within 10%
-    source: str = "bundled"
-
-
-@dataclass(frozen=True)
-class StepProfile:
-    gpu: str
-    name: str  # what the output says it used
-    peak_bandwidth_bytes_per_s: float
-    attention: dict  # "bfloat16" / "fp8" -> {(most query heads per KV head, head size): Fit}
-    gemm: dict  # weight dtype key -> Fit
-    moe: dict
-    allreduce: dict  # world size -> Fit
-    measured: frozenset = frozenset()  # families a calibration profile replaced
-    prefill_attention: dict = field(default_factory=dict)  # "bfloat16" / "fp8" -> {head size: Fit}
-    # world size -> Fit of the engines' custom all-reduce replayed in a CUDA graph (its max_bytes beside it)
-    graph_allreduce: dict = field(default_factory=dict)
-
-
-@lru_cache(maxsize=1)
-def _bundled() -> dict:
-    return _catalog_data(catalog_dir("hardware") / "profiles" / "step-time.yaml")["gpus"]
-
-
-def _fits(d: dict, keyfn=str) -> dict:
-    """Fits read from the profile file (figures about the fit itself, such as its row count, left out)."""
-    return {keyfn(k): Fit(**{f: x for f, x in v.items() if f in Fit.__dataclass_fields__}) for k, v in d.items()}
-
-
-def _attention_fits(d: dict) -> dict:
-    """One dtype's decode-attention fits by (the most query heads per KV head its range holds, head size), and those
-    for calls with a single KV head where the profile has them by (..., head size, 1)."""
-    fits = {(int(g), hd): f for g, by_dim in (d.get("groups") or {}).items() for hd, f in _fits(by_dim, int).items()}
-    fits.update({(int(g), hd, 1): f for g, by_dim in (d.get("one_kv_head") or {}).items()
-                 for hd, f in _fits(by_dim, int).items()})
-    return fits
-
-
-@per_spec
-def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
-    """The bundled fits for this GPU, or None where kvplan has none."""
-    if gpu is None:
-        return None
-    g = _bundled().get(gpu.name)
-    if g is None:
-        return None
-    return StepProfile(gpu=gpu.name, name=f"bundled {gpu.name} ({g['silicon']} kernel timings)",
-                       peak_bandwidth_bytes_per_s=float(g["peak_bandwidth_bytes_per_s"]),
-                       attention={k: _attention_fits(v) for k, v in g["attention"].items()},
-                       gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),
-                       allreduce=_fits(g["allreduce"], int),
-                       prefill_attention={k: _fits(v, int) for k, v in (g.get("prefill_attention") or {}).items()},
-                       graph_allreduce={int(n): (Fit(t0_s=f["t0_s"], bytes_per_s=f["bytes_per_s"]), f["max_bytes"])
-                                        for n, f in (g.get("graph_allreduce") or {}).items()})
-
-
-def bundled_gpus() -> list[str]:
-    return list(_bundled())
-
-
-def with_calibration(base: Optional[StepProfile], cal, source: str, gpu: Optional[GPUSpec]) -> StepProfile:
-    """A `kvplan measure` profile over the bundled fits: its GEMV and decode families replace theirs."""
-    peak = cal.peak_bandwidth_bytes_per_s
-    if base is None:
-        if gpu is None:
-            raise KvplanError("a calibration profile needs --gpu for the parts it does not measure")
-        base = StepProfile(gpu=gpu.name, name="", peak_bandwidth_bytes_per_s=peak, attention={}, gemm={}, moe={},
-                           allreduce={})
-    scale = base.peak_bandwidth_bytes_per_s / peak  # fits are relative to the profile's own peak
-    attention, gemm, measured = {k: dict(v) for k, v in base.attention.items()}, dict(base.gemm), set()
-
-    def measured_fit(f, old: Optional[Fit]) -> Fit:
-        # the measured per-call cost and bandwidth; the terms a GEMV or decode sweep does not vary (per sequence,
-        # per query head, the serial floor, the compute rate) stay the bundled fit's
-        return Fit(t0_s=f.t0_s, eta=f.eta / scale,
-                   per_sequence_head_s=old.per_sequence_head_s if old else 0.0,
-                   per_query_head_s=old.per_query_head_s if old else 0.0,
-                   per_token_chain_s=old.per_token_chain_s if old else 0.0,
-                   blend_exponent=old.blend_exponent if old else 1.0, mu=old.mu if old else None,
-                   peak_flops=old.peak_flops if old else None, source=source,
-                   # the serial walk is per split where the bundled fit splits the context
-                   **({f: getattr(old, f) for f in SPLIT_FIELDS} if old else {}))
-    for fam, key in (("gemv_bf16", "bfloat16"), ("gemv_fp8", "fp8")):
-        if cal.fit(fam) is not None:
-            gemm[key] = measured_fit(cal.fit(fam), gemm.get(key))
-            measured.add(f"gemm {key}")
-    for fam, key in (("decode_bfloat16", "bfloat16"), ("decode_fp8_e4m3", "fp8")):
-        if cal.fit(fam) is not None:  # measured at one head size, applied to every head size's fit
-            fits = attention.get(key) or {(4, 128): None}
-            attention[key] = {hd: measured_fit(cal.fit(fam), old) for hd, old in fits.items()}
-            measured.add(f"attention {key}")
-    name = f"{source} ({cal.device.get('name')})" + (f" over {base.name}" if base.name else "")
-    return StepProfile(base.gpu, name, base.peak_bandwidth_bytes_per_s, attention, gemm, base.moe, base.allreduce,
-                       frozenset(measured), base.prefill_attention, base.graph_allreduce)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # Which fit a format or a weight dtype takes
-
-
-
-def gemm_fit(profile: StepProfile, weight_dtype: str, engine: str = "vllm") -> tuple[Fit, bool]:
-    """(fit, estimated): the fit of the GEMM kernel `engine` runs for `weight_dtype`."""
-    key, fallback = gemm_family(weight_dtype)
-    if engine == "sglang":
-        key = LINEAR_KERNEL_FAMILY.get(key, key)
-    if key in profile.gemm:
-        return profile.gemm[key], False
-    for k in (fallback, "bfloat16"):
-        if k in profile.gemm:
-            return profile.gemm[k], True
-    raise KvplanError(f"the step profile {profile.name} has no GEMM fit")
-
-
-def _by_head_dim(fits: Optional[dict], head_dim: int, group: int = 4, kv_heads: Optional[int] = None) -> Optional[Fit]:
-    """The fit of the range of query heads per KV head that holds `group` (the widest range where none does) and of
-    the head size nearest `head_dim` (by ratio): the kernels pick their tiles and splits by both; for a call with a
-    single KV head, that range's and size's own fit where there is one (its grid has a program per sequence)."""
-    if not fits:
-        return None
-    ranges = sorted({k[0] for k in fits})
-    g = next((r for r in ranges if r >= group), ranges[-1])
-    keys = [k for k in fits if k[0] == g and len(k) == 2]
-    best = min(keys, key=lambda k: abs(math.log(k[1] / max(head_dim, 1))))
-    if kv_heads == 1 and (g, best[1], 1) in fits:
-        return fits[(g, best[1], 1)]
-    return fits[best]
-
-
-def attention_fit(profile: StepProfile, fmt_family: str, head_dim: int = 128, group: int = 4,
-                  kv_heads: Optional[int] = None) -> tuple[Fit, float, bool]:
-    """(fit, seconds of dequantization per cached element, estimated) for a cache format family, head size, number
-    of query heads per KV head (1: multi-head attention) and of KV heads a call runs (on one rank)."""
-    bf16 = _by_head_dim(profile.attention.get("bfloat16"), head_dim, group, kv_heads)
-    if bf16 is None:
-        raise KvplanError(f"the step profile {profile.name} has no decode-attention fit")
-    if fmt_family == "float":
-        return bf16, 0.0, False
-    fp8 = _by_head_dim(profile.attention.get("fp8"), head_dim, group, kv_heads)
-    if fmt_family == "fp8" and fp8 is not None:
-        return fp8, 0.0, False
-    # Not measured: the bf16 kernel's fixed costs and bandwidth on the format's bytes, plus fp8's measured
-    # conversion cost per element (what an fp8 byte costs beyond a bf16 kernel's byte), a floor for any format
-    # that dequantizes before the matmul.
-    per_element = 0.0
-    if fp8 is not None:
-        per_element = max(0.0, 1 / (fp8.eta * profile.peak_bandwidth_bytes_per_s)
-                          - 1 / (bf16.eta * profile.peak_bandwidth_bytes_per_s))
-    return bf16, per_element, True
-
-
-def allreduce_fit(profile: StepProfile, world: int) -> Optional[Fit]:
-    if world <= 1 or not profile.allreduce:
-        return None
-    sizes = sorted(profile.allreduce)
-    return profile.allreduce[next((s for s in sizes if s >= world), sizes[-1])]
 
 
 # the world sizes the engines' custom all-reduce runs on (vLLM's distributed/device_communicators/
@@ -295,39 +118,6 @@ def graph_tokens(d) -> int:
 
     rules = getattr(d, "rules", None)
     return max_capture_size(d.model, cc_family(gpu) if rules is not None else None, rules, d.max_num_seqs)
-
-
-def allreduce_seconds(f: Fit, nbytes, xp=SCALAR):
-    """One all-reduce of `nbytes`: t0 + bytes / rate, or the large messages' own line where it is the faster."""
-    t = f.t0_s + nbytes / (f.bytes_per_s or 1e11)
-    if f.large_message_bytes_per_s:
-        t = xp.minimum(t, f.large_message_t0_s + nbytes / f.large_message_bytes_per_s)
-    return t
-
-
-def prefill_attention_fit(profile: StepProfile, fmt_family: str, flops_per_key_head: float) -> Optional[Fit]:
-    """The prompt-attention fit for a cache format family (fp8's where the cache is fp8 and the profile has it,
-    else bf16's), of the head size whose FLOPs per key (4 x head size: QK^T and PV) are nearest the model's; None
-    where the profile has no prompt-attention fit."""
-    by_dtype = profile.prefill_attention
-    fits = (by_dtype.get("fp8") if fmt_family == "fp8" else None) or by_dtype.get("bfloat16")
-    if not fits:
-        return None
-    hd = min(fits, key=lambda h: abs(math.log(4 * h / max(flops_per_key_head, 1))))
-    return fits[hd]
-
-
-def prefill_attention_seconds(fit: Fit, tokens, q_heads: int, context, flops_per_key_head: float, xp=SCALAR):
-    """One layer's attention of `tokens` prompt tokens that each attend to `context` keys on average (causal over a
-    prompt of L tokens: (L + 1) / 2), `q_heads` query heads on this rank, `flops_per_key_head` FLOPs per (query head,
-    key): t0 + max(tokens x heads x (c_q + keys x flops / (mu F)), c_chain x context), the keys walked in whole tiles
-    of tile_tokens; c_q is a query row's own cost (its load, softmax finish, output write), c_chain the serial walk
-    of the longest program where too few run to fill the GPU."""
-    keys = context
-    if fit.tile_tokens > 1:
-        keys = xp.maximum(xp.ceil(context / fit.tile_tokens), 1) * fit.tile_tokens
-    work = tokens * q_heads * (fit.per_query_head_s + keys * flops_per_key_head / (fit.mu * fit.peak_flops))
-    return fit.t0_s + xp.maximum(work, fit.per_token_chain_s * context)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -357,102 +147,7 @@ class StepTime:
                 "small_kernels_ms": self.small_kernels_s * 1e3, "engine_ms": self.engine_s * 1e3}
 
 
-def gemm_call_seconds(fit: Fit, peak_bw: float, m, n: int, k: int, matrix_bytes: float, act_bytes: float = 2.0,
-                      xp=SCALAR):
-    """One GEMM of m tokens (a number, or numpy arrays with xp=numpy) by an n x k weight of `matrix_bytes`."""
-    byt = matrix_bytes + m * k * act_bytes + m * n * 2
-    flops = 2.0 * m * n * k
-    if not fit.buckets:
-        t = byt / (fit.eta * peak_bw)
-        if fit.mu and fit.peak_flops:
-            t = xp.maximum(t, flops / (fit.mu * fit.peak_flops))
-        return fit.t0_s + t
-    # the bucket of m (larger m take the last), selected elementwise; within it, the rows of k at least min_k take
-    # its deep set where it has one (the kernel changes there)
-    t, below = 0.0, -1
-    for i, b in enumerate(fit.buckets):
-        chosen = m > below if i == len(fit.buckets) - 1 else (m > below) & (m <= b["max_tokens"])
-        below = b["max_tokens"]
-        if not xp.any(chosen):  # only the ranges some m falls in are priced
-            continue
-        tb = _gemm_bucket_seconds(b, fit.peak_flops, peak_bw, m, n, k, byt, flops, xp)
-        if b.get("deep"):
-            tb = xp.where(k >= b["deep"]["min_k"],
-                          _gemm_bucket_seconds(b["deep"], fit.peak_flops, peak_bw, m, n, k, byt, flops, xp), tb)
-        t = xp.where(chosen, tb, t)
-    if fit.mu and fit.peak_flops:  # past the fitted ranges: the large-GEMM rate at least
-        last = fit.buckets[-1]
-        t = xp.where(m > last["max_tokens"], xp.maximum(t, last["t0_s"] + flops / (fit.mu * fit.peak_flops)), t)
-    return t
-
-
-def _gemm_bucket_seconds(b: dict, peak_flops, peak_bw: float, m, n, k, byt, flops, xp):
-    """One range's GEMM time. The rate a grid of n output columns walking k deep sustains, exp(a) x n^b x k^c, caps
-    the bandwidth: at once (a hard minimum) or, where the range has a softness s, as (1/(eta B)^s + 1/cap^s)^(-1/s)
-    (s = 1: the times add, the walk over k not hidden behind the stream). Where the range has a compute term the
-    two limits blend."""
-    cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"] * k ** b.get("cap_k_exponent", 0.0)
-    s = b.get("cap_softness")
-    rate = xp.minimum(b["eta"] * peak_bw, cap) if not s else ((b["eta"] * peak_bw) ** -s + cap ** -s) ** (-1 / s)
-    t = byt / rate
-    if b.get("mu") and peak_flops:
-        q, compute = b["blend_exponent"], flops / (b["mu"] * peak_flops)
-        if b.get("tile_m"):  # tile_m x tile_n output tiles in waves over the SMs, m padded to whole tiles
-            rows = xp.maximum(xp.ceil(m / b["tile_m"]), 1)
-            tiles = rows * xp.ceil(n / b["tile_n"])
-            waves = xp.ceil(tiles / b["sm_count"])
-            compute = compute * (rows * b["tile_m"] / xp.maximum(m, 1)) * (waves * b["sm_count"] / tiles)
-        t = (t ** q + compute ** q) ** (1 / q)
-    if b.get("pad_rows"):
-        # m rounded up to whole blocks of pad_rows (a kernel's tile rows x its cluster): the emptier the last block,
-        # the more it costs, as if the bytes were read again at pad_eta of the bandwidth, x (empty share)^exponent;
-        # a grid narrower than about pad_from_n output columns does not pay it (its tiles all run at once)
-        empty = (xp.ceil(m / b["pad_rows"]) * b["pad_rows"] - m) / b["pad_rows"]
-        narrow = 1 + (b.get("pad_from_n", 1.0) / n) ** b.get("pad_steepness", 1.0)
-        t = t + empty ** b["pad_exponent"] * byt / (b["pad_eta"] * peak_bw * narrow)
-    return b["t0_s"] + t
-
-
-def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_heads: int, context, nbytes,
-                           xp=SCALAR, replayed: bool = False):
-    """One decode-attention call: `batch` sequences of `context` cached tokens, `nbytes` of cache read. `replayed`:
-    the same call run again on the same cache, as a kernel benchmark does, which reads it from L2 as far as it fits
-    (in a serving step every other layer's cache and weights pass through L2 between two calls of a layer)."""
-    bw = fit.eta * peak_bw
-    splits = 1
-    if fit.split_slots:  # the context split over the program slots the (sequence, KV head) pairs leave free
-        splits = xp.minimum(xp.maximum(xp.ceil(context / fit.split_tokens), 1),
-                            xp.maximum(xp.floor(fit.split_slots / xp.maximum(batch * kv_heads, 1)), 1))
-    if fit.stream_per_kv_head_bytes_per_s or fit.stream_per_sequence_head_bytes_per_s:
-        # each program (a pair, or one split of it) sustains its own stream
-        streams = xp.maximum(kv_heads * (fit.stream_per_kv_head_bytes_per_s or 0.0),
-                             batch * kv_heads * splits * (fit.stream_per_sequence_head_bytes_per_s or 0.0))
-        bw = xp.minimum(bw, streams)
-    if fit.tile_tokens > 1:  # a program walks whole tiles of tokens
-        whole = xp.ceil(context / fit.tile_tokens) * fit.tile_tokens
-        nbytes, context = nbytes * whole / xp.maximum(context, 1), whole
-    if replayed and fit.l2_bytes:
-        nbytes = nbytes * (1 - (1 - fit.l2_cost) / (1 + (nbytes / fit.l2_bytes) ** L2_STEEPNESS))
-    fixed = fit.per_sequence_head_s * batch * kv_heads + fit.per_query_head_s * batch * q_heads
-    walk = xp.ceil(context / splits) if fit.split_slots else context  # the tokens one program walks
-    stream = xp.maximum(nbytes / bw, fit.per_token_chain_s * walk)
-    if fit.wave_slots:
-        pairs, slots = batch * kv_heads, fit.wave_slots
-        util = xp.where(pairs >= 0.8 * slots, pairs / (xp.maximum(xp.ceil(pairs / slots), 1) * slots), 1.0)
-        stream = stream / util ** fit.wave_exponent
-    p = fit.blend_exponent
-    t = fit.t0_s + (fixed + stream if p == 1.0 else (fixed ** p + stream ** p) ** (1 / p))
-    if fit.split_slots:
-        per_split = xp.where(splits > CLUSTER_SPLITS, fit.combine_per_split_global_s,
-                             xp.where(splits > 1, fit.combine_per_split_s, 0.0))
-        t = t + per_split * splits
-    return t
-
-
-SPLIT_FIELDS = ("split_slots", "split_tokens", "combine_per_split_s", "combine_per_split_global_s")
-CLUSTER_SPLITS = 16  # the most CTAs a thread-block cluster holds (non-portable size), hence shared-memory combines
 TOKEN_BLOCK = 256  # token counts StepModel.step_seconds prices at once
-L2_STEEPNESS = 12  # how sharply a replayed cache stops fitting in L2 past l2_bytes (benchmarks/fit_step_profiles.py)
 
 
 def _gemm_calls(m: ModelSpec, weight_dtype, tp, profile: StepProfile, estimated_out: list, engine: str = "vllm"):
