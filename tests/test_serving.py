@@ -8,7 +8,8 @@ import pytest
 
 import kvplan.plan.serving as serving
 from kvplan.deployment import DeploymentArgs
-from kvplan.plan.serving import EngineLimits, Stats, simulate
+from kvplan.plan.schedulers import EngineLimits
+from kvplan.plan.serving import Stats, simulate
 from kvplan.plan.throughput import _price, engine_limits
 from kvplan.sizing.step_time import step_model
 

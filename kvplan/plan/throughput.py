@@ -124,12 +124,12 @@ def _no_room(d, length: int) -> str:
 
 
 def engine_limits(d):
-    """What the deployment's scheduler works within (kvplan.plan.serving.EngineLimits): vLLM's token budget,
+    """What the deployment's scheduler works within (kvplan.plan.schedulers.EngineLimits): vLLM's token budget,
     max_num_seqs and usable blocks (the pool `capacity` plans, its null block left out); SGLang's
     chunked_prefill_size, max_running_requests and token pool."""
     import numpy as np
 
-    from kvplan.plan.serving import EngineLimits
+    from kvplan.plan.schedulers import EngineLimits
 
     if d.engine == "sglang":
         from kvplan.plan.sglang_pool import sglang_capacity
