@@ -45,6 +45,7 @@ from kvplan.rules.sglang import (
 )
 from kvplan.rules.vllm import (
     newer_release_note,
+    scheduler_rules,
     serve_defaults,
     version_key,
     vllm_rules,
@@ -440,7 +441,7 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     batched = int(args.max_num_batched_tokens) if args.max_num_batched_tokens is not None else None
     seqs = int(args.max_num_seqs) if args.max_num_seqs is not None else None
     seqs_final, batched_final = seqs or defaults.max_num_seqs, batched or defaults.max_num_batched_tokens
-    _scheduler_rules(seqs_final, batched_final, common["max_model_len"] or m.max_position_embeddings, notes,
+    scheduler_rules(seqs_final, batched_final, common["max_model_len"] or m.max_position_embeddings, notes,
                      seqs is not None, batched is not None)
     d = Deployment(
         **common, engine_version=rules.version, gpu_memory_utilization=float(util), block_size=block,
@@ -456,23 +457,6 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
     if prof is not None:
         d = _with_profile(d, prof)
     return d
-
-
-def _scheduler_rules(seqs: int, batched: int, max_model_len, notes: list[str], seqs_given: bool,
-                     batched_given: bool) -> None:
-    """vLLM's SchedulerConfig checks at start (vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len,
-    called from __post_init__), in its words. Its refusal of max_num_batched_tokens < max_model_len applies only
-    with chunked prefill off, which kvplan does not plan (vLLM turns it on for every generative model)."""
-    if batched < seqs:
-        defaults = [f"{v} {o}" for o, v, given in (("max_num_batched_tokens", batched, batched_given),
-                                                   ("max_num_seqs", seqs, seqs_given)) if not given]
-        default = f"; {' and '.join(defaults)} is vllm serve's default here" if defaults else ""
-        raise KvplanError(f"vLLM refuses to start: max_num_batched_tokens ({batched}) must be greater than or equal "
-                          f"to max_num_seqs ({seqs}) (SchedulerConfig in vllm/config/scheduler.py{default}); raise "
-                          f"--max-num-batched-tokens to {seqs} or lower --max-num-seqs to {batched}")
-    if isinstance(max_model_len, int) and batched > seqs * max_model_len:
-        notes.append(f"vLLM warns: max_num_batched_tokens ({batched}) exceeds max_num_seqs * max_model_len "
-                     f"({seqs * max_model_len}). This may lead to unexpected behavior.")
 
 
 def _with_profile(d: Deployment, prof) -> Deployment:

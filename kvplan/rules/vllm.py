@@ -288,3 +288,20 @@ def vllm_parallel(model, tp: int, pp: int, dp: int, dp_local: Optional[int], exp
     layout = Parallel(attn_tp=tp, dense_tp=tp, vocab_tp=tp, moe_tp=1 if expert_parallel else (group if moe else tp),
                       ep=ep, redundant_experts=int(redundant or 0), dp=dp, world=world, domain=domain)
     return layout, (backend or DEFAULT_ALL2ALL) if expert_parallel and dp > 1 else None
+
+
+def scheduler_rules(seqs: int, batched: int, max_model_len, notes: list[str], seqs_given: bool,
+                    batched_given: bool) -> None:
+    """vLLM's SchedulerConfig checks at start (vllm/config/scheduler.py, SchedulerConfig.verify_max_model_len,
+    called from __post_init__), in its words. Its refusal of max_num_batched_tokens < max_model_len applies only
+    with chunked prefill off, which kvplan does not plan (vLLM turns it on for every generative model)."""
+    if batched < seqs:
+        defaults = [f"{v} {o}" for o, v, given in (("max_num_batched_tokens", batched, batched_given),
+                                                   ("max_num_seqs", seqs, seqs_given)) if not given]
+        default = f"; {' and '.join(defaults)} is vllm serve's default here" if defaults else ""
+        raise KvplanError(f"vLLM refuses to start: max_num_batched_tokens ({batched}) must be greater than or equal "
+                          f"to max_num_seqs ({seqs}) (SchedulerConfig in vllm/config/scheduler.py{default}); raise "
+                          f"--max-num-batched-tokens to {seqs} or lower --max-num-seqs to {batched}")
+    if isinstance(max_model_len, int) and batched > seqs * max_model_len:
+        notes.append(f"vLLM warns: max_num_batched_tokens ({batched}) exceeds max_num_seqs * max_model_len "
+                     f"({seqs * max_model_len}). This may lead to unexpected behavior.")
