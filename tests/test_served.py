@@ -123,3 +123,12 @@ def test_every_format_is_served_marked_or_refused(model, engine, gpu):
             assert d.attention_backend is not None and d.attention_backend.name != "none", name
     assert planned and all(d.unserved is None for d in _served_here(planned, ["all"]))
     assert len({d.kv.name for d in _served_here(planned, ["all"])}) == len(_served_here(planned, ["all"]))
+
+
+def test_all_keeps_a_custom_format_named_beside_it(cli):
+    """A format named beside 'all' is planned whatever serves it, a custom one too (its name has commas of its own)."""
+    import json
+
+    r = cli("crossover", "llama3-8b", "-d", "all,kivi2", "-d", "custom:k_bits=4,v_bits=4", "--json")
+    names = [row["dtype"] for row in json.loads(r.out)]
+    assert "kivi2" in names and "custom:k_bits=4,v_bits=4" in names

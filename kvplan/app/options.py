@@ -345,12 +345,15 @@ def _served_here(ds: list, values: Optional[List[str]]) -> list:
     """The deployments to plan: with 'all' among the dtypes asked for, those the engine, release and GPU run (a
     Deployment's `unserved` is None; the catalog's and the attention backends' word together); a dtype named by
     itself is kept, planned as a what-if and marked so. Each format the engine stores is planned once.""" 
-    named = {n.strip().lower() for v in values or [] for n in v.split(",")}
-    if "all" not in named:
+    from kvplan.specs.kv_formats import dtype_names, kv_format
+
+    names = dtype_names(values) if values else []
+    if not any(n.lower() == "all" for n in names):
         return ds
+    named = {kv_format(n).name for n in names if n.lower() != "all"}
     kept, seen = [], set()
     for d in ds:  # once per stored format (fp8 and fp8_e4m3 are fp8_ds_mla on a sparse-attention MLA model)
-        if (d.unserved is None or d.kv.name.lower() in named) and d.kv.name not in seen:
+        if (d.unserved is None or d.kv.name in named) and d.kv.name not in seen:
             kept.append(d)
             seen.add(d.kv.name)
     return kept or ds

@@ -486,16 +486,23 @@ def kv_format(name: str) -> KVFormat:
     )
 
 
-def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "auto",
-                 served: Optional[Callable[[KVFormat], bool]] = None) -> list[KVFormat]:
-    """Formats named on the command line: repeated options, comma-separated lists, or 'all' (the catalog formats
-    `served` keeps: those the engine serves on the GPU; every one without it). A format named is kept whatever
-    serves it: planning it is a what-if, marked as one."""
+def dtype_names(values: list[str] | tuple[str, ...] | None, default: str = "auto") -> list[str]:
+    """The dtype names the -d / --dtype values hold: repeated options and comma-separated lists ('all' among them
+    as written)."""
     names: list[str] = []
     for v in values or [default]:
         # custom formats contain commas of their own: split only on commas that start a new dtype
         parts = [v] if v.strip().lower().startswith("custom") else v.split(",")
         names += [p.strip() for p in parts if p.strip()]
+    return names
+
+
+def parse_dtypes(values: list[str] | tuple[str, ...] | None, default: str = "auto",
+                 served: Optional[Callable[[KVFormat], bool]] = None) -> list[KVFormat]:
+    """Formats named on the command line: repeated options, comma-separated lists, or 'all' (the catalog formats
+    `served` keeps: those the engine serves on the GPU; every one without it). A format named is kept whatever
+    serves it: planning it is a what-if, marked as one."""
+    names = dtype_names(values, default)
     if not names:
         raise KvplanError("-d / --dtype is empty: name a KV dtype such as auto, fp8 or auto,fp8 (`kvplan formats` "
                           "lists them), or leave the option out")
