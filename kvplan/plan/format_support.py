@@ -119,8 +119,9 @@ def _refusal_source(f: KVFormat, engine: str, version: Optional[str], rules_vers
     return None
 
 
-def _row(base: DeploymentArgs, f: KVFormat, m: ModelSpec, gpu: Optional[GPUSpec], engine: str,
-         rules_version: str, selector: Optional[str]) -> FormatSupport:
+def _row(base: DeploymentArgs, f: KVFormat, m: ModelSpec, engine: str, rules_version: str,
+         selector: Optional[str]) -> FormatSupport:
+    """The format planned on the model (`base`: the engine, release and GPU), read as a row of the matrix."""
     mine = tuple(x for x in f.serves if x.engine == engine)
     try:
         d = replace(base, model=m, kv_cache_dtype=f).resolve()
@@ -172,7 +173,7 @@ def support_matrix(gpu: Union[str, GPUSpec], engine: Optional[str] = None, engin
         selector = None
         if d.engine == "vllm":
             selector = ROCM_SOURCE if d.gpu.vendor == "amd" else PRIORITY_SOURCES[read_release(rules_version)]
-        rows = tuple(_row(base, f, m, d.gpu, d.engine, rules_version, selector) for f in fmts if _applies(f, m))
+        rows = tuple(_row(base, f, m, d.engine, rules_version, selector) for f in fmts if _applies(f, m))
         tables.append(ModelSupport(m.name, _attention(m), rows, tuple(f.name for f in fmts if not _applies(f, m)),
                                    (m.origin,) if m.origin else ()))
     if formats is not None and not any(t.rows for t in tables):
