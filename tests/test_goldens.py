@@ -228,6 +228,13 @@ def _catalogs() -> list:
         "--json", "", "--head-dim 64 --json", "--head-dim 256", "--kv-lora-rank 256 --qk-rope-head-dim 32 --json",
         "--head-dim 0", "turboquant_k3v4_nc", "turboquant_4bit_nc --json", "fp8", "kivi2 --head-dim 64",
         "fp8_ds_mla", "nonsense")]
+    # the support matrix: each format as kvplan plans it on an engine, release and GPU (both default models)
+    cases += [case("formats_matrix", "formats", *args.split()) for args in (
+        "--gpu h100", "--gpu h100 --json", "--gpu a100 --engine-version 0.19", "--gpu b200 --engine-version 0.25 --json",
+        "--gpu mi300x --model llama-3.1-8b", "--gpu b200 --engine sglang --engine-version 0.5.15",
+        "--gpu h100 --engine sglang --json", "fp8_e5m2 --gpu h100 --engine-version 0.20",
+        "--gpu h100 --engine tgi", "--gpu h99", "--gpu h100 --engine-version 1.2", "--engine sglang",
+        "nvfp4 --gpu h100 --model deepseek-v3")]
     cases += [case("models", "models", "--json"), case("models", "models")]
     cases += [case("models", "models", "show", m, "--json") for m in MODELS]
     cases += [case("models", "models", "show", *args.split()) for args in (

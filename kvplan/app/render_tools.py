@@ -26,6 +26,87 @@ def formats_table(rows: Iterable[dict], head_dim: int, mla_dims: tuple[int, int]
               "token's latent in one layer. `kvplan formats --json` adds each layout's description.")
 
 
+def formats_matrix_table(sm) -> None:
+    """The support matrix (kvplan.plan.format_support.SupportMatrix): one table per model, a row per KV dtype."""
+    con = console()
+    engine = "vLLM" if sm.engine == "vllm" else "SGLang"
+    cc = "" if not sm.compute_capability else f" ({sm.compute_capability})" if sm.platform == "rocm" else \
+        f" (compute capability {sm.compute_capability})"
+    shown: dict[str, str] = {}  # backend -> its source, for the lines under the tables
+    for ms in sm.models:
+        if not ms.rows:
+            continue
+        t = Table(title=f"{engine} {sm.engine_version} on {sm.gpu}{cc}, {ms.model} ({ms.attention}): each KV cache "
+                  f"dtype as kvplan plans it", title_justify="left")
+        cols = ["dtype", "status", "selector's backend", "block", "also stored by", "why not served"] \
+            if sm.engine == "vllm" else ["dtype", "status", "--kv-cache-dtype", "why not served"]
+        for col in cols:
+            t.add_column(col, justify="right" if col == "block" else "left",
+                         no_wrap=col in ("dtype", "status", "block"))
+        reasons, shared = _shared_tails([r.reason or "" for r in ms.rows])
+        for r, why in zip(ms.rows, reasons):
+            dtype = r.dtype + (f" (as {r.stored_as})" if r.stored_as else "")
+            if sm.engine == "sglang":
+                t.add_row(dtype, r.status, r.engine_dtype or "-", why)
+                continue
+            b = r.backend
+            others = [c.name for c in r.backends if b is None or c.name != b.name]
+            for c in r.backends:
+                shown.setdefault(c.name, c.source)
+            t.add_row(dtype, r.status, _backend_label(b, sm.backends_release), "-" if b is None else str(r.block_size),
+                      ", ".join(others) or "-", why)
+        print_table(con, t)
+        for mark, tail in shared:
+            con.print(f"{mark} {tail}")
+        if ms.not_applicable:
+            con.print(f"not for {ms.model} ({'MLA' if ms.attention.startswith('MLA') else 'not MLA'}): "
+                      f"{', '.join(ms.not_applicable)}")
+        for n in ms.notes:
+            con.print(f"note: {n}")
+    for n in sm.notes:
+        con.print(f"note: {n}")
+    con.print("served: the engine runs it here; what-if: it cannot (kvplan plans it as if it could, and leaves it "
+              "out of verdicts); refused: kvplan will not plan it. `kvplan formats NAME` shows the catalog's entries "
+              "and their sources; --json adds each row's source.")
+    if sm.engine == "vllm":
+        con.print(f"rules: {sm.rules}; attention backends as vLLM {sm.backends_release}.0's source has them; the "
+                  f"selector's order: {sm.selector_source}")
+        for name, source in shown.items():
+            con.print(f"{name}: {source.split(' (')[0]}")
+
+
+def _backend_label(c, release: Optional[str]) -> str:
+    """A backend the selector chose, with its kernel family where the choice settles one (FlashAttention's
+    version); "none" where no backend stores the format (a what-if)."""
+    from kvplan.rules.vllm_backends import backend
+
+    if c is None:
+        return "-"
+    entry = backend(c.name, release) if c.name != "none" else None
+    return c.label if entry is not None and entry.family != c.family else c.name
+
+
+def _shared_tails(reasons: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Reasons whose second part (after the first '; ' outside parentheses) several rows share, with that part
+    replaced by a mark; returns the reasons and (mark, part) for each part replaced."""
+    def split(text: str) -> tuple[str, str]:
+        depth = 0
+        for i, ch in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth == 0 and text.startswith("; ", i):
+                return text[:i], text[i + 2:]
+        return text, ""
+
+    parts = [split(r) for r in reasons]
+    tails = [tail for _, tail in parts if tail]
+    marks: dict[str, str] = {}
+    for tail in tails:
+        if tails.count(tail) > 1 and tail not in marks:
+            marks[tail] = "(" + "*" * (len(marks) + 1) + ")"
+    out = [f"{head} {marks[tail]}" if tail in marks else r for (head, tail), r in zip(parts, reasons)]
+    return out, [(m, t) for t, m in marks.items()]
+
+
 def _opt(x, fmt: str = ",") -> str:
     if x is None:
         return "-"

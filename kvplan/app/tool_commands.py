@@ -15,6 +15,7 @@ from kvplan.app.options import (  # noqa: F401 (names typer reads from the annot
     _one_size,
     _show,
     _sizes,
+    _takes,
     app,
     gpus_app,
     models_app,
@@ -385,20 +386,45 @@ def _importable(name: str) -> bool:
     return True
 
 
+FormatsEngineOpt = Annotated[Optional[str], typer.Option(
+    "--engine", help="with --gpu: the engine whose support matrix is shown: vllm (default) or sglang")]
+
+
 @app.command()
+@_takes("engine", "engine_version", engine=FormatsEngineOpt)
 def formats(
     name: Optional[str] = typer.Argument(None, help="one format: its layout, who serves it, and the published "
-                                         "accuracy results for it"),
-    head_dim: int = typer.Option(128, "--head-dim", help="head dimension the byte figures are computed at"),
-    kv_lora_rank: int = typer.Option(512, "--kv-lora-rank", help="MLA latent width (no-RoPE part)"),
-    rope_dim: int = typer.Option(64, "--qk-rope-head-dim", help="MLA RoPE width"),
+                                         "accuracy results for it (with --gpu: its row of the support matrix)"),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim", help="head dimension the byte figures are computed "
+                                           "at (default 128)"),
+    kv_lora_rank: Optional[int] = typer.Option(None, "--kv-lora-rank", help="MLA latent width (no-RoPE part; "
+                                               "default 512)"),
+    rope_dim: Optional[int] = typer.Option(None, "--qk-rope-head-dim", help="MLA RoPE width (default 64)"),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", help="show the support matrix on this GPU: per KV dtype, whether the engine serves it there "
+        "(served, what-if or refused, and why), and for vLLM the attention backend its selector picks, the block size "
+        "it sets and the other backends that store it"),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="with --gpu: the model the matrix plans each dtype on (default: llama3-8b, a dense GQA "
+        "model, and deepseek-v3, an MLA one)"),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    **deployment,
 ) -> None:
     """The KV-cache format catalog: bytes per token per KV head (K+V, every scale and pad included), honest bits
-    per element, the MLA latent size, and the layers each keeps in the model dtype by default."""
+    per element, the MLA latent size, and the layers each keeps in the model dtype by default. With --gpu (and
+    --engine, --engine-version, --model): the support matrix, each dtype as kvplan plans it there."""
     from kvplan.errors import KvplanError
     from kvplan.specs.kv_formats import CATALOG, kv_format
 
+    matrix = {"--gpu": gpu, "--model": model, "--engine": deployment["engine"],
+              "--engine-version": deployment["engine_version"]}
+    if any(v is not None for v in matrix.values()):
+        _formats_matrix(name, gpu, model, deployment, {"--head-dim": head_dim, "--kv-lora-rank": kv_lora_rank,
+                                                       "--qk-rope-head-dim": rope_dim}, as_json)
+        return
+    head_dim = 128 if head_dim is None else head_dim
+    kv_lora_rank = 512 if kv_lora_rank is None else kv_lora_rank
+    rope_dim = 64 if rope_dim is None else rope_dim
     if head_dim < 1 or kv_lora_rank < 1 or rope_dim < 0:
         raise KvplanError("--head-dim and --kv-lora-rank must be positive, --qk-rope-head-dim not negative")
     rows = []
@@ -432,6 +458,28 @@ def formats(
         _show(as_json, detail, "format_detail", detail, head_dim)
         return
     _show(as_json, rows, "formats_table", rows, head_dim, (kv_lora_rank, rope_dim))
+
+
+def _formats_matrix(name: Optional[str], gpu: Optional[str], model: Optional[str], deployment: dict,
+                    byte_options: dict, as_json: bool) -> None:
+    """`formats --gpu G [--engine E] [--engine-version V] [--model M] [NAME]`: the support matrix
+    (kvplan.plan.format_support), every catalog format or the one named."""
+    from kvplan.errors import KvplanError
+    from kvplan.plan.format_support import support_matrix
+    from kvplan.specs.kv_formats import kv_format
+
+    given = [k for k, v in byte_options.items() if v is not None]
+    if given:
+        raise KvplanError(f"{given[0]} sets the byte figures of the format listing; the support matrix plans each "
+                          f"dtype on a model (--model): drop one of the two")
+    if gpu is None:
+        said = "--model" if model is not None else "--engine" if deployment["engine"] is not None else \
+            "--engine-version"
+        raise KvplanError(f"{said}: the support matrix is per GPU; add --gpu (e.g. --gpu h100), or drop {said} for "
+                          f"the format listing")
+    fmts = [kv_format(name)] if name is not None else None
+    sm = support_matrix(gpu, deployment["engine"], deployment["engine_version"], [model] if model else None, fmts)
+    _show(as_json, sm.to_dict(), "formats_matrix_table", sm)
 
 
 def _model_row(key: str, m) -> dict:
