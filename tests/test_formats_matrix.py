@@ -72,9 +72,13 @@ def test_h100_vllm_033():
 
 
 def test_fp8_e5m2_on_flash_attention_until_025():
-    # vLLM 0.20's FlashAttention takes every quantized cache on FA3 (is_quantized_kv_cache); 0.25 narrows it to
-    # fp8 and fp8_e4m3, so the same H100 moves fp8_e5m2 to FlashInfer
-    assert _rows("h100", version="0.20", formats=["fp8_e5m2"])["fp8_e5m2"].backend.name == "FLASH_ATTN"
+    # vLLM 0.20's FlashAttention takes every quantized cache on FA3 (is_quantized_kv_cache), but its forward reads
+    # fp8/fp8_e4m3 only (get_fp8_dtype_for_flashattn raises for fp8_e5m2): the selector picks it and vLLM fails at
+    # start, a what-if with no backend whose reason names the one --attention-backend can run (FlashInfer, Triton)
+    r = _rows("h100", version="0.20", formats=["fp8_e5m2"])["fp8_e5m2"]
+    assert r.status == "what-if" and r.backend.name == "none" and _stored_by(r) == ["FLASHINFER", "TRITON_ATTN"]
+    assert "picks FLASH_ATTN (FA3)" in r.reason and r.reason.endswith("--attention-backend FLASHINFER serves it")
+    # 0.25 narrows it to fp8 and fp8_e4m3, so the same H100 moves fp8_e5m2 to FlashInfer
     for version in ("0.25", "0.30", "0.33"):
         r = _rows("h100", version=version, formats=["fp8_e5m2"])["fp8_e5m2"]
         assert r.backend.name == "FLASHINFER" and "FLASH_ATTN" not in _stored_by(r), version
@@ -119,19 +123,56 @@ def test_what_ifs_and_refusals_on_vllm():
     assert rows["fp8_inc"].status == "what-if" and "Intel Gaudi" in rows["fp8_inc"].reason
     # int4_per_token_head arrived in 0.25: vLLM 0.19 has no such --kv-cache-dtype, and kvplan refuses to plan it
     assert rows["int4_per_token_head"].status == "refused" and "does not exist in vLLM 0.19" in \
-        rows["int4_per_token_head"].reason
+        rows["int4_per_token_head"].reason and "vLLM adds it in 0.25" in rows["int4_per_token_head"].reason
+    # so are the ones 0.20 added (0.19.0's CacheDType has none of them): refused, not what-ifs
+    for name in ("turboquant_k8v4", "int8_per_token_head", "fp8_per_token_head", "nvfp4"):
+        assert rows[name].status == "refused" and "vLLM adds it in 0.20" in rows[name].reason, name
     assert rows["int4_per_token_head"].backend is None and not rows["int4_per_token_head"].backends
     # SGLang's own formats are what-ifs on vLLM
     assert rows["mxfp8"].status == "what-if" and rows["mxfp8"].reason.startswith("vLLM does not serve mxfp8")
 
 
 def test_rocm():
-    rows = _rows("mi300x", formats=["auto", "fp8_e5m2", "int8_per_token_head"])
+    rows = _rows("mi300x", formats=["auto", "fp8_e5m2", "int8_per_token_head", "turboquant_k8v4", "nvfp4"])
     # platforms/rocm.py (AITER off): ROCM_ATTN then TRITON_ATTN; the per-token-head modes are Triton's
     assert rows["auto"].backend.name == "ROCM_ATTN" and rows["fp8_e5m2"].backend.name == "ROCM_ATTN"
     assert rows["int8_per_token_head"].backend.name == "TRITON_ATTN"
+    # TURBOQUANT ends the ROCm list from 0.20 (_get_backend_priorities), with no capability check of its own
+    assert rows["turboquant_k8v4"].status == "served" and rows["turboquant_k8v4"].backend.name == "TURBOQUANT"
+    # no ROCm backend lists NVFP4: a what-if, said by the catalog (vLLM's NVFP4 cache is FlashInfer's, on CUDA)
+    assert rows["nvfp4"].status == "what-if" and rows["nvfp4"].backend.name == "none" and not rows["nvfp4"].backends
+    assert rows["nvfp4"].reason == "vLLM serves nvfp4 only on CUDA GPUs"
     # no CUDA-only backend is offered on an AMD GPU
-    assert all(c.name in ("ROCM_ATTN", "TRITON_ATTN") for r in rows.values() for c in r.backends)
+    assert all(c.name in ("ROCM_ATTN", "TRITON_ATTN", "TURBOQUANT") for r in rows.values() for c in r.backends)
+    # 0.19 has no turboquant_* --kv-cache-dtype (vllm/config/cache.py CacheDType): refused, naming 0.20
+    old = _rows("mi300x", version="0.19", formats=["turboquant_k8v4"])["turboquant_k8v4"]
+    assert old.status == "refused" and "vLLM adds it in 0.20" in old.reason
+
+
+GPU_FAMILIES = ("a100", "l40s", "h100", "b200", "rtx-5090", "mi300x")  # 8.0, 8.9, 9.0, 10.0, 12.0, ROCm
+
+
+@pytest.mark.parametrize("version", ["0.19", "0.20", "0.25", "0.28", "0.30", "0.33"])
+@pytest.mark.parametrize("gpu", GPU_FAMILIES)
+def test_no_what_if_names_a_backend_and_refusals_name_the_release(gpu, version):
+    """On every GPU family and release: a what-if has no selector's backend (the catalog's word and the attention
+    backends' agree), and where --attention-backend could still name one the reason says so (the selector's pick
+    fails at start); a served row has one; a dtype the release lacks is refused in one line naming the release
+    that adds it."""
+    from kvplan.rules.vllm import release_adding
+
+    for model in ("llama3-8b", "deepseek-v3", SPARSE):
+        for r in support_matrix(gpu, "vllm", version, [model]).models[0].rows:
+            if r.status == "what-if":
+                assert r.backend.name == "none", (model, r.dtype, r.backend)
+                assert not r.backends or r.reason.endswith(f"--attention-backend {r.backends[0].name} serves it"), \
+                    (model, r.dtype, r.reason)
+            elif r.status == "served":
+                assert r.backend.name != "none" and r.backend.name in _stored_by(r), (model, r.dtype)
+            elif "does not exist in vLLM" in r.reason:
+                first = release_adding(r.stored_as or r.dtype)
+                assert first and r.reason.endswith(f"vLLM adds it in {first} (choose --engine-version {first} or "
+                                                   f"later)") and "\n" not in r.reason, (model, r.dtype, r.reason)
 
 
 def test_sglang():

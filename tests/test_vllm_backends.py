@@ -104,8 +104,42 @@ def test_flash_attn_refuses_e5m2_by_name():
         backend_for(LLAMA, "9.0", "fp8_e5m2", "0.33", requested="FLASH_ATTN", gpu_name="H100")
     msg = str(e.value)
     assert "\n" not in msg and "FLASH_ATTN" in msg and "fp8_e5m2 not supported" in msg and "FLASHINFER serves" in msg
-    # 0.19 took every fp8 name on FA3 (supports_kv_cache_dtype: startswith("fp8"))
-    assert backend_for(LLAMA, "9.0", "fp8_e5m2", "0.19", requested="FLASH_ATTN").family == "FA3"
+    # 0.19 took every fp8 name on FA3 (supports_kv_cache_dtype: startswith("fp8")), but FlashAttentionImpl.forward
+    # views the cache through get_fp8_dtype_for_flashattn, which knows fp8 and fp8_e4m3 only: asked for, it is
+    # refused as failing at start, naming the backend that runs it
+    assert not refusals(backend("FLASH_ATTN", "0.19"), "0.19", (9, 0), LLAMA, "fp8_e5m2")  # the selector takes it
+    with pytest.raises(KvplanError) as e:
+        backend_for(LLAMA, "9.0", "fp8_e5m2", "0.19", requested="FLASH_ATTN", gpu_name="H100")
+    msg = str(e.value)
+    assert "\n" not in msg and "then fails at start" in msg and "Unrecognized FP8 dtype: fp8_e5m2" in msg
+    assert msg.endswith("FLASHINFER serves it (choose it)")
+
+
+@pytest.mark.parametrize("release, dtype, hint", [
+    # 0.19: supports_kv_cache_dtype takes every fp8 name on FA3; FLASHINFER (next in the 9.x list) reads e5m2
+    ("0.19", "fp8_e5m2", "; --attention-backend FLASHINFER serves it"),
+    # 0.20: every quantized cache (utils/torch_utils.py is_quantized_kv_cache: fp8*, *_per_token_head, nvfp4);
+    # Triton lists int8/fp8_per_token_head
+    ("0.20", "fp8_e5m2", "; --attention-backend FLASHINFER serves it"),
+    ("0.20", "int8_per_token_head", "; --attention-backend TRITON_ATTN serves it"),
+    ("0.20", "fp8_per_token_head", "; --attention-backend TRITON_ATTN serves it"),
+    # nvfp4: no 0.20 backend stores it (FlashInfer does not list it until 0.25, and then on 10.x only)
+    ("0.20", "nvfp4", "; from vLLM 0.25, FLASHINFER serves it on 10.x"),
+])
+def test_flash_attention_takes_what_it_cannot_read_on_fa3(release, dtype, hint):
+    """FlashAttention's selector check in 0.19 and 0.20 takes caches its forward then fails on
+    (get_fp8_dtype_for_flashattn raises 'Unrecognized FP8 dtype'): on H100 (FA3, first in the 9.x list) vLLM picks
+    it and fails at start, so kvplan plans no backend and says why, in one line."""
+    with pytest.raises(KvplanError) as e:
+        backend_for(LLAMA, "9.0", dtype, release, gpu_name="H100")
+    msg = str(e.value)
+    assert msg.startswith(f"vLLM {release}'s selector picks FLASH_ATTN (FA3) for {dtype} on H100, which then fails "
+                          f"at start (flash_attn.py get_fp8_dtype_for_flashattn raises 'Unrecognized FP8 dtype: "
+                          f"{dtype}')") and msg.endswith(hint) and "\n" not in msg, msg
+    # fp8 and fp8_e4m3 are what it reads; on A100 FA2 refuses every quantized cache at selection (no failure)
+    assert backend_for(LLAMA, "9.0", "fp8_e4m3", release).label == "FLASH_ATTN (FA3)"
+    if dtype != "nvfp4":
+        assert backend_for(LLAMA, "8.0", dtype, release).name != "FLASH_ATTN"
 
 
 def test_attention_backend_option(cli):

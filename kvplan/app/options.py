@@ -316,22 +316,27 @@ def _model_len(value: Optional[str]) -> Optional[int | str]:
 
 def _formats_for(model, values: Optional[List[str]], default: Optional[List[str]] = None, args=None) -> list:
     """The KV formats asked for. 'all' means the formats the engine serves on the GPU of `args` (the deployment
-    asked for; any GPU where it names none). With several, formats for the other attention layout (MLA or heads)
-    are left out; a single one that does not apply is an error, raised where it is used."""
+    asked for; any GPU where it names none), in its release: a vLLM dtype the release does not have is left out
+    (the attention backends' word comes with each deployment: _served_here). With several, formats for the other
+    attention layout (MLA or heads) are left out; a single one that does not apply is an error, raised where it is
+    used."""
     from kvplan.errors import KvplanError
     from kvplan.specs.kv_formats import parse_dtypes
 
     served = None
     if args is not None:
+        from kvplan.rules.vllm import vllm_rules
         from kvplan.specs.catalog import load_gpu
 
         prof = args.profile if not isinstance(args.profile, str) else None
         engine = (args.engine or getattr(prof, "engine", None) or "vllm").lower()
         gpu = args.gpu or getattr(prof, "gpu", None)
         gpu = load_gpu(gpu) if isinstance(gpu, str) else gpu
+        version = args.engine_version or getattr(prof, "engine_version", None)
+        missing = vllm_rules(version).cache_dtypes_missing if engine == "vllm" else frozenset()
 
         def served(f):
-            return f.served_on(engine, gpu)
+            return f.served_on(engine, gpu, version) and f.name not in missing
     fmts = parse_dtypes(values or default, served=served)
     if len(fmts) == 1:
         return fmts

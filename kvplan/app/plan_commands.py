@@ -210,7 +210,7 @@ def capacity(
     args = _with_profile(args)
     m = load_model_as(model, deployment["weight_dtype"]) if model else load_model(args.profile.model)
     fmts = _formats_for(m, dtype, args=args) if dtype else [None]
-    ds = deployments(replace(args, model=m), fmts, needs_memory=True)
+    ds = _served_here(deployments(replace(args, model=m), fmts, needs_memory=True), dtype)
     if ds[0].engine == "sglang":
         from kvplan.plan.sglang_pool import sglang_capacity
 

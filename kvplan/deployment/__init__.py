@@ -44,6 +44,7 @@ from kvplan.rules.sglang import (
     mamba_state_bytes,
 )
 from kvplan.rules.vllm import (
+    missing_dtype_message,
     newer_release_note,
     scheduler_rules,
     serve_defaults,
@@ -422,8 +423,7 @@ def _resolve_vllm(args: DeploymentArgs, prof, common: dict, notes: list[str]) ->
         raise KvplanError(f"{m.name}: DeepSeek-V4's caches are planned with vLLM 0.33's rules only (the release "
                           f"whose layout kvplan follows); use --engine-version 0.33")
     if fmt.name in rules.cache_dtypes_missing:
-        raise KvplanError(f"KV cache dtype '{fmt.name}' does not exist in {rules.label}; it arrived later "
-                          f"(choose a later --engine-version)")
+        raise KvplanError(missing_dtype_message(fmt.name, rules))
     util = args.gpu_memory_utilization
     if util is None and prof is not None and prof.gpu_memory_utilization and args.kv_cache_memory_gib is None:
         util = prof.gpu_memory_utilization

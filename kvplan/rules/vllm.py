@@ -108,15 +108,21 @@ class VllmRules:
         return [avail] + ([f"{size}, {conc}"] if self.one_log_line else [size, conc])
 
 
-_OLD_DTYPES = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
+# The --kv-cache-dtype names a release lacks: those of kvplan's catalog that its vllm/config/cache.py CacheDType (the
+# Literal --kv-cache-dtype is checked against) does not list. 0.19.0 (and 0.19.1) list auto, float16, bfloat16, fp8,
+# fp8_e4m3, fp8_e5m2, fp8_inc and fp8_ds_mla only; 0.20.0 adds the four turboquant_* presets, int8_per_token_head,
+# fp8_per_token_head and nvfp4; 0.25.0 int4_per_token_head; 0.28.0 nvfp4_4over6; 0.30.0 nvfp4_ds_mla.
+_MISSING_020 = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
+_MISSING_019 = _MISSING_020 | {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+                               "int8_per_token_head", "fp8_per_token_head", "nvfp4"}
 _LAZY = dict(lazy_torch_nccl=True, nemotron_ssm_default="fp16", checkpoint_state_kinds=frozenset())
 _NO_HYBRID_PREFIX = dict(hybrid_prefix_caching=False, **_LAZY)
 _MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
-    VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _OLD_DTYPES,
+    VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _MISSING_019,
               subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, pads_small_v=True,
               **_NO_HYBRID_PREFIX),
-    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _OLD_DTYPES, **_NO_HYBRID_PREFIX),
+    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _MISSING_020, **_NO_HYBRID_PREFIX),
     VllmRules("0.25", "vLLM 0.25", 1, False, "concurrency", False, True,
               frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_NO_HYBRID_PREFIX),
     VllmRules("0.26", "vLLM 0.26 and 0.27", 1, False, "concurrency", False, True,
@@ -168,6 +174,22 @@ def vllm_rules(version: str | None) -> VllmRules:
         raise KvplanError(f"--engine-version '{version}': kvplan knows vLLM 0.x releases up to {known[-1].version}")
     earlier = [r for r in known if version_key(r.version) <= key]
     return earlier[-1] if earlier else known[0]
+
+
+def release_adding(dtype: str) -> Optional[str]:
+    """The first catalogued vLLM release whose CacheDType lists `dtype` (each release keeps the names of the one
+    before); None where the oldest already has it or none does."""
+    names = sorted(VLLM, key=version_key)
+    first = next((n for n in names if dtype not in VLLM[n].cache_dtypes_missing), None)
+    return None if first == names[0] else first
+
+
+def missing_dtype_message(dtype: str, rules: VllmRules) -> str:
+    """The one-line refusal of a --kv-cache-dtype the release does not have (its vllm/config/cache.py CacheDType does
+    not list it), naming the release that adds it."""
+    first = release_adding(dtype)
+    later = f"; vLLM adds it in {first} (choose --engine-version {first} or later)" if first else ""
+    return f"KV cache dtype '{dtype}' does not exist in {rules.label}{later}"
 
 
 def newer_release_note(version: str | None) -> Optional[str]:

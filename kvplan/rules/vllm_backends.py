@@ -9,6 +9,8 @@ refuse: the KV cache dtype (supported_kv_cache_dtypes / supports_kv_cache_dtype)
 (get_supported_kernel_block_sizes), MLA or not (is_mla), sparse or not (is_sparse), attention sinks
 (supports_sink), the compute capability (supports_compute_capability) and the backend's own supports_combination.
 --attention-backend NAME skips the walk and validates that one backend, refusing to start if it cannot serve.
+A backend the selector takes may still fail once it runs (an entry's `fails`: FlashAttention 0.19 and 0.20 take
+caches their forward cannot read): vLLM then fails at start, and kvplan says so instead of planning that backend.
 Without --block-size, Platform.update_block_size_for_backend (platforms/interface.py) then sets the block to the
 backend's get_preferred_block_size(16): 16 where a kernel block size divides it, else the smallest kernel size.
 
@@ -44,7 +46,9 @@ class Backend:
     `head_sizes`: the listed head sizes (empty: any), `head_multiple`, `head_min`, `head_max` the rule a backend
     writes as a formula. `cc_majors` (empty: any) and `cc_min`/`cc_max` bound the compute capability. `checks`
     name the rules of its supports_combination / supports_kv_cache_dtype / supports_sink that need more than a
-    list (kvplan.rules.vllm_backends._CHECKS). `since`: the first read release this entry describes."""
+    list (kvplan.rules.vllm_backends._CHECKS). `fails` name rules of the same form for what validate_configuration
+    lets through but the backend raises on once it runs (the engine then fails at start: kvplan plans no such
+    backend, and says why). `since`: the first read release this entry describes."""
 
     name: str
     family: str  # the kernel family, as a user reads it ("FlashAttention", "FlashInfer", "Triton", ...)
@@ -63,6 +67,7 @@ class Backend:
     cc_max: tuple[int, int] = (99, 99)
     sinks: bool = False  # supports_sink without a further rule (a rule in `checks` otherwise)
     checks: tuple[str, ...] = ()
+    fails: tuple[str, ...] = ()
     platform: str = "cuda"
     since: str = "0.19"
 
@@ -179,6 +184,18 @@ def _fa_fp8(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
     return None if ok else "its fp8 cache needs FA3 on 9.x or FA4 on 10.x"
 
 
+def _fa_cache_view(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
+    """What FlashAttention cannot read though its selector check takes it: 0.19's supports_kv_cache_dtype takes
+    every fp8 name on FA3 (kv_cache_dtype.startswith("fp8") -> flash_attn_supports_fp8) and 0.20's every quantized
+    cache (utils/torch_utils.py is_quantized_kv_cache: fp8*, *_per_token_head, nvfp4), but FlashAttentionImpl.forward
+    (and the FA3 metadata builder's AOT schedule) view the cache through
+    FlashAttentionBackend.get_fp8_dtype_for_flashattn, which knows fp8 and fp8_e4m3 only and raises ValueError
+    ("Unrecognized FP8 dtype") for the rest. 0.25 lists fp8 and fp8_e4m3 only, so the selector moves on."""
+    if dtype in FLOAT or dtype in E4M3:
+        return None
+    return f"flash_attn.py get_fp8_dtype_for_flashattn raises 'Unrecognized FP8 dtype: {dtype}'"
+
+
 def _fa_sinks(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
     """flash_attn_supports_sinks: FA3 (0.19), FA3 or FA4 (0.20 on); supports_combination: compute capability
     9.0 or later."""
@@ -261,8 +278,9 @@ def _no_fp8_ds_mla(release: str, f: AttentionFacts, cc, dtype: str) -> str | Non
     return "no fp8_ds_mla cache" if dtype == "fp8_ds_mla" else None
 
 
-_CHECKS = {"fa_fp8": _fa_fp8, "fa_sinks": _fa_sinks, "fa_head": _fa_head, "flashinfer_sinks": _flashinfer_sinks,
-           "flashinfer_nvfp4": _flashinfer_nvfp4, "mla_fa3": _mla_fa3, "flashinfer_mla_nope": _flashinfer_mla_nope,
+_CHECKS = {"fa_fp8": _fa_fp8, "fa_cache_view": _fa_cache_view, "fa_sinks": _fa_sinks, "fa_head": _fa_head,
+           "flashinfer_sinks": _flashinfer_sinks, "flashinfer_nvfp4": _flashinfer_nvfp4, "mla_fa3": _mla_fa3,
+           "flashinfer_mla_nope": _flashinfer_mla_nope,
            "tokenspeed": _tokenspeed, "sparse_indexed": _sparse_indexed, "sparse_fa4": _sparse_fa4,
            "nvfp4_ds_mla": _nvfp4_ds_mla, "no_fp8_ds_mla": _no_fp8_ds_mla}
 
@@ -273,7 +291,7 @@ _CHECKS = {"fa_fp8": _fa_fp8, "fa_sinks": _fa_sinks, "fa_head": _fa_head, "flash
 _FA = Backend("FLASH_ATTN", "FlashAttention", _B + "flash_attn.py FlashAttentionBackend (supports_kv_cache_dtype, "
               "supports_head_size, get_supported_kernel_block_sizes, supports_compute_capability, supports_sink, "
               "supports_combination); fa_utils.py", FLOAT | FP8, block_multiple=16, cc_min=(8, 0),
-              checks=("fa_head", "fa_fp8", "fa_sinks"))
+              checks=("fa_head", "fa_fp8", "fa_sinks"), fails=("fa_cache_view",))
 _FLASHINFER = Backend("FLASHINFER", "FlashInfer", _B + "flashinfer.py FlashInferBackend (supported_kv_cache_dtypes, "
                       "get_supported_head_sizes, get_supported_kernel_block_sizes, supports_compute_capability, "
                       "supports_sink)", FLOAT | FP8, blocks=(16, 32, 64), head_sizes=(64, 128, 256), cc_min=(7, 5),
@@ -347,22 +365,25 @@ _ROCM_ATTN = Backend("ROCM_ATTN", "ROCm paged attention", _B + "rocm_attn.py Roc
 
 # what later releases changed, each read from that release's file
 _CHANGES = [
-    # 0.20: FlashAttention takes every quantized cache on FA3 (supports_kv_cache_dtype: is_quantized_kv_cache ->
-    # flash_attn_supports_fp8), heads up to 512 where FA4 exists; Triton takes int8/fp8 per-token-head; the
-    # sparse FlashMLA takes head 512 too
+    # 0.20: FlashAttention's selector check takes every quantized cache on FA3 (supports_kv_cache_dtype:
+    # is_quantized_kv_cache -> flash_attn_supports_fp8), though it reads only fp8/fp8_e4m3 (fails: fa_cache_view),
+    # heads up to 512 where FA4 exists; Triton takes int8/fp8 per-token-head; the sparse FlashMLA takes head 512
+    # too. nvfp4 is a CacheDType name here that no backend stores: FlashInfer does not list it (its metadata
+    # builder raises "nvfp4 KV cache is not yet supported") and FlashAttention cannot read it
     replace(_FA, since="0.20", kv_dtypes=FLOAT | FP8 | {"int8_per_token_head", "fp8_per_token_head", "nvfp4"}),
     replace(_TRITON, since="0.20", kv_dtypes=FLOAT | FP8 | {"int8_per_token_head", "fp8_per_token_head"}),
     replace(_FLASHMLA_SPARSE, since="0.20", head_sizes=(512, 576)),
     # 0.25: FlashAttention's fp8 is fp8/fp8_e4m3 only; FlashInfer takes nvfp4 (10.x), head 512 and only 8.0+
     # (supports_compute_capability); Triton takes int4 per-token-head; FlashInfer's sparse MLA refuses
     # fp8_ds_mla; the sparse FlashMLA takes only head 576 again
-    replace(_FA, since="0.25", kv_dtypes=FLOAT | E4M3),
+    replace(_FA, since="0.25", kv_dtypes=FLOAT | E4M3, fails=()),
     replace(_FLASHINFER, since="0.25", kv_dtypes=FLOAT | FP8 | {"nvfp4"}, head_sizes=(64, 128, 256, 512),
             cc_min=(8, 0), checks=("flashinfer_sinks", "flashinfer_nvfp4")),
     replace(_TRITON, since="0.25", kv_dtypes=FLOAT | FP8 | PER_TOKEN_HEAD),
     replace(_FLASHINFER_MLA_SPARSE, since="0.25", head_sizes=(576,), checks=("sparse_indexed", "no_fp8_ds_mla")),
     replace(_FLASHMLA_SPARSE, since="0.25", head_sizes=(576,)),
-    # 0.30: FlashInfer takes nvfp4_4over6; the sparse FlashMLA takes nvfp4_ds_mla (10.x)
+    # 0.30: FlashInfer takes nvfp4_4over6 (10.x; vLLM added it in 0.28, planned here with 0.25's entries); the
+    # sparse FlashMLA takes nvfp4_ds_mla (10.x)
     replace(_FLASHINFER, since="0.30", kv_dtypes=FLOAT | FP8 | {"nvfp4", "nvfp4_4over6"},
             head_sizes=(64, 128, 256, 512), cc_min=(8, 0), checks=("flashinfer_sinks", "flashinfer_nvfp4")),
     replace(_FLASHMLA_SPARSE, since="0.30", kv_dtypes=_FLASHMLA_SPARSE.kv_dtypes | {"nvfp4_ds_mla"},
@@ -514,13 +535,27 @@ def backend_for(facts: AttentionFacts, compute_capability: str | None, cache_dty
                               f"(or auto, the selector's choice)")
         why = refusals(b, rel, cc, facts, cache_dtype, block_size)
         if why:
-            alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform)
+            alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True)
             hint = f"; {alt.name} serves it (drop --attention-backend or choose it)" if alt else ""
             raise KvplanError(f"--attention-backend {name}: vLLM {rel} refuses it for {cache_dtype} on {gpu_name} "
                               f"({', '.join(why)}; {b.source.split(' (')[0]}){hint}")
+        broken = failures(b, rel, cc, facts, cache_dtype)
+        if broken:
+            alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True)
+            hint = f"; {alt.name} serves it (choose it)" if alt else ""
+            raise KvplanError(f"--attention-backend {name}: vLLM {rel} takes it for {cache_dtype} on {gpu_name}, then "
+                              f"fails at start ({', '.join(broken)}){hint}")
         return Choice(b.name, _family(b, rel, cc, facts, cache_dtype),
                       block_size or _block(b, rel, cc, facts, cache_dtype), rel, True, b.source)
     chosen = _first_valid(rel, cc, facts, cache_dtype, block_size, platform)
+    broken = failures(backend(chosen.name, rel), rel, cc, facts, cache_dtype) if chosen is not None else []
+    if broken:
+        alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True)
+        hint = f"; --attention-backend {alt.name} serves it" if alt else \
+            _served_elsewhere(rel, facts, cache_dtype, platform)
+        picked = chosen.label if chosen.name == "FLASH_ATTN" else chosen.name
+        raise KvplanError(f"vLLM {rel}'s selector picks {picked} for {cache_dtype} on {gpu_name}, which then fails at "
+                          f"start ({', '.join(broken)}){hint}")
     if chosen is None:
         tried = priorities(rel, cc, facts, cache_dtype, platform)
         served = _served_elsewhere(rel, facts, cache_dtype, platform)
@@ -529,11 +564,22 @@ def backend_for(facts: AttentionFacts, compute_capability: str | None, cache_dty
     return chosen
 
 
+def failures(b: Backend, release: str, cc: tuple[int, int] | None, f: AttentionFacts, dtype: str) -> list[str]:
+    """Why backend `b`, once the selector has taken it, fails at start (its `fails` rules); empty where it runs.
+    `cc` None (a GPU of unknown capability) passes, as in refusals."""
+    if cc is None:
+        return []
+    return [r for c in b.fails if (r := _CHECKS[c](release, f, cc, dtype))]
+
+
 def _first_valid(rel: str, cc, facts: AttentionFacts, dtype: str, block: int | None,
-                 platform: str) -> Choice | None:
+                 platform: str, running: bool = False) -> Choice | None:
+    """The selector's choice: the first of the priority list that validates; `running`: the first that also runs
+    (the one --attention-backend could name instead of a choice that fails at start)."""
     for name in priorities(rel, cc, facts, dtype, platform):
         b = backend(name, rel)
-        if b is not None and not refusals(b, rel, cc, facts, dtype, block):
+        if b is not None and not refusals(b, rel, cc, facts, dtype, block) and \
+                not (running and failures(b, rel, cc, facts, dtype)):
             return Choice(b.name, _family(b, rel, cc, facts, dtype), block or _block(b, rel, cc, facts, dtype), rel,
                           False, b.source)
     return None
@@ -542,12 +588,12 @@ def _first_valid(rel: str, cc, facts: AttentionFacts, dtype: str, block: int | N
 def _served_elsewhere(rel: str, facts: AttentionFacts, dtype: str, platform: str) -> str:
     """'; BACKEND serves it on X.x' for the first capability major where one does, or a later release's."""
     for major in (8, 9, 10, 12):
-        c = _first_valid(rel, (major, 0), facts, dtype, None, platform)
+        c = _first_valid(rel, (major, 0), facts, dtype, None, platform, running=True)
         if c is not None:
             return f"; {c.name} serves it on compute capability {major}.x"
     for later in READ[READ.index(rel) + 1:]:
         for major in (8, 9, 10):
-            c = _first_valid(later, (major, 0), facts, dtype, None, platform)
+            c = _first_valid(later, (major, 0), facts, dtype, None, platform, running=True)
             if c is not None:
                 return f"; from vLLM {later}, {c.name} serves it on {major}.x"
     return ""

@@ -68,7 +68,12 @@ class Serves:
     """One engine serving a format on one platform: from `min_cc` up on CUDA (compute capability, e.g. (9, 0)),
     only on the majors in `cc_majors` where given. `source` names the engine file the fact is read from. `until`:
     the last release that serves it, where a later one refuses it at start (`replaced_by` names what serves the
-    same bytes there); such an entry serves only a release named as at most `until`."""
+    same bytes there); such an entry serves only a release named as at most `until`.
+
+    A vLLM entry on CUDA or ROCm names the platform only (no `min_cc`, `cc_majors` or `until`): which GPUs of it
+    store the format, in which release, is the attention backends' to say (kvplan.rules.vllm_backends, each entry
+    read from that release's backend file), and the deployment asks them (a format no backend stores there is a
+    what-if with their reason). tests/test_served.py holds the two to agreement for every release and GPU family."""
 
     engine: Literal["vllm", "sglang"]
     platform: Platform
@@ -260,7 +265,12 @@ def _turboquant(name: str, key_bits: int, value_bits: int, norm_correction: bool
     v: Side = (Component("codes", value_bits), Component("scale_fp16", 16, "vector"), Component("zero_fp16", 16, "vector"))
     return KVFormat(
         name, "turboquant", description, k, v, applies_to="mha", align=2, default_skip="boundary",
-        serves=(Serves("vllm", "cuda", "vllm/v1/attention/backends/turboquant (its own backend, Triton kernels)"),),
+        # its own backend, Triton kernels: last in platforms/cuda.py's priority list and, from 0.20 too, in
+        # platforms/rocm.py's (_get_backend_priorities; TurboQuantAttentionBackend has no capability check)
+        serves=(Serves("vllm", "cuda", _V + "turboquant_attn.py TurboQuantAttentionBackend (its own backend, Triton "
+                       "kernels)"),
+                Serves("vllm", "rocm", _V + "turboquant_attn.py TurboQuantAttentionBackend; platforms/rocm.py "
+                       "_get_backend_priorities")),
         params={"key_bits": key_bits, "value_bits": value_bits, "norm_correction": norm_correction},
     )
 
@@ -282,10 +292,10 @@ def _kivi(bits: int, group: int = 32, residual: int = 128) -> KVFormat:
 
 
 
-# Who serves what, read from the engines' sources (vLLM 0.19's backends' supported_kv_cache_dtypes and
-# supports_compute_capability; the dtypes added after 0.19 from the backend each release names for them; SGLang
-# 0.5's mem_cache/kv_cache_dtype.py configure_kv_cache_dtype, which accepts each of its dtypes without an
-# architecture check).
+# Who serves what, read from the engines' sources. vLLM: the platforms whose attention backends store the dtype in
+# some release (each backend's supported_kv_cache_dtypes / supports_kv_cache_dtype; platforms/cuda.py and rocm.py
+# _get_backend_priorities); the GPUs and releases are kvplan.rules.vllm_backends'. SGLang 0.5's
+# mem_cache/kv_cache_dtype.py configure_kv_cache_dtype accepts each of its dtypes without an architecture check.
 _V = "vllm/v1/attention/backends/"
 _SG = "sglang/srt/mem_cache/kv_cache_dtype.py configure_kv_cache_dtype"
 _FLOAT = (Serves("vllm", "cuda", _V + "flash_attn.py, triton_attn.py supported_kv_cache_dtypes"),
@@ -298,8 +308,15 @@ _SGLANG = (Serves("sglang", "cuda", _SG), Serves("sglang", "rocm", _SG))
 # the per-token-head modes run on the Triton backend (supports_compute_capability: every GPU)
 _TRITON = (Serves("vllm", "cuda", _V + "triton_attn.py (the per-token-head modes)"),
            Serves("vllm", "rocm", _V + "triton_attn.py (the per-token-head modes)"))
-# NVFP4 is written and read with the GPU's FP4 support: Blackwell (compute capability 10.0 and later)
+# SGLang's FP4 caches are written and read with the GPU's FP4 support: Blackwell (compute capability 10.0 and later)
 _FP4 = (10, 0)
+# vLLM's NVFP4 cache is FlashInfer's: v1/attention/backends/flashinfer.py FlashInferBackend.supports_kv_cache_dtype
+# takes nvfp4 on 10.x (TRTLLM) from 0.25 and nvfp4_4over6 there from 0.28, and from 0.33 nvfp4 (not nvfp4_4over6)
+# on 8.x, 9.x and 12.x too (_nvfp4_kv_on_fa2). 0.20 lists nvfp4 in CacheDType but stores it nowhere: FlashInfer does
+# not list it (and FlashInferMetadataBuilder raises "nvfp4 KV cache is not yet supported"), and FlashAttention,
+# which its selector takes for it on FA3, reads a quantized cache through get_fp8_dtype_for_flashattn, which raises
+# for it. Which GPU, which release: kvplan.rules.vllm_backends.
+_NVFP4 = (Serves("vllm", "cuda", _V + "flashinfer.py FlashInferBackend.supports_kv_cache_dtype (the NVFP4 cache)"),)
 
 _SCALE_PAIR = (Component("scale_fp32", 32, "vector"),)
 
@@ -336,23 +353,25 @@ _register(
              **_same(_data(4), *_SCALE_PAIR), serves=_TRITON),
     KVFormat("nvfp4", "nvfp4", "e2m1 pairs, one fp8 e4m3 scale per 16 values, fp32 global scale per layer "
              "(FlashInfer backend)", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)), applies_to="mha",
-             serves=(Serves("vllm", "cuda", _V + "flashinfer.py (the NVFP4 cache)", _FP4),
-                     Serves("sglang", "cuda", _SG, _FP4))),
+             serves=_NVFP4 + (Serves("sglang", "cuda", _SG, _FP4),)),
     KVFormat("nvfp4_4over6", "nvfp4", "the NVFP4 layout; each block of 16 picks max/6 or max/4 scaling at write "
              "time, whichever reconstructs better", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)),
-             applies_to="mha", serves=(Serves("vllm", "cuda", _V + "flashinfer.py (the NVFP4 cache)", _FP4),)),
+             applies_to="mha", serves=_NVFP4),
     KVFormat("fp8_ds_mla", "mla", "DeepSeek MLA latent: 512 fp8 no-RoPE values, 4 fp32 scales (one per 128), "
              "64 bf16 RoPE values", k=(), v=(), applies_to="mla",
              mla=(Component("nope_fp8", 8, over="nope"), Component("scale_fp32", 32, "group", 128, over="nope"),
                   Component("rope_bf16", 16, over="rope")),
-             serves=(Serves("vllm", "cuda", _V + "mla/flashmla_sparse.py supports_compute_capability (9.x, 10.x)",
-                            cc_majors=(9, 10)),)),
+             # FlashMLASparseBackend (9.x, 10.x), FlashInferMLASparseSM120Backend (12.x, 0.25 on),
+             # DeepseekV4SparseMLABackend (9.x, 10.x, 0.33): which GPU, which release, kvplan.rules.vllm_backends
+             serves=(Serves("vllm", "cuda", _V + "mla/flashmla_sparse.py, mla/flashinfer_mla_sparse.py "
+                            "supported_kv_cache_dtypes"),)),
     KVFormat("nvfp4_ds_mla", "mla", "DeepSeek MLA latent: 512 e2m1 no-RoPE values with an fp8 scale per 16, "
              "64 fp8 RoPE values", k=(), v=(), applies_to="mla",
              mla=(Component("nope_e2m1", 4, over="nope"), Component("scale_e4m3", 8, "group", 16, over="nope"),
                   Component("rope_fp8", 8, over="rope")),
-             serves=(Serves("vllm", "cuda", _V + "mla/flashmla_sparse.py (the NVFP4 latent: FP4, 10.x)",
-                            cc_majors=(10,)),)),
+             # FlashMLASparseBackend.supports_combination: 10.x only, from 0.30 (kvplan.rules.vllm_backends)
+             serves=(Serves("vllm", "cuda", _V + "mla/flashmla_sparse.py FlashMLASparseBackend (the NVFP4 "
+                            "latent)"),)),
     _turboquant("turboquant_k8v4", 8, 4, False, "TurboQuant: fp8 keys, 4-bit uniform values (fp16 scale+zero)"),
     _turboquant("turboquant_4bit_nc", 4, 4, True,
                 "TurboQuant: Hadamard-rotated 4-bit Lloyd-Max keys with fp16 norm (norm-corrected), 4-bit values"),
