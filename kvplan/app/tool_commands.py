@@ -493,7 +493,7 @@ def _model_row(key: str, m) -> dict:
     elif not m.is_hybrid and kinds[0] == "full":
         att = "full"
     else:
-        state = {"mamba2": "Mamba-2", "gdn": "GDN", "mamba": "Mamba"}.get(m.state.kind, "state") if m.state else ""
+        state = m.state.label if m.state else ""
         short = {"sliding": "SW", "chunked": "chunk", "full": "full", "state": state}
         parts = []
         for k in ("sliding", "chunked", "full", "state"):

@@ -77,7 +77,7 @@ def mamba_state_bytes(model: ModelSpec, attn_tp: int) -> tuple[int, int]:
     st = model.state
     if st is None:
         return 0, 0
-    if st.kind not in ("mamba2", "gdn"):
+    if not st.sglang_pool:
         raise KvplanError(f"{model.name}'s {st.kind} state layers: kvplan models SGLang's Mamba pool for Mamba-2 and "
                           f"gated delta net layers only; plan it with --engine vllm")
     # extra_groups_for_head_shards: n_groups + (tp - n_groups), i.e. tp groups, where tp does not divide them

@@ -58,11 +58,9 @@ def check_tp(model: ModelSpec, tp: int) -> None:
             f"{VOCAB_PADDING}): vLLM's workers stop with '{rows} is not divisible by {tp}'; "
             f"valid: {', '.join(map(str, ok[:12]))}")
     if not model.attention_layers and model.state is not None:  # attention-free: the mixer's channels split
-        st = model.state
-        split = st.num_heads if st.kind != "mamba" else st.inner
+        split, unit = model.state.tp_split()
         if split % tp:
-            raise KvplanError(f"--tp {tp} does not split {model.name}'s {split:,} "
-                              f"{'Mamba-2 heads' if st.kind != 'mamba' else 'Mamba channels'} evenly")
+            raise KvplanError(f"--tp {tp} does not split {model.name}'s {split:,} {unit} evenly")
         return
     if not _tp_ok(model, tp):
         kv = "" if model.is_mla else f" and {'/'.join(map(str, model.attention_kv_heads))} KV heads"
@@ -276,24 +274,7 @@ def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None
     st = model.state
     if st is None:
         return 0, 0
-    b = DTYPE_BYTES[model.dtype]
-    sb = DTYPE_BYTES[st.ssm_cache_dtype or ssm_default or model.dtype]
-    if st.kind == "lightning":  # one state per head in mamba_cache_dtype (the model dtype), no convolution
-        return 0, (st.num_heads // tp) * st.head_dim * st.state_size * b
-    if st.kind == "kda":  # q, k and v conv states in the model dtype; the recurrent state in float32 unless named
-        conv = (st.conv_kernel - 1) * (st.conv_channels // tp) * b
-        rb = DTYPE_BYTES[st.ssm_cache_dtype] if st.ssm_cache_dtype else 4
-        return conv, (st.num_heads // tp) * st.head_dim * st.state_size * rb
-    groups = st.n_groups
-    if st.kind == "mamba2" and groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
-        groups += tp - groups
-    channels = st.conv_channels if st.kind != "mamba2" else st.inner + 2 * groups * st.state_size
-    conv = (st.conv_kernel - 1) * (channels // tp) * b
-    if st.kind == "mamba":
-        ssm = (st.inner // tp) * st.state_size * sb
-    else:  # Mamba-2: heads x head_dim x d_state; gated delta net: value heads x value dim x key dim
-        ssm = (st.num_heads // tp) * st.head_dim * st.state_size * sb
-    return conv, ssm
+    return st.cache_bytes(tp, model.dtype, ssm_default)  # the mixer's own (kvplan.specs.mixers)
 
 
 def skipped_indices(layers: Sequence[LayerKV], fmt: KVFormat) -> list[int]:

@@ -4,20 +4,17 @@ experts, state layers, vision tower), and the per-layer view derived from it. Ev
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from kvplan.memo import per_spec
+from kvplan.specs.frozen import _Frozen
+from kvplan.specs.mixers import StateSpec, state_mixer  # noqa: F401 (StateSpec: importable from here)
 
 LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
 MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
 MlpKind = Literal["dense", "moe", "none"]
 ATTENTION_KINDS = ("full", "sliding", "chunked")
-
-
-class _Frozen(BaseModel):
-    # Validators are built on first use, so a command pays only for the spec kinds it loads.
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class AttentionLayout(_Frozen):
@@ -129,49 +126,6 @@ class MoESpec(_Frozen):
     @property
     def shared_intermediate(self) -> int:
         return self.shared_expert_intermediate_size or self.expert_intermediate_size
-
-
-class StateSpec(_Frozen):
-    """The mixer of a layer that keeps a fixed state per sequence instead of a growing KV cache: Mamba-2 (heads x
-    head_dim channels, n_groups groups of a state_size-wide SSM state), gated delta net (value heads x value head
-    dim, n_groups key heads of state_size-wide keys), Mamba (one intermediate_size-wide channel set), lightning
-    attention (MiniMax: heads of a head_dim x state_size key-value state, no convolution) or Kimi delta attention
-    (KDA: heads of head_dim x state_size, short convolutions on q, k and v)."""
-
-    kind: Literal["mamba2", "gdn", "mamba", "lightning", "kda"]
-    num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads; lightning and KDA heads")
-    head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim; lightning and KDA "
-                          "head dim")
-    state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim; lightning "
-                            "and KDA: the head dim again")
-    n_groups: int = Field(1, gt=0, description="Mamba-2 B/C groups; gated delta net key heads")
-    conv_kernel: int = Field(4, gt=0)
-    intermediate_size: Optional[int] = Field(None, gt=0, description="Mamba: d_inner")
-    dt_rank: Optional[int] = Field(None, gt=0, description="Mamba: the rank of the time-step projection")
-    conv_bias: bool = True
-    proj_bias: bool = False
-    dt_bc_norms: bool = Field(False, description="RMSNorms on the time step, B and C (Jamba's Mamba)")
-    full_rank_gate: bool = Field(False, description="KDA: the output gate one hidden -> heads x head_dim projection, "
-                                 "fused with q, k and v (Kimi-K3), instead of a low-rank pair")
-    ssm_cache_dtype: Optional[Literal["bf16", "fp16", "fp32"]] = Field(
-        None, description="the SSM/recurrent state's dtype in the cache (mamba_ssm_cache_dtype); None: the model's")
-
-    @property
-    def inner(self) -> int:
-        """The channels the mixer works on (its conv sees inner plus the B/C or key channels)."""
-        if self.kind == "mamba":
-            return self.intermediate_size or 0
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_channels(self) -> int:
-        if self.kind == "lightning":
-            return 0
-        if self.kind == "kda":  # q, k and v each convolved
-            return 3 * self.inner
-        if self.kind == "mamba":
-            return self.inner
-        return self.inner + 2 * self.n_groups * self.state_size
 
 
 class SharedAttentionSpec(_Frozen):
@@ -310,6 +264,11 @@ class ModelSpec(_Frozen):
         None, description="the KV-cache quantization the checkpoint declares (what `auto` resolves to)")
     vllm_until: Optional[str] = Field(None, description="the last vLLM release that serves this architecture, where "
                                       "a later one removed it")
+
+    @field_validator("state", mode="after")
+    @classmethod
+    def _state_mixer(cls, v: Optional[StateSpec]) -> Optional[StateSpec]:
+        return state_mixer(v)  # the kind's class, whose methods give what it costs
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
