@@ -57,10 +57,11 @@ def check_tp(model: ModelSpec, tp: int) -> None:
             f"--tp {tp} does not divide {model.name}'s vocabulary of {rows:,} rows (padded to a multiple of "
             f"{VOCAB_PADDING}): vLLM's workers stop with '{rows} is not divisible by {tp}'; "
             f"valid: {', '.join(map(str, ok[:12]))}")
-    if not model.attention_layers and model.state is not None:  # attention-free: the mixer's channels split
-        split, unit = model.state.tp_split()
-        if split % tp:
-            raise KvplanError(f"--tp {tp} does not split {model.name}'s {split:,} {unit} evenly")
+    if not model.attention_layers and model.state_mixers:  # attention-free: the mixers' channels split
+        for st in model.state_mixers:
+            split, unit = st.tp_split()
+            if split % tp:
+                raise KvplanError(f"--tp {tp} does not split {model.name}'s {split:,} {unit} evenly")
         return
     if not _tp_ok(model, tp):
         kv = "" if model.is_mla else f" and {'/'.join(map(str, model.attention_kv_heads))} KV heads"
@@ -194,10 +195,10 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
         return compressed_kv_layers(model, fmt)
     out = []
     indexers = frozenset(model.indexer_layers)
-    state = sum(state_bytes(model, tp, ssm_default))
+    state = [sum(st.cache_bytes(tp, model.dtype, ssm_default)) for st in model.state_mixers]  # each mixer's
     for i, kind in enumerate(model.layer_kinds):
         if kind == "state":  # a fixed state per sequence, in its own dtype whatever the KV cache dtype
-            out.append(LayerKV(i, "state", 0, "state", 0.0, fixed_bytes=state))
+            out.append(LayerKV(i, "state", 0, "state", 0.0, fixed_bytes=state[model.state_index(i)]))
             continue
         if kind not in ATTENTION_KINDS:  # an MLP-only block
             continue
@@ -266,12 +267,19 @@ def compressed_kv_layers(model: ModelSpec, fmt: KVFormat) -> tuple[LayerKV, ...]
     return tuple(out)
 
 
-def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None) -> tuple[int, int]:
+def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None,
+                layer: Optional[int] = None) -> tuple[int, int]:
     """One state layer's cache for one sequence on one rank, as vLLM's MambaSpec holds it: the causal conv's last
     (kernel - 1) inputs of its channels, in the model dtype, and the SSM (or gated delta net recurrent) state in
     mamba_ssm_cache_dtype (the model dtype unless the config or the user names another). Heads and channels split
-    across TP ranks. Returns (conv bytes, state bytes)."""
-    st = model.state
+    across TP ranks. With `layer`, that layer's (where state layers differ). Returns (conv bytes, state bytes)."""
+    if layer is not None:
+        st = model.layer_state(layer)
+    elif len(model.state_mixers) > 1:
+        raise KvplanError(f"{model.name}'s state layers differ ({', '.join(st.label for st in model.state_mixers)}): "
+                          f"name the layer")
+    else:
+        st = model.state
     if st is None:
         return 0, 0
     return st.cache_bytes(tp, model.dtype, ssm_default)  # the mixer's own (kvplan.specs.mixers)

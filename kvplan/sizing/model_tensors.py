@@ -208,8 +208,9 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     h = m.hidden_size
     L = len(m.attention_layers)  # the attention tensors' count: every layer but a hybrid's state and MLP-only ones
     ts: list[Tensor] = [Tensor("embed_tokens", m.vocab_size, h, 1, "vocab", "embed", False)]
-    if m.state_layers:  # the mixer's own (kvplan.specs.mixers)
-        ts += m.state.tensors(h, len(m.state_layers))
+    groups = m.state_groups
+    for st, layers in groups:  # each mixer's own (kvplan.specs.mixers), on its layers where the mixers differ
+        ts += st.tensors(h, len(layers), layers if len(groups) > 1 else ())
 
     # Attention
     if m.mla:

@@ -4,7 +4,7 @@ experts, state layers, vision tower), and the per-layer view derived from it. Ev
 
 from typing import Literal, Optional, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from kvplan.memo import per_spec
@@ -206,7 +206,13 @@ class ModelSpec(_Frozen):
     compressed: Optional[CompressedAttentionSpec] = None
     moe: Optional[MoESpec] = None
     vision: Optional[VisionSpec] = None
-    state: Optional[StateSpec] = None
+    state: Optional[StateSpec] = Field(None, description="the state layers' mixer (kvplan.specs.mixers), where every "
+                                       "state layer has the same; else `states` and `state_of`")
+    states: Optional[tuple[StateSpec, ...]] = Field(
+        None, description="the state mixers, where state layers differ (two kinds, or two sizes of one); each state "
+        "layer names its own in state_of")
+    state_of: Optional[tuple[Optional[int], ...]] = Field(
+        None, description="with `states`: each layer's index into states (null for a layer without a state)")
     shared_attention: Optional[SharedAttentionSpec] = None
     mixers: Optional[tuple[MixerKind, ...]] = Field(
         None, description="each layer's mixer, where layers differ beyond the attention pattern (hybrids)")
@@ -270,6 +276,21 @@ class ModelSpec(_Frozen):
     def _state_mixer(cls, v: Optional[StateSpec]) -> Optional[StateSpec]:
         return state_mixer(v)  # the kind's class, whose methods give what it costs
 
+    @field_validator("states", mode="after")
+    @classmethod
+    def _state_mixers(cls, v: Optional[tuple[StateSpec, ...]]) -> Optional[tuple[StateSpec, ...]]:
+        return None if v is None else tuple(state_mixer(st) for st in v)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """The fields as given; `states` and `state_of` only where a model has several state mixers, so that a spec
+        of one (or none) dumps as it did before they existed."""
+        data = handler(self)
+        if isinstance(data, dict) and self.states is None:
+            data.pop("states", None)
+            data.pop("state_of", None)
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
         if self.mla is None and self.head_dim is None:
@@ -280,7 +301,7 @@ class ModelSpec(_Frozen):
             raise ValueError("moe.first_dense_layers exceeds num_layers")
         for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps), ("kv_heads_per_layer", self.kv_heads_per_layer),
                             ("head_dims", self.head_dims), ("v_from_k", self.v_from_k), ("indexed", self.indexed),
-                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms)):
+                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms), ("state_of", self.state_of)):
             if kinds is not None and len(kinds) != self.num_layers:
                 raise ValueError(f"{name} lists {len(kinds)} layers; the model has {self.num_layers}")
         for name, sizes in (("kv_heads_per_layer", self.kv_heads_per_layer), ("head_dims", self.head_dims),
@@ -293,7 +314,7 @@ class ModelSpec(_Frozen):
             if self.num_heads % kv:
                 raise ValueError(f"num_heads {self.num_heads} is not a multiple of a layer's {kv} KV heads")
         if self.mixers is not None:
-            if "state" in self.mixers and self.state is None:
+            if "state" in self.mixers and self.state is None and self.states is None:
                 raise ValueError("a 'state' layer needs the state mixer described (state: kind, heads, ...)")
             for kind, size in (("sliding", self.attention.sliding_window), ("chunked", self.attention.chunk_size)):
                 if kind in self.mixers and size is None:
@@ -306,7 +327,28 @@ class ModelSpec(_Frozen):
                              f"model has {self.num_layers}")
         if self.mlps is not None and "moe" in self.mlps and self.moe is None:
             raise ValueError("a 'moe' layer needs moe (experts, experts_per_token, ...)")
+        self._check_states()
         return self
+
+    def _check_states(self) -> None:
+        """`states` and `state_of` together, instead of `state`, every state layer naming one of them."""
+        if self.states is None:
+            if self.state_of is not None:
+                raise ValueError("state_of names each layer's mixer among `states`; give states too, or drop it")
+            return
+        if self.state is not None:
+            raise ValueError("give `state` (one mixer for every state layer) or `states` with `state_of`, not both")
+        if not self.states:
+            raise ValueError("states is empty; give at least one state mixer")
+        if self.state_of is None:
+            raise ValueError("with `states`, state_of names each layer's mixer (its index in states; null for a "
+                             "layer without a state)")
+        for i, (kind, j) in enumerate(zip(self.layer_kinds, self.state_of)):
+            if kind == "state" and (isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < len(self.states)):
+                raise ValueError(f"state_of: layer {i} is a state layer; give it an index below {len(self.states)} "
+                                 f"into states, not {j}")
+            if kind != "state" and j is not None:
+                raise ValueError(f"state_of: layer {i} is a '{kind}' layer, without a state; give it null, not {j}")
 
     @property
     def is_mla(self) -> bool:
@@ -330,6 +372,33 @@ class ModelSpec(_Frozen):
     @per_spec
     def state_layers(self) -> tuple[int, ...]:
         return tuple(i for i, k in enumerate(self.layer_kinds) if k == "state")
+
+    @property
+    def state_mixers(self) -> tuple[StateSpec, ...]:
+        """The state mixers: `states`, or the one `state` (none in a model without state layers)."""
+        if self.states is not None:
+            return self.states
+        return (self.state,) if self.state is not None else ()
+
+    def state_index(self, i: int) -> int:
+        """Which of state_mixers state layer i uses."""
+        return self.state_of[i] if self.state_of is not None else 0  # type: ignore[return-value]
+
+    def layer_state(self, i: int) -> Optional[StateSpec]:
+        """Layer i's state mixer (None for a layer without a state)."""
+        if self.layer_kinds[i] != "state":
+            return None
+        return self.state_mixers[self.state_index(i)]
+
+    @property
+    @per_spec
+    def state_groups(self) -> tuple[tuple[StateSpec, tuple[int, ...]], ...]:
+        """Each state mixer the layers use, with its layers, in the order of state_mixers."""
+        mixers = self.state_mixers
+        layers: list[list[int]] = [[] for _ in mixers]
+        for i in self.state_layers:
+            layers[self.state_index(i)].append(i)
+        return tuple((st, tuple(at)) for st, at in zip(mixers, layers) if at)
 
     @property
     @per_spec
