@@ -30,7 +30,8 @@ class StateSpec(_Frozen):
 
     Validated, a spec becomes its kind's class (state_mixer), whose methods give what the kind costs."""
 
-    kind: str = Field(description="the mixer: mamba2, gdn, mamba, lightning or kda (a class of kvplan.specs.mixers)")
+    kind: str = Field(description="the mixer: a kind of STATE_MIXERS (mamba2, gdn, mamba, lightning, kda)",
+                      json_schema_extra=lambda schema: schema.update(enum=list(STATE_MIXERS)))
     num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads; lightning and KDA heads")
     head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim; lightning and KDA "
                           "head dim")
@@ -50,7 +51,7 @@ class StateSpec(_Frozen):
 
     KIND: ClassVar[str] = ""  # the `kind` a subclass stands for
     label: ClassVar[str] = "state"  # its name in the models table
-    tp_unit: ClassVar[str] = "Mamba-2 heads"  # what tensor parallelism splits, as an attention-free model's message says
+    tp_unit: ClassVar[str] = "Mamba-2 heads"  # what TP splits, as an attention-free model's message names it
     # sglang 0.5.6 has a Mamba pool shape for it (configs/mamba_utils.py Mamba2StateShape)
     sglang_pool: ClassVar[bool] = False
     # sglang divides its state slots among the data-parallel attention groups (hybrid_gdn_config)
@@ -104,6 +105,12 @@ class StateSpec(_Frozen):
         """`count` layers' tensors, as transformers' and vLLM's modelling code builds them (`layers`: the layers
         holding them, where other state layers hold another mixer's)."""
         raise NotImplementedError(self.kind)
+
+    @classmethod
+    def vllm_prefill_checkpoint(cls, compute_capability: Optional[str], key_head_dim: int) -> bool:
+        """Whether vLLM's prefill kernel for it on this GPU keeps a prefill checkpoint block, in the releases that give
+        the mixer one (VllmRules.checkpoint_state_kinds)."""
+        return True
 
     def profile_peak(self, tokens: int, hidden: int, tp: int, b: int) -> int:
         """Its layer's live tensors in vLLM's profile run for `tokens` tokens of `b` bytes: the projections run, the
@@ -191,6 +198,10 @@ class GatedDeltaNet(StateSpec):
         ts.append(Tensor("linear_attn.norm", self.head_dim, 1, count, "rep", "state", False, layers=at))
         ts += linear("linear_attn.out_proj", hidden, inner, count, "row", "state", layers=at)
         return ts
+
+    @classmethod
+    def vllm_prefill_checkpoint(cls, compute_capability: Optional[str], key_head_dim: int) -> bool:
+        return gdn_prefill_flashinfer(compute_capability, key_head_dim)  # Triton's prefill keeps none
 
 
 class Mamba(StateSpec):
@@ -289,6 +300,14 @@ class KimiDeltaAttention(StateSpec):
         ts.append(Tensor("linear_attn.o_norm", d, 1, count, "rep", "state", False, layers=at))
         ts += linear("linear_attn.o_proj", hidden, inner, count, "row", "state", layers=at)
         return ts
+
+
+def gdn_prefill_flashinfer(compute_capability: Optional[str], key_head_dim: int) -> bool:
+    """Whether vLLM 0.33 runs FlashInfer's gated-delta-net prefill, whose layers then keep a prefill checkpoint
+    (layers/mamba/gdn/qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend, "auto"): on Hopper always, on Blackwell
+    (10.x, 12.x) with 128-wide key heads (and a CUDA 13 runtime, which kvplan assumes there); Triton elsewhere."""
+    cc = compute_capability or ""
+    return cc.startswith("9.") or (cc.startswith(("10.", "12.")) and key_head_dim == 128)
 
 
 def state_mixer(spec: Optional[StateSpec]) -> Optional[StateSpec]:

@@ -301,7 +301,8 @@ class ModelSpec(_Frozen):
             raise ValueError("moe.first_dense_layers exceeds num_layers")
         for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps), ("kv_heads_per_layer", self.kv_heads_per_layer),
                             ("head_dims", self.head_dims), ("v_from_k", self.v_from_k), ("indexed", self.indexed),
-                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms), ("state_of", self.state_of)):
+                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms),
+                            ("state_of", self.state_of)):
             if kinds is not None and len(kinds) != self.num_layers:
                 raise ValueError(f"{name} lists {len(kinds)} layers; the model has {self.num_layers}")
         for name, sizes in (("kv_heads_per_layer", self.kv_heads_per_layer), ("head_dims", self.head_dims),
