@@ -31,8 +31,9 @@ from kvplan.memo import per_spec
 from kvplan.sizing.model_tensors import VOCAB_PADDING, model_tensors, padded_vocab
 from kvplan.sizing.weight_formats import gemm_family
 from kvplan.sizing.weights import WeightBytes
-from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
+from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format, whole
+from kvplan.specs.layers import Attention, Layer
 from kvplan.units import DTYPE_BYTES
 from kvplan.xp import SCALAR
 
@@ -185,35 +186,37 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
     skipped = skipped_layers(model, fmt, skip)
     sized = {}  # (format, KV heads, head size): bytes per token, for the layers' few shapes
 
-    def per_token(f: KVFormat, i: int) -> float:
-        key = (f.name, model.layer_kv_heads(i), model.layer_head_dim(i))
+    def per_token(f: KVFormat, lay: Layer, a: Attention) -> float:
+        key = (f.name, a.kv_heads, a.head_dim)
         if key not in sized:
-            sized[key] = format_bytes_per_token(model, f, tp, i)
+            sized[key] = format_bytes_per_token(model, f, tp, lay.index)
         return sized[key]
 
     if model.compressed is not None:
         return compressed_kv_layers(model, fmt)
     out = []
-    indexers = frozenset(model.indexer_layers)
-    state = [sum(st.cache_bytes(tp, model.dtype, ssm_default)) for st in model.state_mixers]  # each mixer's
-    for i, kind in enumerate(model.layer_kinds):
-        if kind == "state":  # a fixed state per sequence, in its own dtype whatever the KV cache dtype
-            out.append(LayerKV(i, "state", 0, "state", 0.0, fixed_bytes=state[model.state_index(i)]))
+    state = {}  # each state mixer's cache per sequence, in its own dtype whatever the KV cache dtype
+    for lay in model.layers:
+        i, st, a = lay.index, lay.state, lay.attention
+        if st is not None:  # a fixed state per sequence
+            if id(st) not in state:
+                state[id(st)] = sum(st.cache_bytes(tp, model.dtype, ssm_default))
+            out.append(LayerKV(i, "state", 0, "state", 0.0, fixed_bytes=state[id(st)]))
             continue
-        if kind not in ATTENTION_KINDS:  # an MLP-only block
+        if a is None:  # an MLP-only block
             continue
         f = auto if i in skipped else fmt
-        b, auto_bytes = per_token(f, i), per_token(auto, i)
+        b, auto_bytes = per_token(f, lay, a), per_token(auto, lay, a)
         if model.sparse_mla:
             # sparse attention: the latent cache grows with the sequence but a step reads the index_topk best
             # tokens; the indexer's own keys are a second cache of the layer, all of them read every step (a layer
             # reusing an earlier indexer's choice has none)
-            out.append(LayerKV(i, kind, model.mla.index_topk, f.name, b))
-            if i in indexers:
-                out.append(LayerKV(i, kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
+            out.append(LayerKV(i, a.kind, model.mla.index_topk, f.name, b))
+            if a.indexed:
+                out.append(LayerKV(i, a.kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
             continue
         out.append(LayerKV(
-            i, kind, model.window_of(kind), f.name, b,
+            i, a.kind, a.window, f.name, b,
             f.residual_tokens, (auto_bytes - b) if f.residual_tokens else 0.0,
         ))
     return tuple(out)

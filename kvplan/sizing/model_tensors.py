@@ -11,6 +11,7 @@ from typing import Optional
 
 from kvplan.memo import per_spec
 from kvplan.specs.catalog import ModelSpec
+from kvplan.specs.layers import Dense
 from kvplan.specs.tensors import (  # noqa: F401 (VOCAB_PADDING, Shard, padded_vocab: importable from here)
     VOCAB_PADDING, Part, Shard, Tensor, linear, padded_vocab)
 
@@ -117,7 +118,9 @@ def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
     h = m.hidden_size
     ts: list[Tensor] = []
     # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
-    shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
+    def shape(i: int) -> tuple:
+        a = m.layers[i].attention
+        return a.kv_heads, a.head_dim, a.v_from_k
     shared = m.shared_attention
     h_in = shared.input_size if shared else h
     for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
@@ -173,8 +176,8 @@ def _mlp_tensors(m: ModelSpec) -> list[Tensor]:
     ts: list[Tensor] = []
     moe = m.moe
     mlps = m.mlp_kinds
-    dense = tuple(i for i, k in enumerate(mlps) if k == "dense")
-    for (width,), layers in _by_shape(dense, lambda i: (m.layer_intermediate(i),)):
+    dense = tuple(lay.index for lay in m.layers if isinstance(lay.mlp, Dense))
+    for (width,), layers in _by_shape(dense, lambda i: (m.layers[i].mlp.width,)):
         n = len(layers) or len(dense)
         if m.shared_attention:  # the MLPs of the shared attention blocks
             n, layers = min(n, m.shared_attention.blocks), ()

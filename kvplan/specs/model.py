@@ -9,9 +9,9 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from kvplan.memo import per_spec
 from kvplan.specs.frozen import _Frozen
+from kvplan.specs.layers import Attention, Dense, Layer, LayerKind, MoE
 from kvplan.specs.mixers import StateSpec, state_mixer  # noqa: F401 (StateSpec: importable from here)
 
-LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
 MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
 MlpKind = Literal["dense", "moe", "none"]
 ATTENTION_KINDS = ("full", "sliding", "chunked")
@@ -373,6 +373,23 @@ class ModelSpec(_Frozen):
     @per_spec
     def state_layers(self) -> tuple[int, ...]:
         return tuple(i for i, k in enumerate(self.layer_kinds) if k == "state")
+
+    @property
+    @per_spec
+    def layers(self) -> tuple[Layer, ...]:
+        """Each layer's mixer and MLP as values (kvplan.specs.layers), built once per spec."""
+        indexers = frozenset(self.indexer_layers)
+        out = []
+        for i, (kind, mlp) in enumerate(zip(self.layer_kinds, self.mlp_kinds)):
+            mixer: "Attention | StateSpec | None" = None
+            if kind in ATTENTION_KINDS:
+                mixer = Attention(kind, self.layer_kv_heads(i), self.layer_head_dim(i), self.window_of(kind),
+                                  bool(self.v_from_k and self.v_from_k[i]), i in indexers)
+            elif kind == "state":
+                mixer = self.layer_state(i)
+            block = Dense(self.layer_intermediate(i)) if mlp == "dense" else MoE(self.moe) if mlp == "moe" else None
+            out.append(Layer(i, mixer, block, self.layer_norms(i)))
+        return tuple(out)
 
     @property
     def state_mixers(self) -> tuple[StateSpec, ...]:
