@@ -493,14 +493,14 @@ def _model_row(key: str, m) -> dict:
     elif not m.is_hybrid and kinds[0] == "full":
         att = "full"
     else:
-        state = {"mamba2": "Mamba-2", "gdn": "GDN", "mamba": "Mamba"}.get(m.state.kind, "state") if m.state else ""
-        short = {"sliding": "SW", "chunked": "chunk", "full": "full", "state": state}
+        short = {"sliding": "SW", "chunked": "chunk", "full": "full"}
         parts = []
-        for k in ("sliding", "chunked", "full", "state"):
+        for k in ("sliding", "chunked", "full"):
             n = kinds.count(k)
             if n:
                 w = m.window_of(k)
                 parts.append(f"{n} {short[k]}" + (f"{w}" if w else ""))
+        parts += [f"{len(layers)} {st.label}" for st, layers in m.state_groups]  # each state mixer's layers
         att = " + ".join(parts)
     return {
         "key": key, "name": m.name, "params": param_count(m), "layers": m.num_layers,

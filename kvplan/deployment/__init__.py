@@ -219,9 +219,11 @@ def _resolve_model(args: DeploymentArgs, prof, notes: list[str]) -> ModelSpec:
         if chosen not in names:
             raise KvplanError(f"--mamba-ssm-cache-dtype '{args.mamba_ssm_cache_dtype}': choose auto, float32, float16 "
                               f"or bfloat16")
-        if m.state is None:
+        if not m.state_mixers:
             raise KvplanError(f"--mamba-ssm-cache-dtype: {m.name} has no Mamba or linear-attention state; drop it")
-        m = m.model_copy(update={"state": m.state.model_copy(update={"ssm_cache_dtype": names[chosen]})})
+        dtype = {"ssm_cache_dtype": names[chosen]}
+        m = m.model_copy(update={"states": tuple(st.model_copy(update=dtype) for st in m.states)} if m.states else
+                         {"state": m.state.model_copy(update=dtype)})
         notes.append(f"state layers' SSM state in {chosen} (--mamba-ssm-cache-dtype)")
     if args.language_model_only:
         if m.vision is None and not m.extra_params and not m.replicated_params:

@@ -263,9 +263,10 @@ def state_pool(model: ModelSpec, layout: Parallel, available: float, tp: int) ->
     raw_gib = available / GiB * ratio / (1 + ratio)  # handle_max_mamba_cache works in GiB
     # a state of no bytes: max_mamba_cache_size is max_running_requests, or 512 when unset
     slots = max(0, int((raw_gib * GiB) // per_req)) if per_req else MAMBA_EMPTY_STATE_SLOTS
-    if model.state.kind == "gdn" and layout.attn_tp < tp:  # hybrid_gdn_config, with --enable-dp-attention
+    st = model.state  # one mixer: mamba_state_bytes refuses several
+    if st.sglang_slots_per_dp_group and layout.attn_tp < tp:  # with --enable-dp-attention
         slots //= layout.dp
-    return {"kind": model.state.kind, "layers": n, "conv_bytes": conv, "temporal_bytes": temporal,
+    return {"kind": st.kind, "layers": n, "conv_bytes": conv, "temporal_bytes": temporal,
             "bytes_per_request": per_req, "memory_ratio": ratio, "slots": slots, "pool_bytes": slots * per_req,
             "max_running_requests_cap": slots // MAMBA_SLOTS_PER_REQUEST}
 

@@ -53,9 +53,21 @@ class KVCacheGroups:
         return sum(n * _blocks_per_request(s, max_model_len, in_flight, xp, dcp) for s, n in self.groups)
 
 
+def one_state_shape(model) -> None:
+    """Refuse a model whose state layers use different mixers: vLLM sizes one state shape per model (the model
+    class's get_mamba_state_shape_from_config, from which HybridAttentionMambaModelConfig pads every state page
+    alike), so how it would page several is not known."""
+    if len(model.state_mixers) > 1:
+        kinds = ", ".join(st.label if st.label != "state" else st.kind for st in model.state_mixers)
+        raise KvplanError(f"{model.name}'s state layers use {len(model.state_mixers)} different mixers ({kinds}): "
+                          f"vLLM pages one state shape per model, so kvplan plans no vLLM pool for it (its weights, "
+                          f"state bytes and crossover are still priced)")
+
+
 def state_pages(rules, model, gpu) -> int:
     """The pages a request holds in each of `model`'s state groups under `rules` (VllmRules.state_pages)."""
-    st = model.state
+    one_state_shape(model)
+    st = model.state_mixers[0] if model.state_mixers else None
     return rules.state_pages(st.kind if st else "", not model.attention_layers,
                              gpu.compute_capability if gpu else None, st.state_size if st else 0)
 

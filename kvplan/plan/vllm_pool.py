@@ -14,6 +14,7 @@ from kvplan.plan.vllm_kv_groups import (
     KVCacheGroups,
     hybrid_state_groups,
     kv_cache_groups,
+    one_state_shape,
     packed_kv_cache_groups,
     state_pages,
 )
@@ -150,6 +151,7 @@ def plan_for(d) -> PoolPlan:
     if d.engine != "vllm":
         raise KvplanError(f"the vLLM pool of an {d.engine} deployment was asked for")
     model, fmt, rules = d.model, d.kv, d.rules
+    one_state_shape(model)
     requested = math.ceil(d.total_bytes * d.gpu_memory_utilization)
     kv_tp = d.parallel.attn_tp
     all_layers = _version_layers(kv_layers(model, fmt, kv_tp, d.skip, ssm_default=rules.ssm_cache_default(model)),

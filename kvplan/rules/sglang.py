@@ -74,10 +74,14 @@ def mamba_state_bytes(model: ModelSpec, attn_tp: int) -> tuple[int, int]:
     where tp does not divide it; the temporal (SSM or gated-delta-net) state heads / tp x head_dim x state_size in
     float32. Returns (conv bytes, temporal bytes). Mamba-1, lightning attention and Kimi delta attention have no
     shape here (SGLang 0.5.6 serves none of them through this pool) and are refused."""
+    if len(model.state_mixers) > 1:
+        raise KvplanError(f"{model.name}'s state layers use {len(model.state_mixers)} different mixers: SGLang's Mamba "
+                          f"pool holds one state shape per model (mamba2_cache_params), so kvplan plans no SGLang "
+                          f"pool for it")
     st = model.state
     if st is None:
         return 0, 0
-    if st.kind not in ("mamba2", "gdn"):
+    if not st.sglang_pool:
         raise KvplanError(f"{model.name}'s {st.kind} state layers: kvplan models SGLang's Mamba pool for Mamba-2 and "
                           f"gated delta net layers only; plan it with --engine vllm")
     # extra_groups_for_head_shards: n_groups + (tp - n_groups), i.e. tp groups, where tp does not divide them

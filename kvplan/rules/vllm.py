@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 from kvplan.errors import KvplanError, check_whole
+from kvplan.specs.mixers import STATE_MIXERS
 from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
 
@@ -75,7 +76,7 @@ class VllmRules:
     hybrid_prefix_caching: bool = True
     # the state mixers whose MambaSpec carries num_prefill_checkpoint_blocks = 1 (0 for every other): Mamba-2 from
     # 0.32 (layers/mamba/mamba_mixer2.py MambaMixer2.get_kv_cache_spec), gated delta nets from 0.33 where FlashInfer's
-    # GDN prefill runs (layers/mamba/gdn/qwen_gdn_linear_attn.py get_kv_cache_spec, gdn_prefill_flashinfer); the
+    # GDN prefill runs (qwen_gdn_linear_attn.py get_kv_cache_spec; GatedDeltaNet.vllm_prefill_checkpoint); the
     # field exists from 0.29 (KDA's flashkda prefill only, which kvplan does not select)
     checkpoint_state_kinds: frozenset[str] = frozenset({"mamba2", "gdn"})
     # Nemotron-H's SSM state dtype when its config names none: float16 before 0.30 (models/config.py), float32 after
@@ -91,8 +92,8 @@ class VllmRules:
         (MambaSpec.max_memory_usage_bytes in align mode)."""
         if attention_free or not self.hybrid_prefix_caching:
             return 1
-        checkpoint = kind in self.checkpoint_state_kinds and (
-            kind != "gdn" or gdn_prefill_flashinfer(compute_capability, key_head_dim))
+        checkpoint = kind in self.checkpoint_state_kinds and \
+            STATE_MIXERS[kind].vllm_prefill_checkpoint(compute_capability, key_head_dim)
         return 2 + int(checkpoint)
 
     def ssm_cache_default(self, model) -> Optional[str]:
@@ -136,14 +137,6 @@ VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset(),
               sampler_warmup_pass=True, cublas_workspace="before_snapshot", **_MRV2),
 ]}
-
-
-def gdn_prefill_flashinfer(compute_capability: Optional[str], key_head_dim: int) -> bool:
-    """Whether vLLM 0.33 runs FlashInfer's gated-delta-net prefill, whose layers then keep a prefill checkpoint
-    (layers/mamba/gdn/qwen_gdn_linear_attn.py _resolve_gdn_prefill_backend, "auto"): on Hopper always, on Blackwell
-    (10.x, 12.x) with 128-wide key heads (and a CUDA 13 runtime, which kvplan assumes there); Triton elsewhere."""
-    cc = compute_capability or ""
-    return cc.startswith("9.") or (cc.startswith(("10.", "12.")) and key_head_dim == 128)
 
 
 def version_key(v: str) -> tuple[int, int]:

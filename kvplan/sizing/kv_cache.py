@@ -31,8 +31,9 @@ from kvplan.memo import per_spec
 from kvplan.sizing.model_tensors import VOCAB_PADDING, model_tensors, padded_vocab
 from kvplan.sizing.weight_formats import gemm_family
 from kvplan.sizing.weights import WeightBytes
-from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
+from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format, whole
+from kvplan.specs.layers import Attention, Layer
 from kvplan.units import DTYPE_BYTES
 from kvplan.xp import SCALAR
 
@@ -57,12 +58,11 @@ def check_tp(model: ModelSpec, tp: int) -> None:
             f"--tp {tp} does not divide {model.name}'s vocabulary of {rows:,} rows (padded to a multiple of "
             f"{VOCAB_PADDING}): vLLM's workers stop with '{rows} is not divisible by {tp}'; "
             f"valid: {', '.join(map(str, ok[:12]))}")
-    if not model.attention_layers and model.state is not None:  # attention-free: the mixer's channels split
-        st = model.state
-        split = st.num_heads if st.kind != "mamba" else st.inner
-        if split % tp:
-            raise KvplanError(f"--tp {tp} does not split {model.name}'s {split:,} "
-                              f"{'Mamba-2 heads' if st.kind != 'mamba' else 'Mamba channels'} evenly")
+    if not model.attention_layers and model.state_mixers:  # attention-free: the mixers' channels split
+        for st in model.state_mixers:
+            split, unit = st.tp_split()
+            if split % tp:
+                raise KvplanError(f"--tp {tp} does not split {model.name}'s {split:,} {unit} evenly")
         return
     if not _tp_ok(model, tp):
         kv = "" if model.is_mla else f" and {'/'.join(map(str, model.attention_kv_heads))} KV heads"
@@ -186,35 +186,37 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
     skipped = skipped_layers(model, fmt, skip)
     sized = {}  # (format, KV heads, head size): bytes per token, for the layers' few shapes
 
-    def per_token(f: KVFormat, i: int) -> float:
-        key = (f.name, model.layer_kv_heads(i), model.layer_head_dim(i))
+    def per_token(f: KVFormat, lay: Layer, a: Attention) -> float:
+        key = (f.name, a.kv_heads, a.head_dim)
         if key not in sized:
-            sized[key] = format_bytes_per_token(model, f, tp, i)
+            sized[key] = format_bytes_per_token(model, f, tp, lay.index)
         return sized[key]
 
     if model.compressed is not None:
         return compressed_kv_layers(model, fmt)
     out = []
-    indexers = frozenset(model.indexer_layers)
-    state = sum(state_bytes(model, tp, ssm_default))
-    for i, kind in enumerate(model.layer_kinds):
-        if kind == "state":  # a fixed state per sequence, in its own dtype whatever the KV cache dtype
-            out.append(LayerKV(i, "state", 0, "state", 0.0, fixed_bytes=state))
+    state = {}  # each state mixer's cache per sequence, in its own dtype whatever the KV cache dtype
+    for lay in model.layers:
+        i, st, a = lay.index, lay.state, lay.attention
+        if st is not None:  # a fixed state per sequence
+            if id(st) not in state:
+                state[id(st)] = sum(st.cache_bytes(tp, model.dtype, ssm_default))
+            out.append(LayerKV(i, "state", 0, "state", 0.0, fixed_bytes=state[id(st)]))
             continue
-        if kind not in ATTENTION_KINDS:  # an MLP-only block
+        if a is None:  # an MLP-only block
             continue
         f = auto if i in skipped else fmt
-        b, auto_bytes = per_token(f, i), per_token(auto, i)
+        b, auto_bytes = per_token(f, lay, a), per_token(auto, lay, a)
         if model.sparse_mla:
             # sparse attention: the latent cache grows with the sequence but a step reads the index_topk best
             # tokens; the indexer's own keys are a second cache of the layer, all of them read every step (a layer
             # reusing an earlier indexer's choice has none)
-            out.append(LayerKV(i, kind, model.mla.index_topk, f.name, b))
-            if i in indexers:
-                out.append(LayerKV(i, kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
+            out.append(LayerKV(i, a.kind, model.mla.index_topk, f.name, b))
+            if a.indexed:
+                out.append(LayerKV(i, a.kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
             continue
         out.append(LayerKV(
-            i, kind, model.window_of(kind), f.name, b,
+            i, a.kind, a.window, f.name, b,
             f.residual_tokens, (auto_bytes - b) if f.residual_tokens else 0.0,
         ))
     return tuple(out)
@@ -268,32 +270,22 @@ def compressed_kv_layers(model: ModelSpec, fmt: KVFormat) -> tuple[LayerKV, ...]
     return tuple(out)
 
 
-def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None) -> tuple[int, int]:
+def state_bytes(model: ModelSpec, tp: int = 1, ssm_default: Optional[str] = None,
+                layer: Optional[int] = None) -> tuple[int, int]:
     """One state layer's cache for one sequence on one rank, as vLLM's MambaSpec holds it: the causal conv's last
     (kernel - 1) inputs of its channels, in the model dtype, and the SSM (or gated delta net recurrent) state in
     mamba_ssm_cache_dtype (the model dtype unless the config or the user names another). Heads and channels split
-    across TP ranks. Returns (conv bytes, state bytes)."""
-    st = model.state
+    across TP ranks. With `layer`, that layer's (where state layers differ). Returns (conv bytes, state bytes)."""
+    if layer is not None:
+        st = model.layer_state(layer)
+    elif len(model.state_mixers) > 1:
+        raise KvplanError(f"{model.name}'s state layers differ ({', '.join(st.label for st in model.state_mixers)}): "
+                          f"name the layer")
+    else:
+        st = model.state
     if st is None:
         return 0, 0
-    b = DTYPE_BYTES[model.dtype]
-    sb = DTYPE_BYTES[st.ssm_cache_dtype or ssm_default or model.dtype]
-    if st.kind == "lightning":  # one state per head in mamba_cache_dtype (the model dtype), no convolution
-        return 0, (st.num_heads // tp) * st.head_dim * st.state_size * b
-    if st.kind == "kda":  # q, k and v conv states in the model dtype; the recurrent state in float32 unless named
-        conv = (st.conv_kernel - 1) * (st.conv_channels // tp) * b
-        rb = DTYPE_BYTES[st.ssm_cache_dtype] if st.ssm_cache_dtype else 4
-        return conv, (st.num_heads // tp) * st.head_dim * st.state_size * rb
-    groups = st.n_groups
-    if st.kind == "mamba2" and groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
-        groups += tp - groups
-    channels = st.conv_channels if st.kind != "mamba2" else st.inner + 2 * groups * st.state_size
-    conv = (st.conv_kernel - 1) * (channels // tp) * b
-    if st.kind == "mamba":
-        ssm = (st.inner // tp) * st.state_size * sb
-    else:  # Mamba-2: heads x head_dim x d_state; gated delta net: value heads x value dim x key dim
-        ssm = (st.num_heads // tp) * st.head_dim * st.state_size * sb
-    return conv, ssm
+    return st.cache_bytes(tp, model.dtype, ssm_default)  # the mixer's own (kvplan.specs.mixers)
 
 
 def skipped_indices(layers: Sequence[LayerKV], fmt: KVFormat) -> list[int]:

@@ -6,72 +6,14 @@ held per rank (kvplan.sizing.weights) and the bytes a decode step reads are all 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
-from typing import Literal, Optional
+from dataclasses import replace
+from typing import Optional
 
 from kvplan.memo import per_spec
 from kvplan.specs.catalog import ModelSpec
-from kvplan.specs.parallel import Parallel
-
-Shard = Literal["col", "row", "rep", "kv", "vocab"]
-Part = Literal["embed", "lm_head", "attention", "state", "mlp", "expert", "shared_expert", "router", "norm", "extra"]
-
-
-# vLLM pads the vocabulary of VocabParallelEmbedding / ParallelLMHead to a multiple of 64 (DEFAULT_VOCAB_PADDING_SIZE).
-VOCAB_PADDING = 64
-
-
-def padded_vocab(rows: int) -> int:
-    """The vocabulary rows vLLM allocates: `rows` rounded up to a multiple of VOCAB_PADDING."""
-    return -(-rows // VOCAB_PADDING) * VOCAB_PADDING
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """`count` identical tensors of shape [out_dim, in_dim] (1-D tensors have in_dim 1)."""
-
-    name: str
-    out_dim: int
-    in_dim: int
-    count: int
-    shard: Shard
-    part: Part
-    is_matrix: bool = True  # a linear layer's weight (quantizable); False for biases, norms, sinks
-    kv_heads: int = 0  # for shard "kv": the heads out_dim spans
-    layers: tuple[int, ...] = ()  # the layers holding one each, where only some of the part's layers do
-    loaded_copy: bool = False  # memory vLLM fills from another tensor of the checkpoint: held, not a parameter
-    shared: bool = False  # one per weight block the attention layers share in turn (Zamba2), not one per layer
-
-    @property
-    def numel(self) -> int:
-        return self.out_dim * self.in_dim * self.count
-
-    def shape_per_rank(self, tp: "int | Parallel") -> tuple[int, int]:
-        """One rank's [out, in] under `tp` ranks, or under a layout (each part split by its own degree)."""
-        if isinstance(tp, Parallel):
-            tp = tp.tp_for(self.part)
-        if self.shard == "col":
-            return self.out_dim // tp, self.in_dim
-        if self.shard == "row":
-            return self.out_dim, self.in_dim // tp
-        if self.shard == "kv":
-            # vLLM keeps max(1, kv_heads // tp) KV heads per rank, replicating them when TP exceeds them.
-            per_head = self.out_dim // self.kv_heads
-            return max(1, self.kv_heads // tp) * per_head, self.in_dim
-        if self.shard == "vocab":
-            return math.ceil(padded_vocab(self.out_dim) / tp), self.in_dim
-        return self.out_dim, self.in_dim
-
-
-def _linear(name, out_dim, in_dim, count, shard, part, bias=False, bias_shard=None, kv_heads=0,
-            layers: tuple[int, ...] = (), loaded_copy: bool = False) -> list[Tensor]:
-    ts = [Tensor(name, out_dim, in_dim, count, shard, part, True, kv_heads, layers, loaded_copy)]
-    if bias:
-        # A column-parallel bias is split with its outputs; a row-parallel bias is added once, so every rank holds it.
-        bshard = bias_shard or (shard if shard in ("col", "kv") else "rep")
-        ts.append(Tensor(name + ".bias", out_dim, 1, count, bshard, part, False, kv_heads, layers, loaded_copy))
-    return ts
+from kvplan.specs.layers import Dense
+from kvplan.specs.tensors import (  # noqa: F401 (VOCAB_PADDING, Shard, padded_vocab: importable from here)
+    VOCAB_PADDING, Part, Shard, Tensor, linear, padded_vocab)
 
 
 def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = False,
@@ -80,13 +22,13 @@ def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = 
     ts: list[Tensor] = []
     if m.gated_mlp:
         if bias:  # gpt-oss stores gate and up fused, with one bias of 2*width
-            ts += _linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True, layers=layers)
+            ts += linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True, layers=layers)
         else:
-            ts += _linear(f"{prefix}.gate_proj", width, h, count, "col", part, layers=layers)
-            ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, layers=layers)
+            ts += linear(f"{prefix}.gate_proj", width, h, count, "col", part, layers=layers)
+            ts += linear(f"{prefix}.up_proj", width, h, count, "col", part, layers=layers)
     else:
-        ts += _linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias, layers=layers)
-    ts += _linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias, layers=layers)
+        ts += linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias, layers=layers)
+    ts += linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias, layers=layers)
     return ts
 
 
@@ -101,72 +43,6 @@ def _by_shape(layers, shape) -> list[tuple[tuple, tuple[int, ...]]]:
     return [(k, tuple(v)) for k, v in groups.items()]
 
 
-def _conv(channels: int, st, count: int) -> list[Tensor]:
-    """The depthwise causal convolution (channels x kernel), kept in the model dtype by every checkpoint format."""
-    ts = [Tensor("mixer.conv1d", channels, st.conv_kernel, count, "col", "state", False)]
-    if st.conv_bias:
-        ts.append(Tensor("mixer.conv1d.bias", channels, 1, count, "col", "state", False))
-    return ts
-
-
-def _state_mixer(m: ModelSpec, count: int) -> list[Tensor]:
-    """A state layer's tensors, as transformers' and vLLM's modelling code builds them (NemotronHMamba2Mixer /
-    MambaMixer2; Qwen3NextGatedDeltaNet; MambaMixer). The heads split across TP ranks with their channels."""
-    st, h = m.state, m.hidden_size
-    assert st is not None
-    ts: list[Tensor] = []
-    inner, conv = st.inner, st.conv_channels
-    if st.kind == "mamba2":
-        # in_proj: z (inner) + x, B, C (conv channels) + dt (one per head)
-        ts += _linear("mixer.in_proj", inner + conv + st.num_heads, h, count, "col", "state", bias=st.proj_bias)
-        ts += _conv(conv, st, count)
-        for name in ("dt_bias", "A_log", "D"):
-            ts.append(Tensor(f"mixer.{name}", st.num_heads, 1, count, "col", "state", False))
-        ts.append(Tensor("mixer.norm", inner, 1, count, "col", "state", False))
-        ts += _linear("mixer.out_proj", h, inner, count, "row", "state", bias=st.proj_bias)
-    elif st.kind == "gdn":
-        k_dim = st.n_groups * st.state_size
-        # q, k (key heads x key dim), v and z (value heads x value dim); b and a (one per value head)
-        ts += _linear("linear_attn.in_proj_qkvz", 2 * k_dim + 2 * inner, h, count, "col", "state")
-        ts += _linear("linear_attn.in_proj_ba", 2 * st.num_heads, h, count, "col", "state")
-        ts += _conv(2 * k_dim + inner, st, count)
-        for name in ("dt_bias", "A_log"):
-            ts.append(Tensor(f"linear_attn.{name}", st.num_heads, 1, count, "col", "state", False))
-        ts.append(Tensor("linear_attn.norm", st.head_dim, 1, count, "rep", "state", False))
-        ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
-    elif st.kind == "kda":  # Kimi delta attention (KimiDeltaAttention): low-rank forget (f) and output (g) gates
-        d = st.head_dim
-        ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
-        ts += _linear("linear_attn.b_proj", st.num_heads, h, count, "col", "state")
-        for gate in ("f",) if st.full_rank_gate else ("f", "g"):
-            ts += _linear(f"linear_attn.{gate}_a_proj", d, h, count, "rep", "state")
-            ts += _linear(f"linear_attn.{gate}_b_proj", inner, d, count, "col", "state")
-        if st.full_rank_gate:
-            ts += _linear("linear_attn.g_proj", inner, h, count, "col", "state")
-        ts += _conv(conv, st, count)
-        ts.append(Tensor("linear_attn.dt_bias", inner, 1, count, "col", "state", False))
-        ts.append(Tensor("linear_attn.A_log", st.num_heads, 1, count, "col", "state", False))
-        ts.append(Tensor("linear_attn.o_norm", d, 1, count, "rep", "state", False))
-        ts += _linear("linear_attn.o_proj", h, inner, count, "row", "state")
-    elif st.kind == "lightning":  # MiniMax's linear attention (MiniMaxText01LinearAttention)
-        ts += _linear("linear_attn.qkv_proj", 3 * inner, h, count, "col", "state")
-        ts += _linear("linear_attn.output_gate", inner, h, count, "col", "state")
-        ts.append(Tensor("linear_attn.norm", inner, 1, count, "col", "state", False))
-        ts += _linear("linear_attn.out_proj", h, inner, count, "row", "state")
-    else:  # Mamba
-        rank = st.dt_rank or -(-h // 16)
-        ts += _linear("mixer.in_proj", 2 * inner, h, count, "col", "state", bias=st.proj_bias)
-        ts += _conv(inner, st, count)
-        ts += _linear("mixer.x_proj", rank + 2 * st.state_size, inner, count, "row", "state")
-        ts += _linear("mixer.dt_proj", inner, rank, count, "col", "state", bias=True)
-        ts.append(Tensor("mixer.A_log", inner, st.state_size, count, "col", "state", False))
-        ts.append(Tensor("mixer.D", inner, 1, count, "col", "state", False))
-        ts += _linear("mixer.out_proj", h, inner, count, "row", "state", bias=st.proj_bias)
-        if st.dt_bc_norms:
-            ts.append(Tensor("mixer.dt_b_c_layernorms", rank + 2 * st.state_size, 1, count, "rep", "state", False))
-    return ts
-
-
 def _compressed_attention(m: ModelSpec) -> list[Tensor]:
     """DeepSeek-V4's attention, hyper-connections and their compressors, as transformers' DeepseekV4 modelling code
     builds them and vLLM's (vllm/models/deepseek_v4: DeepseekV4Attention, DeepseekCompressor, DeepseekV4Indexer)
@@ -176,13 +52,13 @@ def _compressed_attention(m: ModelSpec) -> list[Tensor]:
     a, h, H, L = m.compressed, m.hidden_size, m.num_heads, m.num_layers
     d = a.head_dim
     ts: list[Tensor] = [Tensor("attn.sinks", H, 1, L, "col", "attention", False)]
-    ts += _linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
+    ts += linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
     ts.append(Tensor("attn.q_a_norm", a.q_lora_rank, 1, L, "rep", "norm", False))
-    ts += _linear("attn.q_b_proj", H * d, a.q_lora_rank, L, "col", "attention")
-    ts += _linear("attn.kv_proj", d, h, L, "rep", "attention")
+    ts += linear("attn.q_b_proj", H * d, a.q_lora_rank, L, "col", "attention")
+    ts += linear("attn.kv_proj", d, h, L, "rep", "attention")
     ts.append(Tensor("attn.kv_norm", d, 1, L, "rep", "norm", False))
-    ts += _linear("attn.o_a_proj", a.o_groups * a.o_lora_rank, H * d // a.o_groups, L, "col", "attention")
-    ts += _linear("attn.o_b_proj", h, a.o_groups * a.o_lora_rank, L, "row", "attention")
+    ts += linear("attn.o_a_proj", a.o_groups * a.o_lora_rank, H * d // a.o_groups, L, "col", "attention")
+    ts += linear("attn.o_b_proj", h, a.o_groups * a.o_lora_rank, L, "row", "attention")
     for ratio, layers in _by_shape([i for i, r in enumerate(a.compress_ratios) if r > 1],
                                    lambda i: (a.compress_ratios[i],)):
         r, = ratio
@@ -196,7 +72,7 @@ def _compressed_attention(m: ModelSpec) -> list[Tensor]:
             ts.append(Tensor("attn.indexer.position_bias", r, iw, n, "rep", "attention", False, layers=at))
             ts.append(Tensor("attn.indexer.kv_gate_proj", 2 * iw, h, n, "rep", "attention", False, layers=at))
             ts.append(Tensor("attn.indexer.kv_norm", a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
-            ts += _linear("attn.indexer.q_b_proj", a.index_n_heads * a.index_head_dim, a.q_lora_rank, n, "rep",
+            ts += linear("attn.indexer.q_b_proj", a.index_n_heads * a.index_head_dim, a.q_lora_rank, n, "rep",
                           "attention", layers=at)
             ts.append(Tensor("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", False, layers=at))
     if a.hc_mult > 1:  # before attention and before the MLP: a mixing projection, its bias and 3 scales
@@ -214,25 +90,25 @@ def _mla_attention(m: ModelSpec, L: int) -> list[Tensor]:
     a = m.mla
     qk = a.qk_nope_head_dim + a.qk_rope_head_dim
     if a.q_lora_rank:
-        ts += _linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
+        ts += linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
         ts.append(Tensor("attn.q_a_layernorm", a.q_lora_rank, 1, L, "rep", "norm", False))
-        ts += _linear("attn.q_b_proj", m.num_heads * qk, a.q_lora_rank, L, "col", "attention")
+        ts += linear("attn.q_b_proj", m.num_heads * qk, a.q_lora_rank, L, "col", "attention")
     else:
-        ts += _linear("attn.q_proj", m.num_heads * qk, h, L, "col", "attention")
-    ts += _linear("attn.kv_a_proj_with_mqa", a.latent_dim, h, L, "rep", "attention")
+        ts += linear("attn.q_proj", m.num_heads * qk, h, L, "col", "attention")
+    ts += linear("attn.kv_a_proj_with_mqa", a.latent_dim, h, L, "rep", "attention")
     ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
-    ts += _linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
-    ts += _linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
+    ts += linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
+    ts += linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
     if a.output_gate:
-        ts += _linear("attn.g_proj", m.num_heads * a.v_head_dim, h, L, "col", "attention")
+        ts += linear("attn.g_proj", m.num_heads * a.v_head_dim, h, L, "col", "attention")
     if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
         dq = a.q_lora_rank or h
         indexed = m.indexer_layers
         n, at = len(indexed), (indexed if len(indexed) < L else ())
-        ts += _linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, n, "rep", "attention", layers=at)
-        ts += _linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
+        ts += linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, n, "rep", "attention", layers=at)
+        ts += linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
         ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
-        ts += _linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
+        ts += linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
     return ts
 
 
@@ -242,7 +118,9 @@ def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
     h = m.hidden_size
     ts: list[Tensor] = []
     # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
-    shape = lambda i: (m.layer_kv_heads(i), m.layer_head_dim(i), bool(m.v_from_k and m.v_from_k[i]))  # noqa: E731
+    def shape(i: int) -> tuple:
+        a = m.layers[i].attention
+        return a.kv_heads, a.head_dim, a.v_from_k
     shared = m.shared_attention
     h_in = shared.input_size if shared else h
     for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
@@ -251,13 +129,13 @@ def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
         if shared:  # the layers share `blocks` copies of the weights
             n, layers = min(n, shared.blocks), ()
         start = len(ts)
-        ts += _linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
+        ts += linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
                       "attention", bias=m.qkv_bias, layers=layers)
         vd = m.v_head_dim or d
         for name, width in (("k_proj", d), ("v_proj", vd)):
-            ts += _linear(f"attn.{name}", kv * width, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
+            ts += linear(f"attn.{name}", kv * width, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
                           layers=layers, loaded_copy=v_from_k and name == "v_proj")
-        ts += _linear("attn.o_proj", h, m.num_heads * vd, n, "row", "attention", bias=m.o_bias, layers=layers)
+        ts += linear("attn.o_proj", h, m.num_heads * vd, n, "row", "attention", bias=m.o_bias, layers=layers)
         if shared:
             ts[start:] = [replace(t, shared=True) for t in ts[start:]]
         if m.qk_norm_full:  # across all heads: split with them
@@ -278,14 +156,14 @@ def _shared_block_tensors(m: ModelSpec, L: int) -> list[Tensor]:
     if not (shared and L):
         return ts
     # each layer's own: the projection of the shared block's output (whole on every rank) and the LoRA adapters
-    ts += _linear("shared.projection", h, h, L, "rep", "attention")
+    ts += linear("shared.projection", h, h, L, "rep", "attention")
     if shared.adapter_rank:
         r = shared.adapter_rank
-        ts += _linear("shared.gate_up_adapter.A", r, h, L, "col", "mlp")
-        ts += _linear("shared.gate_up_adapter.B", 2 * m.intermediate_size, r, L, "col", "mlp")
+        ts += linear("shared.gate_up_adapter.A", r, h, L, "col", "mlp")
+        ts += linear("shared.gate_up_adapter.B", 2 * m.intermediate_size, r, L, "col", "mlp")
         if shared.attention_adapters:
-            ts += _linear("shared.qkv_adapters.A", r, shared.input_size, 3 * L, "col", "attention")
-            ts += _linear("shared.qkv_adapters.B", shared.input_size, r, 3 * L, "col", "attention")
+            ts += linear("shared.qkv_adapters.A", r, shared.input_size, 3 * L, "col", "attention")
+            ts += linear("shared.qkv_adapters.B", shared.input_size, r, 3 * L, "col", "attention")
     # the shared blocks' norms: before attention (input_size wide) and before the MLP
     ts.append(Tensor("shared.norms", shared.input_size + h, 1, min(L, shared.blocks), "rep", "norm", False,
                      shared=True))
@@ -298,8 +176,8 @@ def _mlp_tensors(m: ModelSpec) -> list[Tensor]:
     ts: list[Tensor] = []
     moe = m.moe
     mlps = m.mlp_kinds
-    dense = tuple(i for i, k in enumerate(mlps) if k == "dense")
-    for (width,), layers in _by_shape(dense, lambda i: (m.layer_intermediate(i),)):
+    dense = tuple(lay.index for lay in m.layers if isinstance(lay.mlp, Dense))
+    for (width,), layers in _by_shape(dense, lambda i: (m.layers[i].mlp.width,)):
         n = len(layers) or len(dense)
         if m.shared_attention:  # the MLPs of the shared attention blocks
             n, layers = min(n, m.shared_attention.blocks), ()
@@ -308,14 +186,14 @@ def _mlp_tensors(m: ModelSpec) -> list[Tensor]:
     if moe and "moe" in mlps:
         n = mlps.count("moe")
         e = moe.num_experts
-        ts += _linear("moe.router", e, h, n, "rep", "router", bias=moe.router_bias)
+        ts += linear("moe.router", e, h, n, "rep", "router", bias=moe.router_bias)
         if moe.score_correction_bias:
             ts.append(Tensor("moe.e_score_correction_bias", e, 1, n, "rep", "router", False))
         ts += _mlp("moe.experts", m, moe.expert_intermediate_size, n * e, "expert", bias=moe.expert_bias,
                    hidden=moe.latent_size)
         if moe.latent_size:
-            ts += _linear("moe.fc1_latent_proj", moe.latent_size, h, n, "rep", "router", bias=m.mlp_bias)
-            ts += _linear("moe.fc2_latent_proj", h, moe.latent_size, n, "rep", "router", bias=m.mlp_bias)
+            ts += linear("moe.fc1_latent_proj", moe.latent_size, h, n, "rep", "router", bias=m.mlp_bias)
+            ts += linear("moe.fc2_latent_proj", h, moe.latent_size, n, "rep", "router", bias=m.mlp_bias)
             if moe.latent_norm:
                 ts.append(Tensor("moe.latent_norm", moe.latent_size, 1, n, "rep", "norm", False))
         if moe.shared_experts:
@@ -333,8 +211,9 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
     h = m.hidden_size
     L = len(m.attention_layers)  # the attention tensors' count: every layer but a hybrid's state and MLP-only ones
     ts: list[Tensor] = [Tensor("embed_tokens", m.vocab_size, h, 1, "vocab", "embed", False)]
-    if m.state_layers:
-        ts += _state_mixer(m, len(m.state_layers))
+    groups = m.state_groups
+    for st, layers in groups:  # each mixer's own (kvplan.specs.mixers), on its layers where the mixers differ
+        ts += st.tensors(h, len(layers), layers if len(groups) > 1 else ())
 
     # Attention
     if m.mla:

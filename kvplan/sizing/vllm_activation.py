@@ -26,10 +26,8 @@ def forward_peak(m: ModelSpec, tokens: int, tp: int, b: int, with_moe_workspace:
     dense = tokens * b * ((2 if eager else 1) * H + 3 * m.intermediate_size // tp) \
         if "dense" in m.mlp_kinds else 0
     state = 0
-    if m.state_layers and m.state is not None:  # the projections run; the state kernels skip the profile run
-        st = m.state
-        proj = (2 * st.inner + 2 * st.n_groups * st.state_size + st.num_heads) if st.kind != "mamba" else 2 * st.inner
-        state = tokens * b * (2 * H + proj // tp + st.conv_channels // tp + st.inner // tp)
+    if m.state_layers:  # the projections run; the state kernels skip the profile run
+        state = max(st.profile_peak(tokens, H, tp, b) for st, _ in m.state_groups)
     moe = workspace = 0
     if m.moe and "moe" in m.mlp_kinds:
         e, k, ie = m.moe.num_experts, m.moe.experts_per_token, m.moe.expert_intermediate_size

@@ -67,7 +67,7 @@ def load_allocations(m: ModelSpec, tp: "int | Parallel" = 1, weight_dtype: Optio
         groups: dict[str, list[int]] = {}  # the fused parameters of layer i, in construction order
         for t in per_layer:
             layers = layers_of["attention"] if t.part == "norm" and t.name.startswith("attn.") else \
-                layers_of.get(t.part, range(m.num_layers))
+                t.layers if t.part == "state" and t.layers else layers_of.get(t.part, range(m.num_layers))
             if i not in layers:
                 continue
             name, bias = (t.name[:-5], ".bias") if t.name.endswith(".bias") else (t.name, "")

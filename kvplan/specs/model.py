@@ -4,20 +4,17 @@ experts, state layers, vision tower), and the per-layer view derived from it. Ev
 
 from typing import Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from kvplan.memo import per_spec
+from kvplan.specs.frozen import _Frozen
+from kvplan.specs.layers import Attention, Dense, Layer, LayerKind, MoE
+from kvplan.specs.mixers import StateSpec, state_mixer  # noqa: F401 (StateSpec: importable from here)
 
-LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
 MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
 MlpKind = Literal["dense", "moe", "none"]
 ATTENTION_KINDS = ("full", "sliding", "chunked")
-
-
-class _Frozen(BaseModel):
-    # Validators are built on first use, so a command pays only for the spec kinds it loads.
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class AttentionLayout(_Frozen):
@@ -131,49 +128,6 @@ class MoESpec(_Frozen):
         return self.shared_expert_intermediate_size or self.expert_intermediate_size
 
 
-class StateSpec(_Frozen):
-    """The mixer of a layer that keeps a fixed state per sequence instead of a growing KV cache: Mamba-2 (heads x
-    head_dim channels, n_groups groups of a state_size-wide SSM state), gated delta net (value heads x value head
-    dim, n_groups key heads of state_size-wide keys), Mamba (one intermediate_size-wide channel set), lightning
-    attention (MiniMax: heads of a head_dim x state_size key-value state, no convolution) or Kimi delta attention
-    (KDA: heads of head_dim x state_size, short convolutions on q, k and v)."""
-
-    kind: Literal["mamba2", "gdn", "mamba", "lightning", "kda"]
-    num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads; lightning and KDA heads")
-    head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim; lightning and KDA "
-                          "head dim")
-    state_size: int = Field(gt=0, description="SSM state width (d_state); gated delta net key head dim; lightning "
-                            "and KDA: the head dim again")
-    n_groups: int = Field(1, gt=0, description="Mamba-2 B/C groups; gated delta net key heads")
-    conv_kernel: int = Field(4, gt=0)
-    intermediate_size: Optional[int] = Field(None, gt=0, description="Mamba: d_inner")
-    dt_rank: Optional[int] = Field(None, gt=0, description="Mamba: the rank of the time-step projection")
-    conv_bias: bool = True
-    proj_bias: bool = False
-    dt_bc_norms: bool = Field(False, description="RMSNorms on the time step, B and C (Jamba's Mamba)")
-    full_rank_gate: bool = Field(False, description="KDA: the output gate one hidden -> heads x head_dim projection, "
-                                 "fused with q, k and v (Kimi-K3), instead of a low-rank pair")
-    ssm_cache_dtype: Optional[Literal["bf16", "fp16", "fp32"]] = Field(
-        None, description="the SSM/recurrent state's dtype in the cache (mamba_ssm_cache_dtype); None: the model's")
-
-    @property
-    def inner(self) -> int:
-        """The channels the mixer works on (its conv sees inner plus the B/C or key channels)."""
-        if self.kind == "mamba":
-            return self.intermediate_size or 0
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_channels(self) -> int:
-        if self.kind == "lightning":
-            return 0
-        if self.kind == "kda":  # q, k and v each convolved
-            return 3 * self.inner
-        if self.kind == "mamba":
-            return self.inner
-        return self.inner + 2 * self.n_groups * self.state_size
-
-
 class SharedAttentionSpec(_Frozen):
     """Attention blocks whose weights the attention layers share in turn (Zamba2's num_mem_blocks): `blocks` copies
     of an attention layer and its MLP, which read the hidden state concatenated with the input embeddings
@@ -252,7 +206,13 @@ class ModelSpec(_Frozen):
     compressed: Optional[CompressedAttentionSpec] = None
     moe: Optional[MoESpec] = None
     vision: Optional[VisionSpec] = None
-    state: Optional[StateSpec] = None
+    state: Optional[StateSpec] = Field(None, description="the state layers' mixer (kvplan.specs.mixers), where every "
+                                       "state layer has the same; else `states` and `state_of`")
+    states: Optional[tuple[StateSpec, ...]] = Field(
+        None, description="the state mixers, where state layers differ (two kinds, or two sizes of one); each state "
+        "layer names its own in state_of")
+    state_of: Optional[tuple[Optional[int], ...]] = Field(
+        None, description="with `states`: each layer's index into states (null for a layer without a state)")
     shared_attention: Optional[SharedAttentionSpec] = None
     mixers: Optional[tuple[MixerKind, ...]] = Field(
         None, description="each layer's mixer, where layers differ beyond the attention pattern (hybrids)")
@@ -311,6 +271,26 @@ class ModelSpec(_Frozen):
     vllm_until: Optional[str] = Field(None, description="the last vLLM release that serves this architecture, where "
                                       "a later one removed it")
 
+    @field_validator("state", mode="after")
+    @classmethod
+    def _state_mixer(cls, v: Optional[StateSpec]) -> Optional[StateSpec]:
+        return state_mixer(v)  # the kind's class, whose methods give what it costs
+
+    @field_validator("states", mode="after")
+    @classmethod
+    def _state_mixers(cls, v: Optional[tuple[StateSpec, ...]]) -> Optional[tuple[StateSpec, ...]]:
+        return None if v is None else tuple(state_mixer(st) for st in v)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """The fields as given; `states` and `state_of` only where a model has several state mixers, so that a spec
+        of one (or none) dumps as it did before they existed."""
+        data = handler(self)
+        if isinstance(data, dict) and self.states is None:
+            data.pop("states", None)
+            data.pop("state_of", None)
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
         if self.mla is None and self.head_dim is None:
@@ -321,7 +301,8 @@ class ModelSpec(_Frozen):
             raise ValueError("moe.first_dense_layers exceeds num_layers")
         for name, kinds in (("mixers", self.mixers), ("mlps", self.mlps), ("kv_heads_per_layer", self.kv_heads_per_layer),
                             ("head_dims", self.head_dims), ("v_from_k", self.v_from_k), ("indexed", self.indexed),
-                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms)):
+                            ("intermediate_sizes", self.intermediate_sizes), ("norms", self.norms),
+                            ("state_of", self.state_of)):
             if kinds is not None and len(kinds) != self.num_layers:
                 raise ValueError(f"{name} lists {len(kinds)} layers; the model has {self.num_layers}")
         for name, sizes in (("kv_heads_per_layer", self.kv_heads_per_layer), ("head_dims", self.head_dims),
@@ -334,7 +315,7 @@ class ModelSpec(_Frozen):
             if self.num_heads % kv:
                 raise ValueError(f"num_heads {self.num_heads} is not a multiple of a layer's {kv} KV heads")
         if self.mixers is not None:
-            if "state" in self.mixers and self.state is None:
+            if "state" in self.mixers and self.state is None and self.states is None:
                 raise ValueError("a 'state' layer needs the state mixer described (state: kind, heads, ...)")
             for kind, size in (("sliding", self.attention.sliding_window), ("chunked", self.attention.chunk_size)):
                 if kind in self.mixers and size is None:
@@ -347,7 +328,28 @@ class ModelSpec(_Frozen):
                              f"model has {self.num_layers}")
         if self.mlps is not None and "moe" in self.mlps and self.moe is None:
             raise ValueError("a 'moe' layer needs moe (experts, experts_per_token, ...)")
+        self._check_states()
         return self
+
+    def _check_states(self) -> None:
+        """`states` and `state_of` together, instead of `state`, every state layer naming one of them."""
+        if self.states is None:
+            if self.state_of is not None:
+                raise ValueError("state_of names each layer's mixer among `states`; give states too, or drop it")
+            return
+        if self.state is not None:
+            raise ValueError("give `state` (one mixer for every state layer) or `states` with `state_of`, not both")
+        if not self.states:
+            raise ValueError("states is empty; give at least one state mixer")
+        if self.state_of is None:
+            raise ValueError("with `states`, state_of names each layer's mixer (its index in states; null for a "
+                             "layer without a state)")
+        for i, (kind, j) in enumerate(zip(self.layer_kinds, self.state_of)):
+            if kind == "state" and (isinstance(j, bool) or not isinstance(j, int) or not 0 <= j < len(self.states)):
+                raise ValueError(f"state_of: layer {i} is a state layer; give it an index below {len(self.states)} "
+                                 f"into states, not {j}")
+            if kind != "state" and j is not None:
+                raise ValueError(f"state_of: layer {i} is a '{kind}' layer, without a state; give it null, not {j}")
 
     @property
     def is_mla(self) -> bool:
@@ -371,6 +373,50 @@ class ModelSpec(_Frozen):
     @per_spec
     def state_layers(self) -> tuple[int, ...]:
         return tuple(i for i, k in enumerate(self.layer_kinds) if k == "state")
+
+    @property
+    @per_spec
+    def layers(self) -> tuple[Layer, ...]:
+        """Each layer's mixer and MLP as values (kvplan.specs.layers), built once per spec."""
+        indexers = frozenset(self.indexer_layers)
+        out = []
+        for i, (kind, mlp) in enumerate(zip(self.layer_kinds, self.mlp_kinds)):
+            mixer: "Attention | StateSpec | None" = None
+            if kind in ATTENTION_KINDS:
+                mixer = Attention(kind, self.layer_kv_heads(i), self.layer_head_dim(i), self.window_of(kind),
+                                  bool(self.v_from_k and self.v_from_k[i]), i in indexers)
+            elif kind == "state":
+                mixer = self.layer_state(i)
+            block = Dense(self.layer_intermediate(i)) if mlp == "dense" else MoE(self.moe) if mlp == "moe" else None
+            out.append(Layer(i, mixer, block, self.layer_norms(i)))
+        return tuple(out)
+
+    @property
+    def state_mixers(self) -> tuple[StateSpec, ...]:
+        """The state mixers: `states`, or the one `state` (none in a model without state layers)."""
+        if self.states is not None:
+            return self.states
+        return (self.state,) if self.state is not None else ()
+
+    def state_index(self, i: int) -> int:
+        """Which of state_mixers state layer i uses."""
+        return self.state_of[i] if self.state_of is not None else 0  # type: ignore[return-value]
+
+    def layer_state(self, i: int) -> Optional[StateSpec]:
+        """Layer i's state mixer (None for a layer without a state)."""
+        if self.layer_kinds[i] != "state":
+            return None
+        return self.state_mixers[self.state_index(i)]
+
+    @property
+    @per_spec
+    def state_groups(self) -> tuple[tuple[StateSpec, tuple[int, ...]], ...]:
+        """Each state mixer the layers use, with its layers, in the order of state_mixers."""
+        mixers = self.state_mixers
+        layers: list[list[int]] = [[] for _ in mixers]
+        for i in self.state_layers:
+            layers[self.state_index(i)].append(i)
+        return tuple((st, tuple(at)) for st, at in zip(mixers, layers) if at)
 
     @property
     @per_spec
