@@ -12,6 +12,10 @@ rest as it is:
 
     python benchmarks/fit_step_profiles.py SILICON --prefill-only hardware/profiles/step-time.yaml > new.yaml
 
+or only the fused-MoE fits (the experts' routing: kvplan.sizing.routing):
+
+    python benchmarks/fit_step_profiles.py SILICON --moe-only hardware/profiles/step-time.yaml > new.yaml
+
 or only the all-reduce the engines replay in their CUDA graphs (graph_allreduce: vLLM's custom all-reduce, from
 <gpu>/comm-custom_allreduce_perf.parquet, the table aiconfigurator-core 0.12.0's wheel ships as
 systems/data/<gpu>/comm/vllm/0.19.0/custom_allreduce_perf.parquet, 0.14.0 for A100):
@@ -33,6 +37,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from kvplan.sizing.routing import ROUTING_ALPHA, experts_touched
 from kvplan.sizing.kernel_seconds import (
     attention_call_seconds,
     gemm_call_seconds,
@@ -377,12 +382,15 @@ def gemm(df, peak, f16, f8, sms):
 
 
 def moe(df, peak, f16, f8):
-    """Fused MoE layer (balanced routing, no expert parallelism): t = t0 + c_e x experts touched
-    + max(bytes / (eta x B), flops / (mu x F)), the experts the tokens touch under uniform routing being
-    E x (1 - (1 - k/E)^T), their bytes the three matrices each holds on this rank; c_e is each touched expert's own
-    block walk (narrow experts under a large MoE TP run far below the bandwidth)."""
+    """Fused MoE layer (routed as real routers route, no expert parallelism): t = t0 + c_e x experts touched
+    + max(bytes / (eta x B), flops / (mu x F)), the experts the tokens touch under the power-law routing of the
+    tables' power_law_1.01 rows (kvplan.sizing.routing.experts_touched, the count the step model prices with),
+    their bytes the three matrices each holds on this rank; c_e is each touched expert's own block walk (narrow
+    experts under a large MoE TP run far below the bandwidth). The balanced rows (uniform routing) are left out:
+    no router spreads tokens evenly, and at decode batches of tens to hundreds of tokens the skew touches a
+    third fewer experts (the power-law rows run 75-90% of the balanced rows' time there)."""
     out = {}
-    df = df[(df.distribution == "balanced") & (df.moe_ep_size == 1)]
+    df = df[(df.distribution == f"power_law_{ROUTING_ALPHA}") & (df.moe_ep_size == 1)]
     for dt in sorted(df.moe_dtype.unique()):
         wb = WEIGHT_BYTES.get(dt)
         if wb is None:
@@ -392,7 +400,7 @@ def moe(df, peak, f16, f8):
         def feats(d):
             inter = d.inter_size / d.moe_tp_size
             e, k, t = d.num_experts, d.topk, d.num_tokens
-            touched = (e * (1 - (1 - k / e) ** t)).to_numpy(float)
+            touched = np.array([experts_touched(int(a), int(b), float(c)) for a, b, c in zip(e, k, t)])
             return (touched, touched * (3 * d.hidden_size * inter * wb).to_numpy(float),
                     (t * k * 6.0 * d.hidden_size * inter).to_numpy(float), d.latency.to_numpy(float) / 1e3)
         d = df[(df.moe_dtype == dt) & (df.num_tokens <= 64)]
@@ -444,6 +452,18 @@ def graph_allreduce(df):
         out[int(n)] = dict(t0_s=float(coef[0]), bytes_per_s=float(1 / coef[1]),
                            max_bytes=CUSTOM_ALLREDUCE_MAX_BYTES, within_10pct=share, rows=rows)
     return out
+
+
+def update_moe(silicon: Path, profile: Path) -> None:
+    """Refit only the fused-MoE fits of an existing profile, the rest kept as it is."""
+    text = profile.read_text()
+    doc = yaml.safe_load(text)
+    for folder, (name, peak, f16, f8, *_) in GPUS.items():
+        table = silicon / folder / "moe-moe_perf.parquet"
+        if table.is_file() and name in doc["gpus"]:
+            doc["gpus"][name]["moe"] = moe(pd.read_parquet(table), peak, f16, f8)
+    head = text.splitlines(keepends=True)[0]
+    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
 def update_graph_allreduce(silicon: Path, profile: Path) -> None:
@@ -591,6 +611,8 @@ def main(silicon: Path) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[2] == "--prefill-only":
         update_prefill(Path(sys.argv[1]), Path(sys.argv[3]))
+    elif len(sys.argv) > 3 and sys.argv[2] == "--moe-only":
+        update_moe(Path(sys.argv[1]), Path(sys.argv[3]))
     elif len(sys.argv) > 3 and sys.argv[2] == "--graph-allreduce-only":
         update_graph_allreduce(Path(sys.argv[1]), Path(sys.argv[3]))
     else:

@@ -9,7 +9,7 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
   walking k deep sustains, cap(n, k), limiting eta B (at once, or softly where the walk shows beside the stream)
   and, where a range has them, the compute run as whole tiles in waves over the SMs and m rounded up to blocks of
   rows whose emptier last block costs more; larger m are held to the large-GEMM compute rate at least;
-* fused MoE: the routed experts the tokens touch (uniform routing), t0 + c_e x touched + max(bytes / (eta B),
+* fused MoE: the routed experts the tokens touch (a router's skew: kvplan.sizing.routing), t0 + c_e x touched + max(bytes / (eta B),
   flops / (mu F));
 * decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
   heads) + c_q x (sequences x query heads) and stream = max(bytes / min(eta B, streams), c_tok x context), the
@@ -22,7 +22,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
 * all-reduce: two per layer under tensor parallelism (after attention and after the MLP), t0 + bytes / rate: the
   engines' custom all-reduce replayed in a CUDA graph where the step is one the graphs replay and the message is
   below its 8 MiB (graph_tokens), NCCL's otherwise;
-* the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation): a fixed cost each;
+* the layer's small kernels (two fused norm+residual, rotary with the cache write, the activation; a MoE layer's
+  top-k, expert sort, activation and top-k sum): a fixed cost each;
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
 
 Profiles: the bundled fits for A100, H100, H200 and B200 (hardware/profiles/step-time.yaml, fitted from public
@@ -51,6 +52,7 @@ from kvplan.sizing.kv_cache import (
     kv_layers,
 )
 from kvplan.sizing.model_tensors import model_tensors
+from kvplan.sizing.routing import experts_touched
 from kvplan.sizing.step_fits import (
     StepProfile,
     allreduce_fit,
@@ -88,6 +90,12 @@ SAMPLER_KERNELS = 8  # logits copy, temperature, top-k/top-p, softmax, sampling,
 # Host time per step that vLLM's async scheduling does not overlap (input preparation, CUDA-graph launch). An
 # estimate: no public table measures it; it is a small share of a step at any realistic batch.
 HOST_GAP_S = 100e-6
+# The small kernels a MoE layer runs besides its two expert GEMMs, which the fused-MoE timings the profiles are
+# fitted on leave out: the router's top-k selection (vLLM's topk_softmax or grouped_topk), the sort of the tokens by
+# expert into blocks (moe_align_block_size), the activation between the two GEMMs (silu_and_mul) and the weighted
+# sum of each token's top-k outputs (moe_sum): vllm/model_executor/layers/fused_moe/fused_moe.py
+# fused_experts_impl, as SGLang's fused_moe_triton. Each costs what the kernel tables' smallest kernels take.
+SMALL_KERNELS_PER_MOE_LAYER = 4
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -288,6 +296,7 @@ class StepModel:
         # low-latency kernels reach 230-270 GB/s on an H200 of 450 GB/s each way: AIConfigurator's DeepEP tables)
         self.gpu_nvlink = (0.6 * d.gpu.nvlink_gbps / 2 * 1e9) if d.gpu is not None and d.gpu.nvlink_gbps else None
         self.small_fit = dfit
+        self.moe_layers = sum(1 for x in m.mlp_kinds if x == "moe") if m.moe else 0
         self.elem_bytes = DTYPE_BYTES[m.dtype]
         self.bf16_bytes_per_token = format_bytes_per_token(m, kv_format("auto"), tp)
 
@@ -314,10 +323,13 @@ class StepModel:
             if lay.ep > 1:  # whole experts on this rank: the pairs routed to its share, the busiest rank's
                 local = lay.local_experts(e)
                 pairs = tokens * kk * local / e * routing_imbalance(tokens * kk * local / e, lay.ep, self.eplb, xp)
-                touched = local * (1.0 - (1.0 - 1.0 / local) ** pairs)
+                # the experts this rank holds that its tokens touch: the layer's count under the router's skew,
+                # this rank's share of it, at most what the busiest rank's pairs can touch
+                touched = xp.minimum(experts_touched(e, kk, tokens) * local / e,
+                                     local * (1.0 - (1.0 - 1.0 / local) ** pairs))
             else:  # and the shared experts folded in, every token's
                 pairs = tokens * (kk + self.fused_shared)
-                touched = e * (1.0 - (1.0 - kk / e) ** tokens) + self.fused_shared
+                touched = experts_touched(e, kk, tokens) + self.fused_shared
             layers = sum(1 for x in m.mlp_kinds if x == "moe")
             per_layer_bytes = sum(mb * c for _, mb, _, _, c, _ in self.experts) / max(layers, 1) / e * touched
             flops = sum(2.0 * n * k * c for _, _, n, k, c, _ in self.experts) / max(layers, 1) / e * pairs
@@ -478,7 +490,8 @@ class StepModel:
         m = self.model
         bw = self.profile.peak_bandwidth_bytes_per_s
         small = self.small_fit.t0_s + 6 * tokens * m.hidden_size * self.elem_bytes / (self.small_fit.eta * bw)
-        return SMALL_KERNELS_PER_LAYER * m.num_layers * small
+        return (SMALL_KERNELS_PER_LAYER * m.num_layers * small
+                + SMALL_KERNELS_PER_MOE_LAYER * self.moe_layers * self.small_fit.t0_s)
 
     def _engine(self, batch):
         """The host's gap between steps and the sampler's kernels."""
