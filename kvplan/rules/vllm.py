@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 from kvplan.errors import KvplanError, check_whole
-from kvplan.specs.mixers import STATE_MIXERS
 from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
 
@@ -92,6 +91,8 @@ class VllmRules:
         (MambaSpec.max_memory_usage_bytes in align mode)."""
         if attention_free or not self.hybrid_prefix_caching:
             return 1
+        from kvplan.specs.mixers import STATE_MIXERS  # the spec classes load with the model, not with the CLI
+
         checkpoint = kind in self.checkpoint_state_kinds and \
             STATE_MIXERS[kind].vllm_prefill_checkpoint(compute_capability, key_head_dim)
         return 2 + int(checkpoint)

@@ -7,7 +7,6 @@ those of StateSpec, whatever the kind, and ModelSpec turns the validated StateSp
 (`state_mixer`). A new state mixer is one subclass here (its KIND and its methods) and its config mapping in
 kvplan.specs.hf_layers."""
 
-from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
