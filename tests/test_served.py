@@ -259,3 +259,27 @@ def test_all_keeps_a_custom_format_named_beside_it(cli):
     r = cli("crossover", "llama3-8b", "-d", "all,kivi2", "-d", "custom:k_bits=4,v_bits=4", "--json")
     names = [row["dtype"] for row in json.loads(r.out)]
     assert "kivi2" in names and "custom:k_bits=4,v_bits=4" in names
+
+
+def test_a_what_if_is_marked_in_every_table_and_json_row(cli):
+    """KIVI is a paper format no engine serves: planned when named, and marked in each command's table, JSON rows
+    and sweep column; a throughput comparison of what-ifs alone names no winner."""
+    import json
+
+    why = "what-if: no engine serves kivi2 (a paper format)"
+    r = cli("crossover", "llama3-8b", "-d", "kivi2", "--gpu", "h100")
+    assert r.code == 0 and "kivi2 (what-if)" in r.out and f"note: kivi2: {why}" in r.out
+    assert "auto (bf16) (what-if)" not in r.out and "auto: what-if" not in r.out  # the baseline is served
+    body = json.loads(cli("crossover", "llama3-8b", "-d", "kivi2", "--gpu", "h100", "--json").out)
+    assert body["deployment"]["what_if"] == why
+    r = cli("capacity", "llama3-8b", "-d", "kivi2", "-d", "fp8", "--gpu", "h100")
+    assert "kivi2 (what-if)" in r.out and "fp8 (what-if)" not in r.out
+    body = json.loads(cli("throughput", "llama3-8b", "-d", "kivi2,auto", "--gpu", "h100", "--isl", "1k", "--osl", "1k",
+                          "-n", "8", "--json").out)
+    assert [row.get("what_if") for row in body["rows"]] == [why, None]
+    assert body["winner"] == "auto"
+    r = cli("throughput", "llama3-8b", "-d", "kivi2", "--gpu", "h100", "--isl", "1k", "--osl", "1k", "-n", "8")
+    assert "kivi2 (what-if)" in r.out
+    assert "verdict: no verdict: no engine serves kivi2 here (what-if)" in r.out
+    body = json.loads(cli("sweep", "-m", "llama3-8b", "-g", "h100", "-d", "kivi2,fp8", "--format", "json").out)
+    assert [row["what_if"] for row in body] == [why, None]

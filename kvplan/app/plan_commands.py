@@ -89,7 +89,9 @@ def crossover(
 
         from kvplan.specs.kv_formats import kv_format
 
-        results.insert(0, run(replace(ds[0], kv=kv_format(baseline), skip=None)))
+        base = kv_format(baseline)
+        results.insert(0, run(replace(ds[0], kv=base, skip=None,
+                                      unserved=base.unserved(ds[0].engine, ds[0].gpu, ds[0].engine_version))))
     _show(as_json, data, "crossover_tables", results, m, ds[0].gpu)
 
 

@@ -99,6 +99,8 @@ class Deployment:
             "dcp": self.dcp, "total_memory_bytes": self.total_bytes, "memory_source": self.memory_source,
             "max_model_len": self.max_model_len,
         }
+        if self.unserved:  # a dtype no engine, release or GPU of this deployment serves: its figures are a what-if
+            out["what_if"] = self.unserved
         p = self.parallel
         if not p.tp_only:
             out.update(dp=p.dp, ep=p.ep, attention_tp=p.attn_tp, moe_tp=p.moe_tp, world_size=p.world,

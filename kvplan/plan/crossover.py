@@ -78,7 +78,8 @@ class CrossoverResult:
     breakeven_context: dict = field(default_factory=dict)
     operating_points: list[OperatingPoint] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for
+    deployment: dict = field(default_factory=dict)  # the resolved deployment these figures are for (its what_if:
+    # why no engine, release or GPU of it serves this dtype, where none does)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -169,6 +170,8 @@ def crossover_of(d, *, batches: Sequence[int] = (1,), contexts: Sequence[int] = 
         nstar_all = _solve_crossover(kv_layers(model, fmt, tp, ("none",)), w1)
     if fmt.residual_tokens:
         notes.append(f"the newest {fmt.residual_tokens} tokens of each sequence stay in {model.dtype}")
+    if d.unserved:
+        notes.append(f"{fmt.name}: {d.unserved}")
     return CrossoverResult(
         model=model.name, dtype=fmt.name, baseline_dtype=base_fmt.name, tp=tp, weight_dtype=wdtype,
         weight_read=weight_read, kv_bytes_per_token=per_token, kv_bytes_per_token_per_kv_head_layer=unit,

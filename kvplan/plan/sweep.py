@@ -31,7 +31,7 @@ from kvplan.specs.kv_formats import KVFormat, kv_format
 COLUMNS = (
     "model", "gpu", "tp", "dtype", "max_model_len", "batch", "context",
     "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token", "num_blocks", "blocks_per_request",
-    "max_concurrency", "kv_tokens", "fits", "problem",
+    "max_concurrency", "kv_tokens", "fits", "problem", "what_if",
     "crossover_tokens", "weight_bytes", "kv_bytes", "step_bytes", "saving", "bound", "crossover_tokens_at_batch",
     "step_ms", "expected_step_ms",
 )
@@ -74,6 +74,7 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
     skipped: list[str] = []
     profiles: dict[str, str] = {}
     problems: dict[str, int] = {}  # why a row does not fit -> its code in the `problem` column
+    what_ifs: dict[str, int] = {}  # why no engine serves a row's dtype there -> its code in the `what_if` column
     base_fmt = kv_format(baseline)
     _check_options(weight_read, options)
     weight_dtype = options.get("weight_dtype")
@@ -102,10 +103,12 @@ def sweep(models: Sequence[str | ModelSpec], gpus: Sequence[str | GPUSpec], *, t
             continue
         step, nstar_b, nstar = _step_figures(m, g, plan, base_layers, wb, lay.attn_tp, weight_read,
                                              weight_dtype or m.weight_dtype, grid)
+        const["what_if"].append(what_ifs.setdefault(d.unserved, len(what_ifs)) if d.unserved else -1)
         _append((const, per_len, per_bc), (mi, gi, fi, tp), plan, grid, cap, step, nstar_b, nstar,
                 _problem_codes(d, plan, grid.lens, cap, problems), _expected_ms(d, grid.bf, grid.cf, profiles))
 
     categories = {"model": [m.name for m in mspecs], "gpu": [g.name for g in gspecs], "dtype": [f.name for f in fmts]}
+    categories["what_if"] = list(what_ifs)  # code -1: a dtype the engine serves there, an empty cell
     frame = _frame(const, per_len, per_bc, categories, problems, grid.lens.size, grid.b.size)
     df = pd.DataFrame(frame, copy=False)
     df.attrs.update(skipped=skipped, whole_columns=[c for c in BYTE_COUNTS if c in df.columns],
@@ -189,14 +192,14 @@ def _append(columns: tuple, ids: tuple, plan, grid: _Grid, cap: dict, step: dict
 
 
 # The columns by how they vary: one value per configuration, one per max_model_len, one per (batch, context)
-_CONST = ("model", "gpu", "dtype", "tp", "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token",
+_CONST = ("model", "gpu", "dtype", "tp", "what_if", "weight_bytes_held", "available_kv_bytes", "kv_bytes_per_token",
           "num_blocks", "crossover_tokens")
 _PER_LEN = ("max_model_len", "blocks_per_request", "max_concurrency", "kv_tokens", "fits", "problem")
 _PER_BC = ("batch", "context", "weight_bytes", "kv_bytes", "step_bytes", "saving", "bound", "crossover_tokens_at_batch",
            "step_ms", "expected_step_ms")
 # counts (and bytes) are whole numbers, `fits` a yes/no, the categories their codes; every other column is a real
 # number
-_DTYPES = {"model": "int32", "gpu": "int32", "dtype": "int32", "problem": "int32", "bound": "int8", "fits": "bool",
+_DTYPES = {"model": "int32", "gpu": "int32", "dtype": "int32", "problem": "int32", "what_if": "int32", "bound": "int8", "fits": "bool",
            **{c: "int64" for c in ("tp", "max_model_len", "batch", "context", "weight_bytes_held",
                                    "available_kv_bytes", "num_blocks", "blocks_per_request", "kv_tokens")}}
 

@@ -62,6 +62,8 @@ class ThroughputRow:
     capped_by: Optional[str] = None  # "kv pool" or "max_num_seqs" where requests waited for it
     preemptions: int = 0
     num_prompts: int = 0
+    # why no engine, release or GPU of the deployment serves this dtype (None: served): a what-if, never the verdict
+    what_if: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ class ThroughputResult:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        for row in [*d["rows"], *(x for x in d["best"].values() if x)]:
+            if row["what_if"] is None:  # a row says so only where its dtype is a what-if
+                del row["what_if"]
         d["best_by_dtype"] = d["best"]
         d["best"] = d["best"].get(self.winner) if self.winner else None
         return d
@@ -204,7 +209,7 @@ def _row(sm, d, c: int, work, limit: int, gpus: int, limits, step_cache: Optiona
         e2e_ms=ms(res.e2e.mean), e2e_p50_ms=ms(res.e2e.median), e2e_p90_ms=ms(res.e2e.p90),
         e2e_p99_ms=ms(res.e2e.p99), requests_per_s=res.requests_per_s * spread,
         total_tokens_per_s=res.total_tokens_per_s * spread, mean_running=res.mean_running, capped_by=res.capped_by,
-        preemptions=res.preemptions, num_prompts=n if dp == 1 else work.num_prompts * dp)
+        preemptions=res.preemptions, num_prompts=n if dp == 1 else work.num_prompts * dp, what_if=d.unserved)
 
 
 PERCENTILE_KEYS = {"mean": "", "p50": "_p50", "median": "_p50", "p90": "_p90", "p99": "_p99"}
@@ -368,6 +373,11 @@ def _verdict(best: dict, rows: list, ds, tpot, ttft, isl, osl, step_at=None,
     limits = " and ".join(x for x in (f"TPOT{which} <= {tpot:g} ms" if tpot else "",
                                       f"TTFT{which} <= {ttft:g} ms" if ttft else "") if x) or "no latency limit"
     if not found:
+        if not runnable:
+            return None, ("no verdict: no engine serves " + ", ".join(d.kv.name for d in ds) + " here (what-if); "
+                          "compare with a dtype the engine serves, e.g. -d auto")
+        if not (tpot or ttft):
+            return None, "no KV dtype ran at any concurrency: add GPUs or shorten the requests"
         return None, f"no KV dtype meets {limits} at any concurrency: relax the limit or add GPUs"
     win = max(found.values(), key=lambda r: r.output_tokens_per_s)
     base_name = ds[0].kv.name
