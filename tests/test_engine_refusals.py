@@ -38,7 +38,7 @@ RULES = [
      "(MultipleOf(16))", dict(block_size=24), "--block-size 24: vLLM's attention backends take multiples of 16"),
     ("a KV dtype the release has", "vllm/config/cache.py CacheDType (the Literal each release lists)",
      dict(kv_cache_dtype="nvfp4_4over6", engine_version="0.26"),
-     "KV cache dtype 'nvfp4_4over6' does not exist in vLLM 0.26 and 0.27"),
+     "KV cache dtype 'nvfp4_4over6' does not exist in vLLM 0.26"),
     ("EPLB needs expert parallelism", "vllm/config/parallel.py ParallelConfig._validate_parallel_config "
      "('enable_expert_parallel must be True to use EPLB.')", dict(model="qwen3-30b-a3b", tp=2, enable_eplb=True),
      "vLLM refuses it without --enable-expert-parallel"),

@@ -47,6 +47,12 @@ def test_serve_defaults():
 
     assert llm("h100", "0.33") == (16384, 1024) and llm("a100", "0.33") == (8192, 256)
     assert llm("b200", "0.20") == (16384, 1024)
+    # engine/arg_utils.py get_batch_defaults: 0.27 has two tiers (>= 70 GiB, not A100: 8,192 tokens for `vllm serve`;
+    # else 2,048); 0.28 adds ">= 160 GiB" (B200/B300: 16,384 for serve too); kvplan had it from 0.30
+    assert d("b200", "0.27") == (8192, 1024) and d("b200", "0.28") == (16384, 1024)
+    # below 70 GiB every release 0.19 to 0.33 keeps "TODO(woosuk): Tune the default values for other hardware":
+    # 2,048 batched tokens and 256 sequences for `vllm serve` (L40S: 44.5 GiB)
+    assert {d("l40s", v) for v in ("0.19", "0.25", "0.29", "0.30", "0.33")} == {(2048, 256)}
 
 
 def test_forward_terms():
@@ -325,3 +331,73 @@ def test_gpt_oss_capture_on_hopper():
     f2 = 1024 * 2 * 2 * 2880 + 1024 * 32 * 2 + 8 * 1024 * 4 + 1024 * 4 * (1440 + 2880) * 2 + 1024 * 2880 * 2
     assert two.parts["cudagraph_capture"] == 2 * f2 + 32 * MiB + 32 * 32 * 992 * 65 * 4 + 83 * 16 * MiB
     assert round(two.parts["cudagraph_capture"] / GiB, 2) == 1.67
+
+
+def test_the_runner_that_profiles_by_release_and_model():
+    from pathlib import Path
+
+    from kvplan.rules.vllm import vllm_rules
+    fix = Path(__file__).resolve().parent / "fixtures"
+    dense, moe, listed = L31, load_model("qwen3-30b-a3b"), load_model("deepseek-v2-lite")
+    hybrid = load_model(str(fix / "configs" / "nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.config.json"))
+    mamba = load_model(str(fix / "hf-corpus" / "mistralai--Mamba-Codestral-7B-v0.1_config.json"))
+
+    def runners(v):
+        r = vllm_rules(v)
+        return [r.runner_for(m) for m in (dense, moe, listed, hybrid, mamba)]
+
+    # vllm/envs.py VLLM_USE_V2_MODEL_RUNNER defaults to "0" through 0.21: V1 everywhere
+    assert runners("0.19") == runners("0.21") == ["v1"] * 5
+    # 0.25 to 0.28 (config/vllm.py _is_default_v2_model_runner_model): `is_default_v2_architecture or not is_moe`,
+    # after refusing hybrids (unless listed) and attention-free models; DeepseekV2ForCausalLM is listed
+    assert runners("0.25") == runners("0.27.1") == runners("0.28") == ["mrv2", "v1", "mrv2", "v1", "v1"]
+    # 0.29+: use_v2_model_runner no longer asks the model
+    assert runners("0.29") == runners("0.33") == ["mrv2"] * 5
+
+
+def test_mrv2_on_dense_models_before_030():
+    # Llama-3.1-8B, H100, serve defaults (8,192 tokens, 1,024 sequences), worked from the source of each release.
+    f_mlp = 8192 * 2 * (4096 + 3 * 14336)  # 736 MiB: the MLP sets the forward peak
+    logits = 1024 * 128256 * 2  # MRV2's default sampler pass: bf16 logits only, 250.5 MiB
+    hold = 8192 * 4096 * 2 + 2 * 1024 * 4096 * 2  # hidden states 64 MiB + sampled rows and their copy 16 MiB
+    assert hold + logits < f_mlp
+    pen = 4 * 1024 * 128256 + 4 * 1024 * -(-128256 // 32)  # PenaltiesState: 501 + 15.7 = 516.7 MiB
+    f_cg = 512 * 2 * (4096 + 3 * 14336)
+    mrv2_estimate = 2 * f_cg + 32 * MiB + 50 * 6 * MiB + 50 * 4 * MiB  # what 0.29+ subtracts (MRV2, 51 + 51 graphs)
+
+    # 0.25 and 0.26: MRV2 profiles; mem_utils adds weights + the torch peak's increase + non-torch, so the cuBLAS
+    # workspace the first GEMM makes is in the peak (736 + 32 MiB), and the PenaltiesState that load_model makes after
+    # the weights are measured is charged nowhere; MRV2's profile_cudagraph_memory returns 0: nothing subtracted
+    for v in ("0.25", "0.26"):
+        nk = run(v)
+        assert (nk.activation, nk.persistent, nk.cudagraph) == (f_mlp + 32 * MiB, 0, 0)
+        assert nk.parts["cudagraph_capture"] == mrv2_estimate  # the graphs are still captured, outside the budget
+    # 0.27: non_kv = total_consumed + transient_peak_headroom: the PenaltiesState persists, so it is consumed memory
+    nk = run("0.27")
+    assert (nk.activation, nk.persistent, nk.cudagraph) == (f_mlp + 32 * MiB, pen, 0)
+    # 0.29: cudagraph_utils.profile_cudagraph_memory estimates MRV2's graphs, and the budget subtracts it
+    assert run("0.29").cudagraph == run("0.30").cudagraph == mrv2_estimate
+    assert run("0.28").cudagraph == 0
+    # the V1 runner's figures where it still profiles (0.20): 1,898 MiB sampler peak + cuBLAS, FA3's estimate
+    assert run("0.20").activation > run("0.25").activation
+
+
+def test_profile_run_below_70_gib_in_030_and_031():
+    # L40S (44.5 GiB, SM89): `vllm serve` takes 2,048 batched tokens and 256 sequences. MRV2's profile_run
+    # (v1/worker/gpu/model_runner.py, 0.29 to 0.31 alike) runs _dummy_run(2048, skip_attn=True): min(2048, 256) =
+    # 256 dummy requests of 8 tokens, eager; then _dummy_sampler_run on those 256 rows: compute_logits in bf16 and
+    # the sampler's default pass (no request added, so no fp32 copy, penalties or top-k/top-p; gumbel_sample keeps
+    # [256, ceil(V / 1024)] int64 + fp32 partials, 378 KiB, left out)
+    l40s = load_gpu("l40s")
+    f_mlp = 2048 * 2 * (4096 + 3 * 14336)  # residual + gate_up + activation: 184 MiB
+    f_attn = 2048 * 2 * (2 * 4096 + 3 * 4096 + 3 * 1024)  # 92 MiB
+    sampler = 2048 * 4096 * 2 + 2 * 256 * 4096 * 2 + 256 * 128256 * 2  # hold 20 MiB + logits 62.6 MiB
+    assert f_mlp == 184 * MiB and f_attn == 92 * MiB and sampler < f_mlp
+    pen = 4 * 256 * 128256 + 4 * 256 * 4008  # the PenaltiesState for 256 requests: 129.2 MiB
+    cublas = 8 * MiB + 128 * 1024  # torch's cuBLAS workspace off SM90/SM100
+    for v in ("0.30", "0.31"):
+        nk = non_kv_memory(L31, l40s, total_bytes=l40s.memory_total_bytes, tp=1, weights=W, version=v,
+                           max_model_len=131072)
+        assert (nk.max_num_batched_tokens, nk.max_num_seqs) == (2048, 256)
+        assert nk.activation == f_mlp  # 0.30/0.31 charge the main stream's cuBLAS workspace as consumed memory
+        assert nk.persistent == pen + cublas

@@ -105,8 +105,8 @@ NO_BACKEND = {
     # supported"), and FlashAttention, which its selector takes on FA3, raises in get_fp8_dtype_for_flashattn
     ("0.20", "nvfp4"),
     # 0.28 adds nvfp4_4over6 and FlashInfer stores it on 10.x, but kvplan reads the attention backends of 0.25 for
-    # 0.26 to 0.29 (vllm_backends.READ); it has them from 0.30
-    ("0.28", "nvfp4_4over6"),
+    # 0.26 to 0.29 (vllm_backends.READ); it has them from 0.30. The rules of 0.28 and of 0.29 list it alike
+    ("0.28", "nvfp4_4over6"), ("0.29", "nvfp4_4over6"),
 }
 
 

@@ -1,7 +1,8 @@
 """What changed between vLLM versions in how the KV pool is planned and reported: one value per version.
 
-Sources: the vLLM releases 0.19.0, 0.20.0, 0.25.0, 0.26.0, 0.28.0, 0.29.0, 0.30.0, 0.32.0 and 0.33.0 (vllm/v1/core/kv_cache_utils.py and
-kv_cache_planning.py, v1/kv_cache_interface.py, platforms/interface.py, config/vllm.py).
+Sources: the vLLM releases 0.19.0 to 0.31.0 (0.22.1, 0.25.1 and 0.27.1 aside), 0.32.0 and 0.33.0
+(vllm/v1/core/kv_cache_utils.py and kv_cache_planning.py, v1/kv_cache_interface.py, platforms/interface.py,
+config/vllm.py, utils/mem_utils.py, v1/worker/gpu/model_runner.py).
 """
 
 from __future__ import annotations
@@ -40,10 +41,31 @@ class VllmRules:
     # while a step runs misses the step already scheduled and starts in the one after it
     async_scheduling: bool = True
     # --- what the profile run executes and which measured term each allocation lands in (kvplan.sizing.vllm_memory) ---
-    # the model runner that profiles: the classic V1 runner, or MRV2 (the default for text decoders from 0.30)
-    runner: Literal["v1", "mrv2"] = "v1"
+    # which models the V2 model runner (MRV2) profiles by default rather than the classic V1 runner (runner_for;
+    # vllm/config/vllm.py VllmConfig.use_v2_model_runner and _is_default_v2_model_runner_model, with
+    # VLLM_USE_V2_MODEL_RUNNER unset): "never" through 0.21 (vllm/envs.py defaults it to "0"); "dense" from 0.25:
+    # every generative model that is not MoE, hybrid or attention-free, plus the MoE architectures of
+    # DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES (mrv2_moe_families); "all" from 0.29, which drops the per-model rule.
+    # 0.22 to 0.24 default a short architecture list to it (0.22: Qwen3ForCausalLM unquantized; 0.23: + Llama and
+    # Mistral; 0.24: + DeepseekV2, Qwen2Moe and GraniteMoe, quantized too), which the "0.20" rules (standing for
+    # 0.20 to 0.24) do not model: they plan every model of those releases with the V1 runner
+    mrv2_default: Literal["never", "dense", "all"] = "never"
+    # the model families (HF model_type) of the MoE architectures that default to MRV2 under "dense":
+    # DeepseekV2ForCausalLM, Qwen2MoeForCausalLM and GraniteMoeForCausalLM (0.25 to 0.28)
+    mrv2_moe_families: frozenset[str] = frozenset({"deepseek_v2", "qwen2_moe", "granitemoe"})
+    # MRV2 estimates its CUDA graphs (v1/worker/gpu/cudagraph_utils.py profile_cudagraph_memory) from 0.29; before,
+    # its GPUModelRunner.profile_cudagraph_memory returns 0 ("It is TBD whether we keep this API or not"), so nothing
+    # is subtracted for the graphs its capture then takes
+    mrv2_estimates_cudagraphs: bool = True
+    # how memory_profiling (vllm/utils/mem_utils.py) adds up the non-KV memory: "peak" through 0.26, weights_memory
+    # + the torch peak's increase over the profile run + the non-torch increase, so a torch buffer allocated after
+    # the weights are measured but before the profile run (MRV2's sampler state, made in load_model) is charged
+    # nowhere; "consumed" from 0.27, the free memory gone since the baseline snapshot (total_consumed) + the peak
+    # above what stays allocated (transient_peak_headroom), which charges every buffer that persists
+    memory_accounting: Literal["peak", "consumed"] = "consumed"
     # MRV2 in 0.33 runs the dummy sampler a second time with every sampling feature on (fp32 logits, top-k mask,
-    # probs); 0.30 runs only the default pass, which keeps the logits in the model dtype
+    # probs); before, it runs only the default pass (_dummy_sampler_run, the same in 0.22 to 0.31), which keeps the
+    # logits in the model dtype
     sampler_warmup_pass: bool = False
     # the CUDA-graph estimate is subtracted from the budget (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: "0" in 0.19,
     # "1" from 0.20); before that it is at most logged
@@ -52,13 +74,15 @@ class VllmRules:
     # profile run and counted in its torch peak (V1 runner), charged as consumed memory (0.30), or made by a dummy
     # matmul before the baseline snapshot and not charged at all (0.33)
     cublas_workspace: Literal["peak", "consumed", "before_snapshot"] = "peak"
-    # VLLM_ALLREDUCE_USE_FLASHINFER defaults to 1 from 0.30: the standalone FlashInfer all-reduce makes its
-    # workspace even without the compiled AR+RMSNorm fusion pass; before, only the fusion pass does, and only with
-    # DP = PP = 1
+    # VLLM_ALLREDUCE_USE_FLASHINFER defaults to 1 from 0.29 (vllm/envs.py): the standalone FlashInfer all-reduce
+    # makes its workspace even without the compiled AR+RMSNorm fusion pass; before, only the fusion pass does, and
+    # only with DP = PP = 1
     flashinfer_allreduce_standalone: bool = False
-    # `vllm serve` defaults on GPUs with 160 GiB or more: 8,192 batched tokens before 0.30, 16,384 from 0.30
+    # `vllm serve` defaults on GPUs with 160 GiB or more: 8,192 batched tokens before 0.28, 16,384 from 0.28
+    # (engine/arg_utils.py get_batch_defaults: the >= 160 GiB tier is new in 0.28)
     batched_tokens_160gib: int = 8192
-    # the largest CUDA-graph capture size on SM100-family GPUs: 512 before 0.30, 1,024 from 0.30
+    # the largest CUDA-graph capture size on SM100-family GPUs: 512 before 0.28, 1,024 from 0.28 (config/vllm.py
+    # _set_cudagraph_sizes default_max_graph_size)
     max_capture_sm100: int = 512
     # CacheConfig.gpu_memory_utilization's default: 0.92 in 0.20 and later (vllm/config/cache.py), 0.9 before
     default_gpu_memory_utilization: float = 0.92
@@ -83,6 +107,22 @@ class VllmRules:
     # a V head smaller than K's (MiMo-V2-Flash's v_head_dim) is padded to the K head size before the Attention layer
     # and cached so in 0.19 (models/mimo_v2_flash.py); from 0.20 the layer takes head_size_v and caches V at its size
     pads_small_v: bool = False
+
+    def runner_for(self, model) -> Literal["v1", "mrv2"]:
+        """The model runner that profiles `model` by default in this release (see mrv2_default): MRV2 for every
+        model from 0.29; from 0.25 for generative models that are neither MoE (a few MoE architectures excepted),
+        hybrid (state layers beside attention) nor attention-free; never before."""
+        if self.mrv2_default == "all":
+            return "mrv2"
+        if self.mrv2_default == "never":
+            return "v1"
+        if not model.attention_layers:  # attention-free (Mamba, RWKV)
+            return "v1"
+        listed = model.family in self.mrv2_moe_families
+        if model.state_layers and not listed:  # hybrid
+            return "v1"
+        moe = model.moe is not None and "moe" in model.mlp_kinds
+        return "mrv2" if listed or not moe else "v1"
 
     def state_pages(self, kind: str, attention_free: bool, compute_capability: Optional[str] = None,
                     key_head_dim: int = 0) -> int:
@@ -119,18 +159,32 @@ _MISSING_019 = _MISSING_020 | {"turboquant_k8v4", "turboquant_4bit_nc", "turboqu
                                "int8_per_token_head", "fp8_per_token_head", "nvfp4"}
 _LAZY = dict(lazy_torch_nccl=True, nemotron_ssm_default="fp16", checkpoint_state_kinds=frozenset())
 _NO_HYBRID_PREFIX = dict(hybrid_prefix_caching=False, **_LAZY)
-_MRV2 = dict(runner="mrv2", flashinfer_allreduce_standalone=True, batched_tokens_160gib=16384, max_capture_sm100=1024)
+# MRV2 for dense models (0.25 to 0.28), without its CUDA-graph estimate
+_MRV2_DENSE = dict(mrv2_default="dense", mrv2_estimates_cudagraphs=False)
+# 0.28: `vllm serve` takes 16,384 batched tokens on GPUs of 160 GiB or more (engine/arg_utils.py
+# get_batch_defaults gains its >= 160 GiB tier) and captures up to 1,024 on SM100 (config/vllm.py
+# _set_cudagraph_sizes: default_max_graph_size = 1024 on data-centre Blackwell)
+_028 = dict(batched_tokens_160gib=16384, max_capture_sm100=1024)
+# 0.29: MRV2 for every model (config/vllm.py use_v2_model_runner drops _is_default_v2_model_runner_model) with its
+# CUDA-graph estimate, and VLLM_ALLREDUCE_USE_FLASHINFER defaults to "1" (vllm/envs.py)
+_MRV2 = dict(mrv2_default="all", flashinfer_allreduce_standalone=True, **_028)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _MISSING_019,
               subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, pads_small_v=True,
+              memory_accounting="peak", **_NO_HYBRID_PREFIX),
+    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _MISSING_020, memory_accounting="peak",
               **_NO_HYBRID_PREFIX),
-    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _MISSING_020, **_NO_HYBRID_PREFIX),
     VllmRules("0.25", "vLLM 0.25", 1, False, "concurrency", False, True,
-              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_NO_HYBRID_PREFIX),
-    VllmRules("0.26", "vLLM 0.26 and 0.27", 1, False, "concurrency", False, True,
-              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_LAZY),
-    VllmRules("0.28", "vLLM 0.28 and 0.29", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"}),
-              **_LAZY),
+              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), memory_accounting="peak", **_MRV2_DENSE,
+              **_NO_HYBRID_PREFIX),
+    VllmRules("0.26", "vLLM 0.26", 1, False, "concurrency", False, True,
+              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), memory_accounting="peak", **_MRV2_DENSE, **_LAZY),
+    VllmRules("0.27", "vLLM 0.27", 1, False, "concurrency", False, True,
+              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_MRV2_DENSE, **_LAZY),
+    VllmRules("0.28", "vLLM 0.28", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"}),
+              **_MRV2_DENSE, **_028, **_LAZY),
+    VllmRules("0.29", "vLLM 0.29", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"}),
+              **_MRV2, **_LAZY),
     VllmRules("0.30", "vLLM 0.30 and 0.31", 2, True, "concurrency", True, True, frozenset(),
               cublas_workspace="consumed", checkpoint_state_kinds=frozenset(), **_MRV2),
     VllmRules("0.32", "vLLM 0.32", 2, True, "concurrency", True, True, frozenset(),

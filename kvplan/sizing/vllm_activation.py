@@ -73,9 +73,10 @@ def sampler_peak(m: ModelSpec, rows: int, tp: int, b: int, rules: VllmRules, gpu
     sms = (gpu.sm_count if gpu and gpu.sm_count else 132)
     p = min(1 << max(0, math.ceil(math.log2(max(1, min(sms, rows))))), sms)
     logits = b * rows * v_pad
-    if rules.runner == "mrv2" and rules.sampler_warmup_pass:
+    runner = rules.runner_for(m)
+    if runner == "mrv2" and rules.sampler_warmup_pass:
         sampler = logits + 12 * rows * V  # fp32 copy, top-k mask, probs (FlashInfer path)
-    elif rules.runner == "mrv2":
+    elif runner == "mrv2":
         sampler = logits  # the default pass keeps the logits in the model dtype
     else:
         sampler = logits + 12 * rows * V + (4 * p * V if rows >= 8 else 0)  # fp32 logits, probs, q; Triton buffer

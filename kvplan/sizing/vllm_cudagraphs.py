@@ -111,9 +111,10 @@ def cudagraph_memory(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, b: int, fam,
         g_full = per_graph_bytes(m.num_layers, "full", kernels)
         # mrv2 captures every piecewise graph for real after one eager warm-up each (the capture activations
         # twice); the older runner takes two samples per mode and extrapolates
-        warmups = 2 if rules.runner == "mrv2" else 1
+        runner = rules.runner_for(m)
+        warmups = 2 if runner == "mrv2" else 1
         first = warmups * f_cg + cublas
-        if rules.runner == "v1" and full_sizes:
+        if runner == "v1" and full_sizes:
             # FlashAttention 3's split-KV accumulators: the older runner's estimate keeps the larger of its first
             # PIECEWISE and first FULL samples (gpu_model_runner.profile_cudagraph_memory), and the first FULL
             # sample holds them where the largest FULL graph is within FA3's dynamic-split limit; the capture itself
@@ -127,11 +128,15 @@ def cudagraph_memory(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, b: int, fam,
         # and its captured copy in the graph pool (_warmup_and_capture), the capture stream's cuBLAS workspace,
         # FA3's accumulators, and every graph's own driver memory; kvplan has not traced MRV2's capture and takes
         # its estimate for it
-        capture = 2 * f_cg + cublas + splits + n_pw * g_pw + n_full * g_full if rules.runner == "v1" else estimate
+        capture = 2 * f_cg + cublas + splits + n_pw * g_pw + n_full * g_full if runner == "v1" else estimate
         if fam in ("sm100", "sm103") and not m.mla:
             # FlashInfer is the SM100 backend for multi-head attention; its workspace is made at the first FULL
             # warm-up, inside the estimate's first sample
             estimate += FLASHINFER_ATTENTION_WORKSPACE
             capture += FLASHINFER_ATTENTION_WORKSPACE
+        if runner == "mrv2" and not rules.mrv2_estimates_cudagraphs:
+            # MRV2 before 0.29 makes no estimate (its profile_cudagraph_memory returns 0): the capture still takes
+            # what the 0.29 estimate measures, outside the budget
+            estimate = 0
     return estimate, capture, splits, n_pw, n_full
 

@@ -11,15 +11,16 @@ kvplan.sizing.vllm_non_torch's, and gpt-oss's converted MXFP4 experts on Hopper 
   activation  the peak of the profile run: one forward over max_num_batched_tokens (the widest layer's live
               tensors, the MoE workspace) and the dummy sampler over min(max_num_seqs, tokens) rows x vocab (on top
               of the MoE workspace, which the workspace manager keeps)
-  persistent  torch buffers charged outside the peak: 0.30+ allocates the sampler's penalty state
-              (max_num_seqs x vocab int32); 0.30 charges the main stream's cuBLAS workspace
+  persistent  torch buffers charged outside the peak: the MRV2 runner's sampler penalty state (max_num_seqs x
+              vocab int32), charged from 0.27 (MRV2 profiles dense models from 0.25 and every model from 0.29);
+              0.30 charges the main stream's cuBLAS workspace
   non_torch   memory that appears after vLLM's baseline snapshot outside torch: the libraries' own device memory
               (cuBLAS handles, CUDA modules loaded lazily at first use), with TP > 1 torch's NCCL communicator
               where it is made lazily (before 0.30) and the FlashInfer all-reduce workspace on SM90/SM100
   cudagraph   the CUDA-graph estimate the engine subtracts (0.20 and later; 0.19 measures it but does not
-              subtract it): the capture activations, the capture stream's cuBLAS workspace, FlashAttention 3's
-              split-KV accumulators in the FULL graphs (Hopper), FlashInfer's attention workspace where that backend
-              runs (SM100 multi-head attention), and a cost per graph
+              subtract it; MRV2 makes none before 0.29): the capture activations, the capture stream's cuBLAS
+              workspace, FlashAttention 3's split-KV accumulators in the FULL graphs (Hopper), FlashInfer's attention
+              workspace where that backend runs (SM100 multi-head attention), and a cost per graph
 
 What the capture then really takes (parts["cudagraph_capture"], which the sampler warm-up after it has to live
 with) differs from the estimate: the eager warm-up's activations and their captured copy sit in two pools, every
@@ -73,6 +74,17 @@ class NonKVMemory:
         return {**asdict(self), "total": self.total}
 
 
+def mrv2_sampler_state(m: ModelSpec, rules: VllmRules, max_num_seqs: int) -> int:
+    """The MRV2 runner's PenaltiesState (v1/worker/gpu/sample/penalties.py: output_bin_counts [max_num_seqs, vocab]
+    and prompt_bin_mask [max_num_seqs, ceil(vocab / 32)], int32), made in load_model after the weights are measured;
+    0 where the V1 runner profiles. From 0.27 it is charged as consumed memory; the peak accounting before
+    (mem_utils.memory_profiling) charges it nowhere, though it stays allocated."""
+    if rules.runner_for(m) != "mrv2":
+        return 0
+    V = m.vocab_size
+    return 4 * max_num_seqs * V + 4 * max_num_seqs * math.ceil(V / 32)
+
+
 def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp: int, weights: int,
                   version: str | VllmRules, max_model_len: int, max_num_batched_tokens: Optional[int] = None,
                   max_num_seqs: Optional[int] = None, first_stage: bool = True, last_stage: bool = True,
@@ -99,6 +111,13 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     # cuBLAS's workspace per stream (torch's default: 32 MiB on SM90 and SM100, 8 MiB + 128 KiB elsewhere)
     cublas = 32 * MiB if fam else 8 * MiB + 128 * 1024
     forward, parts = forward_peak(m, T, tp, b, eager=enforce_eager)
+    # Below 70 GiB (and on A100s) `vllm serve` profiles 2,048 tokens and 256 rows in every release (arg_utils.py
+    # get_batch_defaults). What MRV2's profile run allocates there in 0.29 to 0.31 (model_runner.py profile_run,
+    # _dummy_run, _dummy_sampler_run: the forward over 2,048 tokens, the bf16 logits of 256 rows, the sampler's default
+    # pass) is what this adds up; startup logs of 0.30/0.31 on such GPUs still show about 0.6 GiB more non-KV memory
+    # than this model. No allocation in vLLM's source at those sizes accounts for it (the only candidate found is
+    # allocator fragmentation under 0.27's consumed-memory accounting, which 0.31 limits by profiling with
+    # max_split_size_mb=20 and which the source does not size), so no term is added for it.
     if last_stage:
         hold = T * H * b + 2 * R * H * b  # hidden states, sampled rows and their random copy
         # the MoE workspace is the workspace manager's persistent buffer: still allocated while the sampler runs
@@ -115,9 +134,8 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
         activation += cublas  # the profile run's first GEMM creates it, inside the measured torch peak
 
     persistent = 0
-    if rules.runner == "mrv2":
-        V = m.vocab_size
-        persistent += 4 * R_max * V + 4 * R_max * math.ceil(V / 32)  # PenaltiesState (output bins, prompt mask)
+    if rules.memory_accounting == "consumed":
+        persistent += mrv2_sampler_state(m, rules, R_max)
     if rules.cublas_workspace == "consumed":
         persistent += cublas  # the main stream's workspace, after the snapshot in 0.30
 
@@ -172,8 +190,11 @@ def sampler_warmup(m: ModelSpec, gpu: Optional[GPUSpec], nk: NonKVMemory, *, tot
     b = DTYPE_BYTES[m.dtype]
     R = nk.max_num_seqs
     sms = (gpu.sm_count if gpu and gpu.sm_count else 132)
-    # persistent: the hidden-state buffer, the Triton top-k buffer, and the MoE workspace the workspace manager keeps
+    # persistent: the hidden-state buffer, the Triton top-k buffer, and the MoE workspace the workspace manager keeps;
+    # MRV2's sampler state too where the peak accounting (before 0.27) left it out of the budget
     persist = nk.max_num_batched_tokens * m.hidden_size * b + 4 * sms * V + nk.parts.get("moe_workspace", 0)
+    if rules.memory_accounting == "peak":
+        persist += mrv2_sampler_state(m, rules, R)
     # what the capture took beyond what the budget subtracted (all of it in 0.19, which subtracts nothing)
     graphs = max(0, nk.parts.get("cudagraph_capture", nk.parts.get("cudagraph_estimate", 0)) - nk.cudagraph)
     # segments the weights' conversion left partly used stay reserved: the KV cache's tensors (one per layer of a

@@ -39,6 +39,12 @@ MULTICAST_GRANULARITY = 512 * MiB
 # models, which make an expert-parallel group too, hold 0.48-0.52 GiB more). Other transports have no measurement:
 # NCCL's ring and tree buffers without NVLS (about 9 MiB per channel and peer, 24-32 channels over NVLink, 2-4 over
 # PCIe) give the estimates.
+# Over PCIe without NVLink (a TP-4 run there shows about 1.4 GiB more non-torch memory than these figures give) vLLM's
+# source settles only what is absent: no custom all-reduce beyond two PCIe GPUs, no symmetric-memory buffer, no
+# multicast; from 0.29 a single node's FlashInfer all-reduce falls back from mnnvl to its trtllm IPC workspace
+# (flashinfer_all_reduce.py get_fi_ar_workspace, allow_trtllm_fallback) on SM90/SM100, tens of MiB at TP 4 where
+# P2P lets it be made. The rest is NCCL's own buffers (channels x peers x protocol buffers), which NCCL sizes from the
+# topology it detects, not vLLM: the "pcie" figures stay estimates.
 TORCH_NCCL_COMMUNICATOR = {"nvls": 328 * MiB, "nvlink": 300 * MiB, "pcie": 64 * MiB}
 PYNCCL_COMMUNICATOR = {"nvls": 500 * MiB, "nvlink": 300 * MiB, "pcie": 64 * MiB}
 CUSTOM_ALLREDUCE = 24 * MiB  # 8 MiB IPC metadata + 8 MiB IPC buffer + 8 MiB rank_data (custom_all_reduce.py)
@@ -63,6 +69,15 @@ def transport(gpu: Optional[GPUSpec], tp: int = 1) -> str:
         return "nvls"
     return "nvlink" if bw >= 600 else "pcie"
 
+
+
+# Pipeline stages beyond the weights (a PP-4 run of Qwen3-235B-FP8 on PCIe GPUs leaves about 10% less KV cache than
+# kvplan plans): besides the PP group's PyNccl communicator (below) and the IntermediateTensors a later stage keeps
+# (vllm_memory), the MRV2 runner's pipeline handler (v1/worker/gpu/pp_utils.py, 0.24 and later) opens a second
+# torch NCCL process group over the same PP ranks, "pp_broadcast" (GroupCoordinator.make_sibling_device_group), for
+# the sampled-token broadcast. vLLM's source settles that the communicator exists, not what NCCL allocates for it
+# (nor whether torch creates it eagerly or at the first broadcast, after the KV cache is sized), so kvplan does not
+# charge it; over PCIe NCCL's buffers are the same unknown as below.
 
 
 def pre_snapshot_bytes(gpu: Optional[GPUSpec], tp: int, version: "str | VllmRules", moe: bool = False,
