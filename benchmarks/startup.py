@@ -19,7 +19,9 @@ Exits 1 when the median wall-clock kvplan / typer-bare ratio exceeds --target.
 --kvplan PATH (repeatable) also times the same command from the source checkout at PATH: the same `kvplan` script
 run with PATH first on PYTHONPATH, in a row named kvplan[BASENAME] beside the installed copy's, so that a change is
 measured against the installed (say, main's) start in the same run. Given, the ratio judged against --target is the
-last such checkout's.
+last such checkout's. Each kvplan row keeps kvplan's cache (KVPLAN_CACHE_DIR: the catalogs' parses and validated
+specs) in a folder of its own under the run's temporary one, filled by the warm-up rounds as the bytecode is, so that
+two copies of kvplan never take or overwrite each other's.
 
 Every run may write bytecode, into a temporary cache (PYTHONPYCACHEPREFIX) that the warm-up rounds fill, even where
 PYTHONDONTWRITEBYTECODE is set: an installed kvplan has its .pyc files as typer, rich and pydantic have theirs, so
@@ -101,6 +103,9 @@ def main() -> int:
         for path in args.kvplan:
             name = f"kvplan[{os.path.basename(os.path.normpath(path))}]"
             runs[name], envs[name] = (cmd, []), with_pythonpath(env, path)
+        for i, k in enumerate(k for k in runs if k.startswith("kvplan")):  # a catalog cache of its own each
+            envs[k] = {**(os.environ if envs[k] is None else envs[k]),
+                       "KVPLAN_CACHE_DIR": os.path.join(pyc, f"kvplan-cache-{i}")}
         for _ in range(3):  # warm the page cache and .pyc files
             for k, (c, _times) in runs.items():
                 timed(c, envs[k])
