@@ -33,8 +33,8 @@ def read_text(path: str | Path, what: str = "file", hint: str = "") -> str:
     file that does not exist. Each failure is a KvplanError of one line naming the file.
     """
     data = _read_bytes(path, what, hint)
-    try:
-        return data.decode("utf-8-sig")
+    try:  # UTF-8 without its byte-order mark: the utf-8-sig codec's decoding, without importing that codec
+        return (data[3:] if data[:3] == b"\xef\xbb\xbf" else data).decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise KvplanError(f"{path}: line {line}: byte 0x{data[e.start]:02x} is not UTF-8; save the {what} as "

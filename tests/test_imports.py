@@ -46,7 +46,7 @@ def _folder(name: str) -> set:
 
 
 LAYERS = [
-    ("base", {"errors", "xp", "files", "memo", "search", "units"}),  # imports nothing else of kvplan
+    ("base", {"errors", "xp", "files", "memo", "search", "units", "values"}),  # imports nothing else of kvplan
     ("specs", _folder("specs")),  # the inputs: specs and catalogs, KV formats, config.json and the Hub, profiles
     ("rules", _folder("rules")),  # what each engine release does
     ("sizing", _folder("sizing")),  # what a model costs one rank: tensors, caches, memory, step time

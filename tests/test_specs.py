@@ -135,6 +135,61 @@ def test_catalog_parse_cache(tmp_path, monkeypatch):
         specs._catalog_data(p)
 
 
+def _same_spec(a, b, at="spec"):
+    """The same classes, values and fields set, all the way down."""
+    from pydantic import BaseModel
+
+    assert type(a) is type(b), at
+    if isinstance(a, BaseModel):
+        assert a.model_fields_set == b.model_fields_set and list(a.__dict__) == list(b.__dict__), at
+        assert (a.__pydantic_extra__, a.__pydantic_private__) == (b.__pydantic_extra__, b.__pydantic_private__), at
+        for k in a.__dict__:
+            _same_spec(a.__dict__[k], b.__dict__[k], f"{at}.{k}")
+    elif isinstance(a, (dict, list, tuple)):
+        assert len(a) == len(b) and (not isinstance(a, dict) or list(a) == list(b)), at
+        for k, (x, y) in enumerate(zip(a.values(), b.values()) if isinstance(a, dict) else zip(a, b)):
+            _same_spec(x, y, f"{at}[{k}]")
+    else:
+        assert a == b, at
+
+
+def test_catalog_specs_kept_validated(tmp_path, monkeypatch):
+    """Every catalog spec, once validated, is taken from the cache as it was: the same classes (a state mixer's
+    kind too), values and fields set, the same dumps, built without validating; a change to the spec classes'
+    source or to the file's text validates it again."""
+    from kvplan.specs import catalog as specs
+
+    monkeypatch.setenv("KVPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    validated = {}
+    for kind in ("models", "hardware"):
+        for p in specs._catalog_files(kind):
+            specs._load_catalog_file.cache_clear()
+            validated[kind, p] = specs._load_catalog_file(kind, p)
+    build = specs._build
+    monkeypatch.setattr(specs, "_build", lambda *a: pytest.fail("validated again"))
+    for (kind, p), fresh in validated.items():
+        specs._load_catalog_file.cache_clear()
+        kept = specs._load_catalog_file(kind, p)
+        assert kept is not fresh and kept == fresh and repr(kept) == repr(fresh)
+        _same_spec(fresh, kept)
+        assert kept.model_dump() == fresh.model_dump() and kept.model_dump_json() == fresh.model_dump_json()
+    calls = []
+    monkeypatch.setattr(specs, "_build", lambda *a: calls.append(a[2]) or build(*a))
+    p = specs.catalog_dir("models") / "llama-3-8b.yaml"
+    monkeypatch.setattr(specs, "_spec_stamp", lambda: ("another release of the spec classes",))
+    specs._load_catalog_file.cache_clear()
+    assert specs._load_catalog_file("models", p) == validated["models", p] and calls == [p]
+    monkeypatch.setenv("KVPLAN_MODELS_DIR", str(tmp_path / "models"))
+    (tmp_path / "models").mkdir()
+    edited = tmp_path / "models" / "llama-3-8b.yaml"
+    edited.write_text(p.read_text().replace("num_layers: 32", "num_layers: 33"))
+    specs._load_catalog_file.cache_clear()
+    try:
+        assert specs._load_catalog_file("models", edited).num_layers == 33 and calls == [p, edited]
+    finally:
+        specs._load_catalog_file.cache_clear()
+
+
 def test_alias_lookup_builds_only_the_entry_named():
     from kvplan.specs import catalog as specs
 

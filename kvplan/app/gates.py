@@ -32,6 +32,7 @@ from pydantic import (
 
 from kvplan.errors import KvplanError, did_you_mean
 from kvplan.units import GiB
+from kvplan.values import frozen_dataclass
 
 
 class _Strict(BaseModel):
@@ -233,7 +234,7 @@ def load_gates(source: str | Path | dict) -> list[Gate]:
 # The requirement catalog: each requirement reads one figure from a gate's results
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Requirement:
     key: str
     figure: str  # what is measured, for people

@@ -15,7 +15,7 @@ does not read is refused by name rather than dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any, Optional, Union
 
 from kvplan.deployment.backend import resolve_attention_backend
@@ -63,9 +63,10 @@ from kvplan.specs.catalog import (
 )
 from kvplan.specs.kv_formats import KVFormat, kv_format
 from kvplan.units import GiB
+from kvplan.values import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class DeploymentArgs:
     """What the user said; None (or the neutral value: TP 1, PP 1, DCP 1, not eager) where nothing was."""
 

@@ -3,7 +3,6 @@ measured for it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from kvplan.rules.vllm import vllm_rules
@@ -11,9 +10,10 @@ from kvplan.rules.vllm_backends import Choice
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat
 from kvplan.specs.parallel import Parallel
+from kvplan.values import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Measured:
     """Non-KV memory a startup log measured (a deployment profile): the weights (None where the layout differs
     from the one measured, so they are modelled) and everything beyond them. `base` is the profile's own
@@ -26,7 +26,7 @@ class Measured:
     base: Optional["Deployment"] = None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Deployment:
     """A resolved deployment: every default decided, every value checked. Build it with DeploymentArgs.resolve()."""
 

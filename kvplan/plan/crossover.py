@@ -6,7 +6,7 @@ faster
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Literal, Optional, Sequence
 
 from kvplan.errors import KvplanError
@@ -28,9 +28,10 @@ from kvplan.sizing.weights import WeightBytes, weight_bytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
 from kvplan.units import DTYPE_BYTES, GiB
+from kvplan.values import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class OperatingPoint:
     """One batch x context point of a crossover: the bytes a decode step reads there, and its roofline time."""
 
@@ -52,7 +53,7 @@ class OperatingPoint:
     calibrated_step_ms: Optional[float] = None  # from a measured calibration profile (kvplan measure)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class CrossoverResult:
     """One KV dtype on one model: bytes per token, the crossover N*, and the operating points asked for."""
 

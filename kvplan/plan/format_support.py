@@ -10,7 +10,7 @@ names the source its verdict is read from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Literal, Optional, Sequence, Union
 
 from kvplan.deployment import DeploymentArgs
@@ -21,6 +21,7 @@ from kvplan.rules.vllm import newer_release_note, vllm_rules
 from kvplan.rules.vllm_backends import PRIORITY_SOURCES, ROCM_SOURCE, Choice, facts_of, read_release
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import CATALOG, ENGINE_NAMES, KVFormat, Serves
+from kvplan.values import frozen_dataclass
 
 # The models a matrix is shown for when none is named: a plain dense GQA model, and an MLA one (vLLM's selector
 # walks another list for MLA, and some formats apply to one layout only)
@@ -29,7 +30,7 @@ DEFAULT_MODELS = ("llama3-8b", "deepseek-v3")
 Status = Literal["served", "what-if", "refused"]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class FormatSupport:
     """One format on one model: how kvplan plans it on the engine, release and GPU."""
 
@@ -56,7 +57,7 @@ class FormatSupport:
                             for x in self.catalog]}
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ModelSupport:
     """The formats on one model: those that apply to its attention (MLA or heads), and the names of the rest."""
 
@@ -71,7 +72,7 @@ class ModelSupport:
                 "not_applicable": list(self.not_applicable), "notes": list(self.notes)}
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class SupportMatrix:
     """Every format of the catalog (or those asked for) on one engine, release and GPU, per model."""
 

@@ -6,10 +6,10 @@ listed in kvplan.plan.serving's docstring."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Literal
 
 from kvplan.search import last_true
+from kvplan.values import frozen_dataclass
 
 Policy = Literal["vllm", "sglang"]
 # SGLang's output reservation (sglang 0.5.9 srt/environ.py, managers/scheduler.py Scheduler.__init__ and
@@ -23,7 +23,7 @@ SGLANG_RETRACT_DECODE_STEPS = 20
 SGLANG_CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py CLIP_MAX_NEW_TOKENS: the most output tokens one reserves
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class EngineLimits:
     """What the scheduler works within: the per-step token budget, the most requests running at once, and the KV
     pool, as whole blocks (vLLM) or tokens (SGLang), with the blocks a request holding n tokens needs."""

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Callable, Optional
 
 from kvplan.plan.schedulers import (
@@ -74,6 +74,7 @@ from kvplan.plan.schedulers import (
     schedule_vllm,
     steps_with_blocks,
 )
+from kvplan.values import frozen_dataclass
 
 PERCENTILES = (50, 90, 99)
 VLLM_BENCH_NUM_PROMPTS = 1000  # vllm bench serve --num-prompts' default (benchmarks/serve.py)
@@ -81,7 +82,7 @@ CONTEXT_GRID = 16  # tokens between the contexts a step is priced at (and interp
 STEADY_TOLERANCE = 1e-3  # two generations whose mean figures agree this closely are one periodic pattern
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Stats:
     mean: float
     median: float
@@ -115,7 +116,7 @@ class Stats:
         return cls(float((v * w).sum() / total), float(qs[0]), float(qs[1]), float(qs[2]))
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class BenchResult:
     """The figures a serving benchmark prints for one run (times in seconds)."""
 
@@ -141,7 +142,7 @@ class BenchResult:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Workload:
     """What the benchmark's clients send: `num_prompts` requests of `isl` prompt and `osl` output tokens (after
     `warmup` left out of the figures), all at once up to the concurrency, or as Poisson arrivals at

@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Optional, Sequence
 
 from kvplan.errors import KvplanError
+from kvplan.values import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ThroughputRow:
     kv_cache_dtype: str
     concurrency: int
@@ -66,7 +67,7 @@ class ThroughputRow:
     what_if: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ThroughputResult:
     model: str
     gpu: str

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Optional
 
 from kvplan.plan.totals import deployment_totals, layout_note
@@ -17,9 +17,10 @@ from kvplan.plan.vllm_problems import (
 )
 from kvplan.rules.vllm import DEFAULT_VLLM
 from kvplan.sizing.kv_cache import kv_bytes_per_token, skipped_indices
+from kvplan.values import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class CapacityResult:
     model: str
     gpu: Optional[str]

@@ -4,15 +4,15 @@ blocks of one shared pool (0.30 and later), and how many blocks a request takes 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
 
 from kvplan.errors import KvplanError
 from kvplan.sizing.kv_cache import LayerKV
+from kvplan.values import frozen_dataclass
 from kvplan.xp import SCALAR
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class _LayerSpec:
     """A layer as vLLM's KV-cache manager sees it: its attention type, how many tokens one block of it holds,
     and the bytes of that block (its page)."""
@@ -38,7 +38,7 @@ def _blocks_per_request(spec: _LayerSpec, max_model_len, in_flight: int, xp=SCAL
     return xp.ceil(tokens / spec.tokens_per_block) + 1
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class KVCacheGroups:
     bytes_per_block: int
     num_groups: int

@@ -5,7 +5,7 @@ Pure functions, no I/O."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional
 
 from kvplan.errors import KvplanError
@@ -25,10 +25,11 @@ from kvplan.sizing.vllm_non_torch import all2all_buffer_bytes
 from kvplan.sizing.weights import pipeline_stages, weight_bytes
 from kvplan.specs.catalog import ATTENTION_KINDS, GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format
+from kvplan.values import frozen_dataclass
 from kvplan.xp import SCALAR
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StagePlan:
     """One pipeline stage's rank: its layers, weights and pool."""
 
@@ -42,7 +43,7 @@ class StagePlan:
     num_blocks: int
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class PoolPlan:
     """The KV pool of the rank that binds (vLLM takes the fewest blocks over ranks), everything that does not depend
     on max_model_len."""

@@ -7,18 +7,18 @@ config/vllm.py, utils/mem_utils.py, v1/worker/gpu/model_runner.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Optional
 
 from kvplan.errors import KvplanError, check_whole
 from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
+from kvplan.values import frozen_dataclass
 
 if TYPE_CHECKING:
     from kvplan.specs.catalog import GPUSpec
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class VllmRules:
     """What one range of vLLM releases does where it sizes, schedules and refuses."""
 
@@ -249,7 +249,7 @@ def newer_release_note(version: str | None) -> Optional[str]:
             f"planned with {newest}'s rules")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class ServeDefaults:
     """The scheduler budget `vllm serve` or `LLM(...)` takes when the user sets none."""
 

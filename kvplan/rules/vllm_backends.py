@@ -22,10 +22,11 @@ Paths are relative to the vllm package.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from kvplan.errors import KvplanError
+from kvplan.values import frozen_dataclass
 
 _B = "v1/attention/backends/"
 _CUDA = "platforms/cuda.py _get_backend_priorities"
@@ -38,7 +39,7 @@ PER_TOKEN_HEAD = frozenset({"int4_per_token_head", "int8_per_token_head", "fp8_p
 TURBOQUANT = frozenset({"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"})
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Backend:
     """One attention backend as one vLLM release's selector sees it.
 
@@ -89,7 +90,7 @@ class Backend:
         return head % self.head_multiple == 0 and head >= self.head_min and (not self.head_max or head <= self.head_max)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class AttentionFacts:
     """What the selector reads of the model (AttentionSelectorConfig and the hf config the backends consult)."""
 
@@ -107,7 +108,7 @@ class AttentionFacts:
     compressed: bool = False  # DeepSeek-V4's compressed sparse attention, whose model file names its backend
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Choice:
     """The backend vLLM runs: its name, the kernel family (FlashAttention's version where it is FLASH_ATTN), the
     block size it sets when --block-size is not given, and the release read."""

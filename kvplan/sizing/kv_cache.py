@@ -23,7 +23,6 @@ Conventions
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, Optional, Sequence
 
 from kvplan.errors import KvplanError
@@ -35,6 +34,7 @@ from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format, whole
 from kvplan.specs.layers import Attention, Layer
 from kvplan.units import DTYPE_BYTES
+from kvplan.values import frozen_dataclass
 from kvplan.xp import SCALAR
 
 WeightRead = Literal["streamed", "all"]
@@ -96,7 +96,7 @@ def kv_heads_per_rank(model: ModelSpec, tp: int, layer: Optional[int] = None) ->
 # KV bytes per layer
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class LayerKV:
     """What one layer caches per sequence: its kind, window and bytes per token (or per sequence, for a state)."""
 
@@ -359,7 +359,7 @@ def _solve_crossover(layers: Sequence[LayerKV], weight: float) -> Optional[float
     return crossover_curve(layers).solve(weight)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class CrossoverCurve:
     """A single sequence's KV read against its context, as the piecewise-linear curve it is: the contexts where its
     slope changes (0, every window, every residual length), the read at each, and the slope past the last. Built once

@@ -5,7 +5,7 @@ an all-reduce or a prompt chunk's attention (the model itself: kvplan.sizing.ste
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import lru_cache
 from typing import Optional
 
@@ -14,12 +14,13 @@ from kvplan.memo import per_spec
 from kvplan.rules.sglang import LINEAR_KERNEL_FAMILY
 from kvplan.sizing.weight_formats import gemm_family
 from kvplan.specs.catalog import GPUSpec, _catalog_data, catalog_dir
+from kvplan.values import frozen_dataclass
 
 # the fields of a decode-attention fit that split the context over the SMs
 SPLIT_FIELDS = ("split_slots", "split_tokens", "combine_per_split_s", "combine_per_split_global_s")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Fit:
     t0_s: float
     eta: float = 1.0
@@ -64,7 +65,7 @@ class Fit:
     source: str = "bundled"
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class StepProfile:
     gpu: str
     name: str  # what the output says it used

@@ -35,7 +35,7 @@ pins all of it (`kvplan` reads one and keeps the measured overheads as a profile
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Optional
 
 from kvplan.rules.vllm import VllmRules, serve_defaults
@@ -48,13 +48,14 @@ from kvplan.sizing.weight_allocations import allocator_rounding
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.gpu import cc_family
 from kvplan.units import DTYPE_BYTES, GiB, MiB
+from kvplan.values import frozen_dataclass
 
 # models whose rotary cos/sin cache vLLM keeps in float32 (get_rope(..., dtype=torch.float32) in gpt_oss.py,
 # minimax_text_01.py, bailing_moe_linear.py)
 _FP32_ROTARY = ("gpt_oss", "minimax_text_01", "bailing_moe_linear")
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class NonKVMemory:
     weights: int
     activation: int

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import Optional
 
 from kvplan.errors import KvplanError, did_you_mean
+from kvplan.values import frozen_dataclass
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class WeightFormat:
     """How a checkpoint stores a linear layer's weight: bits per element plus its scales and zero points."""
 

@@ -4,7 +4,7 @@ touches them (the tensors come from kvplan.sizing.model_tensors, their formats f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional
 
 from kvplan.memo import per_spec
@@ -13,6 +13,7 @@ from kvplan.sizing.weight_formats import WeightFormat, weight_format
 from kvplan.specs.catalog import ModelSpec
 from kvplan.specs.parallel import Parallel
 from kvplan.units import DTYPE_BYTES
+from kvplan.values import frozen_dataclass
 
 
 def _quantized(m: ModelSpec, t: Tensor, scope: str) -> bool:
@@ -68,7 +69,7 @@ def tensor_bytes_per_rank(m: ModelSpec, t: Tensor, tp: "int | Parallel", fmt: We
     return out_dim * in_dim * t.count * DTYPE_BYTES[m.dtype]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class WeightBytes:
     """Bytes of one rank's weights, split the way a decode step touches them."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from kvplan.errors import KvplanError
+from kvplan.values import frozen_dataclass
 
 if TYPE_CHECKING:
     from kvplan.specs.gpu import GPUSpec
@@ -22,7 +23,7 @@ DECODE_FORMATS = ("bfloat16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp
 FAMILIES = ("stream_read", "stream_copy", "gemv_bf16", "gemv_fp8") + tuple(f"decode_{f}" for f in DECODE_FORMATS)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class PlanItem:
     family: str
     size_bytes: int  # bytes one call reads (and writes, for the copy)

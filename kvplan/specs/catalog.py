@@ -95,10 +95,6 @@ def _catalog_files(kind: str) -> list[Path]:
     return sorted(d.glob("*.yaml")) if d.is_dir() else []
 
 
-@lru_cache(maxsize=None)
-def _load_catalog_file(kind: str, path: Path):
-    cls = ModelSpec if kind == "models" else GPUSpec
-    return _build(cls, _catalog_data(path), path)
 
 
 # Bump when read_yaml would parse the same text differently, so that no earlier parse is taken from the cache.
@@ -127,6 +123,18 @@ def _catalog_data(path: Path):
     Python keeps its .pyc files: built in, so nothing to import, and it gives back every type YAML builds (dates
     aside, which are not kept) exactly. A cache that cannot be read or written is no cache; a file that does not
     parse is never kept, so its error is read_yaml's every time."""
+    cached, tag, text, entry = _catalog_entry(path)
+    if entry is not None:
+        return entry[2]
+    data = read_yaml(path)
+    if cached is not None:
+        _keep(cached, path, (tag, text, data))
+    return data
+
+
+def _catalog_entry(path: Path) -> tuple:
+    """(the cache file or None, the cache's tag, the file's text, the entry kept for this very text or None). An
+    entry is (tag, text, parse), and for a catalog spec (_load_catalog_file) the validated spec after them."""
     import marshal
     import sys
 
@@ -136,17 +144,26 @@ def _catalog_data(path: Path):
     text = read_text(path, "YAML file")
     cached = _catalog_cache_file(path)
     if cached is None:
-        return read_yaml(path)
+        return None, tag, text, None
     try:
         entry = marshal.loads(cached.read_bytes())
         if entry[0] == tag and entry[1] == text:
-            return entry[2]
+            return cached, tag, text, entry
     except (OSError, ValueError, EOFError, TypeError, IndexError, KeyError):
         pass
-    data = read_yaml(path)
+    return cached, tag, text, None
+
+
+def _keep(cached: Path, path: Path, entry: tuple) -> None:
+    """Write a cache entry, atomically, while the file's text is still the one it holds; what cannot be written
+    (a value marshal cannot keep, a cache that cannot be written) is not kept."""
+    import marshal
+
+    from kvplan.files import read_text
+
     try:
-        blob = marshal.dumps((tag, text, data))  # ValueError for what marshal cannot keep (a date)
-        if read_text(path, "YAML file") == text:  # keep only the text that was parsed
+        blob = marshal.dumps(entry)  # ValueError for what marshal cannot keep (a date)
+        if read_text(path, "YAML file") == entry[1]:  # keep only the text that was parsed
             cached.parent.mkdir(parents=True, exist_ok=True)
             tmp = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
             try:
@@ -157,7 +174,111 @@ def _catalog_data(path: Path):
                     tmp.unlink()
     except (OSError, ValueError, KvplanError):
         pass
-    return data
+
+
+@lru_cache(maxsize=None)
+def _load_catalog_file(kind: str, path: Path):
+    """A catalog file's spec. The validated spec is kept beside the file's parse in kvplan's cache (_catalog_data):
+    validating a model spec first builds pydantic's validators for ModelSpec and every spec class inside it, the
+    largest single cost of a planning command's start, so a later run that finds the same text, to be validated by
+    the same spec classes (the same source files, as Python checks its .pyc files, and the same pydantic release),
+    takes the kept spec instead: the same values of the same classes with the same fields set, as pickle would give
+    them back. A spec that does not validate is never kept, so its error is _build's every time."""
+    cls = ModelSpec if kind == "models" else GPUSpec
+    cached, tag, text, entry = _catalog_entry(path)
+    stamp = _spec_stamp()
+    if entry is not None and len(entry) > 3 and entry[3][0] == stamp:
+        try:
+            spec = _from_tree(entry[3][1])
+            if type(spec) is cls:
+                return spec
+        except (AttributeError, ImportError, IndexError, KeyError, TypeError, ValueError):
+            pass
+    data = entry[2] if entry is not None else read_yaml(path)
+    spec = _build(cls, data, path)
+    if cached is not None:
+        try:
+            tree = _to_tree(spec)
+        except (TypeError, RecursionError):  # a value the tree does not hold: the parse alone is kept
+            tree = None
+        _keep(cached, path, (tag, text, data) if tree is None else (tag, text, data, (stamp, tree)))
+    return spec
+
+
+# The modules whose code decides what a catalog file validates to: a kept spec is taken only while their source files
+# are the ones it was validated by.
+_SPEC_MODULES = ("kvplan.specs.catalog", "kvplan.specs.model", "kvplan.specs.gpu", "kvplan.specs.mixers",
+                 "kvplan.specs.layers", "kvplan.specs.tensors", "kvplan.specs.frozen", "kvplan.files", "kvplan.memo",
+                 "kvplan.units", "kvplan.errors")
+
+
+@lru_cache(maxsize=1)
+def _spec_stamp() -> tuple:
+    """pydantic's release, and the size and modification time of the source file of each of _SPEC_MODULES (read
+    once a process)."""
+    import sys
+
+    from pydantic.version import VERSION
+
+    stamps = []
+    for name in _SPEC_MODULES:
+        try:
+            st = os.stat(sys.modules[name].__file__)
+            stamps.append((name, st.st_size, st.st_mtime_ns))
+        except (KeyError, AttributeError, TypeError, OSError):
+            stamps.append((name, None, None))
+    return (VERSION, tuple(stamps))
+
+
+def _to_tree(value):
+    """A validated spec as nested tuples that `marshal` keeps: a spec model as ("m", its module, its class, its
+    pickling state), a dict, tuple, list or set tagged by kind, a number, string, bool or None as itself.
+    TypeError for anything else."""
+    if isinstance(value, BaseModel):
+        cls = type(value)
+        if not cls.__module__.startswith("kvplan.specs.") or "." in cls.__qualname__:
+            raise TypeError(f"{cls.__qualname__} is not a spec class of kvplan.specs")
+        return ("m", cls.__module__, cls.__qualname__, _to_tree(value.__getstate__()))
+    kind = type(value)
+    if kind is dict:
+        return ("d", tuple(_to_tree(k) for k in value), tuple(_to_tree(v) for v in value.values()))
+    if kind is tuple:
+        return ("t", tuple(_to_tree(v) for v in value))
+    if kind is list:
+        return ("l", tuple(_to_tree(v) for v in value))
+    if kind is set:
+        return ("s", tuple(_to_tree(v) for v in value))
+    if value is None or kind in (bool, int, float, str):
+        return value
+    raise TypeError(f"a {kind.__name__} is not kept")
+
+
+def _from_tree(tree):
+    """The value a _to_tree tree was made of: each spec model made anew as pickle makes it (its class's __new__,
+    then __setstate__ with its state), no validation run."""
+    if type(tree) is not tuple:
+        return tree
+    kind, items = tree[0], [_from_tree(v) for v in tree[-1]] if tree[0] != "m" else None
+    if kind == "m":
+        import importlib
+
+        if not tree[1].startswith("kvplan.specs."):
+            raise ValueError(f"{tree[1]} is not a module of kvplan.specs")
+        cls = getattr(importlib.import_module(tree[1]), tree[2])
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+            raise TypeError(f"{tree[1]}.{tree[2]} is not a spec class")
+        spec = cls.__new__(cls)
+        spec.__setstate__(_from_tree(tree[3]))
+        return spec
+    if kind == "d":
+        return dict(zip([_from_tree(k) for k in tree[1]], items))
+    if kind == "t":
+        return tuple(items)
+    if kind == "l":
+        return items
+    if kind == "s":
+        return set(items)
+    raise ValueError(f"unknown node {kind!r}")
 
 
 def catalog_entries(kind: Literal["models", "hardware"]) -> list[tuple[str, ModelSpec | GPUSpec]]:

@@ -8,12 +8,12 @@ figure that kvplan can cite (`formats_without_evidence`): measure it with `kvpla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kvplan.values import frozen_dataclass
 
 NOT_NAMED = "not named"  # by the source
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Evidence:
     """One published accuracy result: on `model`, `benchmark` went from `baseline` to `result` with `format`."""
 
@@ -26,7 +26,7 @@ class Evidence:
     quote: str  # the source's own words
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Note:
     """A published statement about a format's accuracy without a figure."""
 

@@ -9,16 +9,17 @@ formats that apply to it describe that latent too.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Literal, Optional
 
 from kvplan.errors import KvplanError, did_you_mean
+from kvplan.values import frozen_dataclass
 
 Per = Literal["element", "group", "vector", "token_group"]
 Over = Literal["all", "nope", "rope"]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Component:
     """Part of one side (K or V) of one token of one KV head.
 
@@ -63,7 +64,7 @@ def _data(bits: Optional[int]) -> Component:
 Platform = Literal["cuda", "rocm", "hpu"]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Serves:
     """One engine serving a format on one platform: from `min_cc` up on CUDA (compute capability, e.g. (9, 0)),
     only on the majors in `cc_majors` where given. `source` names the engine file the fact is read from. `until`:
@@ -138,7 +139,7 @@ def _cc(gpu) -> Optional[tuple[int, int]]:
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class KVFormat:
     """One KV-cache format: its K and V components per token per head (and per MLA latent), and who serves it."""
 

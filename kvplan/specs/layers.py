@@ -8,15 +8,15 @@ Dense one, a MoE one or None."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 from kvplan.specs.mixers import StateSpec
+from kvplan.values import frozen_dataclass
 
 LayerKind = Literal["full", "sliding", "chunked"]  # the attention layers, whose cache grows with the sequence
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Attention:
     """An attention layer whose cache grows with the sequence (or up to its window)."""
 
@@ -28,14 +28,14 @@ class Attention:
     indexed: bool = False  # a sparse-attention indexer of its own, with its own key cache (DeepSeek-V3.2)
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Dense:
     """A dense MLP of `width` intermediate channels."""
 
     width: int
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class MoE:
     """A mixture-of-experts MLP (the model's one MoESpec)."""
 
@@ -46,7 +46,7 @@ Mixer = Union[Attention, StateSpec, None]
 Mlp = Union[Dense, MoE, None]
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Layer:
     index: int
     mixer: Mixer

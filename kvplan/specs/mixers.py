@@ -5,9 +5,13 @@ parallelism splits it, its share of vLLM's profile run and its name in tables.
 A spec names its mixer by `kind` (models/*.yaml, the Hugging Face reader of kvplan.specs.hf_layers); the fields are
 those of StateSpec, whatever the kind, and ModelSpec turns the validated StateSpec into the kind's class
 (`state_mixer`). A new state mixer is one subclass here (its KIND and its methods) and its config mapping in
-kvplan.specs.hf_layers."""
+kvplan.specs.hf_layers.
+
+The kinds' classes are made the first time one is asked for (`_kinds`: a spec's kind validated, STATE_MIXERS or a
+class read from this module), so that a command on a model without state layers never builds them."""
 
 
+import threading
 from typing import ClassVar, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
@@ -16,8 +20,12 @@ from kvplan.specs.frozen import _Frozen
 from kvplan.specs.tensors import Tensor, linear
 from kvplan.units import DTYPE_BYTES
 
-# kind -> class, in the order the classes are defined (the order an unknown kind's message lists them)
-STATE_MIXERS: dict[str, type["StateSpec"]] = {}
+# kind -> class, in the order the classes are defined (the order an unknown kind's message lists them): STATE_MIXERS,
+# filled by _kinds()
+_KINDS: dict[str, type["StateSpec"]] = {}
+_KIND_CLASSES = ("Mamba2", "GatedDeltaNet", "Mamba", "LightningAttention", "KimiDeltaAttention")
+_DEFINING = threading.Lock()
+_KINDS_MADE = False
 
 
 class StateSpec(_Frozen):
@@ -30,7 +38,7 @@ class StateSpec(_Frozen):
     Validated, a spec becomes its kind's class (state_mixer), whose methods give what the kind costs."""
 
     kind: str = Field(description="the mixer: a kind of STATE_MIXERS (mamba2, gdn, mamba, lightning, kda)",
-                      json_schema_extra=lambda schema: schema.update(enum=list(STATE_MIXERS)))
+                      json_schema_extra=lambda schema: schema.update(enum=list(_kinds())))
     num_heads: int = Field(gt=0, description="Mamba-2 heads; gated delta net value heads; lightning and KDA heads")
     head_dim: int = Field(gt=0, description="Mamba-2 head dim; gated delta net value head dim; lightning and KDA "
                           "head dim")
@@ -60,13 +68,13 @@ class StateSpec(_Frozen):
     def __pydantic_init_subclass__(cls, **kwargs) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         if cls.KIND:
-            STATE_MIXERS[cls.KIND] = cls
+            _KINDS[cls.KIND] = cls
 
     @field_validator("kind", mode="before")
     @classmethod
     def _known_kind(cls, v):
-        if not isinstance(v, str) or v not in STATE_MIXERS:
-            names = [repr(k) for k in STATE_MIXERS]
+        if not isinstance(v, str) or v not in _kinds():
+            names = [repr(k) for k in _kinds()]
             raise ValueError(f"Input should be {', '.join(names[:-1])} or {names[-1]}")
         return v
 
@@ -134,171 +142,197 @@ class StateSpec(_Frozen):
         return ts
 
 
-class Mamba2(StateSpec):
-    """Mamba-2 (NemotronHMamba2Mixer, vLLM's MambaMixer2): heads x head_dim channels, n_groups B/C groups of a
-    state_size-wide SSM state."""
+def _define_kinds() -> None:
+    """The kinds' classes, each registered in _KINDS by StateSpec.__pydantic_init_subclass__ (names of this module:
+    `global`)."""
+    global Mamba2, GatedDeltaNet, Mamba, LightningAttention, KimiDeltaAttention
 
-    KIND: ClassVar[str] = "mamba2"
-    label: ClassVar[str] = "Mamba-2"
-    sglang_pool: ClassVar[bool] = True
+    class Mamba2(StateSpec):
+        """Mamba-2 (NemotronHMamba2Mixer, vLLM's MambaMixer2): heads x head_dim channels, n_groups B/C groups of a
+        state_size-wide SSM state."""
 
-    @property
-    def conv_channels(self) -> int:
-        return self.inner + 2 * self.n_groups * self.state_size
+        KIND: ClassVar[str] = "mamba2"
+        label: ClassVar[str] = "Mamba-2"
+        sglang_pool: ClassVar[bool] = True
 
-    def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
-        groups = self.n_groups
-        if groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
-            groups += tp - groups
-        channels = self.inner + 2 * groups * self.state_size
-        conv = (self.conv_kernel - 1) * (channels // tp) * DTYPE_BYTES[dtype]
-        # heads x head_dim x d_state
-        return conv, (self.num_heads // tp) * self.head_dim * self.state_size * self._ssm_bytes(dtype, ssm_default)
+        @property
+        def conv_channels(self) -> int:
+            return self.inner + 2 * self.n_groups * self.state_size
 
-    def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
-        inner, conv, at = self.inner, self.conv_channels, layers
-        # in_proj: z (inner) + x, B, C (conv channels) + dt (one per head)
-        ts = linear("mixer.in_proj", inner + conv + self.num_heads, hidden, count, "col", "state", bias=self.proj_bias,
-                    layers=at)
-        ts += self._conv(conv, count, at)
-        for name in ("dt_bias", "A_log", "D"):
-            ts.append(Tensor(f"mixer.{name}", self.num_heads, 1, count, "col", "state", False, layers=at))
-        ts.append(Tensor("mixer.norm", inner, 1, count, "col", "state", False, layers=at))
-        ts += linear("mixer.out_proj", hidden, inner, count, "row", "state", bias=self.proj_bias, layers=at)
-        return ts
+        def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
+            groups = self.n_groups
+            if groups % tp:  # vLLM replicates a single B/C group to every rank (mamba_utils)
+                groups += tp - groups
+            channels = self.inner + 2 * groups * self.state_size
+            conv = (self.conv_kernel - 1) * (channels // tp) * DTYPE_BYTES[dtype]
+            # heads x head_dim x d_state
+            return conv, (self.num_heads // tp) * self.head_dim * self.state_size * self._ssm_bytes(dtype, ssm_default)
 
-
-class GatedDeltaNet(StateSpec):
-    """Gated delta net (Qwen3NextGatedDeltaNet): value heads x value head dim, n_groups key heads of state_size-wide
-    keys; its recurrent state is value heads x value dim x key dim."""
-
-    KIND: ClassVar[str] = "gdn"
-    label: ClassVar[str] = "GDN"
-    sglang_pool: ClassVar[bool] = True
-    sglang_slots_per_dp_group: ClassVar[bool] = True
-
-    @property
-    def conv_channels(self) -> int:  # q and k (key heads x key dim) and v
-        return self.inner + 2 * self.n_groups * self.state_size
-
-    def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
-        conv = (self.conv_kernel - 1) * (self.conv_channels // tp) * DTYPE_BYTES[dtype]
-        return conv, (self.num_heads // tp) * self.head_dim * self.state_size * self._ssm_bytes(dtype, ssm_default)
-
-    def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
-        inner, at = self.inner, layers
-        k_dim = self.n_groups * self.state_size
-        # q, k (key heads x key dim), v and z (value heads x value dim); b and a (one per value head)
-        ts = linear("linear_attn.in_proj_qkvz", 2 * k_dim + 2 * inner, hidden, count, "col", "state", layers=at)
-        ts += linear("linear_attn.in_proj_ba", 2 * self.num_heads, hidden, count, "col", "state", layers=at)
-        ts += self._conv(2 * k_dim + inner, count, at)
-        for name in ("dt_bias", "A_log"):
-            ts.append(Tensor(f"linear_attn.{name}", self.num_heads, 1, count, "col", "state", False, layers=at))
-        ts.append(Tensor("linear_attn.norm", self.head_dim, 1, count, "rep", "state", False, layers=at))
-        ts += linear("linear_attn.out_proj", hidden, inner, count, "row", "state", layers=at)
-        return ts
-
-    @classmethod
-    def vllm_prefill_checkpoint(cls, compute_capability: Optional[str], key_head_dim: int) -> bool:
-        return gdn_prefill_flashinfer(compute_capability, key_head_dim)  # Triton's prefill keeps none
+        def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
+            inner, conv, at = self.inner, self.conv_channels, layers
+            # in_proj: z (inner) + x, B, C (conv channels) + dt (one per head)
+            ts = linear("mixer.in_proj", inner + conv + self.num_heads, hidden, count, "col", "state",
+                        bias=self.proj_bias, layers=at)
+            ts += self._conv(conv, count, at)
+            for name in ("dt_bias", "A_log", "D"):
+                ts.append(Tensor(f"mixer.{name}", self.num_heads, 1, count, "col", "state", False, layers=at))
+            ts.append(Tensor("mixer.norm", inner, 1, count, "col", "state", False, layers=at))
+            ts += linear("mixer.out_proj", hidden, inner, count, "row", "state", bias=self.proj_bias, layers=at)
+            return ts
 
 
-class Mamba(StateSpec):
-    """Mamba (MambaMixer): one intermediate_size-wide channel set, each with a state_size-wide SSM state."""
+    class GatedDeltaNet(StateSpec):
+        """Gated delta net (Qwen3NextGatedDeltaNet): value heads x value head dim, n_groups key heads of state_size-wide
+        keys; its recurrent state is value heads x value dim x key dim."""
 
-    KIND: ClassVar[str] = "mamba"
-    label: ClassVar[str] = "Mamba"
-    tp_unit: ClassVar[str] = "Mamba channels"
+        KIND: ClassVar[str] = "gdn"
+        label: ClassVar[str] = "GDN"
+        sglang_pool: ClassVar[bool] = True
+        sglang_slots_per_dp_group: ClassVar[bool] = True
 
-    @property
-    def inner(self) -> int:
-        return self.intermediate_size or 0
+        @property
+        def conv_channels(self) -> int:  # q and k (key heads x key dim) and v
+            return self.inner + 2 * self.n_groups * self.state_size
 
-    @property
-    def conv_channels(self) -> int:
-        return self.inner
+        def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
+            conv = (self.conv_kernel - 1) * (self.conv_channels // tp) * DTYPE_BYTES[dtype]
+            return conv, (self.num_heads // tp) * self.head_dim * self.state_size * self._ssm_bytes(dtype, ssm_default)
 
-    def tp_split(self) -> tuple[int, str]:
-        return self.inner, self.tp_unit
+        def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
+            inner, at = self.inner, layers
+            k_dim = self.n_groups * self.state_size
+            # q, k (key heads x key dim), v and z (value heads x value dim); b and a (one per value head)
+            ts = linear("linear_attn.in_proj_qkvz", 2 * k_dim + 2 * inner, hidden, count, "col", "state", layers=at)
+            ts += linear("linear_attn.in_proj_ba", 2 * self.num_heads, hidden, count, "col", "state", layers=at)
+            ts += self._conv(2 * k_dim + inner, count, at)
+            for name in ("dt_bias", "A_log"):
+                ts.append(Tensor(f"linear_attn.{name}", self.num_heads, 1, count, "col", "state", False, layers=at))
+            ts.append(Tensor("linear_attn.norm", self.head_dim, 1, count, "rep", "state", False, layers=at))
+            ts += linear("linear_attn.out_proj", hidden, inner, count, "row", "state", layers=at)
+            return ts
 
-    def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
-        conv = (self.conv_kernel - 1) * (self.conv_channels // tp) * DTYPE_BYTES[dtype]
-        return conv, (self.inner // tp) * self.state_size * self._ssm_bytes(dtype, ssm_default)
-
-    def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
-        inner, at = self.inner, layers
-        rank = self.dt_rank or -(-hidden // 16)
-        ts = linear("mixer.in_proj", 2 * inner, hidden, count, "col", "state", bias=self.proj_bias, layers=at)
-        ts += self._conv(inner, count, at)
-        ts += linear("mixer.x_proj", rank + 2 * self.state_size, inner, count, "row", "state", layers=at)
-        ts += linear("mixer.dt_proj", inner, rank, count, "col", "state", bias=True, layers=at)
-        ts.append(Tensor("mixer.A_log", inner, self.state_size, count, "col", "state", False, layers=at))
-        ts.append(Tensor("mixer.D", inner, 1, count, "col", "state", False, layers=at))
-        ts += linear("mixer.out_proj", hidden, inner, count, "row", "state", bias=self.proj_bias, layers=at)
-        if self.dt_bc_norms:
-            ts.append(Tensor("mixer.dt_b_c_layernorms", rank + 2 * self.state_size, 1, count, "rep", "state", False,
-                             layers=at))
-        return ts
-
-    def profile_peak(self, tokens: int, hidden: int, tp: int, b: int) -> int:
-        proj = 2 * self.inner
-        return tokens * b * (2 * hidden + proj // tp + self.conv_channels // tp + self.inner // tp)
+        @classmethod
+        def vllm_prefill_checkpoint(cls, compute_capability: Optional[str], key_head_dim: int) -> bool:
+            return gdn_prefill_flashinfer(compute_capability, key_head_dim)  # Triton's prefill keeps none
 
 
-class LightningAttention(StateSpec):
-    """MiniMax's linear attention (MiniMaxText01LinearAttention): heads of a head_dim x state_size key-value state,
-    no convolution."""
+    class Mamba(StateSpec):
+        """Mamba (MambaMixer): one intermediate_size-wide channel set, each with a state_size-wide SSM state."""
 
-    KIND: ClassVar[str] = "lightning"
+        KIND: ClassVar[str] = "mamba"
+        label: ClassVar[str] = "Mamba"
+        tp_unit: ClassVar[str] = "Mamba channels"
 
-    @property
-    def conv_channels(self) -> int:
-        return 0
+        @property
+        def inner(self) -> int:
+            return self.intermediate_size or 0
 
-    def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
-        # one state per head in mamba_cache_dtype (the model dtype), no convolution
-        return 0, (self.num_heads // tp) * self.head_dim * self.state_size * DTYPE_BYTES[dtype]
+        @property
+        def conv_channels(self) -> int:
+            return self.inner
 
-    def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
-        inner, at = self.inner, layers
-        ts = linear("linear_attn.qkv_proj", 3 * inner, hidden, count, "col", "state", layers=at)
-        ts += linear("linear_attn.output_gate", inner, hidden, count, "col", "state", layers=at)
-        ts.append(Tensor("linear_attn.norm", inner, 1, count, "col", "state", False, layers=at))
-        ts += linear("linear_attn.out_proj", hidden, inner, count, "row", "state", layers=at)
-        return ts
+        def tp_split(self) -> tuple[int, str]:
+            return self.inner, self.tp_unit
+
+        def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
+            conv = (self.conv_kernel - 1) * (self.conv_channels // tp) * DTYPE_BYTES[dtype]
+            return conv, (self.inner // tp) * self.state_size * self._ssm_bytes(dtype, ssm_default)
+
+        def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
+            inner, at = self.inner, layers
+            rank = self.dt_rank or -(-hidden // 16)
+            ts = linear("mixer.in_proj", 2 * inner, hidden, count, "col", "state", bias=self.proj_bias, layers=at)
+            ts += self._conv(inner, count, at)
+            ts += linear("mixer.x_proj", rank + 2 * self.state_size, inner, count, "row", "state", layers=at)
+            ts += linear("mixer.dt_proj", inner, rank, count, "col", "state", bias=True, layers=at)
+            ts.append(Tensor("mixer.A_log", inner, self.state_size, count, "col", "state", False, layers=at))
+            ts.append(Tensor("mixer.D", inner, 1, count, "col", "state", False, layers=at))
+            ts += linear("mixer.out_proj", hidden, inner, count, "row", "state", bias=self.proj_bias, layers=at)
+            if self.dt_bc_norms:
+                ts.append(Tensor("mixer.dt_b_c_layernorms", rank + 2 * self.state_size, 1, count, "rep", "state", False,
+                                 layers=at))
+            return ts
+
+        def profile_peak(self, tokens: int, hidden: int, tp: int, b: int) -> int:
+            proj = 2 * self.inner
+            return tokens * b * (2 * hidden + proj // tp + self.conv_channels // tp + self.inner // tp)
 
 
-class KimiDeltaAttention(StateSpec):
-    """Kimi delta attention (KimiDeltaAttention): heads of head_dim x state_size, short convolutions on q, k and v,
-    low-rank forget (f) and output (g) gates (or a full-rank output gate)."""
+    class LightningAttention(StateSpec):
+        """MiniMax's linear attention (MiniMaxText01LinearAttention): heads of a head_dim x state_size key-value state,
+        no convolution."""
 
-    KIND: ClassVar[str] = "kda"
+        KIND: ClassVar[str] = "lightning"
 
-    @property
-    def conv_channels(self) -> int:  # q, k and v each convolved
-        return 3 * self.inner
+        @property
+        def conv_channels(self) -> int:
+            return 0
 
-    def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
-        # q, k and v conv states in the model dtype; the recurrent state in float32 unless named
-        conv = (self.conv_kernel - 1) * (self.conv_channels // tp) * DTYPE_BYTES[dtype]
-        rb = DTYPE_BYTES[self.ssm_cache_dtype] if self.ssm_cache_dtype else 4
-        return conv, (self.num_heads // tp) * self.head_dim * self.state_size * rb
+        def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
+            # one state per head in mamba_cache_dtype (the model dtype), no convolution
+            return 0, (self.num_heads // tp) * self.head_dim * self.state_size * DTYPE_BYTES[dtype]
 
-    def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
-        inner, d, at = self.inner, self.head_dim, layers
-        ts = linear("linear_attn.qkv_proj", 3 * inner, hidden, count, "col", "state", layers=at)
-        ts += linear("linear_attn.b_proj", self.num_heads, hidden, count, "col", "state", layers=at)
-        for gate in ("f",) if self.full_rank_gate else ("f", "g"):
-            ts += linear(f"linear_attn.{gate}_a_proj", d, hidden, count, "rep", "state", layers=at)
-            ts += linear(f"linear_attn.{gate}_b_proj", inner, d, count, "col", "state", layers=at)
-        if self.full_rank_gate:
-            ts += linear("linear_attn.g_proj", inner, hidden, count, "col", "state", layers=at)
-        ts += self._conv(self.conv_channels, count, at)
-        ts.append(Tensor("linear_attn.dt_bias", inner, 1, count, "col", "state", False, layers=at))
-        ts.append(Tensor("linear_attn.A_log", self.num_heads, 1, count, "col", "state", False, layers=at))
-        ts.append(Tensor("linear_attn.o_norm", d, 1, count, "rep", "state", False, layers=at))
-        ts += linear("linear_attn.o_proj", hidden, inner, count, "row", "state", layers=at)
-        return ts
+        def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
+            inner, at = self.inner, layers
+            ts = linear("linear_attn.qkv_proj", 3 * inner, hidden, count, "col", "state", layers=at)
+            ts += linear("linear_attn.output_gate", inner, hidden, count, "col", "state", layers=at)
+            ts.append(Tensor("linear_attn.norm", inner, 1, count, "col", "state", False, layers=at))
+            ts += linear("linear_attn.out_proj", hidden, inner, count, "row", "state", layers=at)
+            return ts
+
+
+    class KimiDeltaAttention(StateSpec):
+        """Kimi delta attention (KimiDeltaAttention): heads of head_dim x state_size, short convolutions on q, k and v,
+        low-rank forget (f) and output (g) gates (or a full-rank output gate)."""
+
+        KIND: ClassVar[str] = "kda"
+
+        @property
+        def conv_channels(self) -> int:  # q, k and v each convolved
+            return 3 * self.inner
+
+        def cache_bytes(self, tp: int, dtype: str, ssm_default: Optional[str] = None) -> tuple[int, int]:
+            # q, k and v conv states in the model dtype; the recurrent state in float32 unless named
+            conv = (self.conv_kernel - 1) * (self.conv_channels // tp) * DTYPE_BYTES[dtype]
+            rb = DTYPE_BYTES[self.ssm_cache_dtype] if self.ssm_cache_dtype else 4
+            return conv, (self.num_heads // tp) * self.head_dim * self.state_size * rb
+
+        def tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
+            inner, d, at = self.inner, self.head_dim, layers
+            ts = linear("linear_attn.qkv_proj", 3 * inner, hidden, count, "col", "state", layers=at)
+            ts += linear("linear_attn.b_proj", self.num_heads, hidden, count, "col", "state", layers=at)
+            for gate in ("f",) if self.full_rank_gate else ("f", "g"):
+                ts += linear(f"linear_attn.{gate}_a_proj", d, hidden, count, "rep", "state", layers=at)
+                ts += linear(f"linear_attn.{gate}_b_proj", inner, d, count, "col", "state", layers=at)
+            if self.full_rank_gate:
+                ts += linear("linear_attn.g_proj", inner, hidden, count, "col", "state", layers=at)
+            ts += self._conv(self.conv_channels, count, at)
+            ts.append(Tensor("linear_attn.dt_bias", inner, 1, count, "col", "state", False, layers=at))
+            ts.append(Tensor("linear_attn.A_log", self.num_heads, 1, count, "col", "state", False, layers=at))
+            ts.append(Tensor("linear_attn.o_norm", d, 1, count, "rep", "state", False, layers=at))
+            ts += linear("linear_attn.o_proj", hidden, inner, count, "row", "state", layers=at)
+            return ts
+
+
+def _kinds() -> dict[str, type[StateSpec]]:
+    """STATE_MIXERS: kind -> class, the classes made on the first call."""
+    global _KINDS_MADE
+    if not _KINDS_MADE:
+        with _DEFINING:
+            if not _KINDS_MADE:
+                _define_kinds()
+                _KINDS_MADE = True
+    return _KINDS
+
+
+def __getattr__(name: str):
+    """STATE_MIXERS and the kinds' classes, made on first use."""
+    if name == "STATE_MIXERS":
+        return _kinds()
+    if name in _KIND_CLASSES:
+        _kinds()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def gdn_prefill_flashinfer(compute_capability: Optional[str], key_head_dim: int) -> bool:
@@ -313,4 +347,4 @@ def state_mixer(spec: Optional[StateSpec]) -> Optional[StateSpec]:
     """A validated StateSpec as its kind's class (the same value where it is one already)."""
     if spec is None or type(spec) is not StateSpec:
         return spec
-    return STATE_MIXERS[spec.kind].model_construct(_fields_set=spec.model_fields_set, **dict(spec))
+    return _kinds()[spec.kind].model_construct(_fields_set=spec.model_fields_set, **dict(spec))

@@ -201,7 +201,7 @@ class ModelSpec(_Frozen):
                                                         "dtype (BF16, F8_E4M3, U8, ...)")
     checkpoint_unavailable: Optional[str] = Field(None, description="why the checkpoint count of a snapshot "
                                                   "folder or a Hugging Face id could not be read")
-    attention: AttentionLayout = AttentionLayout()
+    attention: AttentionLayout = AttentionLayout.model_construct()  # AttentionLayout(), without building its validator
     mla: Optional[MLASpec] = None
     compressed: Optional[CompressedAttentionSpec] = None
     moe: Optional[MoESpec] = None

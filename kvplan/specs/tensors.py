@@ -5,10 +5,10 @@ with these; kvplan.sizing.model_tensors gathers every part's into one list."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 from kvplan.specs.parallel import Parallel
+from kvplan.values import frozen_dataclass
 
 Shard = Literal["col", "row", "rep", "kv", "vocab"]
 Part = Literal["embed", "lm_head", "attention", "state", "mlp", "expert", "shared_expert", "router", "norm", "extra"]
@@ -23,7 +23,7 @@ def padded_vocab(rows: int) -> int:
     return -(-rows // VOCAB_PADDING) * VOCAB_PADDING
 
 
-@dataclass(frozen=True)
+@frozen_dataclass
 class Tensor:
     """`count` identical tensors of shape [out_dim, in_dim] (1-D tensors have in_dim 1)."""
 
