@@ -2,8 +2,11 @@
 
 The timings are NVIDIA AIConfigurator's measurements of vLLM's own kernels (repository ai-dynamo/aiconfigurator,
 commit 095f58a51c4ca8e61b66ec108d86f223f8d559ce, aic-core/src/aiconfigurator_core/systems/data/<gpu>/; vLLM 0.19.0
-on H100, H200, B200 and 0.14.0 on A100). Point SILICON at a folder holding one sub-folder per GPU with the parquet
-tables renamed <family>-<table>.parquet, then:
+on H100, H200, B200 and 0.14.0 on A100; for B300 and GB200, aiconfigurator-core 0.12.0's wheel,
+aiconfigurator_core/systems/data/{b300_sxm,gb200}/: gemm, attention and moe of vllm/0.24.0, comm/vllm/0.24.0's
+custom all-reduce and comm/nccl/2.29.2, the NCCL table whose rows carry the version its folder names). Point SILICON
+at a folder holding one sub-folder per GPU with the parquet tables renamed <family>-<table>.parquet, and a
+collection_meta.yaml naming the vLLM version (runtime: version), then:
 
     python benchmarks/fit_step_profiles.py SILICON > hardware/profiles/step-time.yaml
 
@@ -21,6 +24,11 @@ or only the all-reduce the engines replay in their CUDA graphs (graph_allreduce:
 systems/data/<gpu>/comm/vllm/0.19.0/custom_allreduce_perf.parquet, 0.14.0 for A100):
 
     python benchmarks/fit_step_profiles.py SILICON --graph-allreduce-only hardware/profiles/step-time.yaml > new.yaml
+
+or only the GPUs of GPUS that SILICON holds and the profile lacks (every family fitted; the profile's GPUs kept
+byte for byte):
+
+    python benchmarks/fit_step_profiles.py SILICON --add-gpus hardware/profiles/step-time.yaml > new.yaml
 
 Needs pandas, pyarrow and scipy (`pip install -e '.[parquet]' scipy`); about forty minutes on two cores. Each
 family is t = t0 + bytes / (eta x peak bandwidth) with the extra terms its function below names, fitted by least
@@ -53,6 +61,14 @@ GPUS = {
     "h100_sxm": ("H100-SXM5-80GB", 3.35e12, 989.4e12, 1978.9e12, 50e6, 132),
     "h200_sxm": ("H200-SXM-141GB", 4.8e12, 989.4e12, 1978.9e12, 50e6, 132),
     "b200_sxm": ("B200", 8.0e12, 2250e12, 4500e12, 126.5e6, 148),
+    # hardware/b300.yaml and gb200.yaml (bandwidth, dense bf16 and fp8 FLOP/s) give neither L2 nor SMs (launch
+    # material says 160 SMs for Blackwell Ultra's full chip): B200's 126.5 MB and 148 SMs, the same two-die
+    # Blackwell. Their GEMM tables agree with 148 SMs and not with 160: fp8, m = 256, k = 16,384 (vLLM 0.24.0) runs
+    # flat to n = 4,096 and steps up at n = 5,120 and 10,240 (B300: 29.4 -> 40.8 us, 45.2 -> 57.0 us; GB200 alike),
+    # where a grid of 128 x 64 tiles grows from 128 to 160 and from 256 to 320 tiles: past one and two waves of 148
+    # SMs, within those of 160
+    "b300_sxm": ("B300", 8.0e12, 2250e12, 4500e12, 126.5e6, 148),
+    "gb200": ("GB200", 8.0e12, 2500e12, 5000e12, 126.5e6, 148),
 }
 WEIGHT_BYTES = {"bfloat16": 2.0, "fp8": 1.0, "fp8_block": 1.0 + 4 / 128**2, "int8_wo": 1.0, "int4_wo": 0.5,
                 "nvfp4": 0.5 + 1 / 16}
@@ -117,7 +133,9 @@ def _attention_model(p, x, peak, tile, slots=0, split=0):
 # shared memory up to 16 splits, through global memory beyond (flashinfer 0.6.6,
 # include/flashinfer/trtllm/fmha/fmhaKernels.cuh, computeCtaAndClusterConfig; the 256 tokens are Fit.split_tokens'
 # default). FlashAttention's own rule differs, and its fits keep a single serial walk over the context.
-SPLIT_KERNELS = ("vllm_flashinfer",)
+SPLIT_KERNELS = ("vllm_flashinfer",
+                 # the same kernels as vLLM 0.24's tables name them (FlashInfer's TRT-LLM decode path)
+                 "vllm_flashinfer_trtllmdecode")
 
 
 def attention(df, peak, l2, sms):
@@ -143,7 +161,6 @@ def attention(df, peak, l2, sms):
     it and the rest's refit reproduce SPLIT_GAIN more of the rows, each half holding at least ONE_KV_HEAD_ROWS."""
     out = {}
     full = df[df.window_size == 0] if "window_size" in df else df
-    split_slots = sms if "kernel_source" in full and full.kernel_source.isin(SPLIT_KERNELS).all() else 0
     group = full.num_heads // full.num_key_value_heads
     for kv, eb in (("bfloat16", 2), ("fp8", 1)):
         groups, one_kv_head, hits, total = {}, {}, 0.0, 0
@@ -153,6 +170,9 @@ def attention(df, peak, l2, sms):
                 d = rows[(rows.kv_cache_dtype == kv) & (rows.head_dim == hd)]
                 if d.empty:
                     continue
+                # the split rule where every row of this head size and range ran a kernel of SPLIT_KERNELS (vLLM
+                # 0.24 on Blackwell runs Triton's for the head size FlashInfer's decode kernels lack)
+                split_slots = sms if "kernel_source" in d and d.kernel_source.isin(SPLIT_KERNELS).all() else 0
                 fit = _attention_fit(d, eb, peak, l2, sms, split_slots)
                 share, n = fit["within_10pct"] or 0.0, fit["rows_64mib"]
                 one, rest = d[d.num_key_value_heads == 1], d[d.num_key_value_heads > 1]
@@ -583,29 +603,62 @@ def allreduce_large(df) -> dict:
     return out
 
 
+# GEMM weight dtypes whose table times something other than the kernel, left out of a GPU's fits (kvplan then prices
+# them with the fallback dtype's fit, marked estimated). B300's and GB200's fp8_block rows (vLLM 0.24.0, DeepGEMM's
+# block-scaled kernel for every row of n >= 64 and k >= 128) take 160-220 us (B300) and 270-430 us (GB200) whatever
+# the shape: B300, k = 7,168, m = 8: 177 us at n = 32 and 189 us at n = 65,536, where fp8 per tensor takes 9.7 and
+# 77.7 us; a fixed cost per call outside the GEMM, which a serving step replaying its CUDA graph does not pay
+GEMM_LEFT_OUT = {"b300_sxm": ("fp8_block",), "gb200": ("fp8_block",)}
+
+
+def fit_gpu(silicon: Path, folder: str) -> dict:
+    """One GPU's profile: every family fitted from its folder's tables (graph_allreduce where the folder has vLLM's
+    custom all-reduce table)."""
+    name, peak, f16, f8, l2, sms = GPUS[folder]
+    base = silicon / folder
+    read = lambda stem: pd.read_parquet(base / f"{stem}.parquet")  # noqa: E731
+    vllm = yaml.safe_load((base / "collection_meta.yaml").read_text())["runtime"]["version"]
+    gemms = read("gemm-gemm_perf")
+    fits = {
+        "silicon": f"{folder} (vLLM {vllm})", "peak_bandwidth_bytes_per_s": peak,
+        "attention": attention(read("attention-generation_attention_perf"), peak, l2, sms),
+        "gemm": gemm(gemms[~gemms.gemm_dtype.isin(GEMM_LEFT_OUT.get(folder, ()))], peak, f16, f8, sms),
+        "moe": moe(read("moe-moe_perf"), peak, f16, f8),
+        "allreduce": {n: dict(f, **allreduce_large(read("comm-nccl_perf")).get(n, {}))
+                      for n, f in allreduce(read("comm-nccl_perf")).items()},
+    }
+    if folder in GEMM_LEFT_OUT:
+        fits["gemm_left_out"] = list(GEMM_LEFT_OUT[folder])
+    fits["prefill_attention"] = prefill_for(silicon, folder, f16)
+    if folder in PREFILL_TABLE_OF:
+        fits["prefill_attention_table"] = PREFILL_TABLE_OF[folder]
+    if (base / "comm-custom_allreduce_perf.parquet").is_file():
+        fits["graph_allreduce"] = graph_allreduce(read("comm-custom_allreduce_perf"))
+    return fits
+
+
 def main(silicon: Path) -> None:
     doc = {"schema": "kvplan-step-profiles/1",
            "source": "fits of AIConfigurator's vLLM kernel timings (ai-dynamo/aiconfigurator @095f58a, Apache-2.0); "
                      "benchmarks/fit_step_profiles.py", "gpus": {}}
-    for folder, (name, peak, f16, f8, l2, sms) in GPUS.items():
-        base = silicon / folder
-        if not base.is_dir():
-            continue
-        read = lambda stem: pd.read_parquet(base / f"{stem}.parquet")  # noqa: E731
-        vllm = yaml.safe_load((base / "collection_meta.yaml").read_text())["runtime"]["version"]
-        doc["gpus"][name] = {
-            "silicon": f"{folder} (vLLM {vllm})", "peak_bandwidth_bytes_per_s": peak,
-            "attention": attention(read("attention-generation_attention_perf"), peak, l2, sms),
-            "gemm": gemm(read("gemm-gemm_perf"), peak, f16, f8, sms),
-            "moe": moe(read("moe-moe_perf"), peak, f16, f8),
-            "allreduce": {n: dict(f, **allreduce_large(read("comm-nccl_perf")).get(n, {}))
-                          for n, f in allreduce(read("comm-nccl_perf")).items()},
-        }
-        doc["gpus"][name]["prefill_attention"] = prefill_for(silicon, folder, f16)
-        if folder in PREFILL_TABLE_OF:
-            doc["gpus"][name]["prefill_attention_table"] = PREFILL_TABLE_OF[folder]
+    for folder, (name, *_) in GPUS.items():
+        if (silicon / folder).is_dir():
+            doc["gpus"][name] = fit_gpu(silicon, folder)
     sys.stdout.write("# kvplan's bundled step-time profiles: written by benchmarks/fit_step_profiles.py, do not edit\n")
     sys.stdout.write(yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
+def add_gpus(silicon: Path, profile: Path) -> None:
+    """Add the GPUs of GPUS whose folder SILICON holds and the profile lacks, every family fitted; the profile's
+    GPUs are kept as they are, byte for byte."""
+    text = profile.read_text()
+    doc = yaml.safe_load(text)
+    for folder, (name, *_) in GPUS.items():
+        if (silicon / folder).is_dir() and name not in doc["gpus"]:
+            print(f"fitting {folder} as {name}", file=sys.stderr)
+            doc["gpus"][name] = fit_gpu(silicon, folder)
+    head = text.splitlines(keepends=True)[0]
+    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
 if __name__ == "__main__":
@@ -615,5 +668,7 @@ if __name__ == "__main__":
         update_moe(Path(sys.argv[1]), Path(sys.argv[3]))
     elif len(sys.argv) > 3 and sys.argv[2] == "--graph-allreduce-only":
         update_graph_allreduce(Path(sys.argv[1]), Path(sys.argv[3]))
+    elif len(sys.argv) > 3 and sys.argv[2] == "--add-gpus":
+        add_gpus(Path(sys.argv[1]), Path(sys.argv[3]))
     else:
         main(Path(sys.argv[1]))

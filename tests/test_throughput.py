@@ -25,7 +25,8 @@ from kvplan.specs.catalog import load_gpu
 
 ROOT = Path(__file__).resolve().parent.parent
 FITS = yaml.safe_load((ROOT / "hardware" / "profiles" / "step-time.yaml").read_text())["gpus"]
-GPU_OF = {"a100_sxm": "a100-sxm-80gb", "h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200"}
+GPU_OF = {"a100_sxm": "a100-sxm-80gb", "h100_sxm": "h100", "h200_sxm": "h200", "b200_sxm": "b200", "b300_sxm": "b300",
+          "gb200": "gb200"}
 SAMPLE = [r for r in csv.DictReader(
     line for line in (ROOT / "tests" / "fixtures" / "silicon-sample.csv").read_text().splitlines()
     if not line.startswith("#"))]
@@ -76,7 +77,11 @@ def test_fit_reproduces_its_rows_as_claimed(gpu, family, dtype):
                                                 ("h200_sxm", "attention", "fp8"), ("b200_sxm", "attention", "fp8"),
                                                 ("h100_sxm", "gemm", "bfloat16"), ("h100_sxm", "gemm", "fp8"),
                                                 ("h200_sxm", "gemm", "fp8"), ("b200_sxm", "gemm", "bfloat16"),
-                                                ("b200_sxm", "gemm", "fp8")])
+                                                ("b200_sxm", "gemm", "fp8"), ("b300_sxm", "attention", "bfloat16"),
+                                                ("b300_sxm", "attention", "fp8"), ("b300_sxm", "gemm", "bfloat16"),
+                                                ("b300_sxm", "gemm", "fp8"), ("gb200", "attention", "bfloat16"),
+                                                ("gb200", "attention", "fp8"), ("gb200", "gemm", "bfloat16"),
+                                                ("gb200", "gemm", "fp8")])
 def test_fits_within_10pct_for_90pct_of_rows(gpu, family, dtype):
     # the groups whose fits meet the target on the full tables (within_10pct >= 0.9 in the profile; GEMMs over
     # decode-sized m = 1 to 512); H200 bf16 attention (0.914 in the profile) is left out: its 40-row sample gives
