@@ -53,7 +53,7 @@ def _nstar_table(con, results: Sequence, model) -> None:
         nstar = tokens(r.crossover_tokens)
         if r.crossover_tokens is None and r.crossover_batch:
             nstar = f"never at batch 1 (>= {r.crossover_batch:,.1f} full-window sequences)"
-        row = [_dname(r.dtype, model, r.deployment.get("what_if")), "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}",
+        row = [_rname(r, model), "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}",
                num(r.kv_bytes_per_token), f"{r.kv_ratio:.2f}x", nstar]
         if any_skip:
             row += [_layer_list(r.skip_layers), tokens(r.crossover_tokens_without_skip) if r.skip_layers else ""]
@@ -85,7 +85,7 @@ def _operating_points_table(con, results: Sequence, model, gpu) -> None:
     for i in range(n_points):
         for j, r in enumerate(results):
             p = r.operating_points[i]
-            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _dname(r.dtype, model, r.deployment.get("what_if")), gb(p.weight_bytes, unit=False),
+            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _rname(r, model), gb(p.weight_bytes, unit=False),
                    gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False), pct(p.saving),
                    "KV" if p.bound == "kv" else "weights"]
             if moe:
@@ -115,6 +115,11 @@ def _operating_points_table(con, results: Sequence, model, gpu) -> None:
     if calibrated:
         note += " expected ms: the step model (see the note naming its profile)."
     con.print(note)
+
+def _rname(r, model) -> str:
+    """The dtype of a planned result (crossover, capacity, SGLang's pool), marked where its deployment is a what-if."""
+    return _dname(r.dtype, model, (r.deployment or {}).get("what_if"))
+
 
 def _dname(dtype: str, model, what_if: Optional[str] = None) -> str:
     """'auto' is the model's dtype (DeepSeek-V4's fp8_ds_mla on vLLM): say which; a dtype the engine does not serve
@@ -194,7 +199,7 @@ def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
         t.add_column(col, justify="left" if col in ("KV dtype", "skip layers") else "right",
                      no_wrap=col != "skip layers")
     for r in results:
-        row = [_dname(r.dtype, model, (r.deployment or {}).get("what_if")), num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
+        row = [_rname(r, model), num(r.kv_bytes_per_token), f"{r.bytes_per_block:,}", f"{r.num_blocks:,}",
                f"{r.token_slots:,}", f"{r.kv_tokens:,}" if r.fits else "-",
                f"{r.max_concurrency:,.2f}x" if r.fits else "does not fit"]
         if dp > 1:
@@ -255,7 +260,7 @@ def sglang_table(results, model, gpu) -> None:
     for col in cols + ([f"total tokens (x{dp})", "total sequences"] if dp > 1 else []):
         t.add_column(col, justify="left" if col == "KV dtype" else "right", no_wrap=True)
     for r in results:
-        t.add_row(_dname(r.dtype, model, (r.deployment or {}).get("what_if")), num(r.cell_bytes), f"{r.max_total_num_tokens:,}",
+        t.add_row(_rname(r, model), num(r.cell_bytes), f"{r.max_total_num_tokens:,}",
                   f"{r.max_total_num_tokens / r.context_len:.2f}", f"{r.max_running_requests:,}",
                   *([f"{r.total_kv_tokens:,}", f"{r.total_kv_tokens / r.context_len:.2f}"] if dp > 1 else []))
     print_table(con, t)

@@ -199,7 +199,8 @@ _PER_BC = ("batch", "context", "weight_bytes", "kv_bytes", "step_bytes", "saving
            "step_ms", "expected_step_ms")
 # counts (and bytes) are whole numbers, `fits` a yes/no, the categories their codes; every other column is a real
 # number
-_DTYPES = {"model": "int32", "gpu": "int32", "dtype": "int32", "problem": "int32", "what_if": "int32", "bound": "int8", "fits": "bool",
+_DTYPES = {"model": "int32", "gpu": "int32", "dtype": "int32", "problem": "int32", "what_if": "int32", "bound": "int8",
+           "fits": "bool",
            **{c: "int64" for c in ("tp", "max_model_len", "batch", "context", "weight_bytes_held",
                                    "available_kv_bytes", "num_blocks", "blocks_per_request", "kv_tokens")}}
 

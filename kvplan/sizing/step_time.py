@@ -9,8 +9,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
   walking k deep sustains, cap(n, k), limiting eta B (at once, or softly where the walk shows beside the stream)
   and, where a range has them, the compute run as whole tiles in waves over the SMs and m rounded up to blocks of
   rows whose emptier last block costs more; larger m are held to the large-GEMM compute rate at least;
-* fused MoE: the routed experts the tokens touch (a router's skew: kvplan.sizing.routing), t0 + c_e x touched + max(bytes / (eta B),
-  flops / (mu F));
+* fused MoE: the routed experts the tokens touch (under a router's skew: kvplan.sizing.routing),
+  t0 + c_e x touched + max(bytes / (eta B), flops / (mu F));
 * decode attention: one call per attention layer, t0 + (fixed^p + stream^p)^(1/p), fixed = c_seq x (sequences x KV
   heads) + c_q x (sequences x query heads) and stream = max(bytes / min(eta B, streams), c_tok x context), the
   context walked in whole tiles and the streams the rate the kernel's grid sustains per KV head and per (sequence,
@@ -27,8 +27,8 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
 
 Profiles: the bundled fits for A100, H100, H200, B200, B300 and GB200 (hardware/profiles/step-time.yaml, fitted
-from public timings of vLLM's own kernels by benchmarks/fit_step_profiles.py), or a profile `kvplan measure` wrote, whose
-measured GEMV and decode families replace the bundled ones. Cache formats the bundled tables lack take the bf16
+from public timings of vLLM's own kernels by benchmarks/fit_step_profiles.py), or a profile `kvplan measure` wrote,
+whose measured GEMV and decode families replace the bundled ones. Cache formats the bundled tables lack take the bf16
 kernel's fit with their own bytes plus fp8's measured conversion cost per element, and are marked estimated.
 """
 
@@ -330,7 +330,7 @@ class StepModel:
             else:  # and the shared experts folded in, every token's
                 pairs = tokens * (kk + self.fused_shared)
                 touched = experts_touched(e, kk, tokens) + self.fused_shared
-            layers = sum(1 for x in m.mlp_kinds if x == "moe")
+            layers = self.moe_layers
             per_layer_bytes = sum(mb * c for _, mb, _, _, c, _ in self.experts) / max(layers, 1) / e * touched
             flops = sum(2.0 * n * k * c for _, _, n, k, c, _ in self.experts) / max(layers, 1) / e * pairs
             f = self.moe_fit
