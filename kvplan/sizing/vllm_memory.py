@@ -135,15 +135,19 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
         activation += cublas  # the profile run's first GEMM creates it, inside the measured torch peak
 
     persistent = 0
-    if rules.memory_accounting == "consumed":
+    if rules.memory_accounting == "consumed" and last_stage:
+        # the Sampler and its PenaltiesState exist on the last pipeline stage only (v1/worker/gpu/model_runner.py
+        # load_model: `if self.is_last_pp_rank and not self.is_pooling_model`, 0.25 to 0.33 alike)
         persistent += mrv2_sampler_state(m, rules, R_max)
     if rules.cublas_workspace == "consumed":
         persistent += cublas  # the main stream's workspace, after the snapshot in 0.30
 
     non_torch = non_torch_memory(rules, gpu, fam, tp, T * H * b, pp, enforce_eager, parts)
 
+    # a pipeline stage compiles and captures only its own layers (the others are PPMissingLayer)
+    stage_layers = len(stage) if stage is not None else m.num_layers
     estimate, capture, splits, n_pw, n_full = cudagraph_memory(m, gpu, tp, b, fam, rules, T, R_max, cublas,
-                                                                enforce_eager)
+                                                                enforce_eager, stage_layers)
     cudagraph = estimate if rules.subtracts_cudagraphs else 0
     parts.update(rotary_cache=rotary, capture_sizes=n_pw, full_graphs=n_full, sampler_rows=R,
                  cudagraph_estimate=estimate, cudagraph_capture=capture, fa3_split_accumulators=splits,
