@@ -95,9 +95,11 @@ def max_capture_size(m: ModelSpec, fam: Optional[str], rules: VllmRules, max_num
 
 
 def cudagraph_memory(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, b: int, fam, rules: VllmRules, T: int,
-                      R_max: int, cublas: int, enforce_eager: bool) -> tuple:
+                      R_max: int, cublas: int, enforce_eager: bool, num_layers: Optional[int] = None) -> tuple:
     """What vLLM's CUDA graphs take on one rank: (the estimate its budget subtracts, what the capture holds, FA3's
-    split accumulators, the piecewise and the full graph counts); nothing with enforce_eager."""
+    split accumulators, the piecewise and the full graph counts); nothing with enforce_eager. `num_layers`: the
+    layers this rank compiles (a pipeline stage's own; all of the model's by default), which set the pieces every
+    graph is split into."""
     estimate = capture = splits = 0
     n_pw = n_full = 0
     if not enforce_eager:
@@ -107,8 +109,9 @@ def cudagraph_memory(m: ModelSpec, gpu: Optional[GPUSpec], tp: int, b: int, fam,
         n_pw, n_full = len(sizes), len(full_sizes)
         f_cg, _ = forward_peak(m, max(sizes), tp, b, with_moe_workspace=False)
         kernels = piece_kernels(m, gpu)
-        g_pw = per_graph_bytes(m.num_layers, "piecewise", kernels)
-        g_full = per_graph_bytes(m.num_layers, "full", kernels)
+        layers = m.num_layers if num_layers is None else num_layers
+        g_pw = per_graph_bytes(layers, "piecewise", kernels)
+        g_full = per_graph_bytes(layers, "full", kernels)
         # mrv2 captures every piecewise graph for real after one eager warm-up each (the capture activations
         # twice); the older runner takes two samples per mode and extrapolates
         runner = rules.runner_for(m)

@@ -116,9 +116,24 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     # get_batch_defaults). What MRV2's profile run allocates there in 0.29 to 0.31 (model_runner.py profile_run,
     # _dummy_run, _dummy_sampler_run: the forward over 2,048 tokens, the bf16 logits of 256 rows, the sampler's default
     # pass) is what this adds up; startup logs of 0.30/0.31 on such GPUs still show about 0.6 GiB more non-KV memory
-    # than this model. No allocation in vLLM's source at those sizes accounts for it (the only candidate found is
-    # allocator fragmentation under 0.27's consumed-memory accounting, which 0.31 limits by profiling with
-    # max_split_size_mb=20 and which the source does not size), so no term is added for it.
+    # than this model. What 0.30's source allocates beyond it, none near that size, so no term is added:
+    # - the sampler's default pass (sample/sampler.py): no dummy request needs processing, so apply_sampling_params
+    #   returns the bf16 logits (no fp32 copy), top_k/top_p are None (no sort, no FlashInfer top-k mask), no logprobs;
+    #   gumbel.py keeps [256, ceil(V / 1024)] int64 + fp32 partials (0.4 MiB for V = 128,256);
+    # - logits_processor.py: the bf16 [256, V] head output (an fp32 head only with hf_overrides head_dtype), soft-cap
+    #   and scale elementwise; the TP gather as below;
+    # - the runner's persistent buffers besides the PenaltiesState: StructuredOutputsWorker's grammar bitmask
+    #   [256, ceil(V / 32)] int32 (3.9 MiB), LogitBiasState (256 x (2 x 1,024 + 1,024 + 128) x 4 = 3.1 MiB),
+    #   BadWordsState (256 x 1,153 x 4 = 1.1 MiB), the input buffers (a few MiB); RequestState.all_token_ids
+    #   [max_num_seqs, max_model_len] is UVA host memory (states.py), SamplingStates are UVA too;
+    # - gpu_worker.py determine_available_memory: reserve_mm_ipc_gpu_memory subtracts after the logged figure and is
+    #   0 by default (MultiModalConfig.mm_ipc_gpu_memory_gb = 0); the startup plan is off (VLLM_ENABLE_STARTUP_PLAN);
+    # - torch's caching allocator: the main stream's cuBLAS workspace off SM90/SM100 (8 MiB + 128 KiB) opens a 20 MiB
+    #   segment that mem_get_info counts whole (up to 12 MiB more), and segments a live block pins past the profile's
+    #   empty_cache() count as consumed (0.30 caps splits at 20 MiB around load_model only; 0.33 around profile_run
+    #   too, for this reason); neither is sized by the source;
+    # - Inductor's first compile runs inside the profile run (benchmark_combo_kernel, config/compilation.py), its
+    #   benchmark inputs of the 2,048-token example size, a layer's tensors each (tens of MiB for an 8B model).
     if last_stage:
         hold = T * H * b + 2 * R * H * b  # hidden states, sampled rows and their random copy
         # the MoE workspace is the workspace manager's persistent buffer: still allocated while the sampler runs
@@ -135,15 +150,19 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
         activation += cublas  # the profile run's first GEMM creates it, inside the measured torch peak
 
     persistent = 0
-    if rules.memory_accounting == "consumed":
+    if rules.memory_accounting == "consumed" and last_stage:
+        # the Sampler and its PenaltiesState exist on the last pipeline stage only (v1/worker/gpu/model_runner.py
+        # load_model: `if self.is_last_pp_rank and not self.is_pooling_model`, 0.25 to 0.33 alike)
         persistent += mrv2_sampler_state(m, rules, R_max)
     if rules.cublas_workspace == "consumed":
         persistent += cublas  # the main stream's workspace, after the snapshot in 0.30
 
     non_torch = non_torch_memory(rules, gpu, fam, tp, T * H * b, pp, enforce_eager, parts)
 
+    # a pipeline stage compiles and captures only its own layers (the others are PPMissingLayer)
+    stage_layers = len(stage) if stage is not None else m.num_layers
     estimate, capture, splits, n_pw, n_full = cudagraph_memory(m, gpu, tp, b, fam, rules, T, R_max, cublas,
-                                                                enforce_eager)
+                                                                enforce_eager, stage_layers)
     cudagraph = estimate if rules.subtracts_cudagraphs else 0
     parts.update(rotary_cache=rotary, capture_sizes=n_pw, full_graphs=n_full, sampler_rows=R,
                  cudagraph_estimate=estimate, cudagraph_capture=capture, fa3_split_accumulators=splits,

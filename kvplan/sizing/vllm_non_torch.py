@@ -87,7 +87,8 @@ def pre_snapshot_bytes(gpu: Optional[GPUSpec], tp: int, version: "str | VllmRule
     one for a MoE model's expert-parallel group), the custom all-reduce's buffers and the symmetric-memory buffer
     (world sizes 2, 4, 6, 8), and from 0.30 torch's NCCL process group too."""
     kind, fam = transport(gpu, tp), cc_family(gpu)
-    stages = PYNCCL_COMMUNICATOR[kind] if pp > 1 else 0
+    # the PP group joins ranks tp apart, one per stage: NVLink-joined only where the whole tp x pp world is
+    stages = PYNCCL_COMMUNICATOR[transport(gpu, tp * pp)] if pp > 1 else 0
     if tp < 2:
         return CUDA_CONTEXT + stages
     total = CUDA_CONTEXT + stages + PYNCCL_COMMUNICATOR[kind] * (2 if moe else 1)
