@@ -63,7 +63,8 @@ def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | K
 def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequence[str]] = None,
                concurrency: Optional[Sequence[int]] = None, tpot_ms: Optional[float] = None,
                ttft_ms: Optional[float] = None, percentile: str = "mean", num_prompts: Optional[int] = None,
-               request_rate: Optional[float] = None, **options) -> ThroughputResult:
+               request_rate: Optional[float] = None, random_range_ratio: float = 0.0,
+               **options) -> ThroughputResult:
     """The throughput table for a model on a GPU, as `kvplan throughput` prints it: `kv_cache_dtypes` defaults to
     the model's own and the engine's fp8 cache, `options` are kvplan.deployment.DeploymentArgs fields (tp,
     weight_dtype, engine, calibration, max_num_batched_tokens, ...).
@@ -78,7 +79,7 @@ def throughput(model, gpu, *, isl: int, osl: int, kv_cache_dtypes: Optional[Sequ
         kv_cache_dtypes = comparison_dtypes(model, engine_of(args))
     ds = deployments(args, list(kv_cache_dtypes), needs_memory=True)
     return throughput_of(ds, isl, osl, concurrency, tpot_ms, ttft_ms, percentile, num_prompts,
-                         request_rate=request_rate)
+                         request_rate=request_rate, random_range_ratio=random_range_ratio)
 
 
 def _one_dtype(dtype):

@@ -199,7 +199,7 @@ def test_throughput_takes_every_deployment_option():
 
     deployment = {flag(f.name) for f in fields(DeploymentArgs) if f.name != "model"}
     own = {"--isl", "--osl", "--concurrency", "--tpot-ms", "--ttft-ms", "--percentile", "--num-prompts",
-           "--request-rate", "--layout", "--json"}
+           "--request-rate", "--random-range-ratio", "--layout", "--json"}
     assert set(_options("throughput")) == deployment | own
 
 

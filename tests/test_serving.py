@@ -271,3 +271,51 @@ def test_a_request_sent_while_a_step_runs_waits_for_the_scheduled_one():
     assert (sent, first - sent) == pytest.approx((0.023, 0.012), abs=1e-12)
     sent, first, _ = run(2)
     assert (sent, first - sent) == pytest.approx((0.023, 0.022), abs=1e-12)
+
+
+def test_random_range_ratio_draws_lengths_as_vllm_bench_serve_does():
+    # vllm/benchmarks/datasets.py RandomDataset.get_sampling_params: integers in [floor(L (1 - r)), ceil(L (1 + r))]
+    # (r = 0.5: prompts 500..1500 for isl 1000, outputs 50..150 for osl 100), the prompts drawn first
+    rng = np.random.default_rng(7)
+    ins, outs = serving.request_lengths(1000, 100, 20_000, (0.5, 1.5), rng)
+    assert ins.min() == 500 and ins.max() == 1500 and outs.min() == 50 and outs.max() == 150
+    assert ins.mean() == pytest.approx(1000, rel=0.01) and outs.mean() == pytest.approx(100, rel=0.01)
+    same = np.random.default_rng(7)
+    assert (same.integers(500, 1501, size=20_000) == ins).all()
+
+
+def test_random_lengths_one_client_each_request_its_own_prefill_and_output():
+    # one client, each request alone: its TTFT is one prefill step of its own prompt (linear_price: 10 ms + 10 us a
+    # prompt token, every prompt below the 8,192-token budget), each later token a 11 ms batch-1 decode step, so its
+    # TPOT is 11 ms whatever its length; the output tokens/s count every request's own output
+    lim = EngineLimits("vllm", token_budget=8192, max_seqs=256, blocks=100_000, blocks_for=blocks16)
+    r = simulate(linear_price, lim, isl=1000, osl=40, concurrency=1, num_prompts=30, span=(0.5, 1.5))
+    ins, outs = serving.request_lengths(1000, 40, 30, (0.5, 1.5), np.random.default_rng(0))
+    assert len(set(ins.tolist())) > 10  # lengths do differ
+    ttfts = sorted(f - s for s, f, _ in r.per_request)
+    assert ttfts == pytest.approx(sorted(0.010 + 1e-5 * ins), abs=1e-9)
+    assert r.tpot.mean == pytest.approx(0.011, rel=1e-9) and r.tpot.p99 == pytest.approx(0.011, rel=1e-9)
+    busy = sum(d - s for s, _, d in r.per_request)  # back to back: the run's duration
+    assert r.duration_s == pytest.approx(busy, rel=1e-9)
+    assert r.output_tokens_per_s == pytest.approx(outs.sum() / busy, rel=1e-9)
+    assert r.total_tokens_per_s == pytest.approx((ins.sum() + outs.sum()) / busy, rel=1e-9)
+
+
+def test_throughput_takes_random_range_ratio_and_refuses_a_bad_one():
+    from kvplan.errors import KvplanError
+    from kvplan.plan.throughput import throughput_of
+
+    ds = [DeploymentArgs(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="auto").resolve(needs_memory=True)]
+    fixed = throughput_of(ds, 1024, 256, [16], num_prompts=200)
+    drawn = throughput_of(ds, 1024, 256, [16], num_prompts=200, random_range_ratio=0.5)
+    assert drawn.random_range_ratio == 0.5 and drawn.to_dict()["random_range_ratio"] == 0.5
+    # lengths around the same means: the decode-bound TPOT moves little, the rows are not the same run
+    assert drawn.rows[0].tpot_ms == pytest.approx(fixed.rows[0].tpot_ms, rel=0.15)
+    assert drawn.rows[0].ttft_p99_ms != fixed.rows[0].ttft_p99_ms
+    for bad in (-0.1, 1.0):
+        with pytest.raises(KvplanError, match="--random-range-ratio"):
+            throughput_of(ds, 1024, 256, [16], random_range_ratio=bad)
+    # the longest drawn request must fit max_model_len: 8,192 + 8,192 at r = 0.5 is 24,576 tokens
+    short = [DeploymentArgs(model="llama-3.1-8b", gpu="h100", max_model_len=20_000).resolve(needs_memory=True)]
+    with pytest.raises(KvplanError, match="24,576 tokens"):
+        throughput_of(short, 8192, 8192, [1], random_range_ratio=0.5)

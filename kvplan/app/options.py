@@ -408,6 +408,9 @@ NumPromptsOpt = Annotated[Optional[int], typer.Option(
 RequestRateOpt = Annotated[Optional[float], typer.Option(
     "--request-rate", help="requests per second, as Poisson arrivals (an open loop; the concurrency caps those in "
     "flight); default: every client sends at once")]
+RangeRatioOpt = Annotated[float, typer.Option(
+    "--random-range-ratio", help="draw each request's prompt and output lengths uniformly from (1 - r) to (1 + r) "
+    "times --isl and --osl, as vllm bench serve's random dataset does (default 0: every request the same)")]
 
 
 def _names(values: Optional[List[str]]) -> list[str]:

@@ -24,6 +24,7 @@ from kvplan.app.options import (  # noqa: F401 (names typer reads from the annot
     OutputOpt,
     PercentileOpt,
     PlotDtypesOpt,
+    RangeRatioOpt,
     RequestRateOpt,
     TpNoProfileOpt,
     TpotOpt,
@@ -97,7 +98,7 @@ def crossover(
 
 def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optional[str], concurrency, dtype,
                 tpot_ms, ttft_ms, percentile: str = "mean", num_prompts: Optional[int] = None,
-                request_rate: Optional[float] = None, **deployment):
+                request_rate: Optional[float] = None, random_range_ratio: float = 0.0, **deployment):
     """The throughput table both `throughput` and `plot throughput` show (kvplan.plan.throughput)."""
     from kvplan.deployment import deployments, engine_of
     from kvplan.errors import KvplanError
@@ -118,7 +119,7 @@ def _throughput(model: str, gpu: Optional[str], isl: Optional[str], osl: Optiona
                                   needs_memory=True), dtype)
     r = throughput_of(ds, _one_size(isl, "--isl"), _one_size(osl, "--osl"),
                       _sizes(concurrency, "--concurrency") or None, tpot_ms, ttft_ms, percentile, num_prompts,
-                      request_rate=request_rate)
+                      request_rate=request_rate, random_range_ratio=random_range_ratio)
     version_note = newer_release_note(args.engine_version or getattr(args.profile, "engine_version", None))
     if version_note and engine_of(args) == "vllm":  # the one deployment note the throughput table needs
         r.notes.insert(0, version_note)
@@ -150,6 +151,7 @@ def throughput(
     percentile: PercentileOpt = "mean",
     num_prompts: NumPromptsOpt = None,
     request_rate: RequestRateOpt = None,
+    random_range_ratio: RangeRatioOpt = 0.0,
     layout: Annotated[Optional[List[str]], typer.Option(
         "--layout", help="compare layouts (repeat): comma-separated tp<N>, pp<N>, dp<N>, ep (vLLM: experts over tp x "
         "dp) or ep<N> (SGLang: --ep-size), e.g. --layout tp8 --layout tp1,dp8,ep; the verdict names the layout "
@@ -164,7 +166,7 @@ def throughput(
     opts = deployment
     if not layout:
         m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts,
-                           request_rate, **opts)
+                           request_rate, random_range_ratio, **opts)
         _show(as_json, r.to_dict(), "throughput_table", r, m)
         return
     from kvplan.deployment import engine_of
@@ -181,7 +183,7 @@ def throughput(
             raise KvplanError(f"--layout '{spec}' sets {clash[0].replace('_', '-')} that --{clash[0].replace('_', '-')}"
                               f" also gives; give it in one place")
         m, r = _throughput(model, gpu, isl, osl, concurrency, dtype, tpot_ms, ttft_ms, percentile, num_prompts,
-                           request_rate, **{**opts, **fields_})
+                           request_rate, random_range_ratio, **{**opts, **fields_})
         results.append((layout_label(fields_), r))
     cmp = compare_layouts(results, tpot_ms, ttft_ms)
     _show(as_json, cmp.to_dict(), "layout_tables", cmp, m)

@@ -285,6 +285,8 @@ def throughput_table(r, model) -> None:
     which = "" if r.percentile == "mean" else f" ({r.percentile} for the limits)"
     sent = (f"Poisson arrivals at {r.request_rate:g} requests/s, at most conc. in flight" if r.request_rate else
             "every client starting at once")
+    if r.random_range_ratio:
+        sent += f", lengths drawn within {r.random_range_ratio:g} of isl and osl"
     t = Table(title=f"vllm bench serve, simulated: {r.num_prompts:,} requests per concurrency, {sent}{which}",
               title_justify="left")
     for col, just in [("KV dtype", "left"), ("conc.", "right"), ("TPOT ms", "right"), ("TTFT ms", "right"),

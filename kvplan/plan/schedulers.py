@@ -46,7 +46,7 @@ class EngineLimits:
 
 
 def schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs, held, free: int,
-                   limits: EngineLimits, table, isl: int, capped: set, eligible=None, step: int = 0):
+                   limits: EngineLimits, table, in_len, capped: set, eligible=None, step: int = 0):
     """One step of vLLM V1's scheduler (see the module's docstring): the running requests' tokens, preempting the
     newest where the blocks run out, then waiting requests FCFS. Updates the requests' blocks, the running list and
     the waiting queue in place; returns (the scheduled requests, their tokens), the blocks left free and the count
@@ -88,7 +88,7 @@ def schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs, 
         free += int(held[out].sum())
         held[out] = 0
         computed[out] = 0
-        prompt_len[out] = isl + outputs[out]
+        prompt_len[out] = in_len[out] + outputs[out]
         del running[n_run - v:]
         preemptions += v
         preempted = v > 0
@@ -123,8 +123,8 @@ def schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs, 
     return sched_r, sched_k, free, preemptions
 
 
-def schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs, osl: int,
-                     limits: EngineLimits, capped: set, ratio: float, full: bool, isl: int):
+def schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs, out_len,
+                     limits: EngineLimits, capped: set, ratio: float, full: bool, in_len):
     """One step of SGLang's scheduler (see the module's docstring): a prefill batch where one can be admitted, else a
     decode batch of every running request, retracting where the pool cannot hold their next tokens; with mixed
     chunks (--enable-mixed-chunk), the prefill batch decodes the running requests too, its chunk budget less one
@@ -143,7 +143,7 @@ def schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs
     chunked = len(decoding) < len(running)
     prefill, cap = [], None
     if waiting and not full or chunked:
-        prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits,
+        prefill, cap = _sglang_prefill(waiting, running, prompt_len, computed, outputs, out_len, limits,
                                        limits.token_budget - mixed, inputs, ratio)
     if cap:
         capped.add(cap)
@@ -165,14 +165,14 @@ def schedule_sglang(running: list, waiting: deque, prompt_len, computed, outputs
                 r = keep.pop()
                 free += int(computed[r])
                 computed[r] = 0
-                prompt_len[r] = isl + outputs[r]
+                prompt_len[r] = in_len[r] + outputs[r]
                 running.remove(r)
                 waiting.append(r)
                 retracted += 1
             full = False
             decoding = keep
             ratio = min(1.0, (int(outputs[keep].sum()) + SGLANG_RETRACT_DECODE_STEPS * len(keep))
-                        / (osl * len(keep) + 1))
+                        / (int(out_len[keep].sum()) + 1))
             capped.add("kv pool")
         else:
             ratio = max(ratio - SGLANG_NEW_TOKEN_RATIO_DECAY, SGLANG_MIN_NEW_TOKEN_RATIO)
@@ -194,7 +194,7 @@ def steps_with_blocks(table, tokens, held, free: int, k: int) -> int:
     return max(1, last_true(fits, 0, k))  # (0 steps always fit)
 
 
-def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits, budget, inputs=None,
+def _sglang_prefill(waiting, running, prompt_len, computed, outputs, out_len, limits, budget, inputs=None,
                     ratio: float = SGLANG_INIT_NEW_TOKEN_RATIO):
     """SGLang's next prefill batch, and what stopped it short (None, "kv pool", "max_num_seqs"): a request part-way
     through its prompt first, then waiting ones (FCFS) while chunked_prefill_size (`budget`), max_prefill_tokens
@@ -206,7 +206,7 @@ def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits
     clip = SGLANG_CLIP_MAX_NEW_TOKENS
     batch = []
     held = sum(int(computed[r]) for r in running)
-    expected = ratio * sum(min(int(osl - outputs[r]), clip) for r in running)
+    expected = ratio * sum(min(int(out_len[r] - outputs[r]), clip) for r in running)
     room = limits.blocks - held - expected
     for r in [r for r in running if computed[r] < prompt_len[r]]:
         k = min(int(prompt_len[r] - computed[r]), budget)
@@ -226,7 +226,7 @@ def _sglang_prefill(waiting, running, prompt_len, computed, outputs, osl, limits
         if len(running) + len(batch) >= limits.max_seqs:
             cap = "max_num_seqs"
             break
-        out_left = min(int(osl - outputs[r]), clip)
+        out_left = min(int(out_len[r] - outputs[r]), clip)
         if int(prompt_len[r] - computed[r]) + out_left >= room:
             cap = "kv pool"
             break

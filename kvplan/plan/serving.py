@@ -154,18 +154,21 @@ class Workload:
     warmup: int = 0
     request_rate: Optional[float] = None
     seed: int = 0
+    # each request's lengths drawn uniformly from [isl x lo, isl x hi] and [osl x lo, osl x hi] (whole tokens);
+    # vllm bench serve's --random-range-ratio r is (1 - r, 1 + r)
+    span: tuple = (1.0, 1.0)
 
     def run(self, price, limits: EngineLimits, concurrency: Optional[int],
             step_cache: Optional[dict] = None) -> "BenchResult":
         return simulate(price, limits, isl=self.isl, osl=self.osl, concurrency=concurrency,
                         request_rate=self.request_rate, num_prompts=self.num_prompts, warmup=self.warmup,
-                        seed=self.seed, step_cache=step_cache)
+                        seed=self.seed, step_cache=step_cache, span=self.span)
 
 
 def simulate(price: Callable[[float, float, float, float], float], limits: EngineLimits, *, isl: int, osl: int,
              concurrency: Optional[int] = None, request_rate: Optional[float] = None,
              num_prompts: int = VLLM_BENCH_NUM_PROMPTS, warmup: int = 0, seed: int = 0,
-             step_cache: Optional[dict] = None) -> BenchResult:
+             step_cache: Optional[dict] = None, span: tuple = (1.0, 1.0)) -> BenchResult:
     """Run the benchmark: `price(decoding, their mean context, prompt tokens, their mean attended context)` gives a
     step's seconds. A closed loop with `concurrency`, an open loop at `request_rate` (or both: arrivals at the rate,
     at most `concurrency` in flight, as vllm bench serve does with both options). `step_cache` keeps the priced
@@ -188,7 +191,9 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
     gaps = rng.exponential(1.0 / request_rate, n) if request_rate else np.zeros(n)
     release = np.cumsum(gaps) - (gaps[0] if request_rate else 0.0)
 
-    prompt_len = np.full(n, isl, dtype=np.int64)  # what a (re)admitted request computes before it samples again
+    in_len, out_len = request_lengths(isl, osl, n, span, rng)
+    fixed = span == (1.0, 1.0)
+    prompt_len = in_len.copy()  # what a (re)admitted request computes before it samples again
     computed = np.zeros(n, dtype=np.int64)  # tokens whose KV the request holds
     outputs = np.zeros(n, dtype=np.int64)
     held = np.zeros(n, dtype=np.int64)  # blocks
@@ -260,7 +265,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
         return f0 + (priced(b, lo + g, 0, 0) - f0) * (ctx - lo) / g
 
     # the blocks a request holding n tokens needs, for every n it can hold (a table read instead of the pool's rule)
-    table = np.asarray(limits.blocks_for(np.arange(isl + osl + 2, dtype=np.int64))).astype(np.int64)
+    table = np.asarray(limits.blocks_for(np.arange(int((in_len + out_len).max()) + 2, dtype=np.int64))).astype(np.int64)
 
     send_due(0.0)
     while len(finished_order) < sim_end:
@@ -273,12 +278,12 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
         # -- the step's schedule ------------------------------------------------------------------------------------
         if limits.policy == "sglang":
             sched_r, sched_k, sg_ratio, sg_full, lost = schedule_sglang(
-                running, waiting, prompt_len, computed, outputs, osl, limits, capped, sg_ratio, sg_full, isl)
+                running, waiting, prompt_len, computed, outputs, out_len, limits, capped, sg_ratio, sg_full, in_len)
             preemptions += lost
             preempted = lost > 0
         else:
             sched_r, sched_k, free, lost = schedule_vllm(running, waiting, prompt_len, computed, outputs, held, free,
-                                                          limits, table, isl, capped, eligible, steps)
+                                                          limits, table, in_len, capped, eligible, steps)
             preemptions += lost
             preempted = lost > 0
         rs = np.concatenate(sched_r) if len(sched_r) > 1 else sched_r[0]
@@ -297,7 +302,7 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
         # blocks only shrink as the batch grows; SGLang tries no prefill until the running batch shrinks)
         k_steps = 1
         if p == 0 and b == len(running) and not preempted:
-            k_steps = int((osl - outputs[dec]).min())
+            k_steps = int((out_len[dec] - outputs[dec]).min())
             if next_send < n and in_flight < C:  # an open loop's next arrival
                 est = cost(b, ctx, 0, 0.0)
                 k_steps = max(1, min(k_steps, int((release[next_send] - t) / est)))
@@ -348,12 +353,12 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
                     first[r] = t
                 outputs[r] += 1
         # -- requests that have their osl tokens end; their clients send again ------------------------------------
-        ended = dec[outputs[dec] >= osl].tolist() if b else []
+        ended = dec[outputs[dec] >= out_len[dec]].tolist() if b else []
         if p:
-            ended += [r for r in fin.tolist() if outputs[r] >= osl]
+            ended += [r for r in fin.tolist() if outputs[r] >= out_len[r]]
         if ended:
             now = np.fromiter(running, dtype=np.int64, count=len(running))
-            running = now[outputs[now] < osl].tolist()
+            running = now[outputs[now] < out_len[now]].tolist()
             done_at[ended] = t
             free += int(held[ended].sum())
             held[ended] = 0
@@ -361,12 +366,12 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
             in_flight -= len(ended)
             sg_full = False
             send_due(t)
-            if request_rate is None and len(finished_order) >= C:
+            if request_rate is None and fixed and len(finished_order) >= C:
                 sim_end = _steady_end(finished_order, sent, first, done_at, C, gen_stats, sim_end, t, busy_area)
         elif request_rate:
             send_due(t)
 
-    return _result(n, C, isl, osl, sent, first, done_at, finished_order, itl_v, itl_w, steps, preemptions,
+    return _result(n, C, in_len, out_len, sent, first, done_at, finished_order, itl_v, itl_w, steps, preemptions,
                    busy_area, max_running, capped, gen_stats, warmup)
 
 
@@ -388,8 +393,8 @@ def _steady_end(order, sent, first, done_at, C, gen_stats, sim_end, t, busy_area
     return sim_end
 
 
-def _result(n, C, isl, osl, sent, first, done_at, order, itl_v, itl_w, steps, preemptions, busy_area, max_running,
-            capped, gen_stats, warmup=0) -> BenchResult:
+def _result(n, C, in_len, out_len, sent, first, done_at, order, itl_v, itl_w, steps, preemptions, busy_area,
+            max_running, capped, gen_stats, warmup=0) -> BenchResult:
     import numpy as np
 
     simulated = len(order)
@@ -397,27 +402,48 @@ def _result(n, C, isl, osl, sent, first, done_at, order, itl_v, itl_w, steps, pr
     rs = rs[rs >= warmup]  # the measured requests (sent after the warm-up's)
     ttft = first[rs] - sent[rs]
     e2e = done_at[rs] - sent[rs]
-    tpot = (e2e - ttft) / (osl - 1) if osl > 1 else np.zeros_like(e2e)
+    outs = out_len[rs]
     duration = float(done_at[rs].max() - sent[rs].min())
-    if simulated < n:  # periodic: the rest repeat the last generation, one generation's time each
+    if simulated < n:  # periodic (fixed lengths): the rest repeat the last generation, one generation's time each
         last = rs[-C:]
         reps = n - simulated
         idx = np.resize(np.arange(C), reps)
         ttft = np.concatenate([ttft, (first[last] - sent[last])[idx]])
         e2e = np.concatenate([e2e, (done_at[last] - sent[last])[idx]])
-        tpot = (e2e - ttft) / (osl - 1) if osl > 1 else np.zeros_like(e2e)
+        outs = np.concatenate([outs, out_len[last][idx]])
         (_, _, end0, area0), (_, _, end1, area1) = gen_stats[-2:]
         duration += (end1 - end0) * reps / C
         busy_area += (area1 - area0) * reps / C
+    # TPOT per request of more than one output token (vllm/benchmarks/serve.py calculate_metrics)
+    several = outs > 1
+    tpot = (e2e - ttft)[several] / (outs[several] - 1) if several.any() else np.zeros_like(e2e)
     m = n - warmup
-    span = duration + (float(sent[rs].min()) if warmup else 0.0)  # the whole run's, for the running average
-    mean_running = busy_area / span if span > 0 else 0.0
+    out_tokens = float(outs.sum())
+    in_tokens = float(in_len[rs].sum()) * (m / rs.size) if rs.size else 0.0
+    whole = duration + (float(sent[rs].min()) if warmup else 0.0)  # the whole run's, for the running average
+    mean_running = busy_area / whole if whole > 0 else 0.0
     return BenchResult(
         num_prompts=m, duration_s=duration, ttft=Stats.of(ttft), tpot=Stats.of(tpot),
-        itl=Stats.of(itl_v, itl_w), e2e=Stats.of(e2e), output_tokens_per_s=m * osl / duration,
-        total_tokens_per_s=m * (isl + osl) / duration, requests_per_s=m / duration, mean_running=mean_running,
-        max_running=max_running, capped_by=("kv pool" if "kv pool" in capped else
-                                            "max_num_seqs" if "max_num_seqs" in capped else None),
+        itl=Stats.of(itl_v, itl_w), e2e=Stats.of(e2e), output_tokens_per_s=out_tokens / duration,
+        total_tokens_per_s=(in_tokens + out_tokens) / duration, requests_per_s=m / duration,
+        mean_running=mean_running, max_running=max_running,
+        capped_by=("kv pool" if "kv pool" in capped else "max_num_seqs" if "max_num_seqs" in capped else None),
         preemptions=preemptions, steps=steps, simulated_prompts=simulated,
         per_request=tuple((float(sent[r]), float(first[r]), float(done_at[r])) for r in order if r >= warmup))
 
+
+def request_lengths(isl: int, osl: int, n: int, span: tuple, rng):
+    """Each request's prompt and output tokens: `isl` and `osl` (span (1, 1)), or drawn uniformly from the whole
+    numbers in [isl x lo, isl x hi] and [osl x lo, osl x hi] (at least 1), prompts first, as vllm bench serve's
+    random dataset draws them (vllm/benchmarks/datasets.py RandomDataset.get_sampling_params)."""
+    import numpy as np
+
+    lo, hi = span
+    if (lo, hi) == (1.0, 1.0):
+        return np.full(n, isl, dtype=np.int64), np.full(n, osl, dtype=np.int64)
+
+    def draw(length):
+        low, high = max(math.floor(length * lo), 1), max(math.ceil(length * hi), 1)
+        return rng.integers(low, high + 1, size=n).astype(np.int64)
+
+    return draw(isl), draw(osl)

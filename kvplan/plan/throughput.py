@@ -87,6 +87,7 @@ class ThroughputResult:
     percentile: str = "mean"  # the figure the limits hold: the mean, or a percentile of the requests
     num_prompts: int = 0  # requests each concurrency's benchmark sends
     request_rate: Optional[float] = None  # Poisson arrivals per second (None: every client at once)
+    random_range_ratio: float = 0.0  # lengths drawn from [(1 - r) x, (1 + r) x] the isl and osl (0: fixed)
     dp: int = 1  # data-parallel ranks (attention groups), the clients spread over them
     ep: int = 1  # expert-parallel ranks
     world_size: int = 1  # GPUs of the deployment (output tokens/s per GPU divide by it)
@@ -228,7 +229,7 @@ def _meets(r: ThroughputRow, tpot: Optional[float], ttft: Optional[float], perce
 def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequence[int]] = None,
                   tpot_ms: Optional[float] = None, ttft_ms: Optional[float] = None, percentile: str = "mean",
                   num_prompts: Optional[int] = None, warmup: int = 0,
-                  request_rate: Optional[float] = None) -> ThroughputResult:
+                  request_rate: Optional[float] = None, random_range_ratio: float = 0.0) -> ThroughputResult:
     """The throughput table of resolved deployments that differ only in their KV dtype: each concurrency's benchmark
     simulated (kvplan.plan.serving), `percentile` (mean, p50, p90, p99) naming the figure the limits hold; `warmup`
     requests run before the `num_prompts` measured ones; with `request_rate`, requests arrive as a Poisson process
@@ -248,22 +249,28 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         raise KvplanError(f"--num-prompts must be at least 1 (got {num_prompts})")
     if request_rate is not None and not (request_rate > 0 and math.isfinite(request_rate)):
         raise KvplanError(f"--request-rate must be a positive number of requests per second (got {request_rate})")
-    work = Workload(isl, osl, num_prompts or VLLM_BENCH_NUM_PROMPTS, warmup, request_rate)
+    if not 0 <= random_range_ratio < 1:
+        raise KvplanError(f"--random-range-ratio must be at least 0 and below 1, as vllm bench serve takes it "
+                          f"(got {random_range_ratio})")
+    r = random_range_ratio
+    work = Workload(isl, osl, num_prompts or VLLM_BENCH_NUM_PROMPTS, warmup, request_rate, span=(1 - r, 1 + r))
+    longest = math.ceil(isl * (1 + r)) + max(math.ceil(osl * (1 + r)), 1)
     d0 = ds[0]
     m = d0.model
     mlen = d0.max_model_len if isinstance(d0.max_model_len, int) else m.max_position_embeddings
-    if isl + osl > mlen:
+    if longest > mlen:
         fix = (f"shorten the request or raise --max-model-len (up to the model's {m.max_position_embeddings:,})"
                if mlen < m.max_position_embeddings else f"shorten the request: {m.name} takes no longer sequences")
-        raise KvplanError(f"--isl {isl:,} + --osl {osl:,} = {isl + osl:,} tokens exceeds the max_model_len "
-                          f"{mlen:,} of {m.name}: {fix}")
+        what = (f"--isl {isl:,} + --osl {osl:,} = {isl + osl:,} tokens" if not r else
+                f"the longest request --random-range-ratio {r:g} draws ({longest:,} tokens)")
+        raise KvplanError(f"{what} exceeds the max_model_len {mlen:,} of {m.name}: {fix}")
     if d0.gpu is None:
         raise KvplanError("throughput needs --gpu (the step times and the pool are the GPU's)")
     gpus = d0.parallel.world
     models = [step_model(d) for d in ds]
     limits = [pool_limit(d, isl, osl) * d.parallel.dp for d in ds]  # the whole deployment's
-    if max(limits) < 1:  # not one request: say why, as `capacity` does
-        raise KvplanError(_no_room(d0, isl + osl))
+    if max(limits) < 1 or (r and pool_limit(d0, longest, 0) < 1):  # not one request: say why, as `capacity` does
+        raise KvplanError(_no_room(d0, longest))
     if concurrency:
         cs = sorted(set(int(c) for c in concurrency))
         if cs[0] < 1:
@@ -300,7 +307,7 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     return ThroughputResult(model=m.name, gpu=d0.gpu.name, tp=d0.tp, pp=d0.pp, isl=isl, osl=osl, engine=d0.engine,
                             tpot_limit_ms=tpot_ms, ttft_limit_ms=ttft_ms, rows=rows, best=best, winner=winner,
                             verdict=verdict, profile="; ".join(profiles), notes=notes, percentile=percentile,
-                            num_prompts=work.num_prompts, request_rate=request_rate,
+                            num_prompts=work.num_prompts, request_rate=request_rate, random_range_ratio=r,
                             dp=d0.parallel.dp, ep=d0.parallel.ep, world_size=gpus)
 
 
