@@ -290,16 +290,18 @@ def nsa_pool(model: ModelSpec, fmt: KVFormat, tokens: int, page_size: int) -> di
             "latent_bytes_per_token_per_layer": latent, "index_pages": pages, "allocated_bytes": allocated}
 
 
-def sglang_capacity(d) -> SglangPool:
-    """SGLang's pool for a resolved Deployment (kvplan.deployment) with engine sglang."""
+def sglang_capacity(d, logged: Optional[dict] = None) -> SglangPool:
+    """SGLang's pool for a resolved Deployment (kvplan.deployment) with engine sglang. `logged`: the memory a startup
+    log measured, in GiB as SGLang prints it (free_before_load_gib, weight_gib, avail_after_load_gib), in place of
+    the deployment's estimates."""
     from dataclasses import replace
 
     measured_w = d.measured.weights if d.measured is not None else None
+    memory = {"free_before_load_gib": None if d.free_before_load_bytes is None else d.free_before_load_bytes / GiB,
+              "weight_gib": None if measured_w is None else measured_w / GiB, **(logged or {})}
     pool = sglang_pool(
         d.model, d.gpu, d.kv, tp=d.tp, layout=d.parallel, mem_fraction_static=d.mem_fraction_static,
-        context_len=d.max_model_len, page_size=d.page_size or 1,
-        free_before_load_gib=None if d.free_before_load_bytes is None else d.free_before_load_bytes / GiB,
-        weight_gib=None if measured_w is None else measured_w / GiB, weight_dtype=d.weight_dtype,
-        total_gib=d.total_bytes / GiB if d.total_bytes else None)
+        context_len=d.max_model_len, page_size=d.page_size or 1, weight_dtype=d.weight_dtype,
+        total_gib=d.total_bytes / GiB if d.total_bytes else None, **memory)
     return replace(pool, notes=list(d.notes) + pool.notes + layout_note(d, pool.kv_tokens, pool.weight_bytes),
                    deployment=d.to_dict())
