@@ -100,10 +100,18 @@ class SglangPool:
     state: Optional[dict] = None
     indexer: Optional[dict] = None
 
-    # the quantities every engine's result names alike (kvplan.plan.vllm_capacity.CapacityResult's keys)
+    # the figures every engine's result names alike (kvplan.plan.capacity.PoolResult), in SGLang's terms
     @property
     def available_kv_bytes(self) -> int:
         return self.available_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.cell_bytes
+
+    @property
+    def max_model_len(self) -> int:
+        return self.context_len
 
     @property
     def kv_tokens(self) -> int:
