@@ -16,7 +16,7 @@ from kvplan.errors import KvplanError
 from kvplan.plan.totals import layout_note
 from kvplan.rules.sglang import (CONTEXT_GIB, MAMBA_EMPTY_STATE_SLOTS, MAMBA_FULL_MEMORY_RATIO,
                                  MAMBA_SLOTS_PER_REQUEST, NSA_QUANT_BLOCK, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO,
-                                 default_mem_fraction_static, mamba_state_bytes)
+                                 mamba_state_bytes)
 from kvplan.sizing.kv_cache import check_tp
 from kvplan.sizing.weights import weight_bytes
 from kvplan.units import DTYPE_BYTES
@@ -150,13 +150,14 @@ class SglangPool:
 
 
 def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat = "auto", *, tp: int = 1,
-                mem_fraction_static: Optional[float] = None, context_len: Optional[int] = None, page_size: int = 1,
+                mem_fraction_static: Optional[float], context_len: Optional[int] = None, page_size: int = 1,
                 free_before_load_gib: Optional[float] = None, weight_gib: Optional[float] = None,
                 avail_after_load_gib: Optional[float] = None, swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO,
                 max_running_requests: Optional[int] = None, weight_dtype: Optional[str] = None,
                 total_gib: Optional[float] = None, layout: Optional[Parallel] = None) -> SglangPool:
     """SGLang's max_total_num_tokens for a model on a GPU (one rank's: with data-parallel attention, one attention
-    group's rank, `layout`); measured free memories (from a log) replace the estimates."""
+    group's rank, `layout`); measured free memories (from a log) replace the estimates. `mem_fraction_static`: as
+    resolved (kvplan.deployment decides SGLang's default)."""
     layout = layout or Parallel.tensor(tp)
     check_tp(model, layout.attn_tp)
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
@@ -164,8 +165,9 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
         raise KvplanError(f"--page-size must be positive, got {page_size}")
     if gpu is None and free_before_load_gib is None:
         raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
-    f = (mem_fraction_static if mem_fraction_static is not None else
-         default_mem_fraction_static(model, gpu, tp, dp_attention=layout.dp if layout.attn_tp < tp else 0))
+    f = mem_fraction_static
+    if f is None:
+        raise KvplanError("SGLang's pool needs --mem-fraction-static, or --gpu for SGLang's default")
     if not 0 < f <= 1:
         raise KvplanError(f"--mem-fraction-static must be in (0, 1], got {f}")
     total = total_gib * GiB if total_gib is not None else (gpu.memory_total_bytes if gpu is not None else None)
