@@ -30,7 +30,7 @@ if not _os.path.isdir(_os.path.join(_pkg, "kernels")) and _os.path.isdir(_os.pat
 
 _EXPORTS = {
     "crossover": "api", "CrossoverResult": "plan.crossover", "OperatingPoint": "plan.crossover",
-    "capacity": "api", "CapacityResult": "plan.vllm_capacity",
+    "capacity": "api", "CapacityResult": "plan.vllm_capacity", "PoolResult": "plan.capacity",
     "sweep": "plan.sweep",
     "throughput": "api", "ThroughputResult": "plan.throughput", "ThroughputRow": "plan.throughput",
     "step_model": "sizing.step_time", "StepModel": "sizing.step_time",

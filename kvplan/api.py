@@ -1,6 +1,6 @@
 """The library's keyword facades: each question asked of a model and a GPU with options, as the command line asks
 it. Each resolves one kvplan.deployment.Deployment (per KV dtype) from its arguments and hands it to the question's
-own function (crossover_of, capacity_of, plan_for, throughput_of), which takes a resolved Deployment only."""
+own function (crossover_of, pool_capacity, plan_for, throughput_of), which takes a resolved Deployment only."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kvplan.errors import KvplanError
 from kvplan.files import type_name
 from kvplan.plan.crossover import CrossoverResult, crossover_of
 from kvplan.plan.throughput import ThroughputResult, throughput_of
-from kvplan.plan.vllm_capacity import CapacityResult, capacity_of
+from kvplan.plan.capacity import PoolResult, pool_capacity
 from kvplan.plan.vllm_pool import PoolPlan, plan_for
 from kvplan.sizing.kv_cache import SkipLayers, WeightRead
 from kvplan.specs.catalog import GPUSpec, ModelSpec, load_model_as
@@ -36,8 +36,10 @@ def crossover(model, dtype: str | KVFormat = "auto", *, tp: int = 1, weight_dtyp
 
 
 def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
-             **options) -> CapacityResult:
-    """How many tokens and sequences the KV pool of one rank holds (vLLM's budget, pages and blocks).
+             **options) -> PoolResult:
+    """How many tokens and sequences the KV pool of one rank holds, by the engine's rules: vLLM's budget, pages and
+    blocks (kvplan.plan.vllm_capacity.CapacityResult), or with engine="sglang" SGLang's pool
+    (kvplan.plan.sglang_pool.SglangPool); both name their shared figures alike (kvplan.plan.capacity.PoolResult).
 
     Takes a resolved kvplan.deployment.Deployment, or a model, GPU, KV dtype and any option of
     kvplan.deployment.DeploymentArgs (tp, pp, dcp, max_model_len, gpu_memory_utilization, block_size,
@@ -50,7 +52,7 @@ def capacity(model, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None 
     With a deployment `profile` (kvplan.specs.profile), the total memory, the engine version and the measured weights
     and
     overheads of that deployment stand in for the model of them."""
-    return capacity_of(_deployment(model, gpu, dtype, options))
+    return pool_capacity(_deployment(model, gpu, dtype, options))
 
 
 def pool_plan(model_or_deployment, gpu: Optional[GPUSpec] = None, dtype: str | KVFormat | None = None,
@@ -117,5 +119,5 @@ def _deployment(model, gpu, dtype, options: dict):
         return model
     if "skip" in options:
         options["kv_cache_dtype_skip_layers"] = options.pop("skip")
-    args = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, engine="vllm", **options)
+    args = DeploymentArgs(model=model, gpu=gpu, kv_cache_dtype=dtype, **{"engine": "vllm", **options})
     return args.resolve(needs_memory=True)

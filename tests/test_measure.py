@@ -214,6 +214,28 @@ def test_validate_on_cpu(fixtures, tmp_path):
     assert r["measured_ms"] > 0 and r["calibrated_ms"] is not None
 
 
+def test_validate_prediction_is_the_step_models(fixtures, tmp_path):
+    # --validate's prediction is the step model's (calibration over the bundled fits): the GEMMs less the LM head and
+    # the decode attention, per layer, for the layers timed; an uncatalogued device takes the calibration alone
+    from kvplan import load_gpu
+    from kvplan.deployment import DeploymentArgs
+    from kvplan.measure.run import predicted_step_s, validate_target
+    from kvplan.sizing.step_time import step_model
+    from kvplan.specs.calibration import load_calibration
+
+    path = _profile(tmp_path)
+    cal = load_calibration(str(path))
+    m, fmt = validate_target("llama3-8b", "auto")
+    one = predicted_step_s(m, fmt, load_gpu("h100"), cal, str(path), "NVIDIA H100 80GB HBM3", 8, 4096, 1)
+    assert predicted_step_s(m, fmt, load_gpu("h100"), cal, str(path), "NVIDIA H100 80GB HBM3", 8, 4096, 4) == (
+        pytest.approx(4 * one))
+    whole = step_model(DeploymentArgs(model=m, gpu="h100", calibration=str(path)).resolve()).step(8, 4096)
+    assert one * m.num_layers < whole.gemm_s + whole.moe_s + whole.attention_s  # the LM head left out
+    tiny, auto = validate_target(str(fixtures / "tiny-model.yaml"), "auto")
+    cpu = load_calibration(str(_profile(tmp_path, name="cpu (Triton interpreter)")))
+    assert predicted_step_s(tiny, auto, None, cpu, "cpu.yaml", "cpu (Triton interpreter)", 2, 64, 2) > 0
+
+
 def test_validate_needs_a_gpu(cli):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -186,3 +186,19 @@ def test_scheduler_admits_no_more_than_the_mamba_slots_allow(cli):
     assert r.code == 0, r.err
     row = json.loads(r.out)["rows"][0]
     assert row["pool_limit"] <= cap and row["mean_running"] <= cap
+
+
+def test_both_engines_name_the_shared_figures_alike():
+    # kvplan.capacity plans either engine's pool, and each result carries every key of PoolResult under one name
+    import kvplan
+    from kvplan.plan.capacity import SHARED_KEYS
+
+    vllm = kvplan.capacity("llama-3.1-8b", "h100", "fp8")
+    sglang = kvplan.capacity("llama-3.1-8b", "h100", "fp8", engine="sglang")
+    assert (vllm.engine, sglang.engine) == ("vllm", "sglang")
+    for r in (vllm, sglang):
+        assert all(hasattr(r, k) for k in SHARED_KEYS), [k for k in SHARED_KEYS if not hasattr(r, k)]
+    d = DeploymentArgs(model="llama-3.1-8b", gpu="h100", kv_cache_dtype="fp8", engine="sglang").resolve()
+    same = sglang_capacity(d)
+    assert (sglang.kv_tokens, sglang.max_model_len, sglang.kv_bytes_per_token) == (
+        same.max_total_num_tokens, same.context_len, same.cell_bytes)

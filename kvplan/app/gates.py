@@ -327,7 +327,7 @@ class GateReport:
 
 def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
     from kvplan.plan.crossover import crossover_of
-    from kvplan.plan.vllm_capacity import capacity_of
+    from kvplan.plan.capacity import pool_capacity
 
     results = []
     for g in gates:
@@ -346,7 +346,7 @@ def run_gates(gates: list[Gate], source: str = "gates") -> GateReport:
                         f"that GPU and give the gate `calibration: PROFILE.yaml`, or choose one of those GPUs")
             cap = xover = None
             if "capacity" in needed:
-                cap = capacity_of(d)
+                cap = pool_capacity(d)
             if "crossover" in needed:
                 points = sorted({(lim.batch, lim.context) for k in _set_requirements(g)
                                  if isinstance((lim := getattr(g.require, k)), OperatingPointLimit)})

@@ -15,10 +15,9 @@ from typing import Optional, Sequence
 
 from kvplan.app.startup_log import StartupLog, parse_startup_log
 from kvplan.deployment import DeploymentArgs
-from kvplan.deployment.layout import parallel_layout
 from kvplan.deployment.options import LAYOUT_OPTIONS, SGLANG_ONLY, VLLM_ONLY, flag
 from kvplan.errors import KvplanError
-from kvplan.plan.sglang_pool import sglang_pool
+from kvplan.plan.sglang_pool import sglang_capacity
 from kvplan.plan.vllm_capacity import capacity_of
 from kvplan.rules.vllm import version_key, vllm_rules
 from kvplan.sizing.vllm_non_torch import pre_snapshot_bytes
@@ -341,14 +340,13 @@ def _gib(b: float) -> float:
 
 
 def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: str, sha: str) -> LogImport:
+    """An SGLang log: the deployment it started, resolved as `kvplan capacity --engine sglang` resolves it, planned
+    from the free memories the log measured (and, with a GPU, end to end), beside the log's figures."""
     c, meas = log.config, log.measured
-    notes = []
+    notes: list[str] = []
     f = c.get("mem_fraction_static")
-    tp = int(c.get("tp", 1))
     dtype = str(c.get("kv_cache_dtype") or "auto")
     dtype = {"bf16": "bfloat16"}.get(dtype, dtype)
-    ctx = c.get("max_model_len")
-    page = int(c.get("page_size") or 1)
     if "free_before_load_gb" not in meas or "weights_load_avail_gb" not in meas:
         raise KvplanError("the SGLang log lacks the 'Load weight begin. ... avail mem=' and 'Load weight end. ... "
                           "avail mem=' lines; pass the whole startup log")
@@ -356,16 +354,20 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
         raise KvplanError("the SGLang log states no mem_fraction_static (its server_args line) and no GPU to take "
                           "SGLang's default from; pass --gpu, or the whole startup log")
     layout = _layout_given(c, SGLANG_LAYOUT, notes)
-    lay, _ = parallel_layout(DeploymentArgs(**layout), "sglang", m, g, tp, 1, notes)
-    measured = sglang_pool(m, g, dtype, tp=tp, layout=lay, mem_fraction_static=f, context_len=ctx, page_size=page,
-                           free_before_load_gib=meas["free_before_load_gb"], weight_gib=meas.get("weights_gb"),
-                           avail_after_load_gib=meas["weights_load_avail_gb"])
+    # planned with SGLang 0.5's rules whatever release the log names (reported as the log printed it)
+    d = DeploymentArgs(model=m, gpu=g, engine="sglang", kv_cache_dtype=dtype, tp=int(c.get("tp", 1)),
+                       max_model_len=c.get("max_model_len"), mem_fraction_static=f, page_size=c.get("page_size"),
+                       **layout).resolve()
+    notes += d.notes
+    measured = sglang_capacity(d, logged=dict(free_before_load_gib=meas["free_before_load_gb"],
+                                              weight_gib=meas.get("weights_gb"),
+                                              avail_after_load_gib=meas["weights_load_avail_gb"]))
     figures = [Figure("max_total_num_tokens (from the log's free memory)", meas.get("max_total_num_tokens"),
                       measured.max_total_num_tokens, "tokens"),
                Figure("max_running_requests", meas.get("max_running_requests"), measured.max_running_requests),
                Figure("K size", meas.get("k_size_gb"), measured.k_size_gb, "GB")]
     if g is not None:
-        e2e = sglang_pool(m, g, dtype, tp=tp, layout=lay, mem_fraction_static=f, context_len=ctx, page_size=page)
+        e2e = sglang_capacity(d)
         figures.insert(0, Figure("max_total_num_tokens (end to end)", meas.get("max_total_num_tokens"),
                                  e2e.max_total_num_tokens, "tokens"))
         figures.append(Figure("free memory before loading", meas["free_before_load_gb"],
@@ -373,14 +375,14 @@ def _import_sglang(log: StartupLog, m: ModelSpec, g: Optional[GPUSpec], source: 
     else:
         notes.append("pass --gpu to also predict the pool end to end, from the GPU's memory")
     profile = DeploymentProfile(
-        engine="sglang", engine_version=log.version, model=m.name, gpu=g.name if g else None, tp=tp,
-        kv_cache_dtype=dtype, max_model_len=int(ctx or m.max_position_embeddings),
+        engine="sglang", engine_version=log.version, model=m.name, gpu=g.name if g else None, tp=d.tp,
+        kv_cache_dtype=d.kv.name, max_model_len=measured.context_len,
         mem_fraction_static=measured.mem_fraction_static, weights_bytes=measured.weight_bytes,
         free_before_load_bytes=measured.free_before_load_bytes, available_kv_bytes=measured.available_bytes,
         layout=layout, source=source, source_sha256=sha)
-    config = {"model": m.name, "gpu": g.name if g else None, "tp": tp, "kv_cache_dtype": dtype,
+    config = {"model": m.name, "gpu": g.name if g else None, "tp": d.tp, "kv_cache_dtype": d.kv.name,
               "mem_fraction_static": measured.mem_fraction_static, "context_len": measured.context_len,
-              "page_size": page, **layout}
+              "page_size": d.page_size, **layout}
     return LogImport("sglang", log.version, m.name, config, figures, profile, notes)
 
 

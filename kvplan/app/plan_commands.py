@@ -215,16 +215,10 @@ def capacity(
     m = load_model_as(model, deployment["weight_dtype"]) if model else load_model(args.profile.model)
     fmts = _formats_for(m, dtype, args=args) if dtype else [None]
     ds = _served_here(deployments(replace(args, model=m), fmts, needs_memory=True), dtype)
-    if ds[0].engine == "sglang":
-        from kvplan.plan.sglang_pool import sglang_capacity
+    from kvplan.plan.capacity import pool_capacity
 
-        results = [sglang_capacity(d) for d in ds]
-        table = "sglang_table"
-    else:
-        from kvplan.plan.vllm_capacity import capacity_of
-
-        results = [capacity_of(d) for d in ds]
-        table = "capacity_table"
+    results = [pool_capacity(d) for d in ds]
+    table = "sglang_table" if ds[0].engine == "sglang" else "capacity_table"  # each engine's own figures
     if all(not r.fits for r in results):
         _unfit(results)
     data = [r.to_dict() for r in results] if len(results) > 1 else results[0].to_dict()

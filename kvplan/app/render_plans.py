@@ -182,7 +182,7 @@ def capacity_table(results: Sequence, model, gpu) -> None:
 
 def _layout_words(r) -> str:
     """'  DP 8  EP 8  (8 GPUs)' for a deployment with data or expert parallelism; '' for plain TP."""
-    dp, ep, world = getattr(r, "dp", 1), getattr(r, "ep", 1), getattr(r, "world_size", 1)
+    dp, ep, world = r.dp, r.ep, r.world_size
     if dp == 1 and ep == 1:
         return ""
     return (f"  DP {dp}" if dp > 1 else "") + (f"  EP {ep}" if ep > 1 else "") + f"  ({world} GPUs)"
@@ -192,7 +192,7 @@ def _capacity_dtypes(con, results: Sequence, model, r0) -> None:
     t = Table(title=f"KV cache per dtype, sequences of {r0.max_model_len:,} tokens", title_justify="left")
     any_skip = any(r.skip_layers for r in results)
     cols = ["KV dtype", "B/token", "block B", "blocks", "token slots", "KV tokens", "concurrency"]
-    dp = max(getattr(r, "dp", 1) for r in results)
+    dp = max(r.dp for r in results)
     if dp > 1:  # several attention groups, each its own pool: the deployment's totals too
         cols += [f"total tokens (x{dp})", "total concurrency"]
     for col in cols + (["skip layers"] if any_skip else []):

@@ -516,13 +516,7 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
         raise KvplanError(f"SGLang after {ended.until} refuses --kv-cache-dtype {fmt.name} at start (deprecated; "
                           f"mem_cache/kv_cache_dtype.py configure_kv_cache_dtype): use -d {ended.replaced_by} (the "
                           f"same bytes), or plan SGLang {ended.until} with --engine-version {ended.until}")
-    f = args.mem_fraction_static
-    if f is None and prof is not None:
-        f = prof.mem_fraction_static
-    if f is None and g is not None:
-        lay = common["parallel"]
-        f = default_mem_fraction_static(m, g, common["tp"], dp_attention=lay.dp if lay.attn_tp < common["tp"] else 0,
-                                        deepep=common["a2a_backend"] == "deepep")
+    f = _resolve_mem_fraction(args, prof, common)
     free_before = None
     weights = None
     if prof is not None:
@@ -543,6 +537,19 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
                       free_before_load_bytes=free_before,
                       measured=Measured(weights, 0, prof.source or "a startup log") if prof is not None else None,
                       notes=tuple(notes))
+
+
+def _resolve_mem_fraction(args: DeploymentArgs, prof, common: dict) -> Optional[float]:
+    """SGLang's --mem-fraction-static: the one given, else the profile's, else SGLang's default for the GPU and the
+    layout (None: no GPU to take it from)."""
+    f = args.mem_fraction_static
+    if f is None and prof is not None:
+        f = prof.mem_fraction_static
+    m, g, tp, lay = common["model"], common["gpu"], common["tp"], common["parallel"]
+    if f is None and g is not None:
+        f = default_mem_fraction_static(m, g, tp, dp_attention=lay.dp if lay.attn_tp < tp else 0,
+                                        deepep=common["a2a_backend"] == "deepep")
+    return f
 
 
 def _gib_bytes(v: Optional[float]) -> Optional[int]:

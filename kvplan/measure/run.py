@@ -21,12 +21,8 @@ from kvplan.specs.calibration import (
 
 def _catalog_peak(name: str) -> tuple[Optional[float], Optional[float]]:
     """Datasheet bandwidth and L2 of the catalog GPU whose nvidia-smi name matches the device's."""
-    from kvplan.specs.catalog import load_catalog
-
-    for g in load_catalog("hardware"):
-        if g.smi_name and g.smi_name.lower() == name.lower():
-            return g.peak_bandwidth_bytes_per_s, (g.l2_mb or 50) * MB
-    return None, None
+    g = _catalog_gpu(name)
+    return (g.peak_bandwidth_bytes_per_s, (g.l2_mb or 50) * MB) if g is not None else (None, None)
 
 
 def run_measure(quick: bool = False, output: Optional[str] = None, device_name: str = "cuda",
@@ -108,11 +104,10 @@ def validate_target(model_name: str, fmt_name: str):
 def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, context: int = 4096,
                  layers: Optional[int] = None, device_name: str = "cuda", calibration: Optional[str] = None,
                  samples: int = 5) -> dict:
-    """Time a synthetic decode step of the model's shapes; put the roofline and the calibrated prediction for the
-    same bytes beside it."""
+    """Time a synthetic decode step of the model's shapes; put the roofline of the bytes it read and, with a
+    calibration profile, the step model's prediction of it (predicted_step_s) beside it."""
     import torch
 
-    from kvplan.sizing.kv_cache import _DECODE_FAMILY
     from kvplan.specs.calibration import find_calibration, load_calibration
 
     m, fmt = validate_target(model_name, fmt_name)  # a misspelt name is found before the GPU is looked for
@@ -144,13 +139,39 @@ def run_validate(model_name: str, fmt_name: str = "auto", batch: int = 8, contex
     if peak:
         out["roofline_ms"] = (r["weight_bytes"] + r["kv_bytes"]) / peak * 1e3
     if cal is not None:
-        gemv = cal.fit("gemv_fp8" if m.weight_dtype.startswith("fp8") else "gemv_bf16")
-        dec = cal.fit("decode_" + _DECODE_FAMILY.get(fmt.name, fmt.name))
-        if gemv and dec:
-            p = cal.peak_bandwidth_bytes_per_s
-            out["calibrated_ms"] = (gemv.seconds(r["weight_bytes"], p, calls=r["gemv_calls"])
-                                    + dec.seconds(r["kv_bytes"], p, calls=layers)) * 1e3
+        out["calibrated_ms"] = predicted_step_s(m, fmt, _catalog_gpu(info["name"]), cal, cal_path, info["name"],
+                                                batch, context, layers) * 1e3
     return out
+
+
+def predicted_step_s(m, fmt, gpu, cal, source: str, device: str, batch: int, context: int, layers: int) -> float:
+    """What the step model (kvplan.sizing.step_time, with the calibration `cal` over the bundled fits for `gpu`)
+    predicts for the decode step --validate times: the weight GEMMs and decode attention of `layers` of the model's
+    layers, `batch` sequences of `context` tokens on one GPU. The step model prices a whole engine step; the timed
+    step is its GEMMs (less the LM head's) and attention, per layer, for `layers` layers. `device`: the name the
+    profile takes where kvplan bundles no fits for the GPU (or it is not in the catalog)."""
+    from kvplan.deployment import DeploymentArgs
+    from kvplan.sizing.kernel_seconds import gemm_call_seconds
+    from kvplan.sizing.step_fits import StepProfile, bundled_profile, with_calibration
+    from kvplan.sizing.step_time import StepModel
+
+    base = bundled_profile(gpu) or StepProfile(gpu=device, name="", peak_bandwidth_bytes_per_s=
+                                               cal.peak_bandwidth_bytes_per_s, attention={}, gemm={}, moe={},
+                                               allreduce={})
+    d = DeploymentArgs(model=m, gpu=gpu, kv_cache_dtype=fmt).resolve()
+    sm = StepModel(d, with_calibration(base, cal, source, gpu))
+    step = sm.step(batch, context)
+    bw = sm.profile.peak_bandwidth_bytes_per_s
+    lm_head = sum(c * gemm_call_seconds(f, bw, batch, n, k, mb, a) for f, mb, n, k, c, a in sm.dense
+                  if c == 1 and n >= m.vocab_size)
+    return (step.gemm_s - lm_head + step.moe_s + step.attention_s) / m.num_layers * layers
+
+
+def _catalog_gpu(name: str):
+    """The catalog GPU whose nvidia-smi name is the device's (None: not in the catalog)."""
+    from kvplan.specs.catalog import load_catalog
+
+    return next((g for g in load_catalog("hardware") if g.smi_name and g.smi_name.lower() == name.lower()), None)
 
 
 def probe_path(device_name: str) -> str:

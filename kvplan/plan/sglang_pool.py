@@ -16,7 +16,7 @@ from kvplan.errors import KvplanError
 from kvplan.plan.totals import layout_note
 from kvplan.rules.sglang import (CONTEXT_GIB, MAMBA_EMPTY_STATE_SLOTS, MAMBA_FULL_MEMORY_RATIO,
                                  MAMBA_SLOTS_PER_REQUEST, NSA_QUANT_BLOCK, SGLANG_DTYPES, SWA_FULL_TOKENS_RATIO,
-                                 default_mem_fraction_static, mamba_state_bytes)
+                                 mamba_state_bytes)
 from kvplan.sizing.kv_cache import check_tp
 from kvplan.sizing.weights import weight_bytes
 from kvplan.units import DTYPE_BYTES
@@ -100,10 +100,18 @@ class SglangPool:
     state: Optional[dict] = None
     indexer: Optional[dict] = None
 
-    # the quantities every engine's result names alike (kvplan.plan.vllm_capacity.CapacityResult's keys)
+    # the figures every engine's result names alike (kvplan.plan.capacity.PoolResult), in SGLang's terms
     @property
     def available_kv_bytes(self) -> int:
         return self.available_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.cell_bytes
+
+    @property
+    def max_model_len(self) -> int:
+        return self.context_len
 
     @property
     def kv_tokens(self) -> int:
@@ -142,13 +150,14 @@ class SglangPool:
 
 
 def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat = "auto", *, tp: int = 1,
-                mem_fraction_static: Optional[float] = None, context_len: Optional[int] = None, page_size: int = 1,
+                mem_fraction_static: Optional[float], context_len: Optional[int] = None, page_size: int = 1,
                 free_before_load_gib: Optional[float] = None, weight_gib: Optional[float] = None,
                 avail_after_load_gib: Optional[float] = None, swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO,
                 max_running_requests: Optional[int] = None, weight_dtype: Optional[str] = None,
                 total_gib: Optional[float] = None, layout: Optional[Parallel] = None) -> SglangPool:
     """SGLang's max_total_num_tokens for a model on a GPU (one rank's: with data-parallel attention, one attention
-    group's rank, `layout`); measured free memories (from a log) replace the estimates."""
+    group's rank, `layout`); measured free memories (from a log) replace the estimates. `mem_fraction_static`: as
+    resolved (kvplan.deployment decides SGLang's default)."""
     layout = layout or Parallel.tensor(tp)
     check_tp(model, layout.attn_tp)
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
@@ -156,8 +165,9 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
         raise KvplanError(f"--page-size must be positive, got {page_size}")
     if gpu is None and free_before_load_gib is None:
         raise KvplanError("SGLang's pool needs --gpu (or the free memory a startup log measured)")
-    f = (mem_fraction_static if mem_fraction_static is not None else
-         default_mem_fraction_static(model, gpu, tp, dp_attention=layout.dp if layout.attn_tp < tp else 0))
+    f = mem_fraction_static
+    if f is None:
+        raise KvplanError("SGLang's pool needs --mem-fraction-static, or --gpu for SGLang's default")
     if not 0 < f <= 1:
         raise KvplanError(f"--mem-fraction-static must be in (0, 1], got {f}")
     total = total_gib * GiB if total_gib is not None else (gpu.memory_total_bytes if gpu is not None else None)
@@ -290,16 +300,18 @@ def nsa_pool(model: ModelSpec, fmt: KVFormat, tokens: int, page_size: int) -> di
             "latent_bytes_per_token_per_layer": latent, "index_pages": pages, "allocated_bytes": allocated}
 
 
-def sglang_capacity(d) -> SglangPool:
-    """SGLang's pool for a resolved Deployment (kvplan.deployment) with engine sglang."""
+def sglang_capacity(d, logged: Optional[dict] = None) -> SglangPool:
+    """SGLang's pool for a resolved Deployment (kvplan.deployment) with engine sglang. `logged`: the memory a startup
+    log measured, in GiB as SGLang prints it (free_before_load_gib, weight_gib, avail_after_load_gib), in place of
+    the deployment's estimates."""
     from dataclasses import replace
 
     measured_w = d.measured.weights if d.measured is not None else None
+    memory = {"free_before_load_gib": None if d.free_before_load_bytes is None else d.free_before_load_bytes / GiB,
+              "weight_gib": None if measured_w is None else measured_w / GiB, **(logged or {})}
     pool = sglang_pool(
         d.model, d.gpu, d.kv, tp=d.tp, layout=d.parallel, mem_fraction_static=d.mem_fraction_static,
-        context_len=d.max_model_len, page_size=d.page_size or 1,
-        free_before_load_gib=None if d.free_before_load_bytes is None else d.free_before_load_bytes / GiB,
-        weight_gib=None if measured_w is None else measured_w / GiB, weight_dtype=d.weight_dtype,
-        total_gib=d.total_bytes / GiB if d.total_bytes else None)
+        context_len=d.max_model_len, page_size=d.page_size or 1, weight_dtype=d.weight_dtype,
+        total_gib=d.total_bytes / GiB if d.total_bytes else None, **memory)
     return replace(pool, notes=list(d.notes) + pool.notes + layout_note(d, pool.kv_tokens, pool.weight_bytes),
                    deployment=d.to_dict())

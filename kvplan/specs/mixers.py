@@ -4,8 +4,8 @@ parallelism splits it, its share of vLLM's profile run and its name in tables.
 
 A spec names its mixer by `kind` (models/*.yaml, the Hugging Face reader of kvplan.specs.hf_layers); the fields are
 those of StateSpec, whatever the kind, and ModelSpec turns the validated StateSpec into the kind's class
-(`state_mixer`). A new state mixer is one subclass here (its KIND and its methods) and its config mapping in
-kvplan.specs.hf_layers.
+(`state_mixer`). A new state mixer is one subclass here (its KIND and its methods, made by a function of its own
+that _KIND_MAKERS lists and _KIND_CLASSES names) and its config mapping in kvplan.specs.hf_layers.
 
 The kinds' classes are made the first time one is asked for (`_kinds`: a spec's kind validated, STATE_MIXERS or a
 class read from this module), so that a command on a model without state layers never builds them."""
@@ -142,11 +142,10 @@ class StateSpec(_Frozen):
         return ts
 
 
-def _define_kinds() -> None:
-    """The kinds' classes, each registered in _KINDS by StateSpec.__pydantic_init_subclass__ (names of this module:
-    `global`)."""
-    global Mamba2, GatedDeltaNet, Mamba, LightningAttention, KimiDeltaAttention
+# Each kind's class, made by a function of its own when a kind is first asked for (_kinds)
 
+
+def _mamba2() -> type[StateSpec]:
     class Mamba2(StateSpec):
         """Mamba-2 (NemotronHMamba2Mixer, vLLM's MambaMixer2): heads x head_dim channels, n_groups B/C groups of a
         state_size-wide SSM state."""
@@ -180,7 +179,10 @@ def _define_kinds() -> None:
             ts += linear("mixer.out_proj", hidden, inner, count, "row", "state", bias=self.proj_bias, layers=at)
             return ts
 
+    return Mamba2
 
+
+def _gated_delta_net() -> type[StateSpec]:
     class GatedDeltaNet(StateSpec):
         """Gated delta net (Qwen3NextGatedDeltaNet): value heads x value head dim, n_groups key heads of state_size-wide
         keys; its recurrent state is value heads x value dim x key dim."""
@@ -215,7 +217,10 @@ def _define_kinds() -> None:
         def vllm_prefill_checkpoint(cls, compute_capability: Optional[str], key_head_dim: int) -> bool:
             return gdn_prefill_flashinfer(compute_capability, key_head_dim)  # Triton's prefill keeps none
 
+    return GatedDeltaNet
 
+
+def _mamba() -> type[StateSpec]:
     class Mamba(StateSpec):
         """Mamba (MambaMixer): one intermediate_size-wide channel set, each with a state_size-wide SSM state."""
 
@@ -257,7 +262,10 @@ def _define_kinds() -> None:
             proj = 2 * self.inner
             return tokens * b * (2 * hidden + proj // tp + self.conv_channels // tp + self.inner // tp)
 
+    return Mamba
 
+
+def _lightning_attention() -> type[StateSpec]:
     class LightningAttention(StateSpec):
         """MiniMax's linear attention (MiniMaxText01LinearAttention): heads of a head_dim x state_size key-value state,
         no convolution."""
@@ -280,7 +288,10 @@ def _define_kinds() -> None:
             ts += linear("linear_attn.out_proj", hidden, inner, count, "row", "state", layers=at)
             return ts
 
+    return LightningAttention
 
+
+def _kimi_delta_attention() -> type[StateSpec]:
     class KimiDeltaAttention(StateSpec):
         """Kimi delta attention (KimiDeltaAttention): heads of head_dim x state_size, short convolutions on q, k and v,
         low-rank forget (f) and output (g) gates (or a full-rank output gate)."""
@@ -312,6 +323,20 @@ def _define_kinds() -> None:
             ts.append(Tensor("linear_attn.o_norm", d, 1, count, "rep", "state", False, layers=at))
             ts += linear("linear_attn.o_proj", hidden, inner, count, "row", "state", layers=at)
             return ts
+
+    return KimiDeltaAttention
+
+
+# one per name of _KIND_CLASSES, in its order
+_KIND_MAKERS = (_mamba2, _gated_delta_net, _mamba, _lightning_attention, _kimi_delta_attention)
+
+
+def _define_kinds() -> None:
+    """The kinds' classes, made in the order of _KIND_CLASSES, each registered in _KINDS by
+    StateSpec.__pydantic_init_subclass__ and kept as a name of this module."""
+    for make in _KIND_MAKERS:
+        cls = make()
+        globals()[cls.__name__] = cls
 
 
 def _kinds() -> dict[str, type[StateSpec]]:
