@@ -13,7 +13,8 @@ from functools import lru_cache
 
 from kvplan.values import frozen_dataclass
 
-READ = ("0.19", "0.20", "0.25", "0.30", "0.33")  # the releases whose source the matrix is read from
+# the releases whose source the matrix is read from (0.21 to 0.24 are planned with 0.20's reading)
+READ = ("0.19", "0.20", "0.25", "0.26", "0.27", "0.28", "0.29", "0.30", "0.31", "0.32", "0.33")
 FLOAT = frozenset({"auto", "float16", "bfloat16"})
 FP8 = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2"})
 E4M3 = frozenset({"fp8", "fp8_e4m3"})
@@ -31,7 +32,11 @@ class Backend:
     name the rules of its supports_combination / supports_kv_cache_dtype / supports_sink that need more than a
     list (_CHECKS below). `fails` name rules of the same form for what validate_configuration
     lets through but the backend raises on once it runs (the engine then fails at start: kvplan plans no such
-    backend, and says why). `since`: the first read release this entry describes."""
+    backend, and says why). `sliding_window`: supports_sliding_window (validate_configuration refuses a layer with
+    a sliding window on a backend without it from 0.26). `dtypes`: supported_dtypes, the model dtypes it takes (empty:
+    float16 and bfloat16). `gcn_archs`: on ROCm, the GPU architectures its supports_compute_capability takes, as
+    prefixes of the gfx name (empty: any). `preferred`: a get_preferred_block_size of its own (0: the default rule).
+    `since`: the first read release this entry describes."""
 
     name: str
     family: str  # the kernel family, as a user reads it ("FlashAttention", "FlashInfer", "Triton", ...)
@@ -51,12 +56,18 @@ class Backend:
     sinks: bool = False  # supports_sink without a further rule (a rule in `checks` otherwise)
     checks: tuple[str, ...] = ()
     fails: tuple[str, ...] = ()
+    sliding_window: bool = False
+    dtypes: frozenset = frozenset()
+    gcn_archs: tuple[str, ...] = ()
+    preferred: int = 0
     platform: str = "cuda"
     since: str = "0.19"
 
     def preferred_block(self, default: int = 16) -> int:
         """AttentionBackend.get_preferred_block_size: the default where the backend takes it, else its smallest
-        kernel size."""
+        kernel size; a backend's own rule where it has one."""
+        if self.preferred:
+            return self.preferred
         if self.takes_block(default):
             return default
         return min([*self.blocks, *([self.block_multiple] if self.block_multiple else [])])
@@ -88,6 +99,8 @@ class AttentionFacts:
     index_topk: int | None = None
     dcp: int = 1
     compressed: bool = False  # DeepSeek-V4's compressed sparse attention, whose model file names its backend
+    sliding: bool = False  # a layer with a sliding window (the selector's has_sliding_window, from 0.26)
+    dtype: str = "bfloat16"  # the model dtype (the selector's dtype: supported_dtypes)
 
 
 @frozen_dataclass
@@ -137,31 +150,39 @@ def _from(release: str, first: str) -> bool:
 # 10.x or 11.x in vllm_flash_attn/flash_attn_interface.py _is_fa3_supported / _is_fa4_supported)
 
 def flash_attn_version(release: str, cc: tuple[int, int], head: int, quantized: bool = False,
-                       sinks: bool = False, dcp: int = 1) -> int | None:
-    """FA3 on 9.x, FA4 on 10.x, FA2 elsewhere from 8.0 (None below); FA4 on 10.x+ falls back to FA2 above head
-    128 (192 excepted in 0.19 to 0.25). From 0.25 a 9.x head above 256 moves FA3 up to FA4. From 0.30 head 256 on
-    10.x/11.x runs FA4's hd256 kernel unless the cache is quantized, the model has sinks or DCP > 1 (FA2 then)."""
+                       sinks: bool = False, dcp: int = 1, sliding: bool = False) -> int | None:
+    """FA3 on 9.x, FA4 on 10.x, FA2 elsewhere from 8.0 (None below); FA4 on 10.x falls back to FA2 above head 128
+    (192 excepted up to 0.26; from 0.27 only with a V head of 128, which kvplan's K-and-V models never have). From
+    0.25 a 9.x head above 256 moves FA3 up to FA4. Head 256 on 10.x: FA2 up to 0.26; FA4 in 0.27 except for a layer
+    with a sliding window (requires_local_attention, which FlashAttentionImpl passes); FA2 again in 0.28 ("FA4 on
+    Blackwell is temporarily disabled for head_size=256"); from 0.29 FA4's hd256 kernel (uses_fa4_hd256_kernel: 10.x
+    and 11.x) unless the cache is quantized, the model has sinks or DCP > 1 (_fa4_hd256_fallback_reason; FA2 then)."""
     if cc < (8, 0):
         return None
     version = 3 if cc[0] == 9 else 4 if cc[0] == 10 else 2
     if version == 3 and _from(release, "0.25") and head > 256:
         version = 4
-    if version == 4 and _from(release, "0.30") and head == 256 and cc[0] in (10, 11):
-        return 2 if quantized or sinks or dcp > 1 else 4
-    if version == 4 and cc[0] >= 10 and head > 128 and head != 192:
+    if version == 4 and cc[0] in (10, 11) and head == 256:
+        if _from(release, "0.29"):
+            return 2 if quantized or sinks or dcp > 1 else 4
+        if _from(release, "0.28"):
+            return 2
+        if _from(release, "0.27"):
+            return 2 if sliding else 4
+    if version == 4 and cc[0] >= 10 and head > 128 and (head != 192 or _from(release, "0.27")):
         version = 2
     return version
 
 
 def _fa_fp8(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
     """FlashAttention stores an fp8 cache with FA3 on 9.x (0.19: every fp8 name; 0.25: fp8 and fp8_e4m3 only),
-    from 0.30 also with FA4 on 10.x (flash_attn_supports_kv_cache_dtype), and from 0.33 with FA4 at head 512 on
-    9.x."""
+    from 0.27 also with FA4 on 10.x (fa_utils.py flash_attn_supports_kv_cache_dtype, which supports_combination
+    asks with the head size and sinks), and from 0.31 with FA4 at head 512 on 9.x (sm90_fp8_kv_supported)."""
     if dtype in FLOAT:
         return None
     v = flash_attn_version(release, cc, f.head_size, quantized=True, sinks=f.sinks, dcp=f.dcp)
-    ok = (v == 3 and cc[0] == 9) or (_from(release, "0.30") and v == 4 and cc[0] == 10) or \
-        (_from(release, "0.33") and v == 4 and cc[0] == 9 and f.head_size == 512)
+    ok = (v == 3 and cc[0] == 9) or (_from(release, "0.27") and v == 4 and cc[0] == 10) or \
+        (_from(release, "0.31") and v == 4 and cc[0] == 9 and f.head_size == 512)
     if _from(release, "0.25") and dtype == "fp8_e5m2":
         ok = False
     return None if ok else "its fp8 cache needs FA3 on 9.x or FA4 on 10.x"
@@ -196,21 +217,23 @@ def _fa_head(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
 
 
 def _flashinfer_sinks(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
-    """FlashInferBackend.supports_sink: TRTLLM attention, on 10.x (0.19 on), also 9.0 and 12.x (0.33)."""
+    """FlashInferBackend.supports_sink: TRTLLM attention on 10.x (0.19 on), its XQA decode kernel on 12.x (0.28 on)
+    and on 9.0 (0.30 on; vllm/utils/flashinfer.py supports_trtllm_attention)."""
     if not f.sinks:
         return None
-    ok = cc[0] == 10 or (_from(release, "0.33") and (cc == (9, 0) or cc[0] == 12))
+    ok = cc[0] == 10 or (_from(release, "0.28") and cc[0] == 12) or (_from(release, "0.30") and cc == (9, 0))
     return None if ok else "attention sinks need its TRTLLM kernels (10.x)"
 
 
 def _flashinfer_nvfp4(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
-    """supports_kv_cache_dtype: NVFP4 on 10.x through TRTLLM; from 0.33 nvfp4 (not nvfp4_4over6) also through its
-    FA2 path on 8.x, 9.x and 12.x (_nvfp4_kv_on_fa2), refused there at head 64 or with sinks (supports_combination)."""
+    """supports_kv_cache_dtype: NVFP4 (nvfp4 from 0.25, nvfp4_4over6 from 0.28) on 10.x through TRTLLM; from 0.32
+    nvfp4 (not nvfp4_4over6) also through its FA2 path on 8.x, 9.x and 12.x (_nvfp4_kv_on_fa2), refused there at head
+    64 or with sinks (supports_combination)."""
     if not dtype.startswith("nvfp4"):
         return None
     if cc[0] == 10:
         return None
-    if _from(release, "0.33") and cc[0] in (8, 9, 12) and dtype == "nvfp4":
+    if _from(release, "0.32") and cc[0] in (8, 9, 12) and dtype == "nvfp4":
         return "NVFP4 at head 64 or with sinks is misread by its FA2 prefill" if f.head_size == 64 or f.sinks else None
     return f"{dtype} needs its TRTLLM kernels (10.x)"
 
@@ -234,9 +257,13 @@ def _tokenspeed(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
 
 def _sparse_indexed(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
     """FlashInfer's and FlashAttention's sparse MLA: a model with index_topk, qk_nope_head_dim 128 or 192
-    (FlashInferMLASparseBackend.supports_combination; FlashAttnMLASparseBackend: no DCP)."""
+    (FlashInferMLASparseBackend.supports_combination; FlashAttnMLASparseBackend: no DCP); from 0.30 a RoPE-free
+    latent (qk_rope_head_dim 0) with qk_nope_head_dim 256 and kv_lora_rank 512 too (FlashInfer's native no-rope MLA)."""
     if f.index_topk is None:
         return "needs a model with index_topk"
+    if f.mla and f.qk_rope_head_dim == 0 and _from(release, "0.30"):
+        ok = (f.qk_nope_head_dim, f.kv_lora_rank) == (256, 512)
+        return None if ok else "a no-rope latent needs qk_nope_head_dim 256 and kv_lora_rank 512"
     if f.qk_nope_head_dim not in (128, 192):
         return f"qk_nope_head_dim {f.qk_nope_head_dim} (its kernel takes 128, 192)"
     return None
@@ -256,6 +283,25 @@ def _nvfp4_ds_mla(release: str, f: AttentionFacts, cc, dtype: str) -> str | None
     return "nvfp4_ds_mla needs 10.x" if dtype == "nvfp4_ds_mla" and cc[0] != 10 else None
 
 
+def _flashmla_sparse_512(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
+    """FlashMLASparseBackend.supports_combination (0.31 on): head 512 only for a RoPE-free model on 9.x with a 16-bit
+    cache (and fp8_ds_mla from 0.32)."""
+    if f.head_size != 512:
+        return None
+    caches = FLOAT | ({"float16", "fp8_ds_mla"} if _from(release, "0.32") else {"float16"})
+    ok = dtype in caches and cc[0] == 9 and f.qk_rope_head_dim == 0
+    return None if ok else "head 512 needs a RoPE-free model with a 16-bit (or, from 0.32, fp8_ds_mla) cache on 9.x"
+
+
+def _ultraquant_head(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
+    """What UltraQuantAttentionBackend takes (its supports_head_size, TurboQuant's, takes any) but cannot store:
+    ops/ultraquant/format.py n_groups raises unless the head is a multiple of 32 (customize_spec sizes the slot with
+    it), and ops/ultraquant/triton_store.py raises "ultraquant store requires power-of-two dim"."""
+    h = f.head_size
+    return None if h % 32 == 0 and h & (h - 1) == 0 else f"ultraquant_4bit stores power-of-two heads of 32 or more, " \
+        f"not {h}"
+
+
 def _no_fp8_ds_mla(release: str, f: AttentionFacts, cc, dtype: str) -> str | None:
     """FlashInferMLASparseTRTLLMBackend.supports_combination (0.25 on): no fp8_ds_mla on 10.x."""
     return "no fp8_ds_mla cache" if dtype == "fp8_ds_mla" else None
@@ -265,5 +311,6 @@ _CHECKS = {"fa_fp8": _fa_fp8, "fa_cache_view": _fa_cache_view, "fa_sinks": _fa_s
            "flashinfer_sinks": _flashinfer_sinks, "flashinfer_nvfp4": _flashinfer_nvfp4, "mla_fa3": _mla_fa3,
            "flashinfer_mla_nope": _flashinfer_mla_nope,
            "tokenspeed": _tokenspeed, "sparse_indexed": _sparse_indexed, "sparse_fa4": _sparse_fa4,
-           "nvfp4_ds_mla": _nvfp4_ds_mla, "no_fp8_ds_mla": _no_fp8_ds_mla}
+           "nvfp4_ds_mla": _nvfp4_ds_mla, "no_fp8_ds_mla": _no_fp8_ds_mla, "flashmla_sparse_512": _flashmla_sparse_512,
+           "ultraquant_head": _ultraquant_head}
 

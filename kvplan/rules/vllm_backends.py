@@ -48,7 +48,7 @@ def priorities(release: str, cc: tuple[int, int] | None, f: AttentionFacts, dtyp
     layout = "dsv4" if f.compressed else "sparse" if f.sparse else "mla" if f.mla else "mha"
     rel = read_release(release)
     if platform == "rocm":
-        table = ROCM_PRIORITIES["0.20" if _from(rel, "0.20") else "0.19"]
+        table = ROCM_PRIORITIES[max((r for r in ROCM_PRIORITIES if _from(rel, r)), key=_key, default="0.19")]
         return () if f.sparse else table[(layout, None)]
     table = PRIORITIES[rel]
     major = cc[0] if cc else None
@@ -61,9 +61,13 @@ def priorities(release: str, cc: tuple[int, int] | None, f: AttentionFacts, dtyp
 
 
 def refusals(b: Backend, release: str, cc: tuple[int, int] | None, f: AttentionFacts, dtype: str,
-             block: int | None = None) -> list[str]:
+             block: int | None = None, gcn: str | None = None) -> list[str]:
     """Why backend `b` refuses this configuration (AttentionBackend.validate_configuration), in its words; empty
-    where it serves it. `cc` None (a GPU of unknown capability) passes the capability checks."""
+    where it serves it. `cc` None (a GPU of unknown capability) passes the capability checks; `gcn`, an AMD GPU's
+    gfx name, is what a ROCm backend's supports_compute_capability reads (platforms/rocm.py get_cdna_version,
+    get_rdna_version). From 0.26 a layer with a sliding window needs a backend whose supports_sliding_window says so
+    (vllm/v1/attention/backend.py validate_configuration; model_executor/layers/attention/attention.py passes
+    has_sliding_window=sliding_window is not None)."""
     why = []
     if not b.takes_head(f.head_size):
         why.append(f"head size {f.head_size} not supported")
@@ -77,6 +81,12 @@ def refusals(b: Backend, release: str, cc: tuple[int, int] | None, f: AttentionF
         why.append("sparse not supported" if f.sparse else "non-sparse not supported")
     if f.sinks and not b.sinks and not any(c.endswith("sinks") for c in b.checks):
         why.append("attention sinks not supported")
+    if f.sliding and not b.sliding_window and _from(release, "0.26"):
+        why.append("sliding window not supported")
+    if b.dtypes and f.dtype not in b.dtypes:
+        why.append(f"dtype {f.dtype} not supported")
+    if gcn is not None and b.gcn_archs and not gcn.startswith(b.gcn_archs):
+        why.append(f"compute capability {gcn} not supported")
     if cc is not None and not ((not b.cc_majors or cc[0] in b.cc_majors) and b.cc_min <= cc <= b.cc_max):
         why.append(f"compute capability {cc[0]}.{cc[1]} not supported")
     if cc is not None and not why:
@@ -87,22 +97,23 @@ def refusals(b: Backend, release: str, cc: tuple[int, int] | None, f: AttentionF
 def _family(b: Backend, release: str, cc: tuple[int, int] | None, f: AttentionFacts, dtype: str) -> str:
     if b.name != "FLASH_ATTN" or cc is None:
         return b.family
-    v = flash_attn_version(release, cc, f.head_size, quantized=dtype not in FLOAT, sinks=f.sinks, dcp=f.dcp)
+    v = flash_attn_version(release, cc, f.head_size, quantized=dtype not in FLOAT, sinks=f.sinks, dcp=f.dcp,
+                           sliding=f.sliding)
     return f"FA{v}"
 
 
 def _block(b: Backend, release: str, cc, f: AttentionFacts, dtype: str) -> int:
     """Platform.update_block_size_for_backend: 16 for hybrid models (their block is managed by the model
-    config), else the backend's preferred block; FlashAttention from 0.30 sets 128 where FA4's hd256 kernel runs
-    (get_preferred_block_size: _get_fa4_hd256_block_size) and, from 0.33, 64 for an fp8 cache at head 512 on
+    config), else the backend's preferred block; FlashAttention from 0.29 sets 128 where FA4's hd256 kernel runs
+    (get_preferred_block_size: _get_fa4_hd256_block_size) and, from 0.31, 64 for an fp8 cache at head 512 on
     9.x (_get_sm90_fa4_fp8_kv_block_size)."""
     if f.hybrid:
         return 16
-    if b.name == "FLASH_ATTN" and cc is not None and _from(release, "0.30"):
+    if b.name == "FLASH_ATTN" and cc is not None and _from(release, "0.29"):
         v = flash_attn_version(release, cc, f.head_size, quantized=dtype not in FLOAT, sinks=f.sinks, dcp=f.dcp)
         if v == 4 and f.head_size == 256 and cc[0] in (10, 11):
             return 128
-        if v == 4 and f.head_size == 512 and cc[0] == 9 and dtype in E4M3 and _from(release, "0.33"):
+        if v == 4 and f.head_size == 512 and cc[0] == 9 and dtype in E4M3 and _from(release, "0.31"):
             return 64
     return b.preferred_block(16)
 
@@ -122,6 +133,7 @@ def backend_for(facts: AttentionFacts, compute_capability: str | None, cache_dty
     `block_size` is --block-size where given (it takes part in the validation, as vLLM's
     user_specified_block_size). Raises KvplanError, in one line naming why and what would serve, where none does."""
     cc = _cc(compute_capability)
+    gcn = compute_capability if platform == "rocm" and (compute_capability or "").startswith("gfx") else None
     rel = read_release(release)
     if requested is not None:
         name = requested.strip().upper()
@@ -131,24 +143,24 @@ def backend_for(facts: AttentionFacts, compute_capability: str | None, cache_dty
                                                                 or n in ("TRITON_ATTN", "TRITON_MLA", "TURBOQUANT")))
             raise KvplanError(f"--attention-backend {requested}: kvplan plans vLLM {rel}'s {names} on {platform} "
                               f"(or auto, the selector's choice)")
-        why = refusals(b, rel, cc, facts, cache_dtype, block_size)
+        why = refusals(b, rel, cc, facts, cache_dtype, block_size, gcn)
         if why:
-            alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True)
+            alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True, gcn=gcn)
             hint = f"; {alt.name} serves it (drop --attention-backend or choose it)" if alt else ""
             raise KvplanError(f"--attention-backend {name}: vLLM {rel} refuses it for {cache_dtype} on {gpu_name} "
                               f"({', '.join(why)}; {b.source.split(' (')[0]}){hint}")
         broken = failures(b, rel, cc, facts, cache_dtype)
         if broken:
-            alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True)
+            alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True, gcn=gcn)
             hint = f"; {alt.name} serves it (choose it)" if alt else ""
             raise KvplanError(f"--attention-backend {name}: vLLM {rel} takes it for {cache_dtype} on {gpu_name}, then "
                               f"fails at start ({', '.join(broken)}){hint}")
         return Choice(b.name, _family(b, rel, cc, facts, cache_dtype),
                       block_size or _block(b, rel, cc, facts, cache_dtype), rel, True, b.source)
-    chosen = _first_valid(rel, cc, facts, cache_dtype, block_size, platform)
+    chosen = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, gcn=gcn)
     broken = failures(backend(chosen.name, rel), rel, cc, facts, cache_dtype) if chosen is not None else []
     if broken:
-        alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True)
+        alt = _first_valid(rel, cc, facts, cache_dtype, block_size, platform, running=True, gcn=gcn)
         hint = f"; --attention-backend {alt.name} serves it" if alt else \
             _served_elsewhere(rel, facts, cache_dtype, platform)
         picked = chosen.label if chosen.name == "FLASH_ATTN" else chosen.name
@@ -164,19 +176,19 @@ def backend_for(facts: AttentionFacts, compute_capability: str | None, cache_dty
 
 def failures(b: Backend, release: str, cc: tuple[int, int] | None, f: AttentionFacts, dtype: str) -> list[str]:
     """Why backend `b`, once the selector has taken it, fails at start (its `fails` rules); empty where it runs.
-    `cc` None (a GPU of unknown capability) passes, as in refusals."""
-    if cc is None:
+    `cc` None (a GPU of unknown capability) passes, as in refusals; a ROCm backend's rules read no CUDA capability."""
+    if cc is None and b.platform != "rocm":
         return []
-    return [r for c in b.fails if (r := _CHECKS[c](release, f, cc, dtype))]
+    return [r for c in b.fails if (r := _CHECKS[c](release, f, cc or (0, 0), dtype))]
 
 
 def _first_valid(rel: str, cc, facts: AttentionFacts, dtype: str, block: int | None,
-                 platform: str, running: bool = False) -> Choice | None:
+                 platform: str, running: bool = False, gcn: str | None = None) -> Choice | None:
     """The selector's choice: the first of the priority list that validates; `running`: the first that also runs
     (the one --attention-backend could name instead of a choice that fails at start)."""
     for name in priorities(rel, cc, facts, dtype, platform):
         b = backend(name, rel)
-        if b is not None and not refusals(b, rel, cc, facts, dtype, block) and \
+        if b is not None and not refusals(b, rel, cc, facts, dtype, block, gcn) and \
                 not (running and failures(b, rel, cc, facts, dtype)):
             return Choice(b.name, _family(b, rel, cc, facts, dtype), block or _block(b, rel, cc, facts, dtype), rel,
                           False, b.source)
@@ -197,6 +209,9 @@ def _served_elsewhere(rel: str, facts: AttentionFacts, dtype: str, platform: str
     return ""
 
 
+_TORCH_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # kvplan's model dtypes, as torch names them
+
+
 def facts_of(model, tp: int = 1, dcp: int = 1) -> AttentionFacts:
     """The selector's view of a kvplan ModelSpec at tensor-parallel size tp (heads per rank)."""
     heads = max(1, model.num_heads // tp)
@@ -212,7 +227,7 @@ def facts_of(model, tp: int = 1, dcp: int = 1) -> AttentionFacts:
     first = next(iter(model.attention_layers), 0)
     head = model.layer_head_dim(first) or model.head_dim or model.hidden_size // model.num_heads
     return AttentionFacts(head_size=head, num_heads=heads, sinks=bool(model.attention_sinks), hybrid=model.is_hybrid,
-                          dcp=dcp)
+                          dcp=dcp, sliding="sliding" in model.layer_kinds, dtype=_TORCH_DTYPE.get(model.dtype, "bfloat16"))
 
 
 def what_if(facts: AttentionFacts, cache_dtype: str, release: str) -> Choice:
