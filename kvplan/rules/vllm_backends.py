@@ -14,9 +14,10 @@ caches their forward cannot read): vLLM then fails at start, and kvplan says so 
 Without --block-size, Platform.update_block_size_for_backend (platforms/interface.py) then sets the block to the
 backend's get_preferred_block_size(16): 16 where a kernel block size divides it, else the smallest kernel size.
 
-Read from the vLLM releases 0.19.0, 0.20.0, 0.25.0, 0.30.0 and 0.33.0 (0.34.0 has 0.33's priority lists and
-backend entries). A release between two read ones is planned with the newest read release not after it. Where
-a backend's fact is the same in every release read, its one entry holds; `since` keys the entries that changed.
+Read from the vLLM releases 0.19.0, 0.20.0 and each of 0.25.0 to 0.33.0 (0.34.0 has 0.33's priority lists and
+backend entries); 0.21 to 0.24 are planned with 0.20's reading. Where a backend's fact is the same in every
+release read, its one entry holds; `since` keys the entries that changed (kvplan.rules.vllm_backend_table), and a
+rule that changed is keyed by its release in kvplan.rules.vllm_backend_rules.
 Paths are relative to the vllm package.
 """
 
