@@ -85,8 +85,10 @@ def test_unknown_format_suggests():
 
 
 def test_default_skip_layers_only_for_turboquant():
+    # vLLM 0.33 engine/arg_utils.py: kv_cache_dtype_skip_layers gains TurboQuantConfig.get_boundary_skip_layers where
+    # the cache dtype starts with "turboquant_" or is "ultraquant_4bit" (uses_packed_kv_backend)
     assert {f.name for f in CATALOG.values() if f.default_skip == "boundary"} == {
-        "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"}
+        "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit"}
 
 
 def test_formats_json(cli):

@@ -104,10 +104,10 @@ NO_BACKEND = {
     # 0.20 lists nvfp4 but FlashInferBackend does not (FlashInferMetadataBuilder raises "nvfp4 KV cache is not yet
     # supported"), and FlashAttention, which its selector takes on FA3, raises in get_fp8_dtype_for_flashattn
     ("0.20", "nvfp4"),
-    # 0.28 adds nvfp4_4over6 and FlashInfer stores it on 10.x, but kvplan reads the attention backends of 0.25 for
-    # 0.26 to 0.29 (vllm_backends.READ); it has them from 0.30. The rules of 0.28 and of 0.29 list it alike
-    ("0.28", "nvfp4_4over6"), ("0.29", "nvfp4_4over6"),
 }
+# Octave's backend takes head 256 only (rocm_octave_attn.py get_supported_head_sizes): Qwen3-Next's heads are 256,
+# its rotary dims 64 (partial_rotary_factor 0.25), a multiple of 64 as OctaveFormat needs
+HEAD_256 = "tests/fixtures/hf-corpus/Qwen--Qwen3-Next-80B-A3B-Instruct_config.json"
 
 
 def _stores(name: str, gpu, release: str) -> bool:
@@ -117,7 +117,7 @@ def _stores(name: str, gpu, release: str) -> bool:
     from kvplan.rules.vllm_backends import backend_for, backend_names, facts_of
 
     f = CATALOG[name]
-    models = [SPARSE] if name.endswith("_ds_mla") else \
+    models = [SPARSE] if name.endswith("_ds_mla") else [HEAD_256] if f.family == "octave" else \
         {"mha": ["llama3-8b"], "mla": ["deepseek-v3"], "both": ["llama3-8b", "deepseek-v3"]}[f.applies_to]
     platform = "rocm" if gpu.vendor == "amd" else "cuda"
     for m in models:

@@ -153,8 +153,11 @@ class VllmRules:
 # The --kv-cache-dtype names a release lacks: those of kvplan's catalog that its vllm/config/cache.py CacheDType (the
 # Literal --kv-cache-dtype is checked against) does not list. 0.19.0 (and 0.19.1) list auto, float16, bfloat16, fp8,
 # fp8_e4m3, fp8_e5m2, fp8_inc and fp8_ds_mla only; 0.20.0 adds the four turboquant_* presets, int8_per_token_head,
-# fp8_per_token_head and nvfp4; 0.25.0 int4_per_token_head; 0.28.0 nvfp4_4over6; 0.30.0 nvfp4_ds_mla.
-_MISSING_020 = frozenset({"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"})
+# fp8_per_token_head and nvfp4; 0.25.0 int4_per_token_head; 0.28.0 nvfp4_4over6; 0.30.0 nvfp4_ds_mla; 0.32.0
+# ultraquant_4bit; 0.33.0 octave_k3v4, octave_k3v3 and octave_k3v3_compact (kvplan catalogs the last only).
+_MISSING_032 = frozenset({"octave_k3v3_compact"})
+_MISSING_030 = _MISSING_032 | {"ultraquant_4bit"}
+_MISSING_020 = _MISSING_030 | {"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"}
 _MISSING_019 = _MISSING_020 | {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
                                "int8_per_token_head", "fp8_per_token_head", "nvfp4"}
 _LAZY = dict(lazy_torch_nccl=True, nemotron_ssm_default="fp16", checkpoint_state_kinds=frozenset())
@@ -175,19 +178,19 @@ VLLM: dict[str, VllmRules] = {r.version: r for r in [
     VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _MISSING_020, memory_accounting="peak",
               **_NO_HYBRID_PREFIX),
     VllmRules("0.25", "vLLM 0.25", 1, False, "concurrency", False, True,
-              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), memory_accounting="peak", **_MRV2_DENSE,
+              _MISSING_030 | {"nvfp4_ds_mla", "nvfp4_4over6"}, memory_accounting="peak", **_MRV2_DENSE,
               **_NO_HYBRID_PREFIX),
     VllmRules("0.26", "vLLM 0.26", 1, False, "concurrency", False, True,
-              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), memory_accounting="peak", **_MRV2_DENSE, **_LAZY),
+              _MISSING_030 | {"nvfp4_ds_mla", "nvfp4_4over6"}, memory_accounting="peak", **_MRV2_DENSE, **_LAZY),
     VllmRules("0.27", "vLLM 0.27", 1, False, "concurrency", False, True,
-              frozenset({"nvfp4_ds_mla", "nvfp4_4over6"}), **_MRV2_DENSE, **_LAZY),
-    VllmRules("0.28", "vLLM 0.28", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"}),
+              _MISSING_030 | {"nvfp4_ds_mla", "nvfp4_4over6"}, **_MRV2_DENSE, **_LAZY),
+    VllmRules("0.28", "vLLM 0.28", 1, False, "concurrency", True, True, _MISSING_030 | {"nvfp4_ds_mla"},
               **_MRV2_DENSE, **_028, **_LAZY),
-    VllmRules("0.29", "vLLM 0.29", 1, False, "concurrency", True, True, frozenset({"nvfp4_ds_mla"}),
+    VllmRules("0.29", "vLLM 0.29", 1, False, "concurrency", True, True, _MISSING_030 | {"nvfp4_ds_mla"},
               **_MRV2, **_LAZY),
-    VllmRules("0.30", "vLLM 0.30 and 0.31", 2, True, "concurrency", True, True, frozenset(),
+    VllmRules("0.30", "vLLM 0.30 and 0.31", 2, True, "concurrency", True, True, _MISSING_030,
               cublas_workspace="consumed", checkpoint_state_kinds=frozenset(), **_MRV2),
-    VllmRules("0.32", "vLLM 0.32", 2, True, "concurrency", True, True, frozenset(),
+    VllmRules("0.32", "vLLM 0.32", 2, True, "concurrency", True, True, _MISSING_032,
               cublas_workspace="consumed", checkpoint_state_kinds=frozenset({"mamba2"}), **_MRV2),
     VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset(),
               sampler_warmup_pass=True, cublas_workspace="before_snapshot", **_MRV2),

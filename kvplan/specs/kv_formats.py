@@ -380,6 +380,28 @@ _register(
                 "TurboQuant: rotated 3-bit Lloyd-Max keys with fp16 norm (norm-corrected), 4-bit values"),
     _turboquant("turboquant_3bit_nc", 3, 3, True,
                 "TurboQuant: rotated 3-bit Lloyd-Max keys with fp16 norm (norm-corrected), 3-bit values"),
+    # vLLM's packed ROCm caches, one slot per token per KV head whose bytes the backend's customize_spec sets as the
+    # page's state_content_bytes (v1/kv_cache_interface.py AttentionSpec.state_content_size_bytes).
+    # UltraQuant (0.32 on): v1/attention/ops/ultraquant/format.py slot_size: K codes (e2m1, two a byte), K scales
+    # (UE8M0, one byte per 32 values), V codes, V scales: head/2 + head/32 per side, 136 bytes at head 128, 272 at
+    # 256. Keys are Hadamard-rotated at store, values not. Its backend ends platforms/rocm.py's list; engine/
+    # arg_utils.py keeps TurboQuant's boundary layers (the first and last two) in the model dtype for it too.
+    KVFormat("ultraquant_4bit", "ultraquant", "UltraQuant: e2m1 codes with one UE8M0 scale byte per 32 values, keys "
+             "Hadamard-rotated (vLLM's ROCm backend)", **_same(_data(4), Component("scale_e8m0", 8, "group", 32)),
+             applies_to="mha", default_skip="boundary",
+             serves=(Serves("vllm", "rocm", _V + "ultraquant_attn.py UltraQuantAttentionBackend (customize_spec: "
+                            "ops/ultraquant/format.py slot_size); platforms/rocm.py _get_backend_priorities"),)),
+    # Octave (0.33 on), compact K: v1/attention/ops/rocm_octave.py OctaveFormat.slot_bytes with compact=True: K and
+    # V each sign-flipped and Hadamard-rotated over the whole head as 3-bit Lloyd-Max codes, then one fp16 scale
+    # for K and one for V, the slot padded to 4 bytes (head 256: 96 + 96 + 4 = 196). The backend takes head 256
+    # only, on CDNA3 and RDNA3 (kvplan.rules.vllm_backends); OctaveFormat also refuses, at start, a model whose
+    # rotary dims are not a multiple of 64, which kvplan does not check. octave_k3v4 and octave_k3v3 are refused:
+    # see UNPLANNED below.
+    KVFormat("octave_k3v3_compact", "octave", "Octave compact: K and V rotated over the whole head, 3-bit Lloyd-Max "
+             "codes, one fp16 scale each, slot padded to 4 bytes (vLLM's ROCm backend)",
+             **_same(Component("codes", 3), Component("scale_fp16", 16, "vector")), applies_to="mha", align=4,
+             serves=(Serves("vllm", "rocm", _V + "rocm_octave_attn.py RocmOctaveAttentionBackend (customize_spec: "
+                            "ops/rocm_octave.py OctaveFormat.slot_bytes); platforms/rocm.py _get_backend_priorities"),)),
     KVFormat("mxfp8", "mx", "SGLang: fp8 e4m3 with one e8m0 scale byte per 32 values",
              **_same(_data(8), Component("scale_e8m0", 8, "group", 32)), serves=(Serves("sglang", "cuda", _SG),),
              applies_to="mha"),
@@ -403,8 +425,19 @@ _register(
 VLLM_CACHE_DTYPES = (
     "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head",
-    "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
+    "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6", "ultraquant_4bit", "octave_k3v3_compact",
 )
+
+# vLLM cache dtypes kvplan knows and refuses to plan, each with why. Octave's block-K presets (0.33,
+# v1/attention/ops/rocm_octave.py OctaveFormat.slot_bytes) store K's rotary dims at 4 bits and the rest at 3, with an
+# fp16 scale per 64-dim K block and one for V, the slot padded to 8 bytes: rope_dim x 4/8 + (head - rope_dim) x 3/8 +
+# head x v_bits/8 + 2 x (head/64 + 1). rope_dim is head x partial_rotary_factor (rope_dim_from_hf_config), a field
+# kvplan's model specs do not hold, so the bytes cannot be settled for a model and kvplan does not guess them.
+_OCTAVE_BLOCK_K = ("its slot keeps K's rotary dimensions at 4 bits and the rest at 3 (vllm/v1/attention/ops/"
+                   "rocm_octave.py OctaveFormat.slot_bytes), so its size depends on the model's rotary dimension "
+                   "(partial_rotary_factor), which kvplan does not read; kvplan does not plan it "
+                   "(octave_k3v3_compact's slot does not depend on it)")
+UNPLANNED = {"octave_k3v4": _OCTAVE_BLOCK_K, "octave_k3v3": _OCTAVE_BLOCK_K}
 
 _BITS = {"none": 0, "int4": 4, "fp8": 8, "e4m3": 8, "e8m0": 8, "int8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
 
@@ -500,6 +533,8 @@ def kv_format(name: str) -> KVFormat:
     idx = _alias_index()
     if key in idx:
         return CATALOG[idx[key]]
+    if key in UNPLANNED:
+        raise KvplanError(f"KV cache dtype '{key}' (vLLM 0.33, ROCm's Octave backend): {UNPLANNED[key]}")
     raise KvplanError(
         f"unknown KV cache dtype '{name}'{did_you_mean(key, list(idx))}; `kvplan formats` lists them "
         "(or use custom:bits=4,group=32,...)"
