@@ -238,32 +238,13 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
     from kvplan.plan.serving import VLLM_BENCH_NUM_PROMPTS, Workload
     from kvplan.sizing.step_time import step_model
 
-    if isl < 1 or osl < 1:
-        raise KvplanError(f"--isl and --osl must be at least 1 (got {isl} and {osl})")
-    for name, v in (("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms)):
-        if v is not None and not (v > 0 and math.isfinite(v)):
-            raise KvplanError(f"{name} must be a positive number of milliseconds (got {v})")
-    if percentile not in PERCENTILE_KEYS:
-        raise KvplanError(f"--percentile '{percentile}': choose one of {', '.join(PERCENTILE_KEYS)}")
-    if num_prompts is not None and num_prompts < 1:
-        raise KvplanError(f"--num-prompts must be at least 1 (got {num_prompts})")
-    if request_rate is not None and not (request_rate > 0 and math.isfinite(request_rate)):
-        raise KvplanError(f"--request-rate must be a positive number of requests per second (got {request_rate})")
-    if not 0 <= random_range_ratio < 1:
-        raise KvplanError(f"--random-range-ratio must be at least 0 and below 1, as vllm bench serve takes it "
-                          f"(got {random_range_ratio})")
+    _check_benchmark(isl, osl, tpot_ms, ttft_ms, percentile, num_prompts, request_rate, random_range_ratio)
     r = random_range_ratio
     work = Workload(isl, osl, num_prompts or VLLM_BENCH_NUM_PROMPTS, warmup, request_rate, span=(1 - r, 1 + r))
     longest = math.ceil(isl * (1 + r)) + max(math.ceil(osl * (1 + r)), 1)
     d0 = ds[0]
     m = d0.model
-    mlen = d0.max_model_len if isinstance(d0.max_model_len, int) else m.max_position_embeddings
-    if longest > mlen:
-        fix = (f"shorten the request or raise --max-model-len (up to the model's {m.max_position_embeddings:,})"
-               if mlen < m.max_position_embeddings else f"shorten the request: {m.name} takes no longer sequences")
-        what = (f"--isl {isl:,} + --osl {osl:,} = {isl + osl:,} tokens" if not r else
-                f"the longest request --random-range-ratio {r:g} draws ({longest:,} tokens)")
-        raise KvplanError(f"{what} exceeds the max_model_len {mlen:,} of {m.name}: {fix}")
+    _check_length(d0, isl, osl, r, longest)
     if d0.gpu is None:
         raise KvplanError("throughput needs --gpu (the step times and the pool are the GPU's)")
     gpus = d0.parallel.world
@@ -309,6 +290,36 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
                             verdict=verdict, profile="; ".join(profiles), notes=notes, percentile=percentile,
                             num_prompts=work.num_prompts, request_rate=request_rate, random_range_ratio=r,
                             dp=d0.parallel.dp, ep=d0.parallel.ep, world_size=gpus)
+
+
+def _check_benchmark(isl, osl, tpot_ms, ttft_ms, percentile, num_prompts, request_rate, random_range_ratio) -> None:
+    """The benchmark's figures refused where vllm bench serve (or kvplan's limits) cannot take them."""
+    if isl < 1 or osl < 1:
+        raise KvplanError(f"--isl and --osl must be at least 1 (got {isl} and {osl})")
+    for name, v in (("--tpot-ms", tpot_ms), ("--ttft-ms", ttft_ms)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            raise KvplanError(f"{name} must be a positive number of milliseconds (got {v})")
+    if percentile not in PERCENTILE_KEYS:
+        raise KvplanError(f"--percentile '{percentile}': choose one of {', '.join(PERCENTILE_KEYS)}")
+    if num_prompts is not None and num_prompts < 1:
+        raise KvplanError(f"--num-prompts must be at least 1 (got {num_prompts})")
+    if request_rate is not None and not (request_rate > 0 and math.isfinite(request_rate)):
+        raise KvplanError(f"--request-rate must be a positive number of requests per second (got {request_rate})")
+    if not 0 <= random_range_ratio < 1:
+        raise KvplanError(f"--random-range-ratio must be at least 0 and below 1, as vllm bench serve takes it "
+                          f"(got {random_range_ratio})")
+
+
+def _check_length(d0, isl: int, osl: int, r: float, longest: int) -> None:
+    """The longest request the benchmark sends refused where it exceeds the deployment's max_model_len."""
+    m = d0.model
+    mlen = d0.max_model_len if isinstance(d0.max_model_len, int) else m.max_position_embeddings
+    if longest > mlen:
+        fix = (f"shorten the request or raise --max-model-len (up to the model's {m.max_position_embeddings:,})"
+               if mlen < m.max_position_embeddings else f"shorten the request: {m.name} takes no longer sequences")
+        what = (f"--isl {isl:,} + --osl {osl:,} = {isl + osl:,} tokens" if not r else
+                f"the longest request --random-range-ratio {r:g} draws ({longest:,} tokens)")
+        raise KvplanError(f"{what} exceeds the max_model_len {mlen:,} of {m.name}: {fix}")
 
 
 class _Runs:

@@ -112,42 +112,8 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     # cuBLAS's workspace per stream (torch's default: 32 MiB on SM90 and SM100, 8 MiB + 128 KiB elsewhere)
     cublas = 32 * MiB if fam else 8 * MiB + 128 * 1024
     forward, parts = forward_peak(m, T, tp, b, eager=enforce_eager)
-    # Below 70 GiB (and on A100s) `vllm serve` profiles 2,048 tokens and 256 rows in every release (arg_utils.py
-    # get_batch_defaults). What MRV2's profile run allocates there in 0.29 to 0.31 (model_runner.py profile_run,
-    # _dummy_run, _dummy_sampler_run: the forward over 2,048 tokens, the bf16 logits of 256 rows, the sampler's default
-    # pass) is what this adds up; startup logs of 0.30/0.31 on such GPUs still show about 0.6 GiB more non-KV memory
-    # than this model. What 0.30's source allocates beyond it, none near that size, so no term is added:
-    # - the sampler's default pass (sample/sampler.py): no dummy request needs processing, so apply_sampling_params
-    #   returns the bf16 logits (no fp32 copy), top_k/top_p are None (no sort, no FlashInfer top-k mask), no logprobs;
-    #   gumbel.py keeps [256, ceil(V / 1024)] int64 + fp32 partials (0.4 MiB for V = 128,256);
-    # - logits_processor.py: the bf16 [256, V] head output (an fp32 head only with hf_overrides head_dtype), soft-cap
-    #   and scale elementwise; the TP gather as below;
-    # - the runner's persistent buffers besides the PenaltiesState: StructuredOutputsWorker's grammar bitmask
-    #   [256, ceil(V / 32)] int32 (3.9 MiB), LogitBiasState (256 x (2 x 1,024 + 1,024 + 128) x 4 = 3.1 MiB),
-    #   BadWordsState (256 x 1,153 x 4 = 1.1 MiB), the input buffers (a few MiB); RequestState.all_token_ids
-    #   [max_num_seqs, max_model_len] is UVA host memory (states.py), SamplingStates are UVA too;
-    # - gpu_worker.py determine_available_memory: reserve_mm_ipc_gpu_memory subtracts after the logged figure and is
-    #   0 by default (MultiModalConfig.mm_ipc_gpu_memory_gb = 0); the startup plan is off (VLLM_ENABLE_STARTUP_PLAN);
-    # - torch's caching allocator: the main stream's cuBLAS workspace off SM90/SM100 (8 MiB + 128 KiB) opens a 20 MiB
-    #   segment that mem_get_info counts whole (up to 12 MiB more), and segments a live block pins past the profile's
-    #   empty_cache() count as consumed (0.30 caps splits at 20 MiB around load_model only; 0.33 around profile_run
-    #   too, for this reason); neither is sized by the source;
-    # - Inductor's first compile runs inside the profile run (benchmark_combo_kernel, config/compilation.py), its
-    #   benchmark inputs of the 2,048-token example size, a layer's tensors each (tens of MiB for an 8B model).
-    if last_stage:
-        hold = T * H * b + 2 * R * H * b  # hidden states, sampled rows and their random copy
-        # the MoE workspace is the workspace manager's persistent buffer: still allocated while the sampler runs
-        activation = max(forward, parts["moe_workspace"] + hold + sampler_peak(m, R, tp, b, rules, gpu))
-    else:
-        activation = forward
-    if not first_stage:
-        activation += 2 * T * H * b  # the persistent IntermediateTensors (hidden + residual) a later stage receives
-    elif m.vision is not None:
-        encoder, held, items = encoder_profile(m, T, R_max, max_model_len, tp, b)
-        parts.update(encoder_peak=encoder, encoder_outputs_held=held, encoder_items=items)
-        activation = max(encoder, activation + held)
-    if rules.cublas_workspace == "peak":
-        activation += cublas  # the profile run's first GEMM creates it, inside the measured torch peak
+    activation = _profile_activation(m, gpu, rules, tp, b, T, R, R_max, max_model_len, forward, parts, cublas,
+                                     first_stage, last_stage)
 
     persistent = 0
     if rules.memory_accounting == "consumed" and last_stage:
@@ -184,6 +150,52 @@ def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp:
     return NonKVMemory(weights + rotary + repack + blocks, activation, persistent, non_torch, cudagraph, T, R_max,
                        "model", parts)
 
+
+def _profile_activation(m, gpu, rules, tp, b, T, R, R_max, max_model_len, forward, parts, cublas, first_stage,
+                        last_stage) -> int:
+    """The profile run's torch peak beyond the weights on one rank: the forward over T tokens, on the last stage the
+    sampler over R rows, a later stage's intermediate tensors, a vision encoder's pass, and cuBLAS's workspace where
+    the run creates it.
+
+    Below 70 GiB (and on A100s) `vllm serve` profiles 2,048 tokens and 256 rows in every release (arg_utils.py
+    get_batch_defaults). What MRV2's profile run allocates there in 0.29 to 0.31 (model_runner.py profile_run,
+    _dummy_run, _dummy_sampler_run: the forward over 2,048 tokens, the bf16 logits of 256 rows, the sampler's default
+    pass) is what this adds up; startup logs of 0.30/0.31 on such GPUs still show about 0.6 GiB more non-KV memory
+    than this model. What 0.30's source allocates beyond it, none near that size, so no term is added:
+    - the sampler's default pass (sample/sampler.py): no dummy request needs processing, so apply_sampling_params
+      returns the bf16 logits (no fp32 copy), top_k/top_p are None (no sort, no FlashInfer top-k mask), no logprobs;
+      gumbel.py keeps [256, ceil(V / 1024)] int64 + fp32 partials (0.4 MiB for V = 128,256);
+    - logits_processor.py: the bf16 [256, V] head output (an fp32 head only with hf_overrides head_dtype), soft-cap
+      and scale elementwise; the TP gather as below;
+    - the runner's persistent buffers besides the PenaltiesState: StructuredOutputsWorker's grammar bitmask
+      [256, ceil(V / 32)] int32 (3.9 MiB), LogitBiasState (256 x (2 x 1,024 + 1,024 + 128) x 4 = 3.1 MiB),
+      BadWordsState (256 x 1,153 x 4 = 1.1 MiB), the input buffers (a few MiB); RequestState.all_token_ids
+      [max_num_seqs, max_model_len] is UVA host memory (states.py), SamplingStates are UVA too;
+    - gpu_worker.py determine_available_memory: reserve_mm_ipc_gpu_memory subtracts after the logged figure and is
+      0 by default (MultiModalConfig.mm_ipc_gpu_memory_gb = 0); the startup plan is off (VLLM_ENABLE_STARTUP_PLAN);
+    - torch's caching allocator: the main stream's cuBLAS workspace off SM90/SM100 (8 MiB + 128 KiB) opens a 20 MiB
+      segment that mem_get_info counts whole (up to 12 MiB more), and segments a live block pins past the profile's
+      empty_cache() count as consumed (0.30 caps splits at 20 MiB around load_model only; 0.33 around profile_run
+      too, for this reason); neither is sized by the source;
+    - Inductor's first compile runs inside the profile run (benchmark_combo_kernel, config/compilation.py), its
+      benchmark inputs of the 2,048-token example size, a layer's tensors each (tens of MiB for an 8B model).
+    """
+    H = m.hidden_size
+    if last_stage:
+        hold = T * H * b + 2 * R * H * b  # hidden states, sampled rows and their random copy
+        # the MoE workspace is the workspace manager's persistent buffer: still allocated while the sampler runs
+        activation = max(forward, parts["moe_workspace"] + hold + sampler_peak(m, R, tp, b, rules, gpu))
+    else:
+        activation = forward
+    if not first_stage:
+        activation += 2 * T * H * b  # the persistent IntermediateTensors (hidden + residual) a later stage receives
+    elif m.vision is not None:
+        encoder, held, items = encoder_profile(m, T, R_max, max_model_len, tp, b)
+        parts.update(encoder_peak=encoder, encoder_outputs_held=held, encoder_items=items)
+        activation = max(encoder, activation + held)
+    if rules.cublas_workspace == "peak":
+        activation += cublas  # the profile run's first GEMM creates it, inside the measured torch peak
+    return activation
 
 
 # The torch memory the real logs show still reserved after the profile run's empty_cache(), beyond the persistent
