@@ -53,7 +53,7 @@ class Deployment:
     gpu_memory_utilization: Optional[float] = None
     block_size: Optional[int] = None  # what was asked or the attention backend's default
     block_size_given: bool = False
-    attention_backend: Optional[Choice] = None  # the backend vLLM runs and the block it sets
+    attention_backend: Optional[Choice] = None  # the backend the engine runs and the block (SGLang: page) it sets
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     entrypoint: str = "serve"
@@ -117,6 +117,8 @@ class Deployment:
                        cudagraph_bytes=self.cudagraph_bytes)
         else:
             out.update(mem_fraction_static=self.mem_fraction_static, page_size=self.page_size)
+            if self.attention_backend is not None:
+                out["attention_backend"] = self.attention_backend.name
         out["profile"] = self.measured.source if self.measured else None
         out["calibration"] = self.calibration_source or None
         out["notes"] = list(self.notes)
