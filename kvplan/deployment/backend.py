@@ -102,5 +102,5 @@ def resolve_sglang_backend(args, m, g, fmt, page: int, unserved: Optional[str],
     if set_page != page:
         notes.append(f"attention backend {name}: SGLang sets page size {set_page}"
                      + (f" (--page-size {page} is not one it takes)" if args.page_size is not None else ""))
-    return (Choice(name, b.family, set_page, release, asked is not None, f"SGLang {release} {b.source}"), set_page,
+    return (Choice(name, b.family, set_page, release, asked is not None, f"SGLang {b.since} {b.source}"), set_page,
             what_if)

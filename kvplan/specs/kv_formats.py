@@ -381,7 +381,10 @@ _register(
     _turboquant("turboquant_3bit_nc", 3, 3, True,
                 "TurboQuant: rotated 3-bit Lloyd-Max keys with fp16 norm (norm-corrected), 3-bit values"),
     KVFormat("mxfp8", "mx", "SGLang: fp8 e4m3 with one e8m0 scale byte per 32 values",
-             **_same(_data(8), Component("scale_e8m0", 8, "group", 32)), serves=(Serves("sglang", "cuda", _SG),),
+             **_same(_data(8), Component("scale_e8m0", 8, "group", 32)),
+             # SM100 and later: sglang 0.5.23 arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility
+             serves=(Serves("sglang", "cuda", _SG + "; arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility",
+                            _FP4),),
              applies_to="mha"),
     KVFormat("fp4_mx_block16", "mx", "SGLang: e2m1 pairs with one scale byte per 16 values",
              **_same(_data(4), Component("scale_e8m0", 8, "group", 16)),
