@@ -19,7 +19,6 @@ from dataclasses import fields, replace
 from typing import Any, Optional, Union
 
 from kvplan.deployment.backend import resolve_attention_backend, resolve_sglang_backend
-from kvplan.rules.sglang_backends import missing_dtype
 from kvplan.deployment.kv import declared_kv, nsa_kv, skip_value
 from kvplan.deployment.layout import check_dcp, layout_options, parallel_layout
 from kvplan.deployment.options import (
@@ -517,11 +516,6 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if fmt.name not in SGLANG_DTYPES:
         raise KvplanError(f"SGLang has no KV cache dtype '{fmt.name}'; it takes "
                           f"{', '.join(sorted(set(SGLANG_DTYPES)))}")
-    since = missing_dtype(SGLANG_DTYPES[fmt.name], args.engine_version)
-    if since is not None:  # (kvplan.rules.sglang_backends.DTYPE_SINCE)
-        raise KvplanError(f"SGLang {args.engine_version} has no --kv-cache-dtype {SGLANG_DTYPES[fmt.name]} (its "
-                          f"server_args.py choices gain it in {since}): plan it with --engine-version {since}"
-                          + (", or -d fp4_e2m1 for the FP4 cache of this release" if "fp4" in fmt.name else ""))
     if not m.sparse_mla:  # (an NSA model runs SGLang's nsa backend, with its own page size set above)
         backend, page, no_backend = resolve_sglang_backend(args, m, g, fmt, page, common["unserved"], notes)
         common = {**common, "unserved": common["unserved"] or no_backend, "attention_backend": backend}

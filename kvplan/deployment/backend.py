@@ -72,6 +72,11 @@ def resolve_sglang_backend(args, m, g, fmt, page: int, unserved: Optional[str],
     cc = sb.cc_of(g.compute_capability) if g is not None else None
     gpu_name = g.name if g is not None else "this GPU"
     dtype, mla = SGLANG_DTYPES.get(fmt.name, fmt.name), m.is_mla
+    since = sb.missing_dtype(dtype, args.engine_version)
+    if since is not None:
+        raise KvplanError(f"SGLang {args.engine_version} has no --kv-cache-dtype {dtype} (its server_args.py choices "
+                          f"gain it in {since}): plan it with --engine-version {since}"
+                          + (", or -d fp4_e2m1 for the FP4 cache of this release" if "fp4" in dtype else ""))
     asked = args.attention_backend
     asked = None if asked is None or str(asked).strip().lower() == "auto" else str(asked)
     if asked is not None:
