@@ -181,10 +181,11 @@ def test_a_dtype_the_release_lacks_is_refused_naming_the_release_that_adds_it(cl
 
 def test_sglang_only_formats():
     h200, b200 = load_gpu("h200"), load_gpu("b200")
-    assert CATALOG["mxfp8"].served_on("sglang", h200)
+    # mxfp8: SM100 and later (sglang 0.5.23 arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility)
+    assert not CATALOG["mxfp8"].served_on("sglang", h200) and CATALOG["mxfp8"].served_on("sglang", b200)
     assert not CATALOG["fp4_mx_block16"].served_on("sglang", h200)  # FP4: Blackwell
     assert CATALOG["fp4_mx_block16"].served_on("sglang", b200)
-    assert CATALOG["mxfp8"].unserved("vllm", h200) == "what-if: vLLM does not serve mxfp8; SGLang does on H200-SXM-141GB"
+    assert CATALOG["mxfp8"].unserved("vllm", b200) == "what-if: vLLM does not serve mxfp8; SGLang does on B200"
     assert CATALOG["kivi2"].unserved("vllm") == "what-if: no engine serves kivi2 (a paper format)"
 
 

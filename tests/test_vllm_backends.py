@@ -146,7 +146,8 @@ def test_attention_backend_option(cli):
     r = cli("capacity", "llama3-8b", "--gpu", "h100", "-d", "fp8_e5m2", "--attention-backend", "FLASH_ATTN")
     assert r.code == 2 and r.err.count("\n") <= 1 and "FLASHINFER serves it" in r.err and "Traceback" not in r.err
     r = cli("capacity", "llama3-8b", "--gpu", "h100", "--engine", "sglang", "--attention-backend", "FLASH_ATTN")
-    assert r.code == 2 and "--attention-backend applies to --engine vllm" in r.err
+    # SGLang takes --attention-backend too, in its own names (kvplan.rules.sglang_backends)
+    assert r.code == 2 and "--attention-backend FLASH_ATTN: kvplan plans SGLang 0.5.23's fa3, " in r.err
     r = cli("capacity", "deepseek-v3", "--gpu", "b200", "--tp", "8", "--attention-backend", "cutlass_mla", "--json")
     assert r.code == 0, r.err
     import json

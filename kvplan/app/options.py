@@ -100,7 +100,8 @@ BlockSizeOpt = Annotated[Optional[int], typer.Option(
 AttentionBackendOpt = Annotated[Optional[str], typer.Option(
     "--attention-backend", help="vLLM: the attention backend, as vLLM names it (FLASH_ATTN, FLASHINFER, TRITON_ATTN, "
     "FLASHMLA, CUTLASS_MLA, FLASHINFER_MLA, TRITON_MLA, ...; any case); refused where it cannot serve the model, "
-    "dtype and GPU. Default auto: the one vLLM's selector picks")]
+    "dtype and GPU. Default auto: the one vLLM's selector picks. SGLang: its names (fa3, fa4, flashinfer, triton, "
+    "trtllm_mha, trtllm_mla, flashmla, cutlass_mla, aiter); default auto: SGLang's default for the model and GPU")]
 ActivationOpt = Annotated[Optional[float], typer.Option(
     "--activation-gib", help="vLLM, GiB. Alone: one flat allowance for everything beyond the weights (the "
     "back-of-envelope 6.0); with --non-torch-gib or --cudagraph-gib: the activation peak only. Default: vLLM's "

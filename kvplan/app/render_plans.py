@@ -117,8 +117,12 @@ def _operating_points_table(con, results: Sequence, model, gpu) -> None:
     con.print(note)
 
 def _rname(r, model) -> str:
-    """The dtype of a planned result (crossover, capacity, SGLang's pool), marked where its deployment is a what-if."""
-    return _dname(r.dtype, model, (r.deployment or {}).get("what_if"))
+    """The dtype of a planned result (crossover, capacity, SGLang's pool), marked where its deployment is a what-if;
+    `auto` that the engine resolved from the checkpoint's declared KV-cache quantization says so."""
+    dep = r.deployment or {}
+    if dep.get("kv_cache_dtype_from_checkpoint") and r.dtype != "auto":
+        return f"auto ({'fp8' if r.dtype.startswith('fp8') else r.dtype} from the checkpoint)"
+    return _dname(r.dtype, model, dep.get("what_if"))
 
 
 def _dname(dtype: str, model, what_if: Optional[str] = None) -> str:

@@ -39,15 +39,19 @@ def formats_matrix_table(sm) -> None:
         t = Table(title=f"{engine} {sm.engine_version} on {sm.gpu}{cc}, {ms.model} ({ms.attention}): each KV cache "
                   f"dtype as kvplan plans it", title_justify="left")
         cols = ["dtype", "status", "selector's backend", "block", "also stored by", "why not served"] \
-            if sm.engine == "vllm" else ["dtype", "status", "--kv-cache-dtype", "why not served"]
+            if sm.engine == "vllm" else ["dtype", "status", "--kv-cache-dtype", "backend", "page", "why not served"]
         for col in cols:
-            t.add_column(col, justify="right" if col == "block" else "left",
-                         no_wrap=col in ("dtype", "status", "block"))
+            t.add_column(col, justify="right" if col in ("block", "page") else "left",
+                         no_wrap=col in ("dtype", "status", "block", "page"))
         reasons, shared = _shared_tails([r.reason or "" for r in ms.rows])
         for r, why in zip(ms.rows, reasons):
             dtype = r.dtype + (f" (as {r.stored_as})" if r.stored_as else "")
             if sm.engine == "sglang":
-                t.add_row(dtype, r.status, r.engine_dtype or "-", why)
+                b = r.backend
+                if b is not None and b.source:
+                    shown.setdefault(b.name, b.source)
+                t.add_row(dtype, r.status, r.engine_dtype or "-", b.name if b is not None else "-",
+                          str(r.block_size) if b is not None else "-", why)
                 continue
             b = r.backend
             others = [c.name for c in r.backends if b is None or c.name != b.name]
@@ -68,11 +72,14 @@ def formats_matrix_table(sm) -> None:
     con.print("served: the engine runs it here; what-if: it cannot (kvplan plans it as if it could, and leaves it "
               "out of verdicts); refused: kvplan will not plan it. `kvplan formats NAME` shows the catalog's entries "
               "and their sources; --json adds each row's source.")
+    if sm.engine == "sglang" and shown:
+        con.print(f"backend: SGLang's default for the model and GPU ({sm.selector_source}), or --attention-backend's; "
+                  f"page: the page size it sets")
     if sm.engine == "vllm":
         con.print(f"rules: {sm.rules}; attention backends as vLLM {sm.backends_release}.0's source has them; the "
                   f"selector's order: {sm.selector_source}")
-        for name, source in shown.items():
-            con.print(f"{name}: {source.split(' (')[0]}")
+    for name, source in shown.items():
+        con.print(f"{name}: {source.split(' (')[0]}")
 
 
 def _backend_label(c, release: Optional[str]) -> str:

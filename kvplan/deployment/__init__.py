@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any, Optional, Union
 
-from kvplan.deployment.backend import resolve_attention_backend
+from kvplan.deployment.backend import resolve_attention_backend, resolve_sglang_backend
 from kvplan.deployment.kv import declared_kv, nsa_kv, skip_value
 from kvplan.deployment.layout import check_dcp, layout_options, parallel_layout
 from kvplan.deployment.options import (
@@ -162,6 +162,10 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
     m = _resolve_model(args, prof, notes)
     g = _resolve_gpu(args, prof, notes)
     fmt = _resolve_kv(args, prof, m, engine, g, notes)
+    asked = args.kv_cache_dtype if args.kv_cache_dtype is not None else getattr(prof, "kv_cache_dtype", None)
+    asked = asked.name if isinstance(asked, KVFormat) else kv_format(asked or "auto").name
+    decl = m.kv_cache_dtype_declared
+    from_checkpoint = decl.source if decl is not None and asked == "auto" and fmt.name != "auto" else None
     tp, pp, dcp, weight_dtype, args, layout, a2a = _resolve_layout(args, prof, given, engine, m, g, notes)
     format_bytes_per_token(m, fmt, layout.attn_tp)  # refuses a format for the other attention layout (MLA or heads)
     skip = skip_value(args.kv_cache_dtype_skip_layers)
@@ -175,7 +179,7 @@ def resolve(args: DeploymentArgs, *, needs_memory: bool = False) -> Deployment:
                   pp=pp, dcp=dcp, total_bytes=total, memory_source=source, free_memory_bytes=free, max_model_len=mlen,
                   calibration=cal, calibration_source=cal_source, inferred_gpu=inferred, parallel=layout,
                   a2a_backend=a2a, eplb=bool(args.enable_eplb), layout_options=layout_options(args),
-                  unserved=fmt.unserved(engine, g, args.engine_version))
+                  unserved=fmt.unserved(engine, g, args.engine_version), kv_from_checkpoint=from_checkpoint)
     if weight_dtype is not None:
         weight_format(weight_dtype)  # an unknown name is refused here, whichever question is asked
     if engine == "sglang":
@@ -258,7 +262,7 @@ def _resolve_kv(args: DeploymentArgs, prof, m: ModelSpec, engine: str, g: Option
     if fmt_arg is None and prof is not None:
         fmt_arg = prof.kv_cache_dtype
     fmt = fmt_arg if isinstance(fmt_arg, KVFormat) else kv_format(fmt_arg or "auto")
-    fmt = declared_kv(m, fmt, engine, notes)
+    fmt = declared_kv(m, fmt, engine, notes, args.engine_version if engine == "sglang" else None)
     if m.sparse_mla and fmt.name in ("fp8", "fp8_e4m3") and engine != "sglang":
         # vLLM's sparse-MLA backend stores an fp8 latent as fp8_ds_mla (mla_attention.py converts it)
         fmt = kv_format("fp8_ds_mla")
@@ -499,6 +503,7 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     page = int(args.page_size) if args.page_size is not None else 1
     if m.sparse_mla:  # SGLang's NSA pool and its server defaults
         fmt = common["kv"] = nsa_kv(args.kv_cache_dtype, m, g, fmt, notes)
+        common["kv_from_checkpoint"] = None  # (SGLang's NSA default, not the checkpoint's)
         common["unserved"] = fmt.unserved("sglang", g, args.engine_version)
         if page != NSA_PAGE_SIZE:
             if args.page_size is not None:
@@ -511,6 +516,9 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     if fmt.name not in SGLANG_DTYPES:
         raise KvplanError(f"SGLang has no KV cache dtype '{fmt.name}'; it takes "
                           f"{', '.join(sorted(set(SGLANG_DTYPES)))}")
+    if not m.sparse_mla:  # (an NSA model runs SGLang's nsa backend, with its own page size set above)
+        backend, page, no_backend = resolve_sglang_backend(args, m, g, fmt, page, common["unserved"], notes)
+        common = {**common, "unserved": common["unserved"] or no_backend, "attention_backend": backend}
     ended = fmt.refused_from("sglang", args.engine_version)
     if ended is not None:  # a dtype a later release refuses at start (its catalog entry's Serves.until)
         raise KvplanError(f"SGLang after {ended.until} refuses --kv-cache-dtype {fmt.name} at start (deprecated; "

@@ -9,7 +9,7 @@ from kvplan.errors import KvplanError
 from kvplan.rules.sglang import NSA_DTYPES, SGLANG_DTYPES, nsa_default_kv_dtype
 from kvplan.sizing.kv_cache import parse_skip_layers
 from kvplan.specs.catalog import GPUSpec, ModelSpec
-from kvplan.specs.kv_formats import KVFormat, kv_format
+from kvplan.specs.kv_formats import KVFormat, kv_format, release_key
 
 
 def skip_value(v) -> Optional[tuple]:
@@ -42,7 +42,8 @@ def nsa_kv(asked, m: ModelSpec, g: Optional[GPUSpec], fmt: KVFormat, notes: list
     return fmt
 
 
-def declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str]) -> KVFormat:
+def declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str],
+                version: Optional[str] = None) -> KVFormat:
     """The KV format the engine stores for a checkpoint that declares its KV-cache quantization: `auto` becomes
     the declared format where the engine reads the declaration (vLLM: EngineArgs.create_engine_config ->
     resolve_kv_cache_dtype_string; SGLang: configure_kv_cache_dtype; see hf_config.declared_kv_cache), and vLLM
@@ -62,6 +63,11 @@ def declared_kv(m: ModelSpec, fmt: KVFormat, engine: str, notes: list[str]) -> K
     if engine not in decl.engines:
         notes.append(f"auto: the checkpoint's KV-cache declaration ({decl.source}) is not one {name} reads, so it "
                      f"stores the model dtype")
+        return fmt
+    since = decl.sglang_since if engine == "sglang" else None
+    if since is not None and version is not None and release_key(version) < release_key(since):
+        notes.append(f"auto: SGLang {version} does not read the checkpoint's KV-cache declaration ({decl.source}; "
+                     f"SGLang does from {since}), so it stores the model dtype")
         return fmt
     notes.append(f"auto: the checkpoint declares an fp8 KV cache ({decl.source}), so {name} stores "
                  f"{decl.dtype}; --kv-cache-dtype bfloat16 keeps a 16-bit cache")

@@ -12,7 +12,6 @@ VLLM_BLOCK_MULTIPLE = 16
 # Options one engine reads and the other does not. kvplan plans SGLang's pool at PP 1, without vLLM's memory
 # profile, so vLLM's budget options have no SGLang meaning; SGLang's two have no vLLM one.
 VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_gib",
-             "attention_backend",
              "max_num_seqs", "max_num_batched_tokens", "entrypoint", "enforce_eager", "activation_gib",
              "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only",
              "mamba_ssm_cache_dtype", "data_parallel_size", "data_parallel_size_local", "enable_expert_parallel",

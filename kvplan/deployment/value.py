@@ -53,7 +53,7 @@ class Deployment:
     gpu_memory_utilization: Optional[float] = None
     block_size: Optional[int] = None  # what was asked or the attention backend's default
     block_size_given: bool = False
-    attention_backend: Optional[Choice] = None  # the backend vLLM runs and the block it sets
+    attention_backend: Optional[Choice] = None  # the backend the engine runs and the block (SGLang: page) it sets
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     entrypoint: str = "serve"
@@ -79,6 +79,9 @@ class Deployment:
     # serving it here): planned as a what-if, never a verdict; None where it runs
     unserved: Optional[str] = None
     inferred_gpu: bool = False
+    # where `kv` is `auto` resolved from the checkpoint's declared KV-cache quantization: the declaration (e.g.
+    # hf_quant_config.json kv_cache_quant_algo FP8); None otherwise
+    kv_from_checkpoint: Optional[str] = None
 
     @property
     def flat_allowance(self) -> bool:
@@ -99,6 +102,8 @@ class Deployment:
             "dcp": self.dcp, "total_memory_bytes": self.total_bytes, "memory_source": self.memory_source,
             "max_model_len": self.max_model_len,
         }
+        if self.kv_from_checkpoint:  # --kv-cache-dtype auto, stored as the checkpoint declares
+            out["kv_cache_dtype_from_checkpoint"] = self.kv_from_checkpoint
         if self.unserved:  # a dtype no engine, release or GPU of this deployment serves: its figures are a what-if
             out["what_if"] = self.unserved
         p = self.parallel
@@ -117,6 +122,8 @@ class Deployment:
                        cudagraph_bytes=self.cudagraph_bytes)
         else:
             out.update(mem_fraction_static=self.mem_fraction_static, page_size=self.page_size)
+            if self.attention_backend is not None:
+                out["attention_backend"] = self.attention_backend.name
         out["profile"] = self.measured.source if self.measured else None
         out["calibration"] = self.calibration_source or None
         out["notes"] = list(self.notes)

@@ -17,6 +17,7 @@ from kvplan.deployment import DeploymentArgs
 from kvplan.deployment.backend import backends_storing
 from kvplan.errors import KvplanError
 from kvplan.rules.sglang import SGLANG_DTYPES
+from kvplan.rules.sglang_backends import DEFAULT_SOURCES, read_release as sglang_release
 from kvplan.rules.vllm import newer_release_note, vllm_rules
 from kvplan.rules.vllm_backends import PRIORITY_SOURCES, ROCM_SOURCE, Choice, facts_of, read_release
 from kvplan.specs.catalog import GPUSpec, ModelSpec
@@ -41,7 +42,8 @@ class FormatSupport:
     catalog: tuple[Serves, ...]  # the format's catalog entries for this engine (any platform, any release)
     stored_as: Optional[str] = None  # the format the engine stores under this name, where another (fp8_ds_mla)
     engine_dtype: Optional[str] = None  # SGLang: its --kv-cache-dtype for the format
-    backend: Optional[Choice] = None  # vLLM: the selector's choice (name "none" for a what-if no backend stores)
+    backend: Optional[Choice] = None  # vLLM: the selector's choice (name "none" for a what-if no backend stores);
+    # SGLang: its default backend (kvplan.rules.sglang_backends) or the one --attention-backend names
     block_size: Optional[int] = None  # vLLM: the block the plan uses; SGLang: the page size
     backends: tuple[Choice, ...] = ()  # vLLM: every backend that could store it here (--attention-backend NAME)
 
@@ -83,8 +85,8 @@ class SupportMatrix:
     compute_capability: Optional[str]
     platform: str  # cuda or rocm
     models: tuple[ModelSupport, ...]
-    backends_release: Optional[str] = None  # vLLM: the release whose attention backends and selector are read
-    selector_source: Optional[str] = None  # vLLM: the priority lists' source
+    backends_release: Optional[str] = None  # the release whose attention backends and selector are read
+    selector_source: Optional[str] = None  # vLLM: the priority lists' source; SGLang: its default choice's
     notes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
@@ -147,7 +149,7 @@ def _row(base: DeploymentArgs, f: KVFormat, m: ModelSpec, engine: str, rules_ver
     common = dict(stored_as=kv.name if kv.name != f.name else None, catalog=mine)
     if engine == "sglang":
         return FormatSupport(f.name, status, reason, source, engine_dtype=SGLANG_DTYPES.get(kv.name),
-                             block_size=d.page_size, **common)
+                             backend=d.attention_backend, block_size=d.page_size, **common)
     return FormatSupport(f.name, status, reason, source, backend=d.attention_backend, block_size=d.block_size,
                          backends=tuple(backends_storing(d)), **common)
 
@@ -190,5 +192,6 @@ def support_matrix(gpu: Union[str, GPUSpec], engine: Optional[str] = None, engin
         newer = newer_release_note(engine_version)
         return SupportMatrix("vllm", version, first.rules.label, g.name, g.compute_capability, platform,
                              tuple(tables), read_release(first.engine_version), selector, (newer,) if newer else ())
+    release = sglang_release(engine_version)
     return SupportMatrix("sglang", version, f"SGLang {first.engine_version}", g.name, g.compute_capability, platform,
-                         tuple(tables))
+                         tuple(tables), release, DEFAULT_SOURCES[release])

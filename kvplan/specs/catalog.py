@@ -397,6 +397,11 @@ def _model_from_path(name_or_path: str, unquantized: bool) -> ModelSpec:
         if fields.get("kv_cache_dtype_declared"):
             decl = fields["kv_cache_dtype_declared"]
             fields["kv_cache_dtype_declared"] = {**decl, "source": f"{declared_in} {decl['source']}"}
+            if declared_in.startswith("config.json") and decl["source"].startswith("kv_cache_quant_algo") and \
+                    "sglang" in decl["engines"]:
+                # sglang 0.5.15 layers/quantization/modelopt_quant.py ModelOptFp8Config.from_config: a flat config's
+                # kv_cache_quant_algo is read where kv_cache_scheme is not a dict (0.5.14 and before: not read)
+                fields["kv_cache_dtype_declared"]["sglang_since"] = "0.5.15"
         held, unreadable = checkpoint_tensors(path.parent)
         if held:
             fields["checkpoint_params"], fields["checkpoint_dtypes"] = held["elements"], held["dtypes"]

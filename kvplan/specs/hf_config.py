@@ -138,15 +138,21 @@ def declared_kv_cache(q: dict, method: str) -> Optional[dict]:
     SGLang: mem_cache/kv_cache_dtype.py configure_kv_cache_dtype takes fp8_e4m3 when the quantization config's
     kv_cache_quant_algo is "FP8": ModelOpt's (layers/quantization/modelopt_quant.py from_config: a kv_cache_scheme
     dict of type float and 8 bits, else kv_cache_quant_algo) or compressed-tensors' (compressed_tensors.py
-    kv_cache_quant_algo: a static, symmetric, per-tensor 8-bit float kv_cache_scheme)."""
+    kv_cache_quant_algo: a static, symmetric, per-tensor 8-bit float kv_cache_scheme, from 0.5.19). A flat
+    config.json quantization_config's kv_cache_quant_algo is read by ModelOptFp8Config.from_config and
+    ModelOptFp4Config.from_config from 0.5.15 only (0.5.9 to 0.5.14 read a dict kv_cache_scheme there, or nothing):
+    kvplan.specs.catalog marks that case."""
     scheme, algo = q.get("kv_cache_scheme"), q.get("kv_cache_quant_algo")
     if method == "compressed-tensors":
         if not isinstance(scheme, dict):
             return None
         sglang = (scheme.get("type") == "float" and scheme.get("num_bits") == 8 and scheme.get("strategy") == "tensor"
                   and scheme.get("symmetric", True) and not scheme.get("dynamic", False))
+        # SGLang reads it from 0.5.19: CompressedTensorsConfig.kv_cache_quant_algo, the property
+        # configure_kv_cache_dtype asks for, is absent from 0.5.9 to 0.5.18 (so auto stays the model dtype there)
         return {"dtype": "fp8", "source": f"kv_cache_scheme {_scheme_text(scheme)} (compressed-tensors)",
-                "engines": ("vllm", "sglang") if sglang else ("vllm",), "forced_in": ("vllm",)}
+                "engines": ("vllm", "sglang") if sglang else ("vllm",), "forced_in": ("vllm",),
+                **({"sglang_since": "0.5.19"} if sglang else {})}
     if method != "modelopt":
         return None
     declared = scheme or algo

@@ -403,7 +403,10 @@ _register(
              serves=(Serves("vllm", "rocm", _V + "rocm_octave_attn.py RocmOctaveAttentionBackend (customize_spec: "
                             "ops/rocm_octave.py OctaveFormat.slot_bytes); platforms/rocm.py _get_backend_priorities"),)),
     KVFormat("mxfp8", "mx", "SGLang: fp8 e4m3 with one e8m0 scale byte per 32 values",
-             **_same(_data(8), Component("scale_e8m0", 8, "group", 32)), serves=(Serves("sglang", "cuda", _SG),),
+             **_same(_data(8), Component("scale_e8m0", 8, "group", 32)),
+             # SM100 and later: sglang 0.5.23 arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility
+             serves=(Serves("sglang", "cuda", _SG + "; arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility",
+                            _FP4),),
              applies_to="mha"),
     KVFormat("fp4_mx_block16", "mx", "SGLang: e2m1 pairs with one scale byte per 16 values",
              **_same(_data(4), Component("scale_e8m0", 8, "group", 16)),

@@ -163,6 +163,8 @@ class KVCacheDeclared(_Frozen):
     engines: tuple[Literal["vllm", "sglang"], ...] = Field(description="the engines that read this declaration")
     forced_in: tuple[Literal["vllm", "sglang"], ...] = Field(
         (), description="engines that store it whatever --kv-cache-dtype says (vLLM for a compressed-tensors scheme)")
+    sglang_since: Optional[str] = Field(
+        None, description="the first SGLang release that reads this declaration, where earlier ones do not")
 
 
 class ModelSpec(_Frozen):
