@@ -99,3 +99,18 @@ def test_cli_capacity_on_a_modelopt_folder(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     rows = out if isinstance(out, list) else [out]
     assert any("checkpoint declares an fp8 KV cache" in json.dumps(r) for r in rows)
+
+
+def test_throughput_names_auto_from_the_checkpoint(capsys):
+    # vLLM resolves auto to the fp8 the config's kv_cache_scheme "FP8" declares: the throughput table's row says so
+    # and its JSON row carries the declaration; the bf16 row beside it carries neither
+    from kvplan.app.cli import main
+
+    args = ["throughput", str(QWEN_FP8), "--gpu", "h100", "--isl", "1024", "--osl", "256", "-n", "8"]
+    assert main(args) == 0
+    table = capsys.readouterr().out
+    assert "auto (fp8 from the checkpoint)" in table and "fp8_e4m3 " not in table
+    assert main(args + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    marked = {r["kv_cache_dtype"]: r.get("kv_cache_dtype_from_checkpoint") for r in rows}
+    assert marked["fp8_e4m3"] and marked["bfloat16"] is None

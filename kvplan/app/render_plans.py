@@ -121,8 +121,13 @@ def _rname(r, model) -> str:
     `auto` that the engine resolved from the checkpoint's declared KV-cache quantization says so."""
     dep = r.deployment or {}
     if dep.get("kv_cache_dtype_from_checkpoint") and r.dtype != "auto":
-        return f"auto ({'fp8' if r.dtype.startswith('fp8') else r.dtype} from the checkpoint)"
+        return _from_checkpoint(r.dtype)
     return _dname(r.dtype, model, dep.get("what_if"))
+
+
+def _from_checkpoint(dtype: str) -> str:
+    """`auto` resolved to the checkpoint's declared KV-cache quantization, stored as `dtype`."""
+    return f"auto ({'fp8' if dtype.startswith('fp8') else dtype} from the checkpoint)"
 
 
 def _dname(dtype: str, model, what_if: Optional[str] = None) -> str:
@@ -309,7 +314,8 @@ def throughput_table(r, model) -> None:
         rows = [x for x in r.rows if x.kv_cache_dtype == name]
         best = r.best.get(name)
         for j, x in enumerate(rows):
-            label = _dname(name, model, x.what_if) if j == 0 else ""
+            label = ("" if j else _from_checkpoint(name) if x.kv_cache_dtype_from_checkpoint
+                     else _dname(name, model, x.what_if))
             mark = "" if x.meets_limits or not limits else " x"
             t.add_row(label, f"{x.concurrency:,}", *cells(x, mark))
         if best is not None:

@@ -65,6 +65,8 @@ class ThroughputRow:
     num_prompts: int = 0
     # why no engine, release or GPU of the deployment serves this dtype (None: served): a what-if, never the verdict
     what_if: Optional[str] = None
+    # where --kv-cache-dtype auto took the checkpoint's declared KV-cache quantization: the declaration
+    kv_cache_dtype_from_checkpoint: Optional[str] = None
 
 
 @frozen_dataclass
@@ -95,8 +97,9 @@ class ThroughputResult:
     def to_dict(self) -> dict:
         d = asdict(self)
         for row in [*d["rows"], *(x for x in d["best"].values() if x)]:
-            if row["what_if"] is None:  # a row says so only where its dtype is a what-if
-                del row["what_if"]
+            for key in ("what_if", "kv_cache_dtype_from_checkpoint"):  # said only where they hold
+                if row[key] is None:
+                    del row[key]
         d["best_by_dtype"] = d["best"]
         d["best"] = d["best"].get(self.winner) if self.winner else None
         return d
@@ -211,7 +214,8 @@ def _row(sm, d, c: int, work, limit: int, gpus: int, limits, step_cache: Optiona
         e2e_ms=ms(res.e2e.mean), e2e_p50_ms=ms(res.e2e.median), e2e_p90_ms=ms(res.e2e.p90),
         e2e_p99_ms=ms(res.e2e.p99), requests_per_s=res.requests_per_s * spread,
         total_tokens_per_s=res.total_tokens_per_s * spread, mean_running=res.mean_running, capped_by=res.capped_by,
-        preemptions=res.preemptions, num_prompts=n if dp == 1 else work.num_prompts * dp, what_if=d.unserved)
+        preemptions=res.preemptions, num_prompts=n if dp == 1 else work.num_prompts * dp, what_if=d.unserved,
+        kv_cache_dtype_from_checkpoint=d.kv_from_checkpoint)
 
 
 PERCENTILE_KEYS = {"mean": "", "p50": "_p50", "median": "_p50", "p90": "_p90", "p99": "_p99"}
