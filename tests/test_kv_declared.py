@@ -114,3 +114,13 @@ def test_throughput_names_auto_from_the_checkpoint(capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     marked = {r["kv_cache_dtype"]: r.get("kv_cache_dtype_from_checkpoint") for r in rows}
     assert marked["fp8_e4m3"] and marked["bfloat16"] is None
+
+
+def test_crossover_names_the_model_dtype_apart_from_auto_from_the_checkpoint(capsys):
+    # where auto is the checkpoint's fp8, the bf16 baseline is named bf16, not "auto (bf16)": two rows called auto
+    # would not say which is which
+    from kvplan.app.cli import main
+
+    assert main(["crossover", str(QWEN_FP8), "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "auto (fp8 from the checkpoint)" in out and "auto (bf16)" not in out and "vs bf16" in out

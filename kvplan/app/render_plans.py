@@ -43,7 +43,8 @@ def _nstar_table(con, results: Sequence, model) -> None:
     t.add_column("KV dtype", no_wrap=True)
     t.add_column("bits/elem", justify="right", no_wrap=True)
     t.add_column("KV B/token", justify="right", no_wrap=True)
-    t.add_column(f"vs {_dname(r0.baseline_dtype, model)}", justify="right", no_wrap=True)
+    ck = _auto_from_checkpoint(results)
+    t.add_column(f"vs {_dname(r0.baseline_dtype, model, checkpoint=ck)}", justify="right", no_wrap=True)
     t.add_column("N*", justify="right", no_wrap=True)
     any_skip = any(r.skip_layers for r in results)
     if any_skip:
@@ -53,7 +54,7 @@ def _nstar_table(con, results: Sequence, model) -> None:
         nstar = tokens(r.crossover_tokens)
         if r.crossover_tokens is None and r.crossover_batch:
             nstar = f"never at batch 1 (>= {r.crossover_batch:,.1f} full-window sequences)"
-        row = [_rname(r, model), "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}",
+        row = [_rname(r, model, ck), "-" if r.bits_per_element is None else f"{r.bits_per_element:.2f}",
                num(r.kv_bytes_per_token), f"{r.kv_ratio:.2f}x", nstar]
         if any_skip:
             row += [_layer_list(r.skip_layers), tokens(r.crossover_tokens_without_skip) if r.skip_layers else ""]
@@ -65,6 +66,7 @@ def _nstar_table(con, results: Sequence, model) -> None:
 def _operating_points_table(con, results: Sequence, model, gpu) -> None:
     """The bytes (and with a GPU the roofline time) of one decode step at each operating point per KV dtype, then
     the results' notes, the break-even contexts and what the columns mean."""
+    ck = _auto_from_checkpoint(results)
     r0 = results[0]
     timed = r0.operating_points[0].step_ms is not None
     t = Table(title="Operating points: bytes one decode step moves per rank"
@@ -85,7 +87,7 @@ def _operating_points_table(con, results: Sequence, model, gpu) -> None:
     for i in range(n_points):
         for j, r in enumerate(results):
             p = r.operating_points[i]
-            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _rname(r, model), gb(p.weight_bytes, unit=False),
+            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _rname(r, model, ck), gb(p.weight_bytes, unit=False),
                    gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False), pct(p.saving),
                    "KV" if p.bound == "kv" else "weights"]
             if moe:
@@ -100,7 +102,7 @@ def _operating_points_table(con, results: Sequence, model, gpu) -> None:
         con.print(f"note: {note}")
     for r in results:
         if r.breakeven_context:
-            mine, theirs = _dname(r.dtype, model), _dname(r.baseline_dtype, model)
+            mine, theirs = _rname(r, model, ck), _dname(r.baseline_dtype, model, checkpoint=ck)
             faster = ", ".join(f"{tokens(c)} at batch {b}" for b, c in r.breakeven_context.items() if c)
             never = ", ".join(f"{b}" for b, c in r.breakeven_context.items() if not c)
             said = [f"{mine} steps faster than {theirs} from context {faster}"] if faster else []
@@ -109,20 +111,26 @@ def _operating_points_table(con, results: Sequence, model, gpu) -> None:
                             else f"never at batch {never}")
             con.print(f"{'; '.join(said)} (expected step times; the byte crossover ignores each kernel's fixed "
                       f"costs)")
-    note = f"saving: step bytes saved against {_dname(r0.baseline_dtype, model)}."
+    note = f"saving: step bytes saved against {_dname(r0.baseline_dtype, model, checkpoint=ck)}."
     if timed:
         note += " step ms: roofline max(bytes / peak bandwidth, FLOPs / peak dense compute), the floor."
     if calibrated:
         note += " expected ms: the step model (see the note naming its profile)."
     con.print(note)
 
-def _rname(r, model) -> str:
+def _rname(r, model, checkpoint: bool = False) -> str:
     """The dtype of a planned result (crossover, capacity, SGLang's pool), marked where its deployment is a what-if;
-    `auto` that the engine resolved from the checkpoint's declared KV-cache quantization says so."""
+    `auto` that the engine resolved from the checkpoint's declared KV-cache quantization says so (and, where it
+    did, `checkpoint`: the model's own dtype is named as itself, not as auto)."""
     dep = r.deployment or {}
     if dep.get("kv_cache_dtype_from_checkpoint") and r.dtype != "auto":
         return _from_checkpoint(r.dtype)
-    return _dname(r.dtype, model, dep.get("what_if"))
+    return _dname(r.dtype, model, dep.get("what_if"), checkpoint)
+
+
+def _auto_from_checkpoint(results) -> bool:
+    """Whether any of the results is `auto` resolved from the checkpoint's declaration."""
+    return any((r.deployment or {}).get("kv_cache_dtype_from_checkpoint") for r in results)
 
 
 def _from_checkpoint(dtype: str) -> str:
@@ -130,9 +138,12 @@ def _from_checkpoint(dtype: str) -> str:
     return f"auto ({'fp8' if dtype.startswith('fp8') else dtype} from the checkpoint)"
 
 
-def _dname(dtype: str, model, what_if: Optional[str] = None) -> str:
-    """'auto' is the model's dtype (DeepSeek-V4's fp8_ds_mla on vLLM): say which; a dtype the engine does not serve
-    here is marked a what-if (its note says why)."""
+def _dname(dtype: str, model, what_if: Optional[str] = None, checkpoint: bool = False) -> str:
+    """'auto' is the model's dtype (DeepSeek-V4's fp8_ds_mla on vLLM): say which (only which, where `checkpoint`:
+    auto is then the checkpoint's declared dtype, named apart); a dtype the engine does not serve here is marked a
+    what-if (its note says why)."""
+    if dtype == "auto" and checkpoint and getattr(model, "compressed", None) is None:
+        return str(model.dtype)
     if dtype == "auto":
         return "auto (fp8_ds_mla)" if getattr(model, "compressed", None) is not None else f"auto ({model.dtype})"
     return f"{dtype} (what-if)" if what_if else dtype
