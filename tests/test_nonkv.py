@@ -10,7 +10,7 @@ from kvplan.sizing.vllm_cudagraphs import (
     per_graph_bytes,
     piece_kernels,
 )
-from kvplan.sizing.vllm_memory import non_kv_memory
+from kvplan.sizing import vllm_memory
 from kvplan.sizing.vllm_non_torch import (
     LIBRARY_NON_TORCH,
     TORCH_NCCL_COMMUNICATOR,
@@ -22,6 +22,16 @@ MiB, GiB = 2**20, 2**30
 H100 = load_gpu("h100")
 L31 = load_model("llama-3.1-8b")
 W = 2 * 8_030_261_248
+
+
+def non_kv_memory(m, gpu, *, total_bytes, version, max_model_len, max_num_batched_tokens=None, max_num_seqs=None,
+                  **kw):
+    """kvplan.sizing.vllm_memory.non_kv_memory with the batch limits `vllm serve` defaults to where a test leaves
+    them out (resolve decides them the same way, from kvplan.rules.vllm.serve_defaults)."""
+    d = serve_defaults(total_bytes, gpu, version, max_model_len)
+    return vllm_memory.non_kv_memory(m, gpu, total_bytes=total_bytes, version=version, max_model_len=max_model_len,
+                                     max_num_batched_tokens=max_num_batched_tokens or d.max_num_batched_tokens,
+                                     max_num_seqs=max_num_seqs or d.max_num_seqs, **kw)
 
 
 def run(version, **kw):

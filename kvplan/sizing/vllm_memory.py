@@ -38,7 +38,7 @@ import math
 from dataclasses import asdict, field
 from typing import Optional
 
-from kvplan.rules.vllm import VllmRules, serve_defaults
+from kvplan.rules.vllm import VllmRules
 from kvplan.sizing.model_tensors import padded_vocab
 from kvplan.sizing.vllm_activation import encoder_profile, forward_peak, sampler_peak
 from kvplan.sizing.vllm_cudagraphs import cudagraph_memory
@@ -87,17 +87,17 @@ def mrv2_sampler_state(m: ModelSpec, rules: VllmRules, max_num_seqs: int) -> int
 
 
 def non_kv_memory(m: ModelSpec, gpu: Optional[GPUSpec], *, total_bytes: int, tp: int, weights: int,
-                  version: str | VllmRules, max_model_len: int, max_num_batched_tokens: Optional[int] = None,
-                  max_num_seqs: Optional[int] = None, first_stage: bool = True, last_stage: bool = True,
+                  version: str | VllmRules, max_model_len: int, max_num_batched_tokens: int,
+                  max_num_seqs: int, first_stage: bool = True, last_stage: bool = True,
                   pp: int = 1, enforce_eager: bool = False, weight_dtype: Optional[str] = None,
                   stage: Optional[range] = None, layout=None) -> NonKVMemory:
     """vLLM's non-KV memory on one rank, part by part (see the module docstring). `weight_dtype`, `stage` and
     `layout` (a kvplan.specs.parallel.Parallel, where experts are spread) say which tensors `weights` counts (as
-    kvplan.sizing.weights.weight_bytes takes them), for the allocator's blocks."""
+    kvplan.sizing.weights.weight_bytes takes them), for the allocator's blocks. The batch limits are the resolved
+    deployment's (kvplan.deployment decides their defaults, kvplan.rules.vllm.serve_defaults)."""
     rules = rules_of(version)
-    d = serve_defaults(total_bytes, gpu, rules, max_model_len)
-    T = max_num_batched_tokens or d.max_num_batched_tokens
-    R_max = max_num_seqs or d.max_num_seqs
+    T = max_num_batched_tokens
+    R_max = max_num_seqs
     R = min(R_max, T)
     b = DTYPE_BYTES[m.dtype]
     H = m.hidden_size
