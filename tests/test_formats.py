@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kvplan.errors import KvplanError
-from kvplan.specs.kv_formats import CATALOG, VLLM_CACHE_DTYPES, kv_format
+from kvplan.specs.kv_formats import CATALOG, kv_format
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -43,9 +43,32 @@ def test_turboquant_slots_and_ratios(name, d64, ratio128):
     assert round(512 / f.bytes_per_token_per_kv_head(128), 2) == ratio128
 
 
-def test_every_vllm_cache_dtype_is_catalogued():
-    assert set(VLLM_CACHE_DTYPES) <= set(CATALOG)
+# vllm/config/cache.py CacheDType, each release's Literal (the names --kv-cache-dtype takes); octave_k3v4 and
+# octave_k3v3 (0.33) are refused by name (kvplan.specs.kv_formats.UNPLANNED)
+CACHE_DTYPE_0_19 = {"auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"}
+CACHE_DTYPE_ADDED = {
+    "0.20": {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+             "int8_per_token_head", "fp8_per_token_head", "nvfp4"},
+    "0.25": {"int4_per_token_head"}, "0.28": {"nvfp4_4over6"}, "0.30": {"nvfp4_ds_mla"}, "0.32": {"ultraquant_4bit"},
+    "0.33": {"octave_k3v3_compact"},
+}
+
+
+def test_every_vllm_cache_dtype_is_catalogued_with_its_first_release():
+    added = {n for names in CACHE_DTYPE_ADDED.values() for n in names}
+    assert (CACHE_DTYPE_0_19 | added) <= set(CATALOG)
     assert {"mxfp8", "fp4_mx_block16", "kivi2", "kivi4"} <= set(CATALOG)
+    assert {n: CATALOG[n].vllm_since for n in added} == {n: v for v, names in CACHE_DTYPE_ADDED.items() for n in names}
+    assert all(CATALOG[n].vllm_since is None for n in CACHE_DTYPE_0_19 if n in CATALOG)
+
+
+def test_a_release_lacks_the_dtypes_its_cache_dtype_does_not_list():
+    from kvplan.rules.vllm import VLLM
+
+    for version, rules in VLLM.items():
+        later = {n for v, names in CACHE_DTYPE_ADDED.items() if tuple(map(int, v.split("."))) >
+                 tuple(map(int, version.split("."))) for n in names}
+        assert rules.cache_dtypes_missing == later, version
 
 
 def test_kivi_layout():

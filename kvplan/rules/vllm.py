@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Literal, Optional
 
 from kvplan.errors import KvplanError, check_whole
+from kvplan.specs.kv_formats import CATALOG
 from kvplan.specs.parallel import Parallel
 from kvplan.units import GiB
 from kvplan.values import frozen_dataclass
@@ -150,16 +151,19 @@ class VllmRules:
         return [avail] + ([f"{size}, {conc}"] if self.one_log_line else [size, conc])
 
 
-# The --kv-cache-dtype names a release lacks: those of kvplan's catalog that its vllm/config/cache.py CacheDType (the
-# Literal --kv-cache-dtype is checked against) does not list. 0.19.0 (and 0.19.1) list auto, float16, bfloat16, fp8,
-# fp8_e4m3, fp8_e5m2, fp8_inc and fp8_ds_mla only; 0.20.0 adds the four turboquant_* presets, int8_per_token_head,
-# fp8_per_token_head and nvfp4; 0.25.0 int4_per_token_head; 0.28.0 nvfp4_4over6; 0.30.0 nvfp4_ds_mla; 0.32.0
-# ultraquant_4bit; 0.33.0 octave_k3v4, octave_k3v3 and octave_k3v3_compact (kvplan catalogs the last only).
-_MISSING_032 = frozenset({"octave_k3v3_compact"})
-_MISSING_030 = _MISSING_032 | {"ultraquant_4bit"}
-_MISSING_020 = _MISSING_030 | {"nvfp4_ds_mla", "int4_per_token_head", "nvfp4_4over6"}
-_MISSING_019 = _MISSING_020 | {"turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
-                               "int8_per_token_head", "fp8_per_token_head", "nvfp4"}
+def version_key(v: str) -> tuple[int, int]:
+    parts = [int(p) for p in v.split(".")[:2]]
+    return (parts + [0])[0], (parts + [0, 0])[1]
+
+
+def _missing(version: str) -> frozenset[str]:
+    """The --kv-cache-dtype names of kvplan's catalog a release lacks: those its vllm/config/cache.py CacheDType (the
+    Literal --kv-cache-dtype is checked against) does not list yet, each format's first release on its catalog entry
+    (KVFormat.vllm_since)."""
+    return frozenset(f.name for f in CATALOG.values()
+                     if f.vllm_since and version_key(version) < version_key(f.vllm_since))
+
+
 _LAZY = dict(lazy_torch_nccl=True, nemotron_ssm_default="fp16", checkpoint_state_kinds=frozenset())
 _NO_HYBRID_PREFIX = dict(hybrid_prefix_caching=False, **_LAZY)
 # MRV2 for dense models (0.25 to 0.28), without its CUDA-graph estimate
@@ -172,34 +176,28 @@ _028 = dict(batched_tokens_160gib=16384, max_capture_sm100=1024)
 # CUDA-graph estimate, and VLLM_ALLREDUCE_USE_FLASHINFER defaults to "1" (vllm/envs.py)
 _MRV2 = dict(mrv2_default="all", flashinfer_allreduce_standalone=True, **_028)
 VLLM: dict[str, VllmRules] = {r.version: r for r in [
-    VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _MISSING_019,
+    VllmRules("0.19", "vLLM 0.19 and earlier", 1, False, "blocks", False, False, _missing("0.19"),
               subtracts_cudagraphs=False, default_gpu_memory_utilization=0.9, pads_small_v=True,
               memory_accounting="peak", **_NO_HYBRID_PREFIX),
-    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _MISSING_020, memory_accounting="peak",
+    VllmRules("0.20", "vLLM 0.20 to 0.24", 1, False, "blocks", False, False, _missing("0.20"), memory_accounting="peak",
               **_NO_HYBRID_PREFIX),
     VllmRules("0.25", "vLLM 0.25", 1, False, "concurrency", False, True,
-              _MISSING_030 | {"nvfp4_ds_mla", "nvfp4_4over6"}, memory_accounting="peak", **_MRV2_DENSE,
-              **_NO_HYBRID_PREFIX),
+              _missing("0.25"), memory_accounting="peak", **_MRV2_DENSE, **_NO_HYBRID_PREFIX),
     VllmRules("0.26", "vLLM 0.26", 1, False, "concurrency", False, True,
-              _MISSING_030 | {"nvfp4_ds_mla", "nvfp4_4over6"}, memory_accounting="peak", **_MRV2_DENSE, **_LAZY),
+              _missing("0.26"), memory_accounting="peak", **_MRV2_DENSE, **_LAZY),
     VllmRules("0.27", "vLLM 0.27", 1, False, "concurrency", False, True,
-              _MISSING_030 | {"nvfp4_ds_mla", "nvfp4_4over6"}, **_MRV2_DENSE, **_LAZY),
-    VllmRules("0.28", "vLLM 0.28", 1, False, "concurrency", True, True, _MISSING_030 | {"nvfp4_ds_mla"},
+              _missing("0.27"), **_MRV2_DENSE, **_LAZY),
+    VllmRules("0.28", "vLLM 0.28", 1, False, "concurrency", True, True, _missing("0.28"),
               **_MRV2_DENSE, **_028, **_LAZY),
-    VllmRules("0.29", "vLLM 0.29", 1, False, "concurrency", True, True, _MISSING_030 | {"nvfp4_ds_mla"},
+    VllmRules("0.29", "vLLM 0.29", 1, False, "concurrency", True, True, _missing("0.29"),
               **_MRV2, **_LAZY),
-    VllmRules("0.30", "vLLM 0.30 and 0.31", 2, True, "concurrency", True, True, _MISSING_030,
+    VllmRules("0.30", "vLLM 0.30 and 0.31", 2, True, "concurrency", True, True, _missing("0.30"),
               cublas_workspace="consumed", checkpoint_state_kinds=frozenset(), **_MRV2),
-    VllmRules("0.32", "vLLM 0.32", 2, True, "concurrency", True, True, _MISSING_032,
+    VllmRules("0.32", "vLLM 0.32", 2, True, "concurrency", True, True, _missing("0.32"),
               cublas_workspace="consumed", checkpoint_state_kinds=frozenset({"mamba2"}), **_MRV2),
-    VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, frozenset(),
+    VllmRules("0.33", "vLLM 0.33 and later", 2, True, "concurrency", True, True, _missing("0.33"),
               sampler_warmup_pass=True, cublas_workspace="before_snapshot", **_MRV2),
 ]}
-
-
-def version_key(v: str) -> tuple[int, int]:
-    parts = [int(p) for p in v.split(".")[:2]]
-    return (parts + [0])[0], (parts + [0, 0])[1]
 
 
 DEFAULT_VLLM = max(VLLM, key=version_key)  # the newest catalogued release

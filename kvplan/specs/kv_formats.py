@@ -157,6 +157,9 @@ class KVFormat:
     default_skip: Literal["none", "boundary"] = "none"
     aliases: tuple[str, ...] = ()
     params: dict = field(default_factory=dict, compare=False)
+    # the first vLLM release whose --kv-cache-dtype takes it (vllm/config/cache.py CacheDType, the Literal the
+    # option is checked against); None: every release kvplan plans (0.19 on) or none (a format vLLM never names)
+    vllm_since: Optional[str] = None
 
     def side_bytes(self, side: Side, width: int, model_bits: int = 16) -> float:
         return sum(c.size_bytes(width, model_bits) for c in side)
@@ -266,6 +269,7 @@ def _turboquant(name: str, key_bits: int, value_bits: int, norm_correction: bool
     v: Side = (Component("codes", value_bits), Component("scale_fp16", 16, "vector"), Component("zero_fp16", 16, "vector"))
     return KVFormat(
         name, "turboquant", description, k, v, applies_to="mha", align=2, default_skip="boundary",
+        vllm_since="0.20",
         # its own backend, Triton kernels: last in platforms/cuda.py's priority list and, from 0.20 too, in
         # platforms/rocm.py's (_get_backend_priorities; TurboQuantAttentionBackend has no capability check)
         serves=(Serves("vllm", "cuda", _V + "turboquant_attn.py TurboQuantAttentionBackend (its own backend, Triton "
@@ -344,20 +348,20 @@ _register(
              serves=(Serves("vllm", "hpu", "vllm/config/cache.py CacheConfig.cache_dtype (the Gaudi plugin)"),)),
     KVFormat("fp8_per_token_head", "per_token_head",
              "fp8 e4m3 with one fp32 scale per token per head, inline after the head (Triton backend)",
-             **_same(_data(8), *_SCALE_PAIR), serves=_TRITON),
+             **_same(_data(8), *_SCALE_PAIR), serves=_TRITON, vllm_since="0.20"),
     KVFormat("int8_per_token_head", "per_token_head",
              "int8 with one fp32 scale per token per head, inline after the head (Triton backend)",
-             **_same(_data(8), *_SCALE_PAIR), serves=_TRITON),
+             **_same(_data(8), *_SCALE_PAIR), serves=_TRITON, vllm_since="0.20"),
     KVFormat("int4_per_token_head", "per_token_head",
              "int4, two per byte, randomized-Hadamard rotated, one fp32 scale per token per head with the 4-bit "
              "zero point in its low mantissa bits",
-             **_same(_data(4), *_SCALE_PAIR), serves=_TRITON),
+             **_same(_data(4), *_SCALE_PAIR), serves=_TRITON, vllm_since="0.25"),
     KVFormat("nvfp4", "nvfp4", "e2m1 pairs, one fp8 e4m3 scale per 16 values, fp32 global scale per layer "
              "(FlashInfer backend)", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)), applies_to="mha",
-             serves=_NVFP4 + (Serves("sglang", "cuda", _SG, _FP4),)),
+             serves=_NVFP4 + (Serves("sglang", "cuda", _SG, _FP4),), vllm_since="0.20"),
     KVFormat("nvfp4_4over6", "nvfp4", "the NVFP4 layout; each block of 16 picks max/6 or max/4 scaling at write "
              "time, whichever reconstructs better", **_same(_data(4), Component("scale_e4m3", 8, "group", 16)),
-             applies_to="mha", serves=_NVFP4),
+             applies_to="mha", serves=_NVFP4, vllm_since="0.28"),
     KVFormat("fp8_ds_mla", "mla", "DeepSeek MLA latent: 512 fp8 no-RoPE values, 4 fp32 scales (one per 128), "
              "64 bf16 RoPE values", k=(), v=(), applies_to="mla",
              mla=(Component("nope_fp8", 8, over="nope"), Component("scale_fp32", 32, "group", 128, over="nope"),
@@ -372,7 +376,7 @@ _register(
                   Component("rope_fp8", 8, over="rope")),
              # FlashMLASparseBackend.supports_combination: 10.x only, from 0.30 (kvplan.rules.vllm_backends)
              serves=(Serves("vllm", "cuda", _V + "mla/flashmla_sparse.py FlashMLASparseBackend (the NVFP4 "
-                            "latent)"),)),
+                            "latent)"),), vllm_since="0.30"),
     _turboquant("turboquant_k8v4", 8, 4, False, "TurboQuant: fp8 keys, 4-bit uniform values (fp16 scale+zero)"),
     _turboquant("turboquant_4bit_nc", 4, 4, True,
                 "TurboQuant: Hadamard-rotated 4-bit Lloyd-Max keys with fp16 norm (norm-corrected), 4-bit values"),
@@ -390,7 +394,8 @@ _register(
              "Hadamard-rotated (vLLM's ROCm backend)", **_same(_data(4), Component("scale_e8m0", 8, "group", 32)),
              applies_to="mha", default_skip="boundary",
              serves=(Serves("vllm", "rocm", _V + "ultraquant_attn.py UltraQuantAttentionBackend (customize_spec: "
-                            "ops/ultraquant/format.py slot_size); platforms/rocm.py _get_backend_priorities"),)),
+                            "ops/ultraquant/format.py slot_size); platforms/rocm.py _get_backend_priorities"),),
+             vllm_since="0.32"),
     # Octave (0.33 on), compact K: v1/attention/ops/rocm_octave.py OctaveFormat.slot_bytes with compact=True: K and
     # V each sign-flipped and Hadamard-rotated over the whole head as 3-bit Lloyd-Max codes, then one fp16 scale
     # for K and one for V, the slot padded to 4 bytes (head 256: 96 + 96 + 4 = 196). The backend takes head 256
@@ -401,7 +406,8 @@ _register(
              "codes, one fp16 scale each, slot padded to 4 bytes (vLLM's ROCm backend)",
              **_same(Component("codes", 3), Component("scale_fp16", 16, "vector")), applies_to="mha", align=4,
              serves=(Serves("vllm", "rocm", _V + "rocm_octave_attn.py RocmOctaveAttentionBackend (customize_spec: "
-                            "ops/rocm_octave.py OctaveFormat.slot_bytes); platforms/rocm.py _get_backend_priorities"),)),
+                            "ops/rocm_octave.py OctaveFormat.slot_bytes); platforms/rocm.py _get_backend_priorities"),),
+             vllm_since="0.33"),
     KVFormat("mxfp8", "mx", "SGLang: fp8 e4m3 with one e8m0 scale byte per 32 values",
              **_same(_data(8), Component("scale_e8m0", 8, "group", 32)),
              # SM100 and later: sglang 0.5.23 arg_groups/kv_cache_hook.py handle_mxfp8_kv_cache_compatibility
@@ -423,12 +429,6 @@ _register(
                             "MLATokenToKVPoolFP4", _FP4, until="0.5.15", replaced_by="fp4_mx_block16"),)),
     _kivi(2),
     _kivi(4),
-)
-
-VLLM_CACHE_DTYPES = (
-    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
-    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head",
-    "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6", "ultraquant_4bit", "octave_k3v3_compact",
 )
 
 # vLLM cache dtypes kvplan knows and refuses to plan, each with why. Octave's block-K presets (0.33,
