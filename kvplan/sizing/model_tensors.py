@@ -65,20 +65,11 @@ def _compressed_attention(m: ModelSpec) -> list[Tensor]:
     return ts
 
 
-def _mla_attention(m: ModelSpec, L: int) -> list[Tensor]:
-    """An MLA layer's projections and norms, L layers, and the lightning indexer's of the layers holding one."""
-    a = m.layers[m.attention_layers[0]].attention
-    ts = a.tensors(m.hidden_size, L)
-    indexed = m.indexer_layers
-    if indexed:
-        ts += a.indexer_tensors(m.hidden_size, len(indexed), indexed if len(indexed) < L else ())
-    return ts
-
-
-def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
-    """Attention by query and KV heads: one record per shape of layer (Attention.tensor_shape: KV heads, head
-    size, V loaded from K), each shape's tensors the layer's own, the shared blocks' copies where the layers share
-    them."""
+def _attention(m: ModelSpec, L: int) -> list[Tensor]:
+    """The attention layers' tensors, each shape's the layer's own: one record per shape of layer
+    (AttentionMixer.tensor_shape: an MLA model's layers one, others' their KV heads, head size and V loaded from K),
+    the shared blocks' copies where the layers share them; then a sparse-attention indexer's, on the layers holding
+    one."""
     ts: list[Tensor] = []
     shared = m.shared_attention
     for _, layers in _by_shape(m.attention_layers, lambda i: m.layers[i].attention.tensor_shape):
@@ -89,6 +80,10 @@ def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
         proj = a.tensors(m.hidden_size, n, layers, shared.input_size if shared else None)
         ts += [replace(t, shared=True) for t in proj] if shared else proj
         ts += a.norm_tensors(n, layers)
+    indexed = m.indexer_layers
+    if indexed:
+        a = m.layers[indexed[0]].attention
+        ts += a.indexer_tensors(m.hidden_size, len(indexed), indexed if len(indexed) < L else ())
     return ts
 
 
@@ -144,12 +139,7 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts += st.tensors(h, len(layers), layers if len(groups) > 1 else ())
 
     # Attention
-    if m.mla:
-        ts += _mla_attention(m, L)
-    elif m.compressed:
-        ts += _compressed_attention(m)
-    else:
-        ts += _head_attention(m, L)
+    ts += _compressed_attention(m) if m.compressed else _attention(m, L)
     if m.attention_sinks == "sliding":  # the sliding-window layers' sinks only
         sliding = tuple(i for i, k in enumerate(m.layer_kinds) if k == "sliding")
         if sliding:

@@ -92,6 +92,10 @@ class AttentionMixer:
         """The q and k norms of `count` layers."""
         return []
 
+    def indexer_tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
+        """A sparse-attention indexer's tensors, `count` of the layers holding one."""
+        return []
+
     # -- its step --------------------------------------------------------------------------------------------------
 
     @property
@@ -247,7 +251,7 @@ class LatentAttention(AttentionMixer):
         return ts
 
     def indexer_tensors(self, hidden: int, count: int, layers: tuple[int, ...] = ()) -> list[Tensor]:
-        """The lightning indexer's projections and norm of `count` indexed layers, whole on every rank."""
+        # the lightning indexer's projections and norm, whole on every rank
         a, n, at = self.mla, count, layers
         if not (a.index_n_heads and a.index_head_dim):
             return []
