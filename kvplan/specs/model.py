@@ -418,7 +418,8 @@ class ModelSpec(_Frozen):
     @per_spec
     def base_attention(self) -> AttentionMixer:
         """A full-attention layer of the model's num_kv_heads and head_dim: what model-wide figures take where the
-        layers differ (a KV format's refusal, the decode kernel's head size)."""
+        layers differ (the bytes per token a deployment checks a format by, the decode kernel's head size and
+        FLOPs per cached token)."""
         return self._attention_mixer("full", self.num_kv_heads, self.head_dim)
 
     @property
