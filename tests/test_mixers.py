@@ -166,6 +166,6 @@ def test_layer_view():
     assert m.layers is m.layers  # built once per spec
     assert [type(lay.mixer).__name__ for lay in m.layers] == \
         ["Mamba2", "GatedDeltaNet", "Attention", "Mamba2", "GatedDeltaNet", "Attention", "Mamba2", "GatedDeltaNet"]
-    assert m.layers[2].attention == Attention("full", 2, 128, None) and m.layers[2].state is None
+    assert m.layers[2].attention == Attention("full", 2, 128, None, heads=8) and m.layers[2].state is None
     assert m.layers[1].state is m.states[1] and m.layers[1].attention is None
     assert {lay.mlp for lay in m.layers} == {Dense(2048)} and {lay.norms for lay in m.layers} == {2}

@@ -32,8 +32,7 @@ from kvplan.sizing.weight_formats import gemm_family
 from kvplan.sizing.weights import WeightBytes
 from kvplan.specs.catalog import GPUSpec, ModelSpec
 from kvplan.specs.kv_formats import KVFormat, kv_format, whole
-from kvplan.specs.layers import Attention, Layer
-from kvplan.units import DTYPE_BYTES
+from kvplan.specs.layers import AttentionMixer
 from kvplan.values import frozen_dataclass
 from kvplan.xp import SCALAR
 
@@ -87,9 +86,16 @@ def _tp_ok(model: ModelSpec, tp: int) -> bool:
 def kv_heads_per_rank(model: ModelSpec, tp: int, layer: Optional[int] = None) -> int:
     """vLLM replicates KV heads when TP exceeds them; the MLA latent is one 'head', whole on every rank. With
     `layer`, that layer's heads (where layers differ)."""
-    if model.is_mla:
-        return 1
-    return max(1, (model.num_kv_heads if layer is None else model.layer_kv_heads(layer)) // tp)
+    return _attention_of(model, layer).kv_heads_per_rank(tp)
+
+
+def _attention_of(model: ModelSpec, layer: Optional[int]) -> AttentionMixer:
+    """Layer `layer`'s attention (the model's num_kv_heads and head_dim where `layer` is None)."""
+    if layer is None:
+        return model.base_attention
+    a = model.layers[layer].attention
+    return a if a is not None else model._attention_mixer("full", model.layer_kv_heads(layer),
+                                                          model.layer_head_dim(layer))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -165,18 +171,17 @@ def skipped_layers(model: ModelSpec, fmt: KVFormat, skip: SkipLayers) -> frozens
 def format_bytes_per_token(model: ModelSpec, fmt: KVFormat, tp: int, layer: Optional[int] = None,
                            v_padded: bool = False) -> float:
     """One layer's KV bytes per token on one rank in `fmt` (layer `layer`'s, where layers differ in KV heads or
-    head size). V is cached at the model's v_head_dim where it has one (vLLM's head_size_v), or, `v_padded`,
-    padded to the K head size (what vLLM 0.19 does for MiMo-V2-Flash)."""
-    bits = DTYPE_BYTES[model.dtype] * 8
-    if model.mla:
-        return fmt.mla_bytes_per_token(model.mla.kv_lora_rank, model.mla.qk_rope_head_dim, bits)
-    if fmt.applies_to == "mla":
+    head size): the layer's own (Attention.cache_bytes_per_token), once the format is one the model's attention
+    takes. `v_padded`: V padded to the K head size (what vLLM 0.19 does for MiMo-V2-Flash)."""
+    _check_format(model, fmt)
+    return _attention_of(model, layer).cache_bytes_per_token(fmt, tp, model.dtype, v_padded)
+
+
+def _check_format(model: ModelSpec, fmt: KVFormat) -> None:
+    """A format for MLA's latent refused on a model of KV heads."""
+    if fmt.applies_to == "mla" and not model.mla:
         raise KvplanError(f"KV cache dtype '{fmt.name}' applies only to MLA models; {model.name} uses "
                           f"{'multi-query' if model.num_kv_heads == 1 else 'grouped-query'} attention")
-    d = model.head_dim if layer is None else model.layer_head_dim(layer)
-    assert d is not None
-    dv = None if v_padded else model.v_head_dim
-    return whole(kv_heads_per_rank(model, tp, layer) * fmt.bytes_per_token_per_kv_head(d, dv, model_bits=bits))
 
 
 @per_spec
@@ -184,12 +189,13 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
               ssm_default: Optional[str] = None) -> tuple[LayerKV, ...]:
     auto = kv_format("auto")
     skipped = skipped_layers(model, fmt, skip)
-    sized = {}  # (format, KV heads, head size): bytes per token, for the layers' few shapes
+    sized = {}  # (format, attention): bytes per token, for the layers' few shapes
 
-    def per_token(f: KVFormat, lay: Layer, a: Attention) -> float:
-        key = (f.name, a.kv_heads, a.head_dim)
+    def per_token(f: KVFormat, a: AttentionMixer) -> float:
+        key = (f.name, a)
         if key not in sized:
-            sized[key] = format_bytes_per_token(model, f, tp, lay.index)
+            _check_format(model, f)
+            sized[key] = a.cache_bytes_per_token(f, tp, model.dtype)  # the layer's own (kvplan.specs.layers)
         return sized[key]
 
     if model.compressed is not None:
@@ -206,19 +212,13 @@ def kv_layers(model: ModelSpec, fmt: KVFormat, tp: int = 1, skip: SkipLayers = N
         if a is None:  # an MLP-only block
             continue
         f = auto if i in skipped else fmt
-        b, auto_bytes = per_token(f, lay, a), per_token(auto, lay, a)
-        if model.sparse_mla:
-            # sparse attention: the latent cache grows with the sequence but a step reads the index_topk best
-            # tokens; the indexer's own keys are a second cache of the layer, all of them read every step (a layer
-            # reusing an earlier indexer's choice has none)
-            out.append(LayerKV(i, a.kind, model.mla.index_topk, f.name, b))
-            if a.indexed:
-                out.append(LayerKV(i, a.kind, None, "indexer", float(model.mla.indexer_bytes_per_token)))
-            continue
-        out.append(LayerKV(
-            i, a.kind, a.window, f.name, b,
-            f.residual_tokens, (auto_bytes - b) if f.residual_tokens else 0.0,
-        ))
+        b = per_token(f, a)
+        # the layer reads its read_window (a sparse layer: the tokens its indexer picks), the newest of them in the
+        # model dtype where the format keeps a residual window
+        extra = (per_token(auto, a) - b) if f.residual_tokens else 0.0
+        out.append(LayerKV(i, a.kind, a.read_window, f.name, b, f.residual_tokens, extra))
+        if a.indexer_bytes_per_token:  # an indexer's own keys: a second cache of the layer, all of them read
+            out.append(LayerKV(i, a.kind, None, "indexer", float(a.indexer_bytes_per_token)))
     return tuple(out)
 
 
@@ -391,19 +391,11 @@ def crossover_curve(layers: Sequence[LayerKV]) -> CrossoverCurve:
     return CrossoverCurve(tuple(points), reads, f(points[-1] + 1) - reads[-1])
 
 
-def attention_flops_per_token_head(model: ModelSpec) -> int:
-    """FLOPs one query head spends on one cached token: QK^T and PV (absorbed MLA: the score over latent and rope,
-    the value over the latent)."""
-    if model.mla:
-        return 2 * model.mla.latent_dim + 2 * model.mla.kv_lora_rank
-    return 4 * (model.head_dim or 0)
-
-
 def _flops_per_step(model: ModelSpec, layers: Sequence[LayerKV], batch, context, tp: int, params_read: float,
                     xp=SCALAR):
     """Dense FLOPs of one decode step on this rank: 2 per weight per token, plus QK^T and PV over the cache."""
     flops = 2.0 * params_read * batch
-    per_token_head = attention_flops_per_token_head(model)
+    per_token_head = model.base_attention.flops_per_token_head  # QK^T and PV
     heads = model.num_heads // tp
     for window, count, *_ in layer_classes(layers):
         n = context if window is None else xp.minimum(context, window)

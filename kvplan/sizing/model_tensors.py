@@ -7,29 +7,11 @@ held per rank (kvplan.sizing.weights) and the bytes a decode step reads are all 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
-
 from kvplan.memo import per_spec
 from kvplan.specs.catalog import ModelSpec
-from kvplan.specs.layers import Dense
+from kvplan.specs.layers import Dense, MoE
 from kvplan.specs.tensors import (  # noqa: F401 (VOCAB_PADDING, Shard, padded_vocab: importable from here)
-    VOCAB_PADDING, Part, Shard, Tensor, linear, padded_vocab)
-
-
-def _mlp(prefix, m: ModelSpec, width: int, count: int, part: Part, bias: bool = False,
-         hidden: Optional[int] = None, layers: tuple[int, ...] = ()) -> list[Tensor]:
-    h = hidden or m.hidden_size
-    ts: list[Tensor] = []
-    if m.gated_mlp:
-        if bias:  # gpt-oss stores gate and up fused, with one bias of 2*width
-            ts += linear(f"{prefix}.gate_up_proj", 2 * width, h, count, "col", part, bias=True, layers=layers)
-        else:
-            ts += linear(f"{prefix}.gate_proj", width, h, count, "col", part, layers=layers)
-            ts += linear(f"{prefix}.up_proj", width, h, count, "col", part, layers=layers)
-    else:
-        ts += linear(f"{prefix}.up_proj", width, h, count, "col", part, bias=bias, layers=layers)
-    ts += linear(f"{prefix}.down_proj", h, width, count, "row", part, bias=bias, layers=layers)
-    return ts
+    VOCAB_PADDING, Shard, Tensor, linear, padded_vocab)
 
 
 def _by_shape(layers, shape) -> list[tuple[tuple, tuple[int, ...]]]:
@@ -83,67 +65,25 @@ def _compressed_attention(m: ModelSpec) -> list[Tensor]:
     return ts
 
 
-def _mla_attention(m: ModelSpec, L: int) -> list[Tensor]:
-    """An MLA layer's projections and norms (and a lightning indexer's, whole on every rank), L layers."""
-    h = m.hidden_size
+def _attention(m: ModelSpec, L: int) -> list[Tensor]:
+    """The attention layers' tensors, each shape's the layer's own: one record per shape of layer
+    (AttentionMixer.tensor_shape: an MLA model's layers one, others' their KV heads, head size and V loaded from K),
+    the shared blocks' copies where the layers share them; then a sparse-attention indexer's, on the layers holding
+    one."""
     ts: list[Tensor] = []
-    a = m.mla
-    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-    if a.q_lora_rank:
-        ts += linear("attn.q_a_proj", a.q_lora_rank, h, L, "rep", "attention")
-        ts.append(Tensor("attn.q_a_layernorm", a.q_lora_rank, 1, L, "rep", "norm", False))
-        ts += linear("attn.q_b_proj", m.num_heads * qk, a.q_lora_rank, L, "col", "attention")
-    else:
-        ts += linear("attn.q_proj", m.num_heads * qk, h, L, "col", "attention")
-    ts += linear("attn.kv_a_proj_with_mqa", a.latent_dim, h, L, "rep", "attention")
-    ts.append(Tensor("attn.kv_a_layernorm", a.kv_lora_rank, 1, L, "rep", "norm", False))
-    ts += linear("attn.kv_b_proj", m.num_heads * (a.qk_nope_head_dim + a.v_head_dim), a.kv_lora_rank, L, "col", "attention")
-    ts += linear("attn.o_proj", h, m.num_heads * a.v_head_dim, L, "row", "attention", bias=m.o_bias)
-    if a.output_gate:
-        ts += linear("attn.g_proj", m.num_heads * a.v_head_dim, h, L, "col", "attention")
-    if a.index_n_heads and a.index_head_dim:  # the lightning indexer (whole on every rank)
-        dq = a.q_lora_rank or h
-        indexed = m.indexer_layers
-        n, at = len(indexed), (indexed if len(indexed) < L else ())
-        ts += linear("attn.indexer.wq_b", a.index_n_heads * a.index_head_dim, dq, n, "rep", "attention", layers=at)
-        ts += linear("attn.indexer.wk", a.index_head_dim, h, n, "rep", "attention", layers=at)
-        ts.append(Tensor("attn.indexer.k_norm", 2 * a.index_head_dim, 1, n, "rep", "norm", False, layers=at))
-        ts += linear("attn.indexer.weights_proj", a.index_n_heads, h, n, "rep", "attention", layers=at)
-    return ts
-
-
-def _head_attention(m: ModelSpec, L: int) -> list[Tensor]:
-    """Attention by query and KV heads: one record per shape of layer (KV heads, head size, V loaded from K),
-    the shared blocks' copies where the layers share them."""
-    h = m.hidden_size
-    ts: list[Tensor] = []
-    # layers of one shape (KV heads, head size, V loaded from K) share their tensors' records
-    def shape(i: int) -> tuple:
-        a = m.layers[i].attention
-        return a.kv_heads, a.head_dim, a.v_from_k
     shared = m.shared_attention
-    h_in = shared.input_size if shared else h
-    for (kv, d, v_from_k), layers in _by_shape(m.attention_layers, shape):
-        assert d is not None
+    for _, layers in _by_shape(m.attention_layers, lambda i: m.layers[i].attention.tensor_shape):
+        a = m.layers[(layers or m.attention_layers)[0]].attention
         n = len(layers) or L
         if shared:  # the layers share `blocks` copies of the weights
             n, layers = min(n, shared.blocks), ()
-        start = len(ts)
-        ts += linear("attn.q_proj", m.num_heads * d * (2 if m.attn_output_gate else 1), h_in, n, "col",
-                      "attention", bias=m.qkv_bias, layers=layers)
-        vd = m.v_head_dim or d
-        for name, width in (("k_proj", d), ("v_proj", vd)):
-            ts += linear(f"attn.{name}", kv * width, h_in, n, "kv", "attention", bias=m.qkv_bias, kv_heads=kv,
-                          layers=layers, loaded_copy=v_from_k and name == "v_proj")
-        ts += linear("attn.o_proj", h, m.num_heads * vd, n, "row", "attention", bias=m.o_bias, layers=layers)
-        if shared:
-            ts[start:] = [replace(t, shared=True) for t in ts[start:]]
-        if m.qk_norm_full:  # across all heads: split with them
-            ts.append(Tensor("attn.q_norm", m.num_heads * d, 1, n, "col", "norm", False, layers=layers))
-            ts.append(Tensor("attn.k_norm", kv * d, 1, n, "kv", "norm", False, kv, layers=layers))
-        elif m.qk_norm:
-            ts.append(Tensor("attn.q_norm", d, 1, n, "rep", "norm", False, layers=layers))
-            ts.append(Tensor("attn.k_norm", d, 1, n, "rep", "norm", False, layers=layers))
+        proj = a.tensors(m.hidden_size, n, layers, shared.input_size if shared else None)
+        ts += [replace(t, shared=True) for t in proj] if shared else proj
+        ts += a.norm_tensors(n, layers)
+    indexed = m.indexer_layers
+    if indexed:
+        a = m.layers[indexed[0]].attention
+        ts += a.indexer_tensors(m.hidden_size, len(indexed), indexed if len(indexed) < L else ())
     return ts
 
 
@@ -171,37 +111,20 @@ def _shared_block_tensors(m: ModelSpec, L: int) -> list[Tensor]:
 
 
 def _mlp_tensors(m: ModelSpec) -> list[Tensor]:
-    """The dense MLPs by width, and the MoE layers' router, experts, shared experts and latent projections."""
-    h = m.hidden_size
+    """The dense MLPs by width, and the MoE layers' router, experts, shared experts and latent projections: each
+    the layer's own (Dense.tensors, MoE.tensors)."""
     ts: list[Tensor] = []
-    moe = m.moe
-    mlps = m.mlp_kinds
     dense = tuple(lay.index for lay in m.layers if isinstance(lay.mlp, Dense))
-    for (width,), layers in _by_shape(dense, lambda i: (m.layers[i].mlp.width,)):
+    for _, layers in _by_shape(dense, lambda i: m.layers[i].mlp.tensor_shape):
+        mlp = m.layers[(layers or dense)[0]].mlp
         n = len(layers) or len(dense)
         if m.shared_attention:  # the MLPs of the shared attention blocks
             n, layers = min(n, m.shared_attention.blocks), ()
-        mlp = _mlp("mlp", m, width, n, "mlp", bias=m.mlp_bias, layers=layers)
-        ts += [replace(t, shared=True) for t in mlp] if m.shared_attention else mlp
-    if moe and "moe" in mlps:
-        n = mlps.count("moe")
-        e = moe.num_experts
-        ts += linear("moe.router", e, h, n, "rep", "router", bias=moe.router_bias)
-        if moe.score_correction_bias:
-            ts.append(Tensor("moe.e_score_correction_bias", e, 1, n, "rep", "router", False))
-        ts += _mlp("moe.experts", m, moe.expert_intermediate_size, n * e, "expert", bias=moe.expert_bias,
-                   hidden=moe.latent_size)
-        if moe.latent_size:
-            ts += linear("moe.fc1_latent_proj", moe.latent_size, h, n, "rep", "router", bias=m.mlp_bias)
-            ts += linear("moe.fc2_latent_proj", h, moe.latent_size, n, "rep", "router", bias=m.mlp_bias)
-            if moe.latent_norm:
-                ts.append(Tensor("moe.latent_norm", moe.latent_size, 1, n, "rep", "norm", False))
-        if moe.shared_experts:
-            ts += _mlp("moe.shared_experts", m, moe.shared_intermediate, n * moe.shared_experts, "shared_expert")
-        if moe.shared_expert_gate:
-            ts.append(Tensor("moe.shared_expert_gate", 1, h, n, "rep", "router", True))
-        if moe.router_scales:
-            ts.append(Tensor("moe.router_scales", h + e, 1, n, "rep", "router", False))
+        block = mlp.tensors(m.hidden_size, n, layers)
+        ts += [replace(t, shared=True) for t in block] if m.shared_attention else block
+    moe = [lay.mlp for lay in m.layers if isinstance(lay.mlp, MoE)]
+    if moe:
+        ts += moe[0].tensors(m.hidden_size, len(moe))
     return ts
 
 
@@ -216,12 +139,7 @@ def model_tensors(m: ModelSpec) -> tuple[Tensor, ...]:
         ts += st.tensors(h, len(layers), layers if len(groups) > 1 else ())
 
     # Attention
-    if m.mla:
-        ts += _mla_attention(m, L)
-    elif m.compressed:
-        ts += _compressed_attention(m)
-    else:
-        ts += _head_attention(m, L)
+    ts += _compressed_attention(m) if m.compressed else _attention(m, L)
     if m.attention_sinks == "sliding":  # the sliding-window layers' sinks only
         sliding = tuple(i for i, k in enumerate(m.layer_kinds) if k == "sliding")
         if sliding:

@@ -45,12 +45,7 @@ from kvplan.sizing.kernel_seconds import (
     gemm_call_seconds,
     prefill_attention_seconds,
 )
-from kvplan.sizing.kv_cache import (
-    attention_flops_per_token_head,
-    format_bytes_per_token,
-    kv_heads_per_rank,
-    kv_layers,
-)
+from kvplan.sizing.kv_cache import format_bytes_per_token, kv_layers
 from kvplan.sizing.model_tensors import model_tensors
 from kvplan.sizing.routing import experts_touched
 from kvplan.sizing.step_fits import (
@@ -263,8 +258,9 @@ class StepModel:
         self.attn_family = "float" if d.kv.is_model_dtype or d.kv.name in ("bfloat16", "float16") else fam
         if m.compressed is not None:  # DeepSeek-V4: one fp8_ds_mla cache whatever the dtype named, read as it is
             self.attn_family = fam = "float"
-        head_dim = (m.mla.kv_lora_rank + m.mla.qk_rope_head_dim) if m.mla else (m.head_dim or 128)
-        self.kv_heads = 1 if m.mla else kv_heads_per_rank(m, tp)
+        attn = m.base_attention  # the shape the decode kernel is fitted by, and the FLOPs per cached token
+        head_dim = attn.kernel_head_dim
+        self.kv_heads = attn.kv_heads_per_rank(tp)
         self.q_heads = max(1, m.num_heads // tp) if m.num_heads else 1
         # the query heads each KV head serves on this rank (1: multi-head attention) choose the kernel's tiles
         group = max(1, round(self.q_heads / self.kv_heads))
@@ -285,11 +281,10 @@ class StepModel:
         self.graph_ar = (profile.graph_allreduce.get(tp) if tp in CUSTOM_ALLREDUCE_WORLDS and d.gpu is not None
                          else None)
         self.graph_tokens = graph_tokens(d) if self.graph_ar else 0
-        # a prompt's attention: MLA runs it unabsorbed, as multi-head attention over keys of the nope and rope
-        # parts and values of v_head_dim (vLLM 0.19 MLACommonImpl._forward_prefill, SGLang's MHA path for
-        # extends), FLOPs per (query head, key) 2 x (qk_nope + qk_rope) + 2 x v_head_dim
-        self.prefill_flops = (2 * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim) + 2 * m.mla.v_head_dim
-                              if m.mla else 4 * (m.head_dim or 128))
+        # a prompt's attention FLOPs per (query head, key): MLA runs it unabsorbed, as multi-head attention (vLLM
+        # 0.19 MLACommonImpl._forward_prefill, SGLang's MHA path for extends)
+        self.prefill_flops = attn.prefill_flops_per_token_head
+        self.decode_flops = attn.flops_per_token_head
         self.prefill_fit = prefill_attention_fit(profile, self.attn_family, self.prefill_flops)
         self.eplb = d.eplb
         # the all-to-all's sustained NVLink rate per GPU: 60% of one direction of the GPU's NVLink (DeepEP's
@@ -455,7 +450,7 @@ class StepModel:
         f = self.small_fit
         if not (f.mu and f.peak_flops):
             return 0.0
-        per = attention_flops_per_token_head(self.model) * self.q_heads
+        per = self.decode_flops * self.q_heads
         total = 0.0
         for window, entry_tokens, count in self._prefill_classes:
             n = context if window is None else xp.minimum(context, window)

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_serializer, model_validator
 from kvplan.files import check_finite, read_json, read_yaml, type_name  # noqa: F401  (read_yaml: also imported from here)
 from kvplan.memo import per_spec
 from kvplan.specs.frozen import _Frozen
-from kvplan.specs.layers import Attention, Dense, Layer, LayerKind, MoE
+from kvplan.specs.layers import Attention, AttentionMixer, Dense, LatentAttention, Layer, LayerKind, MoE
 from kvplan.specs.mixers import StateSpec, state_mixer  # noqa: F401 (StateSpec: importable from here)
 
 MixerKind = Literal["full", "sliding", "chunked", "state", "none"]  # and layers with a fixed state, or no mixer
@@ -381,17 +381,46 @@ class ModelSpec(_Frozen):
     def layers(self) -> tuple[Layer, ...]:
         """Each layer's mixer and MLP as values (kvplan.specs.layers), built once per spec."""
         indexers = frozenset(self.indexer_layers)
+        blocks: dict = {}  # one MLP value per kind and width
         out = []
         for i, (kind, mlp) in enumerate(zip(self.layer_kinds, self.mlp_kinds)):
-            mixer: "Attention | StateSpec | None" = None
+            mixer: "AttentionMixer | StateSpec | None" = None
             if kind in ATTENTION_KINDS:
-                mixer = Attention(kind, self.layer_kv_heads(i), self.layer_head_dim(i), self.window_of(kind),
-                                  bool(self.v_from_k and self.v_from_k[i]), i in indexers)
+                mixer = self._attention_mixer(kind, self.layer_kv_heads(i), self.layer_head_dim(i),
+                                              bool(self.v_from_k and self.v_from_k[i]), i in indexers)
             elif kind == "state":
                 mixer = self.layer_state(i)
-            block = Dense(self.layer_intermediate(i)) if mlp == "dense" else MoE(self.moe) if mlp == "moe" else None
-            out.append(Layer(i, mixer, block, self.layer_norms(i)))
+            key = (mlp, self.layer_intermediate(i) if mlp == "dense" else 0)
+            if key not in blocks:
+                blocks[key] = self._mlp_block(*key)
+            out.append(Layer(i, mixer, blocks[key], self.layer_norms(i)))
         return tuple(out)
+
+    def _mlp_block(self, kind: MlpKind, width: int) -> "Dense | MoE | None":
+        """An MLP of `kind` (a dense one `width` wide), of the model's form."""
+        if kind == "dense":
+            return Dense(width, self.gated_mlp, self.mlp_bias)
+        if kind == "moe":
+            return MoE(self.moe, self.gated_mlp, self.mlp_bias)
+        return None
+
+    def _attention_mixer(self, kind: LayerKind, kv_heads: int, head_dim: Optional[int], v_from_k: bool = False,
+                         indexed: bool = False) -> AttentionMixer:
+        """An attention layer of `kind` and these heads, with the projections the model's attention layers share:
+        a LatentAttention on an MLA model, an Attention otherwise."""
+        qk_norm = "full" if self.qk_norm_full else "head" if self.qk_norm else None
+        if self.mla is not None:
+            return LatentAttention(kind, self.window_of(kind), self.mla, self.num_heads, indexed, self.o_bias)
+        return Attention(kind, kv_heads, head_dim, self.window_of(kind), v_from_k, indexed, self.num_heads,
+                         self.v_head_dim, self.attn_output_gate, self.qkv_bias, self.o_bias, qk_norm)
+
+    @property
+    @per_spec
+    def base_attention(self) -> AttentionMixer:
+        """A full-attention layer of the model's num_kv_heads and head_dim: what model-wide figures take where the
+        layers differ (the bytes per token a deployment checks a format by, the decode kernel's head size and
+        FLOPs per cached token)."""
+        return self._attention_mixer("full", self.num_kv_heads, self.head_dim)
 
     @property
     def state_mixers(self) -> tuple[StateSpec, ...]:
