@@ -152,3 +152,13 @@ def test_tables_say_auto_is_fp8_from_the_checkpoint(cli):
     assert rows[0]["deployment"]["kv_cache_dtype_from_checkpoint"] == "hf_quant_config.json kv_cache_quant_algo FP8"
     # by hand: 80 layers x 8 KV heads x 128 dims x (K + V) x 1 byte (fp8)
     assert rows[0]["cell_bytes"] == 80 * 8 * 128 * 2
+
+
+def test_sglang_kv_cache_dtype_names_come_from_the_catalog():
+    # sglang 0.5.9 server_args.py --kv-cache-dtype choices: auto, fp8_e5m2, fp8_e4m3, bf16, bfloat16, fp4_e2m1;
+    # 0.5.16 adds nvfp4, fp4_mx_block16 and mxfp8 (srt/configs kv_cache_dtype.py). kvplan's fp8 is SGLang's fp8_e4m3
+    from kvplan.rules.sglang import SGLANG_DTYPES
+
+    assert set(SGLANG_DTYPES.values()) == {"auto", "fp8_e5m2", "fp8_e4m3", "bf16", "fp4_e2m1", "nvfp4",
+                                           "fp4_mx_block16", "mxfp8"}
+    assert SGLANG_DTYPES["bfloat16"] == "bf16" and SGLANG_DTYPES["fp8"] == "fp8_e4m3"

@@ -12,6 +12,7 @@ from typing import Optional
 
 from kvplan.errors import KvplanError, check_whole
 from kvplan.specs.catalog import GPUSpec, ModelSpec
+from kvplan.specs.kv_formats import CATALOG
 from kvplan.specs.parallel import Parallel
 from kvplan.units import DTYPE_BYTES
 
@@ -96,10 +97,12 @@ def mamba_state_bytes(model: ModelSpec, attn_tp: int) -> tuple[int, int]:
     return conv, temporal
 
 
-# kvplan format -> SGLang's --kv-cache-dtype (the formats SGLang accepts)
-SGLANG_DTYPES = {"auto": "auto", "bfloat16": "bf16", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "fp8": "fp8_e4m3",
-                 "mxfp8": "mxfp8", "nvfp4": "nvfp4", "fp4_mx_block16": "fp4_mx_block16",
-                 "fp4_e2m1": "fp4_e2m1"}  # fp4_e2m1: up to 0.5.15 (its catalog entry's Serves.until)
+# SGLang's --kv-cache-dtype name where it is not kvplan's (server_args.py: bf16; fp8 is its fp8_e4m3)
+_SGLANG_NAMES = {"bfloat16": "bf16", "fp8": "fp8_e4m3"}
+# kvplan format -> SGLang's --kv-cache-dtype: the formats whose catalog entry SGLang serves (Serves engine "sglang";
+# fp4_e2m1 only up to 0.5.15, its entry's Serves.until)
+SGLANG_DTYPES = {f.name: _SGLANG_NAMES.get(f.name, f.name) for f in CATALOG.values()
+                 if any(s.engine == "sglang" for s in f.serves)}
 
 
 def default_chunked_prefill_and_decode_bs(gpu_mem_gb: float, tp: int) -> tuple[int, int]:
