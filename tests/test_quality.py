@@ -463,7 +463,7 @@ def test_all_formats_are_those_that_store_k_and_v(cli):
     assert out.code == 0, out.err
     names = [r["kv_cache_dtype"] for r in json.loads(out.out)["rows"]]
     # vLLM's packed ROCm caches (UltraQuant, Octave) have no store in kvplan quality (kvplan.quality
-    # UNMEASURED_FAMILIES), and naming one is refused
+    # STORED_FAMILIES leaves them out), and naming one is refused
     assert names == [n for n, f in CATALOG.items() if f.applies_to != "mla" and f.family not in ("ultraquant", "octave")]
     out = cli("quality", "--synthetic", "-d", "ultraquant_4bit", "--context", "64")
     assert out.code == 2 and "no store for ultraquant_4bit" in out.err and out.err.count("\n") == 1
@@ -508,3 +508,20 @@ def test_the_library_takes_format_names():
     by_value = kvplan.run_synthetic(parse_dtypes(["fp8,kivi4"]), tokens=128, head_dim=64, kv_heads=2, heads=4)
     assert by_name.to_dict() == by_value.to_dict()
     assert [e.result for e in kvplan.evidence_for("turboquant_k8v4")] == ["+1.17% PPL"]
+
+
+def test_a_family_without_a_store_is_left_out_without_naming_it():
+    # a catalog family kvplan quality has no store for (a new packed cache, say) is not measurable and is refused in
+    # one line, with no list of such families to keep: only the stored ones are named (kvplan.quality)
+    from dataclasses import replace
+
+    from kvplan.errors import KvplanError
+    from kvplan.quality import measurable
+    from kvplan.quality.formats import check_format
+    from kvplan.specs.kv_formats import kv_format
+
+    new = replace(kv_format("fp8_e4m3"), name="brand_new_4bit", family="brand_new")
+    assert measurable(kv_format("fp8_e4m3")) and not measurable(new)
+    assert not measurable(kv_format("fp8_ds_mla"))  # an MLA latent
+    with pytest.raises(KvplanError, match="no store for brand_new_4bit"):
+        check_format(new, 128)

@@ -336,11 +336,10 @@ def quality(
     from kvplan.errors import KvplanError
     from kvplan.specs.kv_formats import parse_dtypes
 
-    from kvplan.quality import UNMEASURED_FAMILIES
+    from kvplan.quality import measurable
 
     # 'all': the catalog formats that store K and V and kvplan can store (MLA latents are not measured)
-    formats = parse_dtypes(dtype, default="auto,fp8",
-                           served=lambda f: f.applies_to != "mla" and f.family not in UNMEASURED_FAMILIES)
+    formats = parse_dtypes(dtype, default="auto,fp8", served=measurable)
     tokens = _one_size(context, "--context") if context is not None else 4096
     if synthetic:
         given = [o for o, v in (("--text", text), ("--dataset", dataset), ("--kv-cache-dtype-skip-layers",

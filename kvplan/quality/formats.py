@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from kvplan.errors import KvplanError
-from kvplan.quality import UNMEASURED_FAMILIES
+from kvplan.quality import STORED_FAMILIES
 from kvplan.specs.kv_formats import KVFormat
 
 Tensors = tuple[torch.Tensor, torch.Tensor]
@@ -246,9 +246,9 @@ def check_format(fmt: KVFormat, head_dim: int) -> None:
     if fmt.applies_to == "mla":
         raise KvplanError(f"{fmt.name} stores DeepSeek's MLA latent; kvplan quality measures K and V caches "
                           f"(multi-head and grouped-query attention)")
-    if fmt.family in UNMEASURED_FAMILIES:
-        raise KvplanError(f"kvplan quality has no store for {fmt.name}: vLLM writes it with ROCm kernels kvplan does "
-                          f"not reproduce")
+    if fmt.family not in STORED_FAMILIES:
+        raise KvplanError(f"kvplan quality has no store for {fmt.name}: vLLM writes it with kernels kvplan does not "
+                          f"reproduce")
     power_of_two = fmt.family == "turboquant" and fmt.params.get("key_bits") != 8 or fmt.name == "int4_per_token_head"
     if power_of_two and head_dim & (head_dim - 1):
         raise KvplanError(f"{fmt.name} rotates keys by a Hadamard matrix: it needs a power-of-two head dimension, "
