@@ -319,3 +319,21 @@ def test_throughput_takes_random_range_ratio_and_refuses_a_bad_one():
     short = [DeploymentArgs(model="llama-3.1-8b", gpu="h100", max_model_len=20_000).resolve(needs_memory=True)]
     with pytest.raises(KvplanError, match="24,576 tokens"):
         throughput_of(short, 8192, 8192, [1], random_range_ratio=0.5)
+
+
+def test_vllm_admits_a_request_only_when_its_whole_prompt_fits():
+    # 20 blocks of 16 tokens; two 200-token prompts (13 blocks each), 10 output tokens, 128 tokens a step.
+    # step 1: r0 takes 128 of its prompt (8 blocks); step 2: r0 its last 72 (13 blocks, 7 free), 56 of the budget
+    # left: r1's first chunk of 56 needs 4 blocks, which are free, but its whole prompt needs 13: with vLLM's
+    # --scheduler-reserve-full-isl (on by default, v1/core/sched/scheduler.py can_fit_full_sequence) r1 waits for
+    # r0 to finish; admitted on its first chunk alone, it grows until the two need 27 blocks and is preempted
+    def run(reserve):
+        lim = EngineLimits("vllm", token_budget=128, max_seqs=8, blocks=20, blocks_for=blocks16,
+                           reserve_full_prompt=reserve)
+        return simulate(linear_price, lim, isl=200, osl=10, concurrency=2, num_prompts=2)
+
+    gated, first_chunk = run(True), run(False)
+    assert gated.preemptions == 0 and first_chunk.preemptions > 0
+    (s0, f0, d0), (s1, f1, d1) = sorted(gated.per_request, key=lambda x: x[2])
+    assert f1 > d0  # r1's prompt ran after r0 was done
+    assert gated.max_running == 1 and gated.capped_by == "kv pool"

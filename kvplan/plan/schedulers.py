@@ -39,6 +39,9 @@ class EngineLimits:
     mixed_chunk: bool = False
     # SGLang's --max-prefill-tokens: the prompt tokens one prefill batch takes beyond its first request (0: no cap)
     input_budget: int = 0
+    # vLLM's --scheduler-reserve-full-isl: a waiting request is admitted only when the free blocks hold its whole
+    # prompt, not just its first chunk
+    reserve_full_prompt: bool = False
     # other data-parallel ranks stepping in lockstep with this one (vLLM's DPEngineCoreProc, SGLang's attention
     # groups): each step lasts as long as the slowest rank's, so a rank's decode steps also wait out the others'
     # prompt chunks, as often as its own come (the ranks are alike)
@@ -110,7 +113,11 @@ def schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs, 
             break
         k = min(int(prompt_len[r] - computed[r]), budget)
         need = int(table[computed[r] + k]) - held[r]
-        if need > free:
+        # admitted only where the free blocks hold its whole prompt (and the tokens a preempted request had
+        # generated), not just this chunk: --scheduler-reserve-full-isl, on by default from 0.19 to 0.33
+        # (v1/core/sched/scheduler.py, KVCacheManager.can_fit_full_sequence)
+        whole = int(table[prompt_len[r]]) - held[r] if limits.reserve_full_prompt else need
+        if max(need, whole) > free:
             capped.add("kv pool")
             break
         waiting.popleft()

@@ -8,8 +8,9 @@ The scheduler (vLLM V1, vllm/v1/core/sched/scheduler.py `Scheduler.schedule`), a
   budget (chunked prefill); then WAITING requests in arrival order (FCFS), while budget is left and fewer than
   max_num_seqs run, each taking as much of its prompt as the budget leaves;
 - KV blocks are allocated for the tokens a step computes (KVCacheManager.allocate_slots), not for the whole
-  request: a waiting request is admitted when the free blocks hold its first chunk, and stops the admission of
-  later ones when they do not;
+  request, but a waiting request is admitted only when the free blocks hold its whole prompt (and, for a preempted
+  one, the tokens it had generated: --scheduler-reserve-full-isl, on by default in 0.19 to 0.33,
+  KVCacheManager.can_fit_full_sequence), and stops the admission of later ones when they do not;
 - a running request that finds no free block for its next tokens preempts the newest running request (the last
   admitted: RECOMPUTE, its blocks freed and it goes back to the front of the waiting queue, its prompt and the
   tokens it had generated computed again when it is readmitted), and is itself preempted when it is the newest;

@@ -159,7 +159,7 @@ def engine_limits(d):
     # for the step after it, or the one after that with async scheduling
     return EngineLimits("vllm", int(d.max_num_batched_tokens), int(d.max_num_seqs), int(plan.num_blocks) - 1,
                         lambda n: plan.blocks_per_request(n, np), admit_delay=2 if d.rules.async_scheduling else 1,
-                        lockstep=_lockstep(d))
+                        lockstep=_lockstep(d), reserve_full_prompt=True)
 
 
 def _lockstep(d) -> int:
