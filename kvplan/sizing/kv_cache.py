@@ -418,9 +418,6 @@ def params_read_per_token(model: ModelSpec, tp: int) -> float:
     return total
 
 
-_DECODE_FAMILY = {"auto": "bfloat16", "float16": "bfloat16", "fp8": "fp8_e4m3", "fp8_inc": "fp8_e4m3"}
-
-
 def step_figures(model: ModelSpec, layers: Sequence[LayerKV], base_layers: Sequence[LayerKV], wb: WeightBytes,
                  batch, context, mode: WeightRead, tp: int, gpu: Optional[GPUSpec], weight_dtype: str,
                  xp=SCALAR, params_read: Optional[float] = None) -> dict:
