@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from kvplan.errors import error_line
-from kvplan.specs.calibration import MB, FamilyFit, MeasurePlan, fit_family
+from kvplan.specs.calibration import DECODE_FORMATS, MB, FamilyFit, MeasurePlan, fit_family
 
 HEAD_DIM, KV_HEADS, HEADS, BLOCK = 128, 8, 32, 16
 
@@ -167,8 +167,8 @@ def run_plan(plan: MeasurePlan, device: torch.device, peak_bytes_per_s: float,
 
 
 PAGED_FORMATS = ("bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head", "fp8_per_token_head")
-QUANTIZED_FORMATS = ("int4_per_token_head", "nvfp4", "nvfp4_4over6", "turboquant_k8v4", "turboquant_4bit_nc",
-                     "turboquant_k3v4_nc", "turboquant_3bit_nc", "kivi2", "kivi4")
+# the timed formats whose decode kernel dequantizes a packed slot (every timed format beyond the paged ones)
+QUANTIZED_FORMATS = tuple(f for f in DECODE_FORMATS if f not in PAGED_FORMATS)
 CHECK_FORMATS = PAGED_FORMATS + QUANTIZED_FORMATS
 
 
