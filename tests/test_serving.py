@@ -337,3 +337,20 @@ def test_vllm_admits_a_request_only_when_its_whole_prompt_fits():
     (s0, f0, d0), (s1, f1, d1) = sorted(gated.per_request, key=lambda x: x[2])
     assert f1 > d0  # r1's prompt ran after r0 was done
     assert gated.max_running == 1 and gated.capped_by == "kv pool"
+
+
+def test_a_dtype_whose_pool_cannot_hold_the_longest_drawn_request_is_left_out():
+    # Llama-3.1-70B on two H100s, max_model_len 16,000: the bf16 pool holds 9,184 tokens, fp8 twice that. Prompts
+    # of 7,000 +- 50% (the longest 10,500) and 10 +- 50% outputs (at most 15): fp8 runs, bf16 cannot hold the
+    # longest request, so it is left out with the reason, as a dtype that holds not even the mean one is
+    from kvplan.deployment import deployments
+    from kvplan.errors import KvplanError
+    from kvplan.plan.throughput import throughput_of
+
+    args = DeploymentArgs(model="llama-3.1-70b", gpu="h100", tp=2, max_model_len=16_000)
+    ds = deployments(args, ["fp8", "auto"], needs_memory=True)
+    r = throughput_of(ds, 7000, 10, [1], num_prompts=20, random_range_ratio=0.5)
+    assert {x.kv_cache_dtype for x in r.rows} == {"fp8"}
+    assert any(n.startswith("auto:") and "9,184 tokens" in n for n in r.notes)
+    with pytest.raises(KvplanError, match="9,184 tokens"):
+        throughput_of(ds[1:], 7000, 10, [1], num_prompts=20, random_range_ratio=0.5)

@@ -253,8 +253,9 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         raise KvplanError("throughput needs --gpu (the step times and the pool are the GPU's)")
     gpus = d0.parallel.world
     models = [step_model(d) for d in ds]
-    limits = [pool_limit(d, isl, osl) * d.parallel.dp for d in ds]  # the whole deployment's
-    if max(limits) < 1 or (r and pool_limit(d0, longest, 0) < 1):  # not one request: say why, as `capacity` does
+    # the whole deployment's; none where the pool cannot hold the longest request the benchmark sends
+    limits = [pool_limit(d, isl, osl) * d.parallel.dp if not r or pool_limit(d, longest, 0) else 0 for d in ds]
+    if max(limits) < 1:  # not one request: say why, as `capacity` does
         raise KvplanError(_no_room(d0, longest))
     if concurrency:
         cs = sorted(set(int(c) for c in concurrency))
@@ -286,7 +287,7 @@ def throughput_of(ds: Sequence, isl: int, osl: int, concurrency: Optional[Sequen
         notes.append("estimated (no measured fit): " + ", ".join(est) + "; `kvplan measure` replaces them")
     for d, lim in zip(ds, limits):
         if lim < 1:
-            notes.append(f"{d.kv.name}: {_no_room(d, isl + osl)}")
+            notes.append(f"{d.kv.name}: {_no_room(d, longest)}")
         if d.unserved:
             notes.append(f"{d.kv.name}: {d.unserved}; left out of the verdict")
     return ThroughputResult(model=m.name, gpu=d0.gpu.name, tp=d0.tp, pp=d0.pp, isl=isl, osl=osl, engine=d0.engine,
