@@ -87,9 +87,9 @@ def _operating_points_table(con, results: Sequence, model, gpu) -> None:
     for i in range(n_points):
         for j, r in enumerate(results):
             p = r.operating_points[i]
-            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _rname(r, model, ck), gb(p.weight_bytes, unit=False),
-                   gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False), pct(p.saving),
-                   "KV" if p.bound == "kv" else "weights"]
+            row = [f"{p.batch:,} x {p.context:,}" if j == 0 else "", _rname(r, model, ck),
+                   gb(p.weight_bytes, unit=False), gb(p.kv_bytes, unit=False), gb(p.step_bytes, unit=False),
+                   pct(p.saving), "KV" if p.bound == "kv" else "weights"]
             if moe:
                 row.append(tokens(p.crossover_tokens))
             if timed:

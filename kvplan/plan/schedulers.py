@@ -116,8 +116,7 @@ def schedule_vllm(running: list, waiting: deque, prompt_len, computed, outputs, 
         # admitted only where the free blocks hold its whole prompt (and the tokens a preempted request had
         # generated), not just this chunk: --scheduler-reserve-full-isl, on by default from 0.19 to 0.33
         # (v1/core/sched/scheduler.py, KVCacheManager.can_fit_full_sequence)
-        whole = int(table[prompt_len[r]]) - held[r] if limits.reserve_full_prompt else need
-        if max(need, whole) > free:
+        if (int(table[prompt_len[r]]) - held[r] if limits.reserve_full_prompt else need) > free:
             capped.add("kv pool")
             break
         waiting.popleft()

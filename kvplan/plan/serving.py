@@ -266,7 +266,8 @@ def simulate(price: Callable[[float, float, float, float], float], limits: Engin
         return f0 + (priced(b, lo + g, 0, 0) - f0) * (ctx - lo) / g
 
     # the blocks a request holding n tokens needs, for every n it can hold (a table read instead of the pool's rule)
-    table = np.asarray(limits.blocks_for(np.arange(int((in_len + out_len).max()) + 2, dtype=np.int64))).astype(np.int64)
+    longest = int((in_len + out_len).max())
+    table = np.asarray(limits.blocks_for(np.arange(longest + 2, dtype=np.int64))).astype(np.int64)
 
     send_due(0.0)
     while len(finished_order) < sim_end:
@@ -403,7 +404,7 @@ def _result(n, C, in_len, out_len, sent, first, done_at, order, itl_v, itl_w, st
     rs = rs[rs >= warmup]  # the measured requests (sent after the warm-up's)
     ttft = first[rs] - sent[rs]
     e2e = done_at[rs] - sent[rs]
-    outs = out_len[rs]
+    ins, outs = in_len[rs], out_len[rs]
     duration = float(done_at[rs].max() - sent[rs].min())
     if simulated < n:  # periodic (fixed lengths): the rest repeat the last generation, one generation's time each
         last = rs[-C:]
@@ -411,6 +412,7 @@ def _result(n, C, in_len, out_len, sent, first, done_at, order, itl_v, itl_w, st
         idx = np.resize(np.arange(C), reps)
         ttft = np.concatenate([ttft, (first[last] - sent[last])[idx]])
         e2e = np.concatenate([e2e, (done_at[last] - sent[last])[idx]])
+        ins = np.concatenate([ins, in_len[last][idx]])
         outs = np.concatenate([outs, out_len[last][idx]])
         (_, _, end0, area0), (_, _, end1, area1) = gen_stats[-2:]
         duration += (end1 - end0) * reps / C
@@ -420,7 +422,7 @@ def _result(n, C, in_len, out_len, sent, first, done_at, order, itl_v, itl_w, st
     tpot = (e2e - ttft)[several] / (outs[several] - 1) if several.any() else np.zeros_like(e2e)
     m = n - warmup
     out_tokens = float(outs.sum())
-    in_tokens = float(in_len[rs].sum()) * (m / rs.size) if rs.size else 0.0
+    in_tokens = float(ins.sum())
     whole = duration + (float(sent[rs].min()) if warmup else 0.0)  # the whole run's, for the running average
     mean_running = busy_area / whole if whole > 0 else 0.0
     return BenchResult(
