@@ -226,11 +226,10 @@ def vllm_rules(version: str | None) -> VllmRules:
 
 
 def release_adding(dtype: str) -> Optional[str]:
-    """The first catalogued vLLM release whose CacheDType lists `dtype` (each release keeps the names of the one
-    before); None where the oldest already has it or none does."""
-    names = sorted(VLLM, key=version_key)
-    first = next((n for n in names if dtype not in VLLM[n].cache_dtypes_missing), None)
-    return None if first == names[0] else first
+    """The first vLLM release whose CacheDType lists `dtype` (its catalog entry's vllm_since); None where every
+    release kvplan plans has it or the catalog has no such dtype."""
+    f = CATALOG.get(dtype)
+    return f.vllm_since if f is not None else None
 
 
 def missing_dtype_message(dtype: str, rules: VllmRules) -> str:
