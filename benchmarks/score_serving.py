@@ -227,8 +227,10 @@ def clients(row: dict) -> Optional[int]:
 
 
 def engine_limits(engine: str, isl: int, osl: int, concurrency: int) -> dict:
-    """The engine settings of the protocol (the module's docstring); SGLang's rows get max_model_len alone."""
+    """The engine settings of the protocol (the module's docstring); SGLang's rows get max_model_len and no radix cache."""
     out = {"max_model_len": isl + osl + EXTRA_TOKENS}
+    if engine == "sglang":  # prefix caching off, as the benchmark runs (disable_prefix_cache: --disable-radix-cache)
+        out["disable_radix_cache"] = True
     if engine == "vllm":
         seqs = MIN_SEQS if concurrency < MIN_SEQS else 2 * concurrency
         out.update(max_num_seqs=seqs, max_num_batched_tokens=seqs + isl + EXTRA_TOKENS)
@@ -292,7 +294,8 @@ class Scorer:
 
     def predict(self, x: dict):
         """kvplan's row at the concurrency: `kvplan throughput --kv-cache-dtype auto --json`'s figures."""
-        limits = {k: x[k] for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens") if k in x}
+        limits = {k: x[k] for k in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "disable_radix_cache")
+                  if k in x}
         key = (x["config"], x["gpu"], x["engine"], x["tp"], x["pp"], x["weight_dtype"], *sorted(limits.items()),
                *sorted(x["layout"].items()))
 

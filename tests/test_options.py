@@ -79,6 +79,7 @@ DEPLOYMENT_VALUES = {
     "--all2all-backend": "deepep_low_latency", "--enable-eplb": None, "--num-redundant-experts": "8",
     "--dp-size": "2", "--enable-dp-attention": None, "--ep-size": "2", "--moe-a2a-backend": "deepep",
     "--ep-num-redundant-experts": "8", "--moe-dense-tp-size": "1", "--enable-dp-lm-head": None,
+    "--max-running-requests": "4", "--disable-radix-cache": None,
 }
 VALUES = {
     "crossover": {**DEPLOYMENT_VALUES, "--context": "4096", "--batch": "8", "--weight-read": "all",
@@ -185,7 +186,8 @@ def test_every_deployment_field_is_one_flag_and_one_gate_key():
     assert {flag(n) for n in scheduler} <= set(_options("throughput"))
     gate_keys = set(Options.model_fields) - {"model", "dtype", "weight_read", "baseline", "kv_cache_memory"}
     sglang_only = {"mem_fraction_static", "page_size", "dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend",
-                   "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head"}
+                   "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head", "max_running_requests",
+                   "disable_radix_cache"}
     assert gate_keys | {"kv_cache_memory_gib"} == set(names) - sglang_only
 
 

@@ -64,6 +64,45 @@ def test_qwen35_35b_pool_on_h100_tp2_by_hand():
     assert r.fits and "Mamba Cache is allocated. max_mamba_cache_size: 505" in r.log_lines[0]
 
 
+def test_disable_radix_cache_lets_every_state_slot_run_a_request():
+    # model_runner_kv_cache_mixin.py init_memory_pool (0.5.9): with --disable-radix-cache the ratio is 1, so the same
+    # pool as test_qwen35_35b_pool_on_h100_tp2_by_hand runs min(3,452, 505 // 1) = 505 requests; the pool itself is
+    # unchanged (handle_max_mamba_cache splits the memory the same way)
+    r = sglang_pool(load_model(QWEN35), load_gpu("h100"), tp=2, mem_fraction_static=0.9, free_before_load_gib=80,
+                    weight_gib=40, radix_cache=False)
+    assert r.state["slots"] == 505 and r.max_total_num_tokens == 1_767_723
+    assert r.max_running_requests == 505
+
+
+def test_max_running_requests_sizes_the_state_pool_without_the_radix_cache():
+    # handle_max_mamba_cache: --disable-radix-cache with --max-running-requests 128 makes max_mamba_cache_size 128:
+    # 128 x 32,194,560 = 4,120,903,680 B of state; the KV layers get 34,359,738,368 - 4,120,903,680 =
+    # 30,238,834,688 B // 10,240 = 2,953,011 tokens; max_running_requests min(128, 128 // 1) = 128
+    m, g = load_model(QWEN35), load_gpu("h100")
+    r = sglang_pool(m, g, tp=2, mem_fraction_static=0.9, free_before_load_gib=80, weight_gib=40, radix_cache=False,
+                    max_running_requests=128)
+    assert r.state["slots"] == 128 and r.state["pool_bytes"] == 4_120_903_680
+    assert r.max_total_num_tokens == 2_953_011 and r.max_running_requests == 128
+    # with the radix cache on the number given only caps: min(128, 505 // 3 = 168) = 128 requests, the same 505 slots
+    on = sglang_pool(m, g, tp=2, mem_fraction_static=0.9, free_before_load_gib=80, weight_gib=40,
+                     max_running_requests=128)
+    assert on.state["slots"] == 505 and on.max_total_num_tokens == 1_767_723 and on.max_running_requests == 128
+    # a dense model: the number given, whatever the pool (min(R, req_to_token_pool.size = R))
+    dense = sglang_pool(load_model("llama-3.1-8b"), g, tp=1, mem_fraction_static=0.9, max_running_requests=100)
+    assert dense.max_running_requests == 100
+
+
+def test_the_options_reach_the_pool_and_the_benchmark_limits():
+    d = DeploymentArgs(model=QWEN35, gpu="h100", engine="sglang", tp=2, disable_radix_cache=True,
+                       max_running_requests=64).resolve()
+    assert (d.radix_cache, d.max_running_requests) == (False, 64)
+    r = sglang_capacity(d)
+    assert r.state["slots"] == 64 and r.max_running_requests == 64
+    assert engine_limits(d).max_seqs == 64
+    with pytest.raises(KvplanError, match="--max-running-requests"):
+        DeploymentArgs(model="llama-3.1-8b", gpu="h100", max_running_requests=64).resolve()
+
+
 def test_qwen3_next_80b_pool_on_h200_tp4_by_hand():
     # 48 layers: 36 GDN, 12 attention. Per GDN layer at TP 4: conv 8,192 / 4 = 2,048 x 3 x 2 B = 12,288 B;
     # temporal (32 / 4) x 128 x 128 x 4 B = 524,288 B; x 36 = 19,316,736 B per request.

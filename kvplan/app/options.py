@@ -181,6 +181,12 @@ SgMixedChunkOpt = Annotated[bool, typer.Option(
 SgMaxPrefillOpt = Annotated[Optional[int], typer.Option(
     "--max-prefill-tokens", help="SGLang: the prompt tokens one prefill batch takes beyond its first request (default "
     "16384)")]
+SgMaxRunningOpt = Annotated[Optional[int], typer.Option(
+    "--max-running-requests", help="SGLang: the most requests it runs at once, over all DP-attention groups (default: "
+    "what the pool and, for a hybrid model, its state slots allow)")]
+SgNoRadixOpt = Annotated[bool, typer.Option(
+    "--disable-radix-cache", help="SGLang: no prefix cache; a hybrid model's state slots then each serve a running "
+    "request (a third of them with the cache on), and --max-running-requests sizes its state pool")]
 SgDpLmHeadOpt = Annotated[bool, typer.Option(
     "--enable-dp-lm-head", help="SGLang, with --enable-dp-attention: the LM head whole in each attention group")]
 
@@ -205,6 +211,7 @@ DEPLOYMENT_OPTIONS: dict = {
     "enable_dp_attention": (SgDpAttnOpt, False), "ep_size": (SgEpOpt, None), "moe_a2a_backend": (SgA2aOpt, None),
     "ep_num_redundant_experts": (SgRedundantOpt, None), "moe_dense_tp_size": (SgDenseTpOpt, None),
     "enable_dp_lm_head": (SgDpLmHeadOpt, False), "calibration": (CalibrationOpt, None),
+    "max_running_requests": (SgMaxRunningOpt, None), "disable_radix_cache": (SgNoRadixOpt, False),
     "enable_mixed_chunk": (SgMixedChunkOpt, False), "max_prefill_tokens": (SgMaxPrefillOpt, None),
 }
 VLLM_LAYOUT = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",

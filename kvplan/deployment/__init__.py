@@ -84,6 +84,8 @@ class DeploymentArgs:
     page_size: Optional[int] = None
     enable_mixed_chunk: bool = False  # SGLang: prompt chunks share their step with the running requests' decodes
     max_prefill_tokens: Optional[int] = None  # SGLang: the prompt tokens one prefill batch takes
+    max_running_requests: Optional[int] = None  # SGLang: the requests it runs at once (all DP-attention groups')
+    disable_radix_cache: bool = False  # SGLang: no prefix cache (a hybrid's state slots then serve one request each)
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
     entrypoint: Optional[str] = None
@@ -306,7 +308,7 @@ def _check_numbers(args: DeploymentArgs, prof, given: set) -> None:
     for name in ("activation_gib", "non_torch_gib", "cudagraph_gib"):
         check_positive(name, getattr(args, name), zero_ok=True)
     for name in ("num_gpu_blocks_override", "block_size", "page_size", "max_num_seqs", "max_num_batched_tokens",
-                 "max_prefill_tokens"):
+                 "max_prefill_tokens", "max_running_requests"):
         check_positive(name, getattr(args, name), integer=True)
     if args.entrypoint is not None and args.entrypoint not in ENTRYPOINTS:
         raise KvplanError(f"--entrypoint '{args.entrypoint}': choose serve (vllm serve, the API server) or llm (the "

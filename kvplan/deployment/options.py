@@ -16,8 +16,9 @@ VLLM_ONLY = ("pp", "dcp", "block_size", "gpu_memory_utilization", "num_gpu_block
              "non_torch_gib", "cudagraph_gib", "kv_cache_dtype_skip_layers", "language_model_only",
              "mamba_ssm_cache_dtype", "data_parallel_size", "data_parallel_size_local", "enable_expert_parallel",
              "all2all_backend", "enable_eplb", "num_redundant_experts")
-SGLANG_ONLY = ("mem_fraction_static", "page_size", "enable_mixed_chunk", "max_prefill_tokens", "dp_size", "enable_dp_attention", "ep_size",
-               "moe_a2a_backend", "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
+SGLANG_ONLY = ("mem_fraction_static", "page_size", "enable_mixed_chunk", "max_prefill_tokens", "max_running_requests",
+               "disable_radix_cache", "dp_size", "enable_dp_attention", "ep_size", "moe_a2a_backend",
+               "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")
 LAYOUT_OPTIONS = ("data_parallel_size", "data_parallel_size_local", "enable_expert_parallel", "all2all_backend",
                   "enable_eplb", "num_redundant_experts", "dp_size", "enable_dp_attention", "ep_size",
                   "moe_a2a_backend", "ep_num_redundant_experts", "moe_dense_tp_size", "enable_dp_lm_head")

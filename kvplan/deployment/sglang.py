@@ -60,6 +60,9 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
         raise KvplanError(f"SGLang after {ended.until} refuses --kv-cache-dtype {fmt.name} at start (deprecated; "
                           f"mem_cache/kv_cache_dtype.py configure_kv_cache_dtype): use -d {ended.replaced_by} (the "
                           f"same bytes), or plan SGLang {ended.until} with --engine-version {ended.until}")
+    if args.disable_radix_cache and not m.state_layers:
+        notes.append("--disable-radix-cache: no effect on the figures of a model without per-request state (the pool "
+                     "is the same, and kvplan simulates no prefix hits either way)")
     f = _resolve_mem_fraction(args, prof, common)
     free_before = None
     weights = None
@@ -78,6 +81,7 @@ def _resolve_sglang(args: DeploymentArgs, prof, common: dict, notes: list[str]) 
     return Deployment(**common, engine_version=SGLANG_VERSION, mem_fraction_static=f,
                       page_size=page, mixed_chunk=bool(args.enable_mixed_chunk),
                       max_prefill_tokens=int(args.max_prefill_tokens or MAX_PREFILL_TOKENS),
+                      max_running_requests=args.max_running_requests, radix_cache=not args.disable_radix_cache,
                       free_before_load_bytes=free_before,
                       measured=Measured(weights, 0, prof.source or "a startup log") if prof is not None else None,
                       notes=tuple(notes))

@@ -69,6 +69,8 @@ class Deployment:
     page_size: Optional[int] = None
     mixed_chunk: bool = False  # --enable-mixed-chunk
     max_prefill_tokens: int = 0  # --max-prefill-tokens (SGLang's default when not given)
+    max_running_requests: Optional[int] = None  # --max-running-requests (None: SGLang derives it from the pool)
+    radix_cache: bool = True  # False with --disable-radix-cache
     free_before_load_bytes: Optional[int] = None  # measured by a profile
     # measured inputs
     measured: Optional[Measured] = None
@@ -121,7 +123,8 @@ class Deployment:
                        activation_bytes=self.activation_bytes, non_torch_bytes=self.non_torch_bytes,
                        cudagraph_bytes=self.cudagraph_bytes)
         else:
-            out.update(mem_fraction_static=self.mem_fraction_static, page_size=self.page_size)
+            out.update(mem_fraction_static=self.mem_fraction_static, page_size=self.page_size,
+                       max_running_requests=self.max_running_requests, radix_cache=self.radix_cache)
             if self.attention_backend is not None:
                 out["attention_backend"] = self.attention_backend.name
         out["profile"] = self.measured.source if self.measured else None

@@ -154,10 +154,12 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
                 free_before_load_gib: Optional[float] = None, weight_gib: Optional[float] = None,
                 avail_after_load_gib: Optional[float] = None, swa_full_tokens_ratio: float = SWA_FULL_TOKENS_RATIO,
                 max_running_requests: Optional[int] = None, weight_dtype: Optional[str] = None,
-                total_gib: Optional[float] = None, layout: Optional[Parallel] = None) -> SglangPool:
+                total_gib: Optional[float] = None, layout: Optional[Parallel] = None,
+                radix_cache: bool = True) -> SglangPool:
     """SGLang's max_total_num_tokens for a model on a GPU (one rank's: with data-parallel attention, one attention
     group's rank, `layout`); measured free memories (from a log) replace the estimates. `mem_fraction_static`: as
-    resolved (kvplan.deployment decides SGLang's default)."""
+    resolved (kvplan.deployment decides SGLang's default). `max_running_requests`: --max-running-requests as given
+    (all DP-attention groups'), None for SGLang's own; `radix_cache`: False with --disable-radix-cache."""
     layout = layout or Parallel.tensor(tp)
     check_tp(model, layout.attn_tp)
     fmt = dtype if isinstance(dtype, KVFormat) else kv_format(dtype)
@@ -179,7 +181,10 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     available = int((after_load / GiB - free_before / GiB * (1 - f)) * GiB)
     full_cell, swa_cell, n_full, n_swa = cell_bytes(model, fmt, layout.attn_tp)
     ctx = context_len or model.max_position_embeddings
-    state = state_pool(model, layout, available, tp) if model.state_layers else None
+    # --max-running-requests per rank: split over the DP-attention groups (model_runner.py init_memory_pool)
+    given = None if max_running_requests is None else max(1, max_running_requests // _dp_groups(layout, tp))
+    state = (state_pool(model, layout, available, tp, radix_cache=radix_cache, requests=given)
+             if model.state_layers else None)
     kv_room = available - (state["pool_bytes"] if state else 0)
     swa_tokens = None
     if n_swa and n_full:
@@ -189,10 +194,12 @@ def sglang_pool(model: ModelSpec, gpu: Optional[GPUSpec], dtype: str | KVFormat 
     else:
         cell = full_cell + swa_cell * n_swa
         tokens = max(0, int(kv_room // cell)) // page_size * page_size
-    if max_running_requests is None:
-        max_running_requests = min(max(2048, min(4096, int(tokens / ctx * 512))), tokens // 2)
-        if state:  # init_memory_pool: at most max_mamba_cache_size // 3 with the radix cache on
-            max_running_requests = min(max_running_requests, state["max_running_requests_cap"])
+    # init_memory_pool: the request pool (max_num_reqs), at most the state slots // 3 with the radix cache on (// 1
+    # without); model_runner.py then runs at most max_total_num_tokens // 2 of them, or the number given
+    requests = given if given is not None else max(2048, min(4096, int(tokens / ctx * 512)))
+    if state:
+        requests = min(requests, state["max_running_requests_cap"])
+    max_running_requests = min(given if given is not None else tokens // 2, requests)
     k_size = (tokens + page_size) * full_cell / 2 / GiB
     indexer = nsa_pool(model, fmt, tokens, page_size) if model.sparse_mla else None
     if indexer:  # what NSATokenToKVPool allocates, which is not quite what the profile counted
@@ -236,22 +243,27 @@ def _problem_and_notes(model: ModelSpec, fmt: KVFormat, f: float, weights: float
     """Why SGLang does not start with this pool (None when it does), and what a reader of its figures should know:
     a pool shorter than one sequence, the Mamba state's share, an fp8 latent stored larger than budgeted."""
     problem, notes = None, []
-    if tokens < 1:
+    if state and state["sized_by_requests"] and state["pool_bytes"] >= available:
+        problem = (f"{model.name}'s Mamba state for {state['slots']:,} requests ({state['pool_bytes'] / GiB:.2f} GiB "
+                   f"per rank) leaves SGLang no KV pool; lower --max-running-requests or raise --tp")
+    elif tokens < 1:
         problem = (f"{model.name}'s weights ({weights / GiB:.2f} GiB per rank) leave SGLang no KV pool at "
                    f"--mem-fraction-static {f:g}; raise --tp, use a smaller --weight-dtype, or raise "
                    f"--mem-fraction-static")
-    elif state and state["slots"] < MAMBA_SLOTS_PER_REQUEST:
+    elif state and state["slots"] < state["slots_per_request"]:
         problem = (f"{model.name}'s Mamba state ({state['bytes_per_request'] / GiB:.2f} GiB per request per rank) "
                    f"leaves SGLang {state['slots']} state slots, too few for one request (max_mamba_cache_size // "
-                   f"{MAMBA_SLOTS_PER_REQUEST}); raise --tp or --mem-fraction-static")
+                   f"{state['slots_per_request']}); raise --tp or --mem-fraction-static")
     elif tokens < ctx:  # SGLang caps a request's input at max_total_num_tokens - 1 (scheduler.max_req_input_len)
         notes.append(f"the pool holds {tokens:,} tokens, fewer than one sequence of {ctx:,}: SGLang caps each "
                      f"request's input at {tokens - 1:,} tokens")
     if state:
+        share = ("as --max-running-requests asks, with --disable-radix-cache" if state["sized_by_requests"]
+                 else f"{state['memory_ratio']:g} / {1 + state['memory_ratio']:g} of the pool")
         notes.append(f"Mamba state: {state['layers']} layers x ({state['conv_bytes']:,} B conv + "
                      f"{state['temporal_bytes']:,} B ssm) = {state['bytes_per_request']:,} B per request per rank; "
-                     f"{state['slots']:,} slots take {state['memory_ratio']:g} / {1 + state['memory_ratio']:g} of the "
-                     f"pool, so max_running_requests <= {state['slots']:,} // {MAMBA_SLOTS_PER_REQUEST}")
+                     f"{state['slots']:,} slots ({share}), so max_running_requests <= {state['slots']:,} // "
+                     f"{state['slots_per_request']}")
     if indexer and indexer["latent_bytes_per_token_per_layer"] != model.mla.latent_dim * fmt.k[0].bits // 8:
         notes.append(f"SGLang budgets the fp8 latent at {model.mla.latent_dim} B per token per layer but stores "
                      f"{indexer['latent_bytes_per_token_per_layer']} (scales and a bf16 rope part): the pool "
@@ -260,25 +272,37 @@ def _problem_and_notes(model: ModelSpec, fmt: KVFormat, f: float, weights: float
     return problem, notes
 
 
-def state_pool(model: ModelSpec, layout: Parallel, available: float, tp: int) -> dict:
-    """A hybrid's Mamba state pool on one rank, as sglang 0.5.6 splits the pool's memory (model_runner.py
-    handle_max_mamba_cache, with the radix cache on and no speculative decoding): the state takes
-    ratio / (1 + ratio) of it (mamba_full_memory_ratio 0.9), in whole requests' states (max_mamba_cache_size; a
-    gated delta net's divided by the DP-attention groups), and the full-attention KV pool the rest;
-    max_running_requests is then at most max_mamba_cache_size // 3 (init_memory_pool)."""
+def _dp_groups(layout: Parallel, tp: int) -> int:
+    """The DP-attention groups SGLang divides request counts by (1 without --enable-dp-attention)."""
+    return layout.dp if layout.attn_tp < tp else 1
+
+
+def state_pool(model: ModelSpec, layout: Parallel, available: float, tp: int, *, radix_cache: bool = True,
+               requests: Optional[int] = None) -> dict:
+    """A hybrid's Mamba state pool on one rank, as sglang 0.5.6 to 0.5.9 split the pool's memory (model_runner.py
+    handle_max_mamba_cache, no speculative decoding): the state takes ratio / (1 + ratio) of it
+    (mamba_full_memory_ratio 0.9), in whole requests' states (max_mamba_cache_size; a gated delta net's divided by
+    the DP-attention groups), and the full-attention KV pool the rest; max_running_requests is then at most
+    max_mamba_cache_size // 3 with the radix cache on, // 1 without (init_memory_pool). With --disable-radix-cache
+    and --max-running-requests (`requests`, per rank) the state pool is that many requests' states instead."""
     conv, temporal = mamba_state_bytes(model, layout.attn_tp)
     n = len(model.state_layers)
     per_req = (conv + temporal) * n
     ratio = MAMBA_FULL_MEMORY_RATIO
-    raw_gib = available / GiB * ratio / (1 + ratio)  # handle_max_mamba_cache works in GiB
-    # a state of no bytes: max_mamba_cache_size is max_running_requests, or 512 when unset
-    slots = max(0, int((raw_gib * GiB) // per_req)) if per_req else MAMBA_EMPTY_STATE_SLOTS
     st = model.state  # one mixer: mamba_state_bytes refuses several
-    if st.sglang_slots_per_dp_group and layout.attn_tp < tp:  # with --enable-dp-attention
-        slots //= layout.dp
+    if not radix_cache and requests is not None:
+        slots = requests
+    else:
+        raw_gib = available / GiB * ratio / (1 + ratio)  # handle_max_mamba_cache works in GiB
+        # a state of no bytes: max_mamba_cache_size is max_running_requests, or 512 when unset
+        slots = max(0, int((raw_gib * GiB) // per_req)) if per_req else MAMBA_EMPTY_STATE_SLOTS
+        if st.sglang_slots_per_dp_group and layout.attn_tp < tp:  # with --enable-dp-attention
+            slots //= layout.dp
+    per_request = MAMBA_SLOTS_PER_REQUEST if radix_cache else 1
     return {"kind": st.kind, "layers": n, "conv_bytes": conv, "temporal_bytes": temporal,
             "bytes_per_request": per_req, "memory_ratio": ratio, "slots": slots, "pool_bytes": slots * per_req,
-            "max_running_requests_cap": slots // MAMBA_SLOTS_PER_REQUEST}
+            "slots_per_request": per_request, "sized_by_requests": not radix_cache and requests is not None,
+            "max_running_requests_cap": slots // per_request}
 
 
 def nsa_pool(model: ModelSpec, fmt: KVFormat, tokens: int, page_size: int) -> dict:
@@ -312,6 +336,7 @@ def sglang_capacity(d, logged: Optional[dict] = None) -> SglangPool:
     pool = sglang_pool(
         d.model, d.gpu, d.kv, tp=d.tp, layout=d.parallel, mem_fraction_static=d.mem_fraction_static,
         context_len=d.max_model_len, page_size=d.page_size or 1, weight_dtype=d.weight_dtype,
-        total_gib=d.total_bytes / GiB if d.total_bytes else None, **memory)
+        total_gib=d.total_bytes / GiB if d.total_bytes else None, max_running_requests=d.max_running_requests,
+        radix_cache=d.radix_cache, **memory)
     return replace(pool, notes=list(d.notes) + pool.notes + layout_note(d, pool.kv_tokens, pool.weight_bytes),
                    deployment=d.to_dict())

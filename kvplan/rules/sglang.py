@@ -46,7 +46,8 @@ def fused_shared_experts(model: ModelSpec, parallel: Parallel, a2a_backend: Opti
 # server_args.py ServerArgs: mamba_full_memory_ratio 0.9 (the state pool is 0.9 x the full-attention KV pool),
 # mamba_ssm_dtype "float32" (the model config's own is not read); configs/mamba_utils.py CONV_DTYPE: the conv
 # state is always bfloat16; model_runner.py MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO: with the radix cache on
-# (the default) max_running_requests is at most a third of the state slots.
+# (the default) max_running_requests is at most a third of the state slots; with --disable-radix-cache it is at
+# most the slots, and a --max-running-requests given there sizes the state pool itself (handle_max_mamba_cache).
 MAMBA_FULL_MEMORY_RATIO = 0.9
 MAMBA_SSM_DTYPE = "fp32"
 MAMBA_CONV_DTYPE = "bf16"

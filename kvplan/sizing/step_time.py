@@ -285,7 +285,11 @@ class StepModel:
         # 0.19 MLACommonImpl._forward_prefill, SGLang's MHA path for extends)
         self.prefill_flops = attn.prefill_flops_per_token_head
         self.decode_flops = attn.flops_per_token_head
-        self.prefill_fit = prefill_attention_fit(profile, self.attn_family, self.prefill_flops)
+        # MLA's prompt attention runs on the up-projected keys and values in the model's dtype whatever the cache
+        # stores (vLLM 0.19 MLACommonMetadataBuilder.determine_prefill_query_data_type: fp8 only with
+        # use_prefill_query_quantization, off by default; the cached context is dequantized as it is gathered)
+        self.prefill_fit = prefill_attention_fit(profile, "bfloat16" if m.mla else self.attn_family,
+                                                 self.prefill_flops)
         self.eplb = d.eplb
         # the all-to-all's sustained NVLink rate per GPU: 60% of one direction of the GPU's NVLink (DeepEP's
         # low-latency kernels reach 230-270 GB/s on an H200 of 450 GB/s each way: AIConfigurator's DeepEP tables)
