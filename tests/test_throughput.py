@@ -119,6 +119,21 @@ def test_prefill_sized_gemms_are_fitted_too(gpu, dtype):
     assert 0.92 <= ratios[len(ratios) // 2] <= 1.08
 
 
+@pytest.mark.parametrize("gpu", sorted(GPU_OF.values()))
+def test_a_weight_narrower_than_the_tables_costs_no_more_than_their_narrowest(gpu):
+    """A router's or a shared expert's gate (n = 1, as Qwen3.5's shared_expert_gate, or 32 for a gated delta net's
+    in_proj_ba) runs the tile the tables' narrowest weight (n = 32) does: on B200 the bf16 cap extrapolated to n = 1
+    priced a 4,096 x 1 gate at 11.8 us where the tables time the 4,096 x 32 one at 3.9 us."""
+    prof = bundled_profile(load_gpu(gpu))
+    bw = prof.peak_bandwidth_bytes_per_s
+    for dtype, fit in prof.gemm.items():
+        wb = 2 if dtype == "bfloat16" else 1
+        for m in (1, 4, 64):
+            one = gemm_call_seconds(fit, bw, m, 1, 4096, 4096 * wb, wb)
+            narrowest = gemm_call_seconds(fit, bw, m, 32, 4096, 32 * 4096 * wb, wb)
+            assert one <= narrowest * (1 + 1e-9), (gpu, dtype, m, one, narrowest)
+
+
 def test_a_deeper_weight_can_run_another_kernel():
     """B200, fp8 weights, 8 tokens: from k = 16,384 the kernel changes, and a weight a third deeper reads faster.
     Rows copied from AIConfigurator's b200_sxm gemm_perf (vLLM 0.19.0; m, n, k, latency in ms). (At n = 4,096 the

@@ -42,8 +42,10 @@ def _gemm_bucket_seconds(b: dict, peak_flops, peak_bw: float, m, n, k, byt, flop
     """One range's GEMM time. The rate a grid of n output columns walking k deep sustains, exp(a) x n^b x k^c, caps
     the bandwidth: at once (a hard minimum) or, where the range has a softness s, as (1/(eta B)^s + 1/cap^s)^(-1/s)
     (s = 1: the times add, the walk over k not hidden behind the stream). Where the range has a compute term the
-    two limits blend."""
-    cap = math.exp(b["cap_log_bytes_per_s"]) * n ** b["cap_exponent"] * k ** b.get("cap_k_exponent", 0.0)
+    two limits blend. A weight narrower or shallower than the tables' (a router's or a shared expert's gate of a
+    few outputs) runs the narrowest table shape's tiles: its rate is that shape's, not the cap's extrapolation."""
+    cap = (math.exp(b["cap_log_bytes_per_s"]) * max(n, TABLE_MIN_DIM) ** b["cap_exponent"]
+           * max(k, TABLE_MIN_DIM) ** b.get("cap_k_exponent", 0.0))
     s = b.get("cap_softness")
     rate = xp.minimum(b["eta"] * peak_bw, cap) if not s else ((b["eta"] * peak_bw) ** -s + cap ** -s) ** (-1 / s)
     t = byt / rate
@@ -100,6 +102,9 @@ def attention_call_seconds(fit: Fit, peak_bw: float, batch, kv_heads: int, q_hea
         t = t + per_split * splits
     return t
 
+
+# the narrowest n and shallowest k of the GEMM tables the fits are made from (aiconfigurator's gemm_perf: 32 each)
+TABLE_MIN_DIM = 32
 
 CLUSTER_SPLITS = 16  # the most CTAs a thread-block cluster holds (non-portable size), hence shared-memory combines
 
