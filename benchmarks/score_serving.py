@@ -27,11 +27,9 @@ rows do not record their own engine settings):
   smaller, else doubled: the benchmark rule) and --max-num-batched-tokens max_batch_size + isl + 1500. SGLang takes
   neither flag in kvplan (they are vLLM's), so its rows use kvplan's SGLang defaults for them. The engine version is
   left to kvplan's default, as `kvplan throughput` (which has no --engine-version) does;
-* --kv-cache-dtype auto, which kvplan resolves as the engine does: to the checkpoint's declared KV-cache
-  quantization (ModelOpt's kv_cache_quant_algo, compressed-tensors' kv_cache_scheme; SGLang ModelOpt's only), else
-  the model dtype. Where the config is a stand-in from another format's checkpoint (an fp8 row priced on NVIDIA's
-  NVFP4 config, whose hf_quant_config declares an fp8 cache), its declaration is not the served checkpoint's: such
-  a row takes the model dtype, what auto gives a checkpoint that declares none;
+* --kv-cache-dtype auto. kvplan resolves auto to the model dtype today; vLLM resolves it to the checkpoint's
+  declared KV-cache quantization (ModelOpt's kv_cache_quant_algo, compressed-tensors' kv_cache_scheme), SGLang to
+  ModelOpt's: a known gap, closed in kvplan itself rather than here;
 * the checkpoint (checkpoint_for): a row names the base model (model_path) and the weight format it served
   (precision: bf16, fp8, fp4, int4). The config is that format's published checkpoint where HF_CONFIGS has one
   (`<name>-FP8` for fp8, NVIDIA's `<name>-NVFP4` for fp4), else the model's own; a model the folder knows only
@@ -290,9 +288,7 @@ class Scorer:
             raise Skip("no config.json for model_path in --configs")
         model = self._cached(self.models, config, lambda: load_model(str(config)))
         wd = weight_dtype_for(model, row)
-        kv = "auto" if wd is None else model.dtype  # (a stand-in's declared KV quantization is not the row's)
         return dict(config=config, model=model, gpu=gpu, engine=engine, tp=layout.pop("tp"), pp=pp, weight_dtype=wd,
-                    kv=kv,
                     layout=layout, isl=isl, osl=osl, concurrency=conc,
                     **engine_limits(engine, isl, osl, -(-conc // dp)))
 
@@ -306,7 +302,7 @@ class Scorer:
         def resolve():
             args = DeploymentArgs(model=x["model"], gpu=x["gpu"], engine=x["engine"], tp=x["tp"], pp=x["pp"],
                                   weight_dtype=x["weight_dtype"], **limits, **x["layout"])
-            return deployments(args, parse_dtypes([x["kv"]]), needs_memory=True)
+            return deployments(args, parse_dtypes(["auto"]), needs_memory=True)
 
         ds = self._cached(self.deployments, key, resolve, x["model"].name)
         try:
@@ -348,7 +344,7 @@ def score_rows(rows: list, configs: Path) -> tuple[list, list]:
                 "config": str(x["config"].relative_to(scorer.index.folder)), "precision": row.get("precision", ""),
                 "gemm_quant_mode": row.get("gemm_quant_mode", ""), "moe_quant_mode": row.get("moe_quant_mode", ""),
                 "weight_dtype": d.weight_dtype or d.model.weight_dtype, "weight_dtype_given": x["weight_dtype"],
-                "kv_cache_dtype": d.kv.name, "kv_cache_dtype_given": x["kv"], "tp": x["tp"], "pp": x["pp"], "isl": x["isl"], "osl": x["osl"],
+                "kv_cache_dtype": d.kv.name, "tp": x["tp"], "pp": x["pp"], "isl": x["isl"], "osl": x["osl"],
                 "concurrency": x["concurrency"], "max_model_len": x["max_model_len"],
                 "max_num_seqs": x.get("max_num_seqs"), "max_num_batched_tokens": x.get("max_num_batched_tokens"),
                 "profile": r.profile, "pool_limit": r.pool_limit},
