@@ -27,9 +27,12 @@ rows do not record their own engine settings):
   smaller, else doubled: the benchmark rule) and --max-num-batched-tokens max_batch_size + isl + 1500. SGLang takes
   neither flag in kvplan (they are vLLM's), so its rows use kvplan's SGLang defaults for them. The engine version is
   left to kvplan's default, as `kvplan throughput` (which has no --engine-version) does;
-* --kv-cache-dtype auto. kvplan resolves auto to the model dtype today; vLLM resolves it to the checkpoint's
-  declared KV-cache quantization (ModelOpt's kv_cache_quant_algo, compressed-tensors' kv_cache_scheme), SGLang to
-  ModelOpt's: a known gap, closed in kvplan itself rather than here;
+* --kv-cache-dtype auto, which kvplan resolves as the engine does: to the checkpoint's declared KV-cache
+  quantization (ModelOpt's kv_cache_quant_algo, compressed-tensors' kv_cache_scheme; SGLang ModelOpt's only), else
+  the model dtype. An fp8 MiniMax-M2.5 row is priced on NVIDIA's NVFP4 config (the folder has no MiniMaxAI one), so
+  it takes that checkpoint's declared fp8 cache, though MiniMaxAI's own declares none: the runs bear the fp8 cache
+  out, their pools holding what a bf16 cache could not (2 x B200, 64 clients of 8,192 + 1,024 tokens: 92 requests
+  in fp8, 46 in bf16, where the measured TTFT shows no wait for blocks);
 * the checkpoint (checkpoint_for): a row names the base model (model_path) and the weight format it served
   (precision: bf16, fp8, fp4, int4). The config is that format's published checkpoint where HF_CONFIGS has one
   (`<name>-FP8` for fp8, NVIDIA's `<name>-NVFP4` for fp4), else the model's own; a model the folder knows only

@@ -112,6 +112,8 @@ def test_figures_equal_kvplan_throughput_json(sample, cli):
                 "--max-model-len", str(x["max_model_len"]), "--json"]
         if x["weight_dtype_given"]:
             args += ["--weight-dtype", x["weight_dtype_given"]]
+        if x["backend"] == "sglang":  # the benchmark's prefix caching off
+            args += ["--disable-radix-cache"]
         if x["backend"] == "vllm":
             args += ["--max-num-seqs", str(x["max_num_seqs"]),
                      "--max-num-batched-tokens", str(x["max_num_batched_tokens"])]
