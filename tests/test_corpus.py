@@ -68,3 +68,13 @@ def test_qwen3_vl_text_models_keep_their_qk_norms(name):
     m = load_model(str(CORPUS / name))
     assert m.qk_norm
     assert param_count(m) == EXPECTED[name]["params"]
+
+
+@pytest.mark.parametrize("name", ["MiniMaxAI--MiniMax-M2.7_config.json", "allenai--OLMo-2-1124-7B_config.json"])
+def test_q_and_k_normed_across_all_heads_hold_their_norms(name):
+    # MiniMax-M2 (use_qk_norm, qk_norm_type per_layer) and OLMo 2 norm q and k across all heads: weights of
+    # heads x head_dim and kv_heads x head_dim per layer (MiniMax-M2: 62 x (48 + 8) x 128 = 444,416), to the element
+    m = load_model(str(CORPUS / name))
+    assert m.qk_norm_full and not m.qk_norm
+    assert m.qk_norm_sums == name.startswith("MiniMax")
+    assert param_count(m) == EXPECTED[name]["params"]

@@ -338,6 +338,24 @@ def test_mla_prompt_attention_runs_in_the_model_dtype_whatever_the_cache():
                                                                      rel=0.05)
 
 
+def test_minimax_m2s_norm_across_heads_all_reduces_its_sums_once_per_layer():
+    """vLLM 0.19 minimax_m2.py (MiniMaxText01RMSNormTP.forward_qk; SGLang's MiniMaxM2RMSNormTP alike): under TP each
+    token's sums of squares of q and k (2 x fp32) are all-reduced in every one of the 62 layers, between two passes
+    over q and k. At TP 4 on H200, 8 decode tokens: 62 custom all-reduces of 64 B replayed in the graph, and
+    2 x 62 small kernels more than the same model with per-head norms; at TP 1 the passes alone."""
+    from kvplan.sizing.kernel_seconds import allreduce_seconds
+
+    config = str(ROOT / "tests" / "fixtures" / "hf-corpus" / "MiniMaxAI--MiniMax-M2.7_config.json")
+    for tp in (4, 1):
+        sm = step_model(_d(config, gpu="h200", tp=tp))
+        plain = sm.model.model_copy(update={"qk_norm_full": False, "qk_norm_sums": False, "qk_norm": True})
+        base = step_model(_d(plain, gpu="h200", tp=tp)).step(8, 2048)
+        s = sm.step(8, 2048)
+        exchange = 62 * allreduce_seconds(sm.graph_ar[0], 8 * 8) if tp > 1 else 0.0
+        assert s.allreduce_s - base.allreduce_s == pytest.approx(exchange, rel=1e-9, abs=1e-12)
+        assert s.small_kernels_s - base.small_kernels_s == pytest.approx(2 * 62 * sm.small_fit.t0_s, rel=1e-9)
+
+
 def test_sglang_runs_deepseek_v3s_shared_expert_inside_the_fused_moe():
     """SGLang 0.5.6 folds DeepSeek-V3's one shared expert into the routed experts' fused MoE (every token's 9th of
     257) where the experts are not spread over EP ranks; vLLM runs it as two GEMMs of its own per MoE layer (gate_up

@@ -91,6 +91,7 @@ HOST_GAP_S = 100e-6
 # sum of each token's top-k outputs (moe_sum): vllm/model_executor/layers/fused_moe/fused_moe.py
 # fused_experts_impl, as SGLang's fused_moe_triton. Each costs what the kernel tables' smallest kernels take.
 SMALL_KERNELS_PER_MOE_LAYER = 4
+QK_NORM_FULL_KERNELS = 2  # a norm of q and k across all heads (_qk_norm_exchange): before its exchange and after
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -374,11 +375,39 @@ class StepModel:
         return t
 
     def _allreduce(self, tokens, xp=SCALAR):
-        """The step's collectives: under plain TP within one NVLink domain, two all-reduces per layer (after the
-        attention and after the MLP); otherwise each part's own (kvplan.specs.parallel.Parallel): the attention's
-        all-reduce over its group, the dense layers' over theirs (a gather and a scatter of every attention group's
-        tokens where they span more GPUs), and the MoE layers' over the GPUs they span, or DeepEP's dispatch and
-        combine."""
+        """The step's collectives: the layers' (_layer_collectives) and, where q and k are normed across all heads
+        under TP, that norm's exchange (_qk_norm_exchange)."""
+        return self._layer_collectives(tokens, xp) + self._qk_norm_exchange(tokens, xp)
+
+    def _qk_norm_exchange(self, tokens, xp=SCALAR):
+        """A norm of q and k across all their heads needs every attention rank's heads: MiniMax-M2 all-reduces each
+        token's sums of squares of q and k (two fp32 values: vLLM 0.19 minimax_m2.py MiniMaxText01RMSNormTP.forward_qk,
+        SGLang's MiniMaxM2RMSNormTP), OLMo 2 all-gathers q and k themselves (olmo2.py _apply_qk_norm), an all-gather
+        moving half the bytes an all-reduce of its output does; one exchange per attention layer, in a CUDA graph
+        where the step replays one."""
+        m, tp = self.model, self.layout.attn_tp
+        if not m.qk_norm_full or tp <= 1:
+            return 0.0
+        if m.qk_norm_sums:
+            calls, nbytes = 1, tokens * 2 * 4
+        else:
+            a = m.base_attention
+            calls, nbytes = 2, tokens * (a.heads + a.kv_heads) * a.head_dim * self.elem_bytes / 4
+        f = allreduce_fit(self.profile, min(tp, self.layout.domain))
+        if f is None:
+            return 0.0
+        t = allreduce_seconds(f, nbytes, xp)
+        if self.graph_tokens:  # (the graphs' all-reduce fit is the attention group's)
+            fit, most = self.graph_ar
+            replayed = (tokens <= self.graph_tokens) & (nbytes < most)
+            t = xp.where(replayed, xp.minimum(t, allreduce_seconds(fit, nbytes, xp)), t)
+        return calls * len(m.attention_layers) * t
+
+    def _layer_collectives(self, tokens, xp=SCALAR):
+        """Under plain TP within one NVLink domain, two all-reduces per layer (after the attention and after the
+        MLP); otherwise each part's own (kvplan.specs.parallel.Parallel): the attention's all-reduce over its group,
+        the dense layers' over theirs (a gather and a scatter of every attention group's tokens where they span more
+        GPUs), and the MoE layers' over the GPUs they span, or DeepEP's dispatch and combine."""
         lay, m = self.layout, self.model
         row = m.hidden_size * self.elem_bytes  # one token's hidden state
         if lay.tp_only and lay.attn_tp <= lay.domain:
@@ -489,8 +518,11 @@ class StepModel:
         m = self.model
         bw = self.profile.peak_bandwidth_bytes_per_s
         small = self.small_fit.t0_s + 6 * tokens * m.hidden_size * self.elem_bytes / (self.small_fit.eta * bw)
+        # a norm of q and k across all heads: two passes over q and k of their own (the sums or the gathered heads,
+        # then the scaling), where a per-head norm rides with the rotary kernel
+        full_norm = QK_NORM_FULL_KERNELS * len(m.attention_layers) if m.qk_norm_full else 0
         return (SMALL_KERNELS_PER_LAYER * m.num_layers * small
-                + SMALL_KERNELS_PER_MOE_LAYER * self.moe_layers * self.small_fit.t0_s)
+                + (SMALL_KERNELS_PER_MOE_LAYER * self.moe_layers + full_norm) * self.small_fit.t0_s)
 
     def _engine(self, batch):
         """The host's gap between steps and the sampler's kernels."""

@@ -552,5 +552,7 @@ def _read_biases_and_norms(c: _Fields, family: str, hidden: int, tied, falcon: b
         out.update(qkv_bias=c.flag("add_qkv_bias") is not False, o_bias=bool(c.flag("add_bias_linear")))
     elif family == "olmo2":  # q and k normed across all heads; the norms after attention and after the MLP
         out.update(qk_norm=False, qk_norm_full=True)
+    if c.flag("use_qk_norm") and c.text("qk_norm_type") == "per_layer":  # MiniMax-M2: across all heads, from sums
+        out.update(qk_norm=False, qk_norm_full=True, qk_norm_sums=True)
     if family == "gpt_oss":
         out["attention_sinks"] = True

@@ -241,6 +241,8 @@ class ModelSpec(_Frozen):
     qk_norm: bool = Field(False, description="per-head RMSNorm on q and k (weights of head_dim)")
     qk_norm_full: bool = Field(False, description="q and k normed across all their heads (OLMo 2: weights of "
                                "heads x head_dim)")
+    qk_norm_sums: bool = Field(False, description="the norm across all heads takes each rank's sums of squares, "
+                               "all-reduced under TP (MiniMax-M2), rather than gathering q and k (OLMo 2)")
     mlp_bias: bool = Field(False, description="biases on the dense MLP's projections (GPT-2, GPT-J, phi-2)")
     attention_residuals: bool = Field(False, description="attention residuals (Kimi-K3's attn_res_block_size): "
                                       "before the attention and before the MLP of each layer, and before the final "
