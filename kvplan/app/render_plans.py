@@ -307,7 +307,8 @@ def throughput_table(r, model) -> None:
             "every client starting at once")
     if r.random_range_ratio:
         sent += f", lengths drawn within {r.random_range_ratio:g} of isl and osl"
-    t = Table(title=f"vllm bench serve, simulated: {r.num_prompts:,} requests per concurrency, {sent}{which}",
+    client = "sglang.bench_serving" if r.engine == "sglang" else "vllm bench serve"
+    t = Table(title=f"{client}, simulated: {r.num_prompts:,} requests per concurrency, {sent}{which}",
               title_justify="left")
     for col, just in [("KV dtype", "left"), ("conc.", "right"), ("TPOT ms", "right"), ("TTFT ms", "right"),
                       ("TTFT p99", "right"), ("out tok/s", "right"), ("per GPU", "right"), ("per user", "right"),
