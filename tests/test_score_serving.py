@@ -163,9 +163,9 @@ def test_a_data_parallel_run_has_batch_size_clients_per_rank(score_serving):
 def test_expert_and_data_parallel_runs_hold_their_accuracy(score_serving):
     """The real runs with expert parallelism or attention data parallelism (tests/fixtures/serving/parallel.csv, the
     lowest, middle and highest concurrency of each layout group): every one planned, and the median errors held
-    where they stand (TPOT 18.7%, TTFT 40.5%; 28% and 50% when a data-parallel run's batch_size was read as all its
-    clients rather than one rank's; TPOT 22.3% before MiniMax-M2's norm exchange was priced) so that a change that
-    worsens them shows."""
+    where they stand (TPOT 19.8%, TTFT 40.5%; 28% and 50% when a data-parallel run's batch_size was read as all its
+    clients rather than one rank's; TPOT 22.3% before MiniMax-M2's norm exchange was priced, 18.7% before H200's
+    decode attention was fitted from H100's table) so that a change that worsens them shows."""
     rows = score_serving.read_csv(SERVING / "parallel.csv")
     result = score_serving.score(rows, SERVING / "configs")
     assert len(rows) == 67 and not result["skipped"], result["skip_reasons"]
@@ -216,7 +216,7 @@ def test_sglang_block_fp8_layers_are_priced_on_the_kernel_sglang_runs(sample):
 
 def test_the_plain_tensor_parallel_sample_holds_its_accuracy(sample):
     """Every scored run of the sample (tests/fixtures/serving/sample.csv): the median TPOT and TTFT errors held where
-    they stand (11.5% and 41.2%), so that a change that worsens them shows. 40 runs: the Qwen3.5 SGLang runs, a hybrid
+    they stand (13.1% and 41.2%), so that a change that worsens them shows. 40 runs: the Qwen3.5 SGLang runs, a hybrid
     SGLang's Mamba pool plans, among them, and B300's three since it has bundled step times (MiniMax-M2.5 on vLLM
     twice, 14% and 39% fast in TPOT, Qwen3.5 on SGLang 14% fast), which moved the medians from 11.9% to 13.0% (TPOT)
     and 41.1% to 42.1% (TTFT). Pricing the decode graphs' custom all-reduce (instead of NCCL's call)
@@ -224,8 +224,10 @@ def test_the_plain_tensor_parallel_sample_holds_its_accuracy(sample):
     +4%), vLLM's 4-client TP 8 runs from about 0 to 14-23% fast; on AIConfigurator's whole silicon sample (1,512
     runs scored) it moved the median from 15.9% to 14.5% and the share within 20% from 57% to 64%. Pricing
     MiniMax-M2's all-reduce of its q and k norms' sums, the MLA prompt attention in the model dtype and the narrow
-    gates at the tables' narrowest shape moved them to 11.5% and 41.2%."""
+    gates at the tables' narrowest shape moved them to 11.5% and 41.2%; H200's decode attention fitted from H100's
+    table (H200's own runs small grids unsplit) to 13.1% (Kimi-K2.5's MLA decode, priced on the GQA kernel's fit,
+    loses the slow small-grid attention that stood in for costs kvplan does not price) and 41.2%."""
     _, result = sample
     assert len(result["scored"]) == 40
-    assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.125
+    assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.135
     assert statistics.median(abs(r["errors"]["ttft"]) for r in result["scored"]) <= 0.42

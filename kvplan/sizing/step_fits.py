@@ -107,7 +107,9 @@ def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
     g = _bundled().get(gpu.name)
     if g is None:
         return None
-    return StepProfile(gpu=gpu.name, name=f"bundled {gpu.name} ({g['silicon']} kernel timings)",
+    # (a GPU whose own decode-attention table ran small grids unsplit takes another's of the same chip)
+    table = f"; decode attention: {g['attention_table']}'s" if g.get("attention_table") else ""
+    return StepProfile(gpu=gpu.name, name=f"bundled {gpu.name} ({g['silicon']} kernel timings{table})",
                        peak_bandwidth_bytes_per_s=float(g["peak_bandwidth_bytes_per_s"]),
                        attention={k: _attention_fits(v) for k, v in g["attention"].items()},
                        gemm=_fits(g["gemm"]), moe=_fits(g["moe"]),

@@ -27,9 +27,11 @@ Kernel families and what a step runs of each (per rank, per layer unless said):
 * the engine's own share of a step: the sampler over the vocabulary, and the host time async scheduling does not hide.
 
 Profiles: the bundled fits for A100, H100, H200, B200, B300 and GB200 (hardware/profiles/step-time.yaml, fitted
-from public timings of vLLM's own kernels by benchmarks/fit_step_profiles.py), or a profile `kvplan measure` wrote,
-whose measured GEMV and decode families replace the bundled ones. Cache formats the bundled tables lack take the bf16
-kernel's fit with their own bytes plus fp8's measured conversion cost per element, and are marked estimated.
+from public timings of vLLM's own kernels by benchmarks/fit_step_profiles.py; H200's decode attention from H100's
+timings, the same chip, where H200's own ran small grids without splitting the context), or a profile `kvplan
+measure` wrote, whose measured GEMV and decode families replace the bundled ones. Cache formats the bundled tables
+lack take the bf16 kernel's fit with their own bytes plus fp8's measured conversion cost per element, and are marked
+estimated.
 """
 
 from __future__ import annotations
