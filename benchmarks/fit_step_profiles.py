@@ -29,6 +29,10 @@ or only the decode attention of the GPUs whose own table it is fitted from anoth
 
     python benchmarks/fit_step_profiles.py SILICON --decode-attention-only hardware/profiles/step-time.yaml > new.yaml
 
+or only MLA's decode module, where a GPU's folder times it (mla_decode):
+
+    python benchmarks/fit_step_profiles.py SILICON --mla-only hardware/profiles/step-time.yaml > new.yaml
+
 or only the GPUs of GPUS that SILICON holds and the profile lacks (every family fitted; the profile's GPUs kept
 byte for byte):
 
@@ -615,6 +619,68 @@ def update_decode_attention(silicon: Path, profile: Path) -> None:
     sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
 
 
+# MLA's decode module (AIConfigurator's mla_generation_module: vLLM's MLA attention for DeepSeek-V3, from the hidden
+# state in to o_proj's output) less its four projections, which kvplan prices as GEMMs: fused q_a + kv_a
+# (1,536 + 576 x 7,168), q_b (heads x 192 x 1,536), the absorbed k/v up-projections (heads x 256 x 512) and o_proj
+# (7,168 x heads x 128). What is left (rope, the latent's norms, the cache write and the latent attention kernel) is
+# t0 + c_seq x sequences + c_head x sequences x heads + max(bytes / (eta x B), c_chain x context), the bytes the
+# cache rows read: 576 elements a token, 2 bytes each in bf16, 1 in fp8 (kvplan.sizing.kv_cache)
+MLA_PROJECTIONS = lambda heads: ((2112, 7168), (heads * 192, 1536), (heads * 256, 512), (7168, heads * 128))  # noqa
+MLA_LATENT = 576
+MLA_CACHES = {"bfloat16": 2, "fp8": 1}
+# GPUs whose module table kvplan leaves out (their MLA decode keeps the GQA kernel's fit on the latent's bytes):
+# B200's rows carry about 50 us a layer beyond their projections at any batch (H100 20, H200 16), which measured vLLM
+# serving on B200 does not pay: Kimi-K2.5 NVFP4 on 4 B200s, 4 clients, 1,024 in and out, measures a TPOT of 8.4 ms
+# where pricing its 61 layers with that module gives 12.3
+MLA_LEFT_OUT = ("b200_sxm",)
+
+
+def mla_decode(df, gemm_fits: dict, peak: float) -> dict:
+    """MLA decode fits by cache dtype from the module table (its block-fp8 projections' rows, DeepSeek-V3's
+    checkpoint format), least squares on the module's relative error."""
+    from scipy.optimize import least_squares
+
+    from kvplan.sizing.kernel_seconds import gemm_call_seconds
+    from kvplan.sizing.step_fits import _fits
+
+    gemm = _fits(gemm_fits)["fp8_block"]
+    out = {}
+    df = df[df.gemm_type == "fp8_block"]
+    for kv, eb in MLA_CACHES.items():
+        d = df[df.kv_cache_dtype == kv]
+        if d.empty:
+            continue
+        b, ctx, h = (d[c].to_numpy(float) for c in ("batch_size", "step", "num_heads"))
+        y = d.latency.to_numpy(float) / 1e3
+        proj = np.array([sum(gemm_call_seconds(gemm, peak, bb, n, k, n * k * (1 + 4 / 128 ** 2), 1.0)
+                             for n, k in MLA_PROJECTIONS(int(hh))) for bb, hh in zip(b, h)])
+        byt = b * ctx * MLA_LATENT * eb
+
+        def module(p):
+            t0, cs, ch, eta, cc = p
+            return proj + t0 + cs * b + ch * b * h + np.maximum(byt / (eta * peak), cc * ctx)
+
+        fit = least_squares(lambda p: module(p) / y - 1, [1e-5, 1e-7, 1e-9, 0.7, 1e-9],
+                            bounds=([0, 0, 0, 0.05, 0], [1e-3, 1e-5, 1e-6, 1.0, 1e-6])).x
+        share = float(np.mean(np.abs(module(fit) / y - 1) < 0.10))
+        out[kv] = dict(t0_s=float(fit[0]), per_sequence_head_s=float(fit[1]), per_query_head_s=float(fit[2]),
+                       eta=float(fit[3]), per_token_chain_s=float(fit[4]), module_within_10pct=round(share, 3),
+                       rows=int(len(y)))
+    return out
+
+
+def update_mla(silicon: Path, profile: Path) -> None:
+    """Fit only MLA's decode module where a GPU's folder has its table (the rest of the profile kept as it is)."""
+    text = profile.read_text()
+    doc = yaml.safe_load(text)
+    for folder, (name, peak, *_) in GPUS.items():
+        table = silicon / folder / "mla-mla_generation_module_perf.parquet"
+        if table.is_file() and name in doc["gpus"] and folder not in MLA_LEFT_OUT:
+            doc["gpus"][name]["mla"] = mla_decode(pd.read_parquet(table), doc["gpus"][name]["gemm"], peak)
+    head = text.splitlines(keepends=True)[0]
+    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
 LARGE_MESSAGE_BYTES = 32 * MB
 
 
@@ -668,6 +734,8 @@ def fit_gpu(silicon: Path, folder: str) -> dict:
         fits["attention_table"] = DECODE_TABLE_OF[folder]
     if (base / "comm-custom_allreduce_perf.parquet").is_file():
         fits["graph_allreduce"] = graph_allreduce(read("comm-custom_allreduce_perf"))
+    if (base / "mla-mla_generation_module_perf.parquet").is_file() and folder not in MLA_LEFT_OUT:
+        fits["mla"] = mla_decode(read("mla-mla_generation_module_perf"), fits["gemm"], peak)
     return fits
 
 
@@ -698,6 +766,8 @@ def add_gpus(silicon: Path, profile: Path) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[2] == "--prefill-only":
         update_prefill(Path(sys.argv[1]), Path(sys.argv[3]))
+    elif len(sys.argv) > 3 and sys.argv[2] == "--mla-only":
+        update_mla(Path(sys.argv[1]), Path(sys.argv[3]))
     elif len(sys.argv) > 3 and sys.argv[2] == "--decode-attention-only":
         update_decode_attention(Path(sys.argv[1]), Path(sys.argv[3]))
     elif len(sys.argv) > 3 and sys.argv[2] == "--moe-only":

@@ -216,7 +216,7 @@ def test_sglang_block_fp8_layers_are_priced_on_the_kernel_sglang_runs(sample):
 
 def test_the_plain_tensor_parallel_sample_holds_its_accuracy(sample):
     """Every scored run of the sample (tests/fixtures/serving/sample.csv): the median TPOT and TTFT errors held where
-    they stand (13.1% and 41.2%), so that a change that worsens them shows. 40 runs: the Qwen3.5 SGLang runs, a hybrid
+    they stand (11.8% and 41.2%), so that a change that worsens them shows. 40 runs: the Qwen3.5 SGLang runs, a hybrid
     SGLang's Mamba pool plans, among them, and B300's three since it has bundled step times (MiniMax-M2.5 on vLLM
     twice, 14% and 39% fast in TPOT, Qwen3.5 on SGLang 14% fast), which moved the medians from 11.9% to 13.0% (TPOT)
     and 41.1% to 42.1% (TTFT). Pricing the decode graphs' custom all-reduce (instead of NCCL's call)
@@ -226,8 +226,9 @@ def test_the_plain_tensor_parallel_sample_holds_its_accuracy(sample):
     MiniMax-M2's all-reduce of its q and k norms' sums, the MLA prompt attention in the model dtype and the narrow
     gates at the tables' narrowest shape moved them to 11.5% and 41.2%; H200's decode attention fitted from H100's
     table (H200's own runs small grids unsplit) to 13.1% (Kimi-K2.5's MLA decode, priced on the GQA kernel's fit,
-    loses the slow small-grid attention that stood in for costs kvplan does not price) and 41.2%."""
+    loses the slow small-grid attention that stood in for costs kvplan does not price) and 41.2%; vLLM's MLA decode
+    priced by its module's fit on Hopper (the projections as GEMMs, the rest fitted) to 11.8% and 41.2%."""
     _, result = sample
     assert len(result["scored"]) == 40
-    assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.135
+    assert statistics.median(abs(r["errors"]["tpot"]) for r in result["scored"]) <= 0.125
     assert statistics.median(abs(r["errors"]["ttft"]) for r in result["scored"]) <= 0.42

@@ -112,6 +112,47 @@ def test_h200_decode_attention_is_fitted_from_h100s_table():
     assert statistics.median(small) <= 0.5
 
 
+MLA_SAMPLE = [r for r in csv.DictReader(
+    line for line in (ROOT / "tests" / "fixtures" / "silicon-mla-sample.csv").read_text().splitlines()
+    if not line.startswith("#"))]
+
+
+@pytest.mark.parametrize("gpu", ["h100_sxm", "h200_sxm"])
+def test_mla_decode_module_is_priced_as_its_projections_and_the_fit(gpu):
+    """vLLM's MLA decode module (DeepSeek-V3, block-fp8 projections): its four projections as the GEMM fits price
+    them (fused q_a + kv_a 2,112 x 7,168, q_b heads x 192 x 1,536, the absorbed up-projections heads x 256 x 512,
+    o_proj 7,168 x heads x 128) plus the profile's MLA fit on the cache rows (576 elements a token: 2 bytes in bf16,
+    1 in fp8) reproduce the sample's module timings: median |error| within 10%, most rows within 15%."""
+    from kvplan.sizing.step_fits import bundled_profile
+    from kvplan.specs.catalog import load_gpu
+
+    p = bundled_profile(load_gpu(GPU_OF[gpu]))
+    bw = p.peak_bandwidth_bytes_per_s
+    errors = []
+    for r in (r for r in MLA_SAMPLE if r["gpu"] == gpu):
+        h, b, n = int(r["num_heads"]), int(r["batch_size"]), int(r["step"])
+        proj = sum(gemm_call_seconds(p.gemm["fp8_block"], bw, b, n_, k, n_ * k * (1 + 4 / 128 ** 2), 1.0)
+                   for n_, k in ((2112, 7168), (h * 192, 1536), (h * 256, 512), (7168, h * 128)))
+        eb = 2 if r["kv_cache_dtype"] == "bfloat16" else 1
+        core = attention_call_seconds(p.mla[r["kv_cache_dtype"]], bw, b, 1, h, n, b * n * 576 * eb)
+        errors.append(abs((proj + core) / (float(r["latency_ms"]) / 1e3) - 1))
+    assert len(errors) == 20
+    assert statistics.median(errors) <= 0.10 and sum(e <= 0.15 for e in errors) >= 14, sorted(errors)
+
+
+def test_vllm_prices_mla_decode_with_the_module_fit_and_sglang_with_the_estimate():
+    from kvplan.sizing.step_fits import bundled_profile
+    from kvplan.specs.catalog import load_gpu
+
+    vllm = step_model(_d("deepseek-v3", gpu="h200", tp=8))
+    assert vllm.attn_fit == bundled_profile(load_gpu("h200")).mla["bfloat16"]
+    assert "MLA decode attention" not in vllm.estimated
+    sglang = step_model(_d("deepseek-v3", gpu="h200", tp=8, engine="sglang"))
+    assert "MLA decode attention" in sglang.estimated
+    # B200's module table is left out (fit_step_profiles.MLA_LEFT_OUT): the estimate there
+    assert "MLA decode attention" in step_model(_d("deepseek-v3", gpu="b200", tp=8)).estimated
+
+
 GEMM_GROUPS = sorted({(g, d) for g, f, d in GROUPS if f == "gemm"})
 
 

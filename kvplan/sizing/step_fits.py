@@ -78,6 +78,9 @@ class StepProfile:
     prefill_attention: dict = field(default_factory=dict)  # "bfloat16" / "fp8" -> {head size: Fit}
     # world size -> Fit of the engines' custom all-reduce replayed in a CUDA graph (its max_bytes beside it)
     graph_allreduce: dict = field(default_factory=dict)
+    # "bfloat16" / "fp8" -> Fit of MLA's decode attention beside its projections (rope, norms, cache write and the
+    # latent attention kernel), where the profile's tables time vLLM's MLA module
+    mla: dict = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -116,7 +119,8 @@ def bundled_profile(gpu: Optional[GPUSpec]) -> Optional[StepProfile]:
                        allreduce=_fits(g["allreduce"], int),
                        prefill_attention={k: _fits(v, int) for k, v in (g.get("prefill_attention") or {}).items()},
                        graph_allreduce={int(n): (Fit(t0_s=f["t0_s"], bytes_per_s=f["bytes_per_s"]), f["max_bytes"])
-                                        for n, f in (g.get("graph_allreduce") or {}).items()})
+                                        for n, f in (g.get("graph_allreduce") or {}).items()},
+                       mla=_fits(g.get("mla") or {}))
 
 
 def bundled_gpus() -> list[str]:

@@ -268,7 +268,10 @@ class StepModel:
         # the query heads each KV head serves on this rank (1: multi-head attention) choose the kernel's tiles
         group = max(1, round(self.q_heads / self.kv_heads))
         self.attn_fit, self.dequant_s, est = attention_fit(profile, self.attn_family, head_dim, group, self.kv_heads)
-        if est:
+        mla_fit = mla_attention_fit(profile, m, self.attn_family) if d.engine == "vllm" else None
+        if mla_fit is not None:  # the latent attention module's own fit, beside the projections priced as GEMMs
+            self.attn_fit, self.dequant_s = mla_fit, 0.0
+        elif est:
             self.estimated.append(f"{d.kv.name} decode attention")
         elif m.mla:  # no MLA kernel fit: the GQA kernel's on the latent's bytes, one KV head
             self.estimated.append("MLA decode attention")
@@ -588,6 +591,19 @@ def routing_imbalance(pairs, ranks: int, balanced: bool = False, xp=SCALAR):
         return 1.0
     mean = xp.maximum(pairs / ranks, 1e-12)
     return 1.0 + ROUTING_SD * xp.sqrt(mean * (1 - 1 / ranks)) / mean
+
+
+def mla_attention_fit(profile: StepProfile, m: ModelSpec, family: str):
+    """The profile's fit of MLA's decode attention for a dense-MLA model's cache family ("float": the model dtype's,
+    "fp8"), or None: a sparse MLA (DeepSeek-V3.2's indexer) or a profile without one. The fit is of vLLM's MLA
+    module (the AIConfigurator tables' mla_generation_module: DeepSeek-V3's shapes, 1 to 128 heads per rank) less
+    its four projections as the GEMM fits price them, so it holds the rope, the latent's norms, the cache write and
+    vLLM's latent attention kernel. vLLM's alone: SGLang runs MLA on backends of its own (trtllm_mla on Blackwell,
+    whose measured DeepSeek runs on B200 this module's fixed cost of about 50 us a layer over-prices by 20-30%), so
+    its deployments keep the GQA kernel's fit on the latent's bytes."""
+    if m.mla is None or m.sparse_mla or m.compressed is not None:
+        return None
+    return profile.mla.get("fp8" if family == "fp8" else "bfloat16")
 
 
 def has_profile(d) -> bool:
