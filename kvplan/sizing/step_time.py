@@ -302,6 +302,9 @@ class StepModel:
         self.gpu_nvlink = (0.6 * d.gpu.nvlink_gbps / 2 * 1e9) if d.gpu is not None and d.gpu.nvlink_gbps else None
         self.small_fit = dfit
         self.moe_layers = sum(1 for x in m.mlp_kinds if x == "moe") if m.moe else 0
+        # a norm of q and k across all heads: two passes over q and k of their own (the sums or the gathered heads,
+        # then the scaling), where a per-head norm rides with the rotary kernel
+        self.full_norm_kernels = QK_NORM_FULL_KERNELS * len(m.attention_layers) if m.qk_norm_full else 0
         self.elem_bytes = DTYPE_BYTES[m.dtype]
         self.bf16_bytes_per_token = format_bytes_per_token(m, kv_format("auto"), tp)
 
@@ -391,7 +394,7 @@ class StepModel:
         moving half the bytes an all-reduce of its output does; one exchange per attention layer, in a CUDA graph
         where the step replays one."""
         m, tp = self.model, self.layout.attn_tp
-        if not m.qk_norm_full or tp <= 1:
+        if tp <= 1 or not m.qk_norm_full:
             return 0.0
         if m.qk_norm_sums:
             calls, nbytes = 1, tokens * 2 * 4
@@ -523,11 +526,8 @@ class StepModel:
         m = self.model
         bw = self.profile.peak_bandwidth_bytes_per_s
         small = self.small_fit.t0_s + 6 * tokens * m.hidden_size * self.elem_bytes / (self.small_fit.eta * bw)
-        # a norm of q and k across all heads: two passes over q and k of their own (the sums or the gathered heads,
-        # then the scaling), where a per-head norm rides with the rotary kernel
-        full_norm = QK_NORM_FULL_KERNELS * len(m.attention_layers) if m.qk_norm_full else 0
         return (SMALL_KERNELS_PER_LAYER * m.num_layers * small
-                + (SMALL_KERNELS_PER_MOE_LAYER * self.moe_layers + full_norm) * self.small_fit.t0_s)
+                + (SMALL_KERNELS_PER_MOE_LAYER * self.moe_layers + self.full_norm_kernels) * self.small_fit.t0_s)
 
     def _engine(self, batch):
         """The host's gap between steps and the sampler's kernels."""
