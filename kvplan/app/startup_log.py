@@ -101,6 +101,8 @@ _VLLM_FIGURES = [
     ("cudagraph_estimated_gib", rf"Estimated CUDA graph memory: {_NUM} ?GiB total"),
 ]
 
+_FIGURE_UNITS = ("GiB", "GB", "tokens", "blocks")  # one of them on every line a _VLLM_FIGURES pattern matches
+
 _PER_RANK_MIN = {"available_kv_gib", "kv_reserved_gib", "num_gpu_blocks", "init_free_gib"}
 
 _VLLM_CONFIG_KEYS = {
@@ -196,10 +198,13 @@ def _parse_vllm(text: str) -> StartupLog:
     m = re.search(r"gpu_memory_utilization=([0-9.]+)", text)  # V0 0.6's "Memory profiling results" line
     if m:
         log.config.setdefault("gpu_memory_utilization", float(m.group(1).rstrip(".")))
-    # the snapshot line's own fields (non_torch_memory=...) are not the profile's figures of the same name
-    body = "\n".join(line for line in text.splitlines() if "init memory snapshot" not in line)
+    # every figure is one line's and names its unit (GiB, GB, tokens or blocks): the patterns search those lines
+    # alone; the snapshot line's own fields (non_torch_memory=...) are not the profile's figures of the same name
+    lines = [line for line in text.splitlines() if any(u in line for u in _FIGURE_UNITS)]
+    figures = "\n".join(lines)
+    body = "\n".join(line for line in lines if "init memory snapshot" not in line)
     for key, pattern in _VLLM_FIGURES:
-        found = re.findall(pattern, text if "snapshot" in pattern else body)
+        found = re.findall(pattern, figures if "snapshot" in pattern else body)
         if not found:
             continue
         last = found[-1]
