@@ -482,28 +482,38 @@ def graph_allreduce(df):
     return out
 
 
-def update_moe(silicon: Path, profile: Path) -> None:
-    """Refit only the fused-MoE fits of an existing profile, the rest kept as it is."""
+def _rewrite(profile: Path, edit) -> None:
+    """Write `profile` to standard output with `edit(gpus)` applied to its GPUs' fits, its first line (the header
+    saying what wrote it) kept: the one frame of every partial refit below."""
     text = profile.read_text()
     doc = yaml.safe_load(text)
-    for folder, (name, peak, f16, f8, *_) in GPUS.items():
-        table = silicon / folder / "moe-moe_perf.parquet"
-        if table.is_file() and name in doc["gpus"]:
-            doc["gpus"][name]["moe"] = moe(pd.read_parquet(table), peak, f16, f8)
+    edit(doc["gpus"])
     head = text.splitlines(keepends=True)[0]
     sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+
+def update_moe(silicon: Path, profile: Path) -> None:
+    """Refit only the fused-MoE fits of an existing profile, the rest kept as it is."""
+
+    def edit(gpus: dict) -> None:
+        for folder, (name, peak, f16, f8, *_) in GPUS.items():
+            table = silicon / folder / "moe-moe_perf.parquet"
+            if table.is_file() and name in gpus:
+                gpus[name]["moe"] = moe(pd.read_parquet(table), peak, f16, f8)
+
+    _rewrite(profile, edit)
 
 
 def update_graph_allreduce(silicon: Path, profile: Path) -> None:
     """Add (or refit) only the graph_allreduce fits of an existing profile, the rest kept as it is."""
-    text = profile.read_text()
-    doc = yaml.safe_load(text)
-    for folder, (name, *_) in GPUS.items():
-        table = silicon / folder / "comm-custom_allreduce_perf.parquet"
-        if table.is_file() and name in doc["gpus"]:
-            doc["gpus"][name]["graph_allreduce"] = graph_allreduce(pd.read_parquet(table))
-    head = text.splitlines(keepends=True)[0]
-    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+    def edit(gpus: dict) -> None:
+        for folder, (name, *_) in GPUS.items():
+            table = silicon / folder / "comm-custom_allreduce_perf.parquet"
+            if table.is_file() and name in gpus:
+                gpus[name]["graph_allreduce"] = graph_allreduce(pd.read_parquet(table))
+
+    _rewrite(profile, edit)
 
 
 def _prefill_big(d) -> np.ndarray:
@@ -590,33 +600,33 @@ def prefill_for(silicon: Path, folder: str, f16: float) -> dict:
 def update_prefill(silicon: Path, profile: Path) -> None:
     """Refit only the prompt-attention fits and the large all-reduces' line of an existing profile (the rest of it
     kept as it is)."""
-    text = profile.read_text()
-    doc = yaml.safe_load(text)
-    for folder, (name, peak, f16, f8, l2, sms) in GPUS.items():
-        if not (silicon / folder).is_dir() or name not in doc["gpus"]:
-            continue
-        doc["gpus"][name]["prefill_attention"] = prefill_for(silicon, folder, f16)
-        if folder in PREFILL_TABLE_OF:
-            doc["gpus"][name]["prefill_attention_table"] = PREFILL_TABLE_OF[folder]
-        large = allreduce_large(pd.read_parquet(silicon / folder / "comm-nccl_perf.parquet"))
-        for n, f in doc["gpus"][name]["allreduce"].items():
-            f.update(large.get(int(n), {}))
-    head = text.splitlines(keepends=True)[0]
-    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+    def edit(gpus: dict) -> None:
+        for folder, (name, peak, f16, f8, l2, sms) in GPUS.items():
+            if not (silicon / folder).is_dir() or name not in gpus:
+                continue
+            gpus[name]["prefill_attention"] = prefill_for(silicon, folder, f16)
+            if folder in PREFILL_TABLE_OF:
+                gpus[name]["prefill_attention_table"] = PREFILL_TABLE_OF[folder]
+            large = allreduce_large(pd.read_parquet(silicon / folder / "comm-nccl_perf.parquet"))
+            for n, f in gpus[name]["allreduce"].items():
+                f.update(large.get(int(n), {}))
+
+    _rewrite(profile, edit)
 
 
 def update_decode_attention(silicon: Path, profile: Path) -> None:
     """Refit only the decode-attention fits of the GPUs of DECODE_TABLE_OF in an existing profile (the rest of it
     kept as it is)."""
-    text = profile.read_text()
-    doc = yaml.safe_load(text)
-    for folder, (name, *_) in GPUS.items():
-        if folder in DECODE_TABLE_OF and (silicon / DECODE_TABLE_OF[folder]).is_dir() and name in doc["gpus"]:
-            gpu = doc["gpus"][name]
-            gpu["attention"] = decode_attention_for(silicon, folder)
-            gpu["attention_table"] = DECODE_TABLE_OF[folder]
-    head = text.splitlines(keepends=True)[0]
-    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+    def edit(gpus: dict) -> None:
+        for folder, (name, *_) in GPUS.items():
+            if folder in DECODE_TABLE_OF and (silicon / DECODE_TABLE_OF[folder]).is_dir() and name in gpus:
+                gpu = gpus[name]
+                gpu["attention"] = decode_attention_for(silicon, folder)
+                gpu["attention_table"] = DECODE_TABLE_OF[folder]
+
+    _rewrite(profile, edit)
 
 
 # MLA's decode module (AIConfigurator's mla_generation_module: vLLM's MLA attention for DeepSeek-V3, from the hidden
@@ -671,14 +681,14 @@ def mla_decode(df, gemm_fits: dict, peak: float) -> dict:
 
 def update_mla(silicon: Path, profile: Path) -> None:
     """Fit only MLA's decode module where a GPU's folder has its table (the rest of the profile kept as it is)."""
-    text = profile.read_text()
-    doc = yaml.safe_load(text)
-    for folder, (name, peak, *_) in GPUS.items():
-        table = silicon / folder / "mla-mla_generation_module_perf.parquet"
-        if table.is_file() and name in doc["gpus"] and folder not in MLA_LEFT_OUT:
-            doc["gpus"][name]["mla"] = mla_decode(pd.read_parquet(table), doc["gpus"][name]["gemm"], peak)
-    head = text.splitlines(keepends=True)[0]
-    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+    def edit(gpus: dict) -> None:
+        for folder, (name, peak, *_) in GPUS.items():
+            table = silicon / folder / "mla-mla_generation_module_perf.parquet"
+            if table.is_file() and name in gpus and folder not in MLA_LEFT_OUT:
+                gpus[name]["mla"] = mla_decode(pd.read_parquet(table), gpus[name]["gemm"], peak)
+
+    _rewrite(profile, edit)
 
 
 LARGE_MESSAGE_BYTES = 32 * MB
@@ -753,14 +763,14 @@ def main(silicon: Path) -> None:
 def add_gpus(silicon: Path, profile: Path) -> None:
     """Add the GPUs of GPUS whose folder SILICON holds and the profile lacks, every family fitted; the profile's
     GPUs are kept as they are, byte for byte."""
-    text = profile.read_text()
-    doc = yaml.safe_load(text)
-    for folder, (name, *_) in GPUS.items():
-        if (silicon / folder).is_dir() and name not in doc["gpus"]:
-            print(f"fitting {folder} as {name}", file=sys.stderr)
-            doc["gpus"][name] = fit_gpu(silicon, folder)
-    head = text.splitlines(keepends=True)[0]
-    sys.stdout.write(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+
+    def edit(gpus: dict) -> None:
+        for folder, (name, *_) in GPUS.items():
+            if (silicon / folder).is_dir() and name not in gpus:
+                print(f"fitting {folder} as {name}", file=sys.stderr)
+                gpus[name] = fit_gpu(silicon, folder)
+
+    _rewrite(profile, edit)
 
 
 if __name__ == "__main__":
