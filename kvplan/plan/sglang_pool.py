@@ -290,18 +290,19 @@ def state_pool(model: ModelSpec, layout: Parallel, available: float, tp: int, *,
     per_req = (conv + temporal) * n
     ratio = MAMBA_FULL_MEMORY_RATIO
     st = model.state  # one mixer: mamba_state_bytes refuses several
-    if not radix_cache and requests is not None:
+    sized_by_requests = not radix_cache and requests is not None
+    if sized_by_requests:
         slots = requests
     else:
         raw_gib = available / GiB * ratio / (1 + ratio)  # handle_max_mamba_cache works in GiB
         # a state of no bytes: max_mamba_cache_size is max_running_requests, or 512 when unset
         slots = max(0, int((raw_gib * GiB) // per_req)) if per_req else MAMBA_EMPTY_STATE_SLOTS
-        if st.sglang_slots_per_dp_group and layout.attn_tp < tp:  # with --enable-dp-attention
-            slots //= layout.dp
+        if st.sglang_slots_per_dp_group:  # with --enable-dp-attention
+            slots //= _dp_groups(layout, tp)
     per_request = MAMBA_SLOTS_PER_REQUEST if radix_cache else 1
     return {"kind": st.kind, "layers": n, "conv_bytes": conv, "temporal_bytes": temporal,
             "bytes_per_request": per_req, "memory_ratio": ratio, "slots": slots, "pool_bytes": slots * per_req,
-            "slots_per_request": per_request, "sized_by_requests": not radix_cache and requests is not None,
+            "slots_per_request": per_request, "sized_by_requests": sized_by_requests,
             "max_running_requests_cap": slots // per_request}
 
 

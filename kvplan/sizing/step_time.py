@@ -404,12 +404,16 @@ class StepModel:
         f = allreduce_fit(self.profile, min(tp, self.layout.domain))
         if f is None:
             return 0.0
-        t = allreduce_seconds(f, nbytes, xp)
-        if self.graph_tokens:  # (the graphs' all-reduce fit is the attention group's)
-            fit, most = self.graph_ar
-            replayed = (tokens <= self.graph_tokens) & (nbytes < most)
-            t = xp.where(replayed, xp.minimum(t, allreduce_seconds(fit, nbytes, xp)), t)
-        return calls * len(m.attention_layers) * t
+        return calls * len(m.attention_layers) * self._replayed(allreduce_seconds(f, nbytes, xp), tokens, nbytes, xp)
+
+    def _replayed(self, t, tokens, nbytes, xp=SCALAR):
+        """An all-reduce of `nbytes` over the attention group that NCCL takes `t` for: in a step of `tokens` the
+        CUDA graphs replay, the graphs' custom all-reduce where the message is within its size and it is faster."""
+        if not self.graph_tokens:
+            return t
+        fit, most = self.graph_ar
+        graphed = (tokens <= self.graph_tokens) & (nbytes < most)
+        return xp.where(graphed, xp.minimum(t, allreduce_seconds(fit, nbytes, xp)), t)
 
     def _layer_collectives(self, tokens, xp=SCALAR):
         """Under plain TP within one NVLink domain, two all-reduces per layer (after the attention and after the
@@ -421,13 +425,8 @@ class StepModel:
         if lay.tp_only and lay.attn_tp <= lay.domain:
             if self.ar_fit is None:
                 return 0.0
-            t = allreduce_seconds(self.ar_fit, tokens * row, xp)
-            if self.graph_tokens:
-                fit, most = self.graph_ar
-                graphed = (tokens <= self.graph_tokens) & (tokens * row < most)
-                tg = allreduce_seconds(fit, tokens * row, xp)
-                t = xp.where(graphed, xp.minimum(t, tg), t)
-            return 2 * m.num_layers * t
+            return 2 * m.num_layers * self._replayed(allreduce_seconds(self.ar_fit, tokens * row, xp), tokens,
+                                                     tokens * row, xp)
         kinds = m.mlp_kinds
         n_moe = sum(1 for x in kinds if x == "moe")
         n_dense = sum(1 for x in kinds if x == "dense")
